@@ -1,0 +1,1 @@
+"""Encoder backends. Each module registers itself with `models.encoder.register_backend` on import."""

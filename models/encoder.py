@@ -1,0 +1,155 @@
+"""The `Encoder` interface every backend implements, batch bucketing, and the backend registry.
+
+An encoder takes uint8 images [B, 3, H, W] and returns L2-normalised float32 embeddings [B, D].
+Compiled backends have static shapes, so every backend runs only its batch buckets: a batch is
+padded to the smallest bucket that holds it and the padding is sliced off again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.loading import ModelInfo
+from models.settings import ModelSettings
+
+log = logging.getLogger(__name__)
+
+
+class EncoderInputError(ValueError):
+    """A batch that does not have the shape or dtype the compiled model takes."""
+
+
+def pick_bucket(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds n images. Callers split batches larger than the largest bucket."""
+    if n < 1:
+        raise ValueError(f"batch of {n} images")
+    for bucket in buckets:
+        if bucket >= n:
+            return bucket
+    raise ValueError(f"batch of {n} images exceeds the largest bucket {max(buckets)}")
+
+
+def split_into_buckets(n: int, buckets: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(start, stop, bucket) chunks covering n images: full largest buckets, then one padded tail."""
+    largest = max(buckets)
+    chunks = []
+    for start in range(0, n, largest):
+        stop = min(start + largest, n)
+        chunks.append((start, stop, pick_bucket(stop - start, buckets)))
+    return chunks
+
+
+class Encoder(ABC):
+    """One model on one device (a CPU process, a GPU, a logical NeuronCore)."""
+
+    backend: str = "abstract"
+
+    def __init__(self, info: ModelInfo, buckets: Sequence[int]) -> None:
+        self.info = info
+        self.buckets: tuple[int, ...] = tuple(sorted(buckets))
+        # Forward calls per bucket, so tests and metrics can see what ran.
+        self.forward_counts: dict[int, int] = {b: 0 for b in self.buckets}
+        self.last_forward_seconds: float = 0.0
+        # Called after each forward pass with (bucket, real images, seconds); the server's metrics hook.
+        self.forward_observer: Callable[[int, int, float], None] | None = None
+
+    @property
+    def embed_dim(self) -> int:
+        return self.info.embed_dim
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return self.info.image_size
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.buckets[-1]
+
+    @abstractmethod
+    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+        """Run exactly one bucket: uint8 [bucket, 3, H, W] -> float32 [bucket, D]."""
+
+    def check_input(self, images: np.ndarray | torch.Tensor) -> None:
+        height, width = self.image_size
+        if images.dtype not in (np.uint8, torch.uint8):
+            raise EncoderInputError(f"images must be uint8, got {images.dtype}")
+        if tuple(images.shape[1:]) != (3, height, width):
+            raise EncoderInputError(
+                f"images must be [B, 3, {height}, {width}], got {list(images.shape)}"
+            )
+
+    def encode(self, images: np.ndarray | torch.Tensor) -> np.ndarray:
+        """uint8 [B, 3, H, W] -> float32 [B, D], L2-normalised, in input order."""
+        self.check_input(images)
+        batch = torch.as_tensor(images)
+        n = int(batch.shape[0])
+        out = np.empty((n, self.embed_dim), dtype=np.float32)
+        for start, stop, bucket in split_into_buckets(n, self.buckets):
+            chunk = batch[start:stop]
+            if stop - start < bucket:
+                pad = chunk.new_zeros((bucket - (stop - start), *chunk.shape[1:]))
+                chunk = torch.cat([chunk, pad])
+            began = time.perf_counter()
+            result = self._forward(chunk.contiguous())
+            self.last_forward_seconds = time.perf_counter() - began
+            self.forward_counts[bucket] += 1
+            if self.forward_observer is not None:
+                self.forward_observer(bucket, stop - start, self.last_forward_seconds)
+            out[start:stop] = result[: stop - start].detach().float().cpu().numpy()
+        return out
+
+    def warmup(self, iterations: int = 1) -> dict[int, float]:
+        """Run every bucket `iterations` times; returns the last forward seconds per bucket."""
+        height, width = self.image_size
+        seconds: dict[int, float] = {}
+        for bucket in self.buckets:
+            zeros = torch.zeros((bucket, 3, height, width), dtype=torch.uint8)
+            for _ in range(iterations):
+                began = time.perf_counter()
+                self._forward(zeros)
+                seconds[bucket] = time.perf_counter() - began
+        log.info("%s encoder warmed up: %s", self.backend, {b: f"{s * 1e3:.1f} ms" for b, s in seconds.items()})
+        return seconds
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.backend, "buckets": list(self.buckets), **self.info.as_dict()}
+
+
+EncoderFactory = Callable[[ModelSettings], Encoder]
+
+# Backends load lazily: importing the registry must not import CUDA or Neuron code.
+_BACKEND_MODULES = {
+    "cpu": "models.backends.cpu",
+    "cuda": "models.backends.cuda",
+    "neuron": "models.backends.neuron",
+}
+_FACTORIES: dict[str, EncoderFactory] = {}
+
+
+def register_backend(name: str) -> Callable[[EncoderFactory], EncoderFactory]:
+    def decorate(factory: EncoderFactory) -> EncoderFactory:
+        _FACTORIES[name] = factory
+        return factory
+
+    return decorate
+
+
+def backend_names() -> list[str]:
+    return sorted(set(_BACKEND_MODULES) | set(_FACTORIES))
+
+
+def create_encoder(settings: ModelSettings) -> Encoder:
+    if settings.backend not in _FACTORIES:
+        module = _BACKEND_MODULES.get(settings.backend)
+        if module is None:
+            raise ValueError(f"unknown backend {settings.backend!r}; choose from {backend_names()}")
+        importlib.import_module(module)
+    return _FACTORIES[settings.backend](settings)

@@ -1,0 +1,182 @@
+"""Load a SigLIP image tower through open_clip, from a pretrained tag, a checkpoint or random weights.
+
+The result is an `ImageEmbedder`: uint8 images in, L2-normalised float32 embeddings out, with
+SigLIP's normalisation folded into the graph so that every backend (and every compiled artifact)
+takes the same uint8 input the ingress produces.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.settings import TINY_MODEL, ModelSettings
+
+log = logging.getLogger(__name__)
+
+# SigLIP's preprocessing constants. open_clip only reports them when a pretrained tag is given
+# (with pretrained=None it hands back CLIP's), so they are fixed here.
+SIGLIP_MEAN = (0.5, 0.5, 0.5)
+SIGLIP_STD = (0.5, 0.5, 0.5)
+
+_CONFIG_DIR = Path(__file__).parent / "configs"
+_registered = False
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message says why and what to do instead."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    embed_dim: int
+    image_size: tuple[int, int]
+    weights: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "embed_dim": self.embed_dim,
+            "image_size": list(self.image_size),
+            "weights": self.weights,
+        }
+
+
+class ImageEmbedder(nn.Module):
+    """uint8 [B, 3, H, W] -> float32 [B, D], L2-normalised. Normalisation lives in the graph."""
+
+    def __init__(self, visual: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.visual = visual
+        # Fold (x/255 - mean)/std into one multiply-add per channel.
+        scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, 3, 1, 1)
+        shift = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, 3, 1, 1)
+        self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("shift", shift, persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.to(self.scale.dtype) * self.scale + self.shift
+        features = self.visual(x)
+        return F.normalize(features.float(), dim=-1)
+
+
+def _register_tiny() -> None:
+    """Teach timm and open_clip the tiny SigLIP-architecture model used by tests and quick runs."""
+    global _registered
+    if _registered:
+        return
+    import open_clip
+    from timm.models import register_model
+    from timm.models.vision_transformer import vit_base_patch16_siglip_224
+
+    @register_model
+    def siglip_serve_tiny_patch8_64(pretrained: bool = False, **kwargs: object) -> nn.Module:
+        # Same block structure as SigLIP's ViT (no class token, MAP attention pooling), scaled down.
+        args = dict(img_size=64, patch_size=8, embed_dim=64, depth=2, num_heads=2, mlp_ratio=2.0)
+        return vit_base_patch16_siglip_224(pretrained=False, **{**args, **kwargs})
+
+    open_clip.add_model_config(_CONFIG_DIR)
+    _registered = True
+
+
+def available_models() -> list[str]:
+    _register_tiny()
+    import open_clip
+
+    return [name for name in open_clip.list_models() if "SigLIP" in name or name == TINY_MODEL]
+
+
+def _create(settings: ModelSettings) -> nn.Module:
+    import open_clip
+
+    if settings.model not in open_clip.list_models():
+        raise ModelLoadError(
+            f"unknown model {settings.model!r}; SigLIP models: {', '.join(available_models())}"
+        )
+    if settings.uses_random_weights:
+        log.warning(
+            "RANDOM WEIGHTS: model %s runs with random weights (seed %d); its embeddings mean nothing. "
+            "Use this only for tests and plumbing checks.",
+            settings.model,
+            settings.seed,
+        )
+        torch.manual_seed(settings.seed)
+        return open_clip.create_model(settings.model, pretrained=None)
+    if settings.checkpoint is not None:
+        model = open_clip.create_model(settings.model, pretrained=None)
+        _load_checkpoint(model, settings.checkpoint)
+        return model
+    return _create_pretrained(settings)
+
+
+def _create_pretrained(settings: ModelSettings) -> nn.Module:
+    import open_clip
+
+    try:
+        return open_clip.create_model(settings.model, pretrained=settings.pretrained)
+    except Exception as exc:  # noqa: BLE001 - open_clip/hub raise many kinds; all mean "no weights"
+        log.debug("pretrained download failed", exc_info=True)
+        raise ModelLoadError(
+            f"could not load pretrained weights {settings.pretrained!r} for {settings.model} "
+            f"(no network, or the tag is unknown: {type(exc).__name__}). Either pass "
+            "--checkpoint PATH (a state dict saved with torch.save(model.state_dict())) or "
+            "--random-weights (embeddings then mean nothing)."
+        ) from exc
+
+
+def _load_checkpoint(model: nn.Module, path: Path) -> None:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds on a bad file
+        raise ModelLoadError(f"cannot read checkpoint {path}: not a torch state dict") from exc
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
+    # Accept a whole-CLIP state dict (the usual) or one of the image tower alone.
+    target: nn.Module = model
+    if not any(k.startswith("visual.") for k in state):
+        target = model.visual  # type: ignore[assignment]
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    missing_visual = [k for k in missing if target is not model or k.startswith("visual.")]
+    if missing_visual or unexpected:
+        raise ModelLoadError(
+            f"checkpoint {path} does not fit {type(model).__name__}: "
+            f"{len(missing_visual)} image-tower weights missing, {len(unexpected)} unexpected keys "
+            f"(first: {(missing_visual or unexpected)[:3]})"
+        )
+
+
+def load_embedder(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
+    """Build the image tower for `settings` in float32 eval mode on the CPU."""
+    _register_tiny()
+    model = _create(settings)
+    visual = model.visual
+    image_size = tuple(int(s) for s in getattr(visual, "image_size", (224, 224)))
+    embedder = ImageEmbedder(visual, SIGLIP_MEAN, SIGLIP_STD).eval()
+    embedder.requires_grad_(False)
+    with torch.inference_mode():
+        probe = torch.zeros(1, 3, *image_size, dtype=torch.uint8)
+        embed_dim = int(embedder(probe).shape[-1])
+    info = ModelInfo(settings.model, embed_dim, (image_size[0], image_size[1]), settings.weights_source)
+    log.info("loaded %s: embed_dim=%d image_size=%s weights=%s", info.name, embed_dim, image_size, info.weights)
+    return embedder, info
+
+
+def model_geometry(model: str) -> tuple[tuple[int, int], int]:
+    """(image size, embedding dim) from open_clip's config, without building the model."""
+    _register_tiny()
+    import open_clip
+
+    cfg = open_clip.get_model_config(model)
+    if cfg is None:
+        raise ModelLoadError(f"unknown model {model!r}; SigLIP models: {', '.join(available_models())}")
+    size = cfg["vision_cfg"].get("image_size", 224)
+    height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    return (height, width), int(cfg["embed_dim"])

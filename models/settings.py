@@ -1,0 +1,82 @@
+"""Typed settings for building an encoder: which model, which weights, which backend and buckets.
+
+Knows nothing of Ray or HTTP; `serve.config.ServiceConfig` embeds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
+DEFAULT_PRETRAINED = "webli"
+TINY_MODEL = "tiny-siglip"
+MAX_BUCKET = 256
+
+Backend = Literal["cpu", "cuda", "neuron"]
+
+
+class ModelSettings(BaseModel):
+    """What to load and how to run it. Validated once, at start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = DEFAULT_MODEL
+    pretrained: str | None = DEFAULT_PRETRAINED
+    checkpoint: Path | None = None
+    random_weights: bool = False
+    # Random weights are seeded so every replica of a random-weight model gives the same embeddings.
+    seed: int = 0
+    backend: Backend = "cpu"
+    buckets: tuple[int, ...] = (1, 2, 4, 8)
+    # None: the backend decides (CPU: the cores this process may use). Ray sets OMP_NUM_THREADS=1 in
+    # workers, so leaving torch to its own default would run a CPU replica on one core.
+    torch_threads: int | None = Field(default=None, ge=1)
+    # neuron: directory of compiled artifacts (see models.neuron_compile); cuda: autocast dtype.
+    artifact_dir: Path | None = None
+    cuda_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+    @field_validator("buckets", mode="before")
+    @classmethod
+    def _parse_buckets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(int(part) for part in value.replace(" ", "").split(",") if part)
+        return value
+
+    @field_validator("buckets")
+    @classmethod
+    def _check_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("at least one batch bucket is needed")
+        if any(b < 1 or b > MAX_BUCKET for b in value):
+            raise ValueError(f"batch buckets must be between 1 and {MAX_BUCKET}, got {list(value)}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"batch buckets must be distinct, got {list(value)}")
+        return tuple(sorted(value))
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> "ModelSettings":
+        if self.checkpoint is not None and self.random_weights:
+            raise ValueError("choose one weights source: --checkpoint or --random-weights, not both")
+        if self.checkpoint is not None and not self.checkpoint.is_file():
+            raise ValueError(f"checkpoint file not found: {self.checkpoint}")
+        return self
+
+    @property
+    def uses_random_weights(self) -> bool:
+        return self.random_weights or self.model == TINY_MODEL
+
+    @property
+    def weights_source(self) -> str:
+        """A short human/machine label: 'random', 'checkpoint:<path>' or 'pretrained:<tag>'."""
+        if self.uses_random_weights:
+            return f"random(seed={self.seed})"
+        if self.checkpoint is not None:
+            return f"checkpoint:{self.checkpoint}"
+        return f"pretrained:{self.pretrained}"
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.buckets[-1]

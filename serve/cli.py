@@ -1,0 +1,119 @@
+"""`siglip-serve`: run the service, benchmark it, and reach the other tools of the project."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Any
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# Subcommands owned by other packages: name -> (module with main(argv) -> int, help).
+DELEGATED = {
+    "kernels": ("kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
+}
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", help="open_clip SigLIP config (default ViT-SO400M-14-SigLIP-384; tiny-siglip for tests)")
+    group.add_argument("--backend", choices=["cpu", "cuda", "neuron"], help="default cpu")
+    weights = group.add_mutually_exclusive_group()
+    weights.add_argument("--pretrained", help="open_clip pretrained tag (default webli), downloaded once")
+    weights.add_argument("--checkpoint", help="state dict saved with torch.save(model.state_dict())")
+    weights.add_argument("--random-weights", action="store_true", default=None,
+                         help="random weights: embeddings mean nothing (tests, plumbing)")
+    group.add_argument("--buckets", help="compiled batch sizes, e.g. 1,2,4,8")
+    group.add_argument("--artifact-dir", help="neuron: compiled artifact directory")
+    group.add_argument("--torch-threads", type=int, help="CPU threads per encoder (default: all usable cores)")
+
+
+def model_args(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("model", "backend", "pretrained", "checkpoint", "random_weights", "buckets", "artifact_dir", "torch_threads")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def parse_set(pairs: list[str]) -> dict[str, Any]:
+    """--set key=value for any config field; values parse as YAML scalars/lists."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects key=value, got {pair!r}")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="siglip-serve", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start a local Ray and serve the HTTP API")
+    add_model_options(run)
+    run.add_argument("--replicas", help="encoder replicas, or 'auto' = one per logical NeuronCore")
+    run.add_argument("--host", default="127.0.0.1")
+    run.add_argument("--port", type=int, default=8000)
+    run.add_argument("--metrics-port", type=int, default=8080, help="Ray's Prometheus export port")
+    run.add_argument("--address", help="join this Ray cluster instead of starting a local one")
+    run.add_argument("--neuron-cores", type=int,
+                     help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
+    run.add_argument("--api-key", help="require Authorization: Bearer KEY")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="any config field, as in the Serve YAML args (repeatable)")
+
+    bench = sub.add_parser("bench", help="bare-encoder, preprocessing and served throughput; table + JSON")
+    add_model_options(bench)
+    bench.add_argument("--warmup", type=int, default=10)
+    bench.add_argument("--iterations", type=int, default=50)
+    bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
+    bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
+    bench.add_argument("--replicas", type=int, default=1)
+    bench.add_argument("--skip", default="", help="comma list of parts to skip: encoder,preprocess,served")
+    bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+
+    for name, (_, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        module = importlib.import_module(DELEGATED[argv[0]][0])
+        return int(module.main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
+    from models.loading import ModelLoadError
+    from serve.config import ConfigError, ServiceConfig
+
+    try:
+        if args.command == "run":
+            settings = {**model_args(args), **parse_set(args.set), "log_level": args.log_level}
+            if args.replicas is not None:
+                settings["replicas"] = args.replicas if args.replicas == "auto" else int(args.replicas)
+            if args.api_key:
+                settings["api_key"] = args.api_key
+            config = ServiceConfig.from_args(settings)
+            from serve.runner import preflight_weights, run_service
+
+            preflight_weights(config)
+            return run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores)
+        if args.command == "bench":
+            from serve.bench import run_bench
+
+            settings = {**model_args(args), **parse_set(args.set), "replicas": args.replicas}
+            return run_bench(ServiceConfig.from_args(settings), args)
+    except (ConfigError, ModelLoadError) as exc:
+        logging.getLogger("siglip_serve").error("%s", exc)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

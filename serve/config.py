@@ -1,0 +1,76 @@
+"""The service's one typed config, filled from the Serve YAML `args:` or the CLI, checked at start."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from models.preprocess import ImageLimits
+from models.settings import ModelSettings
+
+MiB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """The config does not validate; the message lists every problem."""
+
+
+class ServiceConfig(ModelSettings):
+    """Model settings plus how the service runs them. Field names are the YAML `args:` keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Encoder replicas. "auto": one per logical NeuronCore the Ray cluster declares.
+    replicas: int | Literal["auto"] = 1
+    # Logical NeuronCores each encoder replica asks Ray for. None: 1 on the neuron backend, else 0.
+    neuron_cores_per_replica: int | None = Field(default=None, ge=0, le=1)
+    encoder_num_cpus: float = Field(default=1.0, ge=0)
+    ingress_replicas: int = Field(default=1, ge=1)
+    ingress_num_cpus: float = Field(default=0.5, ge=0)
+    # Threads per ingress replica that decode and resize (Pillow releases the GIL).
+    decode_threads: int = Field(default=4, ge=1, le=64)
+
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=10)
+    # Encoder calls (each up to the largest bucket's images) each ingress may queue; beyond it: 503.
+    max_queued_requests: int = Field(default=256, ge=1)
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    retry_after_s: int = Field(default=1, ge=1)
+
+    max_body_bytes: int = Field(default=20 * MiB, ge=1024)
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    max_images_per_request: int = Field(default=64, ge=1)
+    api_key: SecretStr | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _check_serving(self) -> "ServiceConfig":
+        if isinstance(self.replicas, int) and self.replicas < 1:
+            raise ValueError("replicas must be at least 1 (or 'auto')")
+        if self.replicas == "auto" and self.cores_per_replica == 0:
+            raise ValueError("replicas: auto counts logical NeuronCores; it needs neuron_cores_per_replica: 1")
+        return self
+
+    @property
+    def cores_per_replica(self) -> int:
+        if self.neuron_cores_per_replica is not None:
+            return self.neuron_cores_per_replica
+        return 1 if self.backend == "neuron" else 0
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels)
+
+    def model_settings(self) -> ModelSettings:
+        return ModelSettings(**{name: getattr(self, name) for name in ModelSettings.model_fields})
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> "ServiceConfig":
+        """Validate Serve YAML `args:` (or CLI options); raise ConfigError naming every bad key."""
+        try:
+            return cls.model_validate(args or {})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"invalid siglip-serve config: {problems}") from None

@@ -1,0 +1,129 @@
+"""The encoder deployment: one replica per logical NeuronCore (or per configured CPU/GPU worker).
+
+Requests arrive as uint8 chunks of at most the largest bucket's images; `@serve.batch` gathers
+chunks from many requests into one forward pass of the model's buckets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from models.encoder import EncoderInputError, create_encoder
+from serve import registry
+from serve.config import ServiceConfig
+from serve.metrics import EncoderMetrics
+
+log = logging.getLogger("siglip_serve.encoder")
+
+WARMUP_ITERATIONS = 2
+
+
+class DeadlineExceeded(TimeoutError):
+    """The request's deadline passed before its batch ran; it was dropped unrun."""
+
+
+def _count_images(chunks: list[np.ndarray]) -> int:
+    return sum(int(chunk.shape[0]) for chunk in chunks)
+
+
+class EncoderReplica:
+    """Loads and warms the model in the constructor, so a replica is RUNNING only once warm."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        logging.getLogger().setLevel(config.log_level)
+        self.config = config
+        self.encoder = create_encoder(config.model_settings())
+        self.metrics = EncoderMetrics()
+        self.encoder.forward_observer = self.metrics.forward
+        warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS)
+        self._embed_batch.set_max_batch_size(self.encoder.max_batch_size)
+        self._embed_batch.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
+        context = serve.get_replica_context()
+        self.app_name = context.app_name
+        self.replica_actor_name = context.replica_id.to_full_id_str()
+        self.info: dict[str, Any] = {
+            "replica_id": context.replica_id.unique_id,
+            "neuron_rt_visible_cores": os.environ.get("NEURON_RT_VISIBLE_CORES"),
+            "neuron_logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "warmup_seconds": {str(b): round(s, 6) for b, s in warm.items()},
+            **self.encoder.describe(),
+        }
+        registry.register_replica(self.app_name, self.replica_actor_name, self.info)
+        log.info("encoder replica ready: %s", self.info)
+
+    def describe(self) -> dict[str, Any]:
+        return self.info
+
+    async def embed(self, images: np.ndarray, deadline: float) -> np.ndarray:
+        """uint8 [n, 3, H, W] with n <= the largest bucket -> float32 [n, D]."""
+        result = await self._embed_batch(images, deadline)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=_count_images)
+    async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+        # Each chunk is answered on its own: a bad or late chunk gets its own error, the rest run.
+        results: list[Any] = [None] * len(chunks)
+        now = time.time()
+        runnable = []
+        for i, (chunk, deadline) in enumerate(zip(chunks, deadlines)):
+            try:
+                self.encoder.check_input(chunk)
+            except EncoderInputError as exc:
+                results[i] = exc
+                continue
+            if deadline < now:
+                results[i] = DeadlineExceeded("deadline passed while queued")
+                continue
+            runnable.append(i)
+        if runnable:
+            batch = np.concatenate([chunks[i] for i in runnable])
+            # Off the event loop, so the replica keeps accepting and gathering the next batch.
+            embeddings = await asyncio.to_thread(self.encoder.encode, batch)
+            offset = 0
+            for i in runnable:
+                n = int(chunks[i].shape[0])
+                results[i] = embeddings[offset: offset + n]
+                offset += n
+        return results
+
+    def __del__(self) -> None:
+        try:
+            registry.unregister_replica(self.app_name, self.replica_actor_name)
+        except Exception:  # noqa: BLE001 - best effort at shutdown; live_replicas prunes dead ones anyway
+            pass
+
+
+def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment:
+    """The deployment with placement and queue bounds from the config."""
+    resources: dict[str, float] = {}
+    if config.cores_per_replica:
+        resources["neuron_cores"] = config.cores_per_replica
+    actor_options: dict[str, Any] = {"num_cpus": config.encoder_num_cpus}
+    if resources:
+        actor_options["resources"] = resources
+    if config.backend == "cuda":
+        actor_options["num_gpus"] = 1
+    max_batch = config.max_batch_size
+    return serve.deployment(
+        EncoderReplica,
+        name="Encoder",
+        num_replicas=replicas,
+        ray_actor_options=actor_options,
+        # One batch runs while the next gathers; @serve.batch needs >= max_batch_size chunks in flight.
+        max_ongoing_requests=2 * max_batch,
+        max_queued_requests=config.max_queued_requests,
+        health_check_period_s=10,
+        graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
+    )

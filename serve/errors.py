@@ -1,0 +1,93 @@
+"""The one error contract: every error is `{"error": {"message", "type", "code"}}`, from one place.
+
+A 500 never echoes exception text: unexpected exceptions are logged with their traceback and
+answered with a fixed message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from enum import Enum
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class ErrorType(str, Enum):
+    """The contract's error types; also the `reason` label of siglip_requests_rejected_total."""
+
+    EMPTY_BODY = "empty_body"
+    INVALID_IMAGE = "invalid_image"
+    INVALID_BASE64 = "invalid_base64"
+    UNAUTHORIZED = "unauthorized"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    IMAGE_TOO_LARGE = "image_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    INVALID_REQUEST = "invalid_request"
+    TOO_MANY_IMAGES = "too_many_images"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    NOT_READY = "not_ready"
+    OVERLOADED = "overloaded"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    INTERNAL = "internal_error"
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, error_type: ErrorType | str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = ErrorType(error_type)
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    body = {"error": {"message": error.message, "type": error.error_type.value, "code": error.status}}
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+_STATUS_TYPES = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED, 413: ErrorType.PAYLOAD_TOO_LARGE}
+
+
+def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -> None:
+    """Route every error FastAPI can raise through `error_response`; `on_error` counts it."""
+
+    def respond(error: ApiError) -> JSONResponse:
+        on_error(error)
+        return error_response(error)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return respond(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error_type = _STATUS_TYPES.get(exc.status_code, ErrorType.INVALID_REQUEST)
+        message = exc.detail if isinstance(exc.detail, str) else error_type.value.replace("_", " ")
+        return respond(ApiError(exc.status_code, error_type, message, dict(exc.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return respond(ApiError(500, ErrorType.INTERNAL, "internal error; see the server log"))
+
+
+def describe_validation(errors: list[dict[str, object]] | tuple[dict[str, object], ...]) -> str:
+    """Pydantic errors as one line: 'input.3: Input should be a valid string; ...'."""
+    parts = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]  # type: ignore[union-attr]
+        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
+    return "; ".join(parts) or "request does not match the schema"

@@ -1,0 +1,308 @@
+"""The ingress deployment: the HTTP contract (../shared/design/http-api.md), on FastAPI.
+
+It reads and limits the body, decodes and validates every image (a bad image fails only its own
+request, before it can join a batch), sends uint8 chunks to the encoder deployment and turns the
+result, or any failure, into the contract's JSON.
+"""
+
+# No `from __future__ import annotations`: FastAPI resolves route parameter types at runtime.
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from models.preprocess import ImageRejected, decode_base64_image, media_type_supported, preprocess_image
+from serve import registry
+from serve.config import ServiceConfig
+from serve.encoder_deployment import DeadlineExceeded
+from serve.errors import ApiError, ErrorType, describe_validation, install_error_handlers
+from serve.metrics import IngressMetrics
+
+log = logging.getLogger("siglip_serve.ingress")
+
+app = FastAPI(title="siglip-serve", version="1", docs_url="/docs", redoc_url=None)
+# Handlers are installed with the app (Serve wraps it before any replica exists); the replica
+# subscribes its metrics to them.
+_error_listeners: list[Callable[[ApiError], None]] = []
+install_error_handlers(app, lambda error: [listener(error) for listener in _error_listeners] and None)
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request shape, with images where OpenAI has text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, ErrorType.PAYLOAD_TOO_LARGE, f"body is {int(declared)} bytes, over the {limit}-byte limit")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, ErrorType.PAYLOAD_TOO_LARGE, f"body is over the {limit}-byte limit")
+    if not body:
+        raise ApiError(400, ErrorType.EMPTY_BODY, "request body is empty")
+    return bytes(body)
+
+
+async def multipart_files(request: Request, body: bytes) -> list[tuple[str, bytes]]:
+    """(filename, bytes) of every file part, in order, from an already size-checked body."""
+
+    async def replay() -> Any:
+        yield body
+
+    try:
+        form = await MultiPartParser(request.headers, replay()).parse()
+    except MultiPartException as exc:
+        raise ApiError(400, ErrorType.INVALID_REQUEST, f"malformed multipart body: {exc.message}") from None
+    files = []
+    for _, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            files.append((value.filename or "", await value.read()))
+    await form.close()
+    if not files:
+        raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
+    return files
+
+
+def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) -> Response:
+    rows: Sequence[Any]
+    if encoding_format == "base64":
+        rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
+    else:
+        rows = embeddings.astype(np.float32).tolist()
+    body = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
+        "model": model,
+        "usage": {"images": len(rows), "prompt_tokens": 0, "total_tokens": 0},
+    }
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+class Ingress:
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any]) -> None:
+        logging.getLogger().setLevel(config.log_level)
+        self.encoder = encoder
+        self.config = config
+        self.expected_replicas = replicas
+        self.model = model
+        self.image_size = (int(model["image_size"][0]), int(model["image_size"][1]))
+        self.limits = config.image_limits
+        self.pool = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="decode")
+        self.metrics = IngressMetrics()
+        self.app_name = serve.get_replica_context().app_name
+        self._ready = False
+        _error_listeners.append(self._count_error)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _count_error(self, error: ApiError) -> None:
+        self.metrics.rejected(error.error_type.value)
+        level = logging.ERROR if error.status >= 500 else logging.INFO
+        log.log(level, "%d %s: %s", error.status, error.error_type.value, error.message)
+
+    def _check_auth(self, request: Request) -> None:
+        if self.config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        expected = self.config.api_key.get_secret_value()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            raise ApiError(401, ErrorType.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer ...)",
+                           {"WWW-Authenticate": "Bearer"})
+
+    async def _replicas(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(registry.live_replicas, self.app_name)
+
+    async def _check_ready(self) -> list[dict[str, Any]]:
+        replicas = await self._replicas()
+        self._ready = len(replicas) >= self.expected_replicas
+        return replicas
+
+    def _retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.config.retry_after_s)}
+
+    # -- the embedding path -----------------------------------------------------------------
+
+    def _prepare(self, data: bytes | str) -> np.ndarray:
+        began = time.perf_counter()
+        raw = decode_base64_image(data, self.limits) if isinstance(data, str) else data
+        array = preprocess_image(raw, self.image_size, self.limits)
+        self.metrics.preprocess_seconds.observe(time.perf_counter() - began)
+        return array
+
+    async def _prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str]) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self.pool, self._prepare, item) for item in items]
+        arrays = []
+        for future, label in zip(futures, labels):
+            try:
+                arrays.append(await future)
+            except ImageRejected as exc:
+                for other in futures:
+                    other.cancel()
+                raise ApiError(exc.status, exc.error_type, f"{label}: {exc.message}") from None
+        return np.stack(arrays)
+
+    async def _encode(self, images: np.ndarray) -> np.ndarray:
+        deadline = time.time() + self.config.request_timeout_s
+        step = self.config.max_batch_size
+        responses: list[DeploymentResponse] = []
+        try:
+            for start in range(0, len(images), step):
+                responses.append(self.encoder.embed.remote(images[start: start + step], deadline))
+            results = await asyncio.wait_for(
+                asyncio.gather(*(_awaited(r) for r in responses)), timeout=self.config.request_timeout_s
+            )
+        except BackPressureError:
+            _cancel(responses)
+            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after()) from None
+        except (asyncio.TimeoutError, DeadlineExceeded):
+            _cancel(responses)
+            raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
+                           f"request did not finish within {self.config.request_timeout_s:g} s") from None
+        return np.concatenate(results)
+
+    async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
+                            labels: Sequence[str], encoding_format: str = "float") -> Response:
+        began = time.perf_counter()
+        status = "200"
+        try:
+            if len(items) > self.config.max_images_per_request:
+                raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
+                               f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
+            if not self._ready:
+                await self._check_ready()
+                if not self._ready:
+                    raise ApiError(503, ErrorType.NOT_READY, "encoder replicas are still loading; retry later",
+                                   self._retry_after())
+            images = await self._prepare_all(items, labels)
+            embeddings = await self._encode(images)
+            self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
+            return render_embeddings(embeddings, self.model["name"], encoding_format)
+        except ApiError as exc:
+            status = str(exc.status)
+            raise
+        finally:
+            self.metrics.request_seconds.observe(time.perf_counter() - began,
+                                                 tags={"endpoint": endpoint, "status": status})
+
+
+async def _awaited(response: DeploymentResponse) -> np.ndarray:
+    try:
+        return await response
+    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the ones we answer
+        cause = getattr(exc, "cause", None)
+        if isinstance(exc, DeadlineExceeded) or isinstance(cause, DeadlineExceeded):
+            raise DeadlineExceeded(str(exc)) from None
+        if isinstance(exc, BackPressureError) or isinstance(cause, BackPressureError):
+            raise
+        raise
+
+
+def _cancel(responses: Sequence[DeploymentResponse]) -> None:
+    for response in responses:
+        response.cancel()
+
+
+def _json_labels(count: int, single: bool) -> list[str]:
+    return ["input"] if single else [f"input[{i}]" for i in range(count)]
+
+
+@app.middleware("http")
+async def request_id_middleware(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    response = await call_next(request)
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+@serve.ingress(app)
+class IngressDeployment(Ingress):
+    @app.post("/v1/embeddings")
+    async def embeddings(self, request: Request) -> Response:
+        self._check_auth(request)
+        body = await read_body(request, self.config.max_body_bytes)
+        try:
+            parsed = EmbeddingsRequest.model_validate_json(body)
+        except ValidationError as exc:
+            raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
+        if parsed.model is not None and parsed.model != self.model["name"]:
+            raise ApiError(422, ErrorType.INVALID_REQUEST,
+                           f"model {parsed.model!r} is not served here; this service serves {self.model['name']!r}")
+        single = isinstance(parsed.input, str)
+        items = [parsed.input] if single else list(parsed.input)
+        if not items:
+            raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image is needed")
+        return await self._serve_images(request, "embeddings", items, _json_labels(len(items), single),
+                                        parsed.encoding_format)
+
+    @app.post("/v1/embeddings/image")
+    async def embeddings_image(self, request: Request) -> Response:
+        self._check_auth(request)
+        content_type = request.headers.get("content-type")
+        is_multipart = (content_type or "").lower().startswith("multipart/form-data")
+        if not is_multipart and not media_type_supported(content_type):
+            raise ApiError(415, ErrorType.UNSUPPORTED_MEDIA_TYPE,
+                           f"content type {content_type!r} is not a supported image type")
+        body = await read_body(request, self.config.max_body_bytes)
+        if not is_multipart:
+            return await self._serve_images(request, "image", [body], ["image"])
+        files = await multipart_files(request, body)
+        labels = [f"file[{i}]" + (f" ({name})" if name else "") for i, (name, _) in enumerate(files)]
+        return await self._serve_images(request, "multipart", [data for _, data in files], labels)
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> dict[str, Any]:
+        self._check_auth(request)
+        replicas = await self._replicas()
+        lnc = next((r.get("lnc") or r.get("neuron_logical_nc_config") for r in replicas
+                    if r.get("lnc") or r.get("neuron_logical_nc_config")), None)
+        entry = {
+            "id": self.model["name"],
+            "object": "model",
+            "owned_by": "siglip-serve",
+            "embedding_dim": self.model["embed_dim"],
+            "image_size": list(self.image_size),
+            "backend": self.config.backend,
+            "weights": self.config.weights_source,
+            "lnc": int(lnc) if lnc is not None else None,
+            "buckets": list(self.config.buckets),
+            "replicas_expected": self.expected_replicas,
+            "replicas": replicas,
+        }
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(self) -> Response:
+        replicas = await self._check_ready()
+        if not self._ready:
+            raise ApiError(503, ErrorType.NOT_READY,
+                           f"{len(replicas)} of {self.expected_replicas} encoder replicas ready", self._retry_after())
+        return Response(json.dumps({"status": "ready", "replicas": len(replicas)}), media_type="application/json")

@@ -1,0 +1,48 @@
+"""Which encoder replicas are alive and what each sees (backend, NEURON_RT_VISIBLE_CORES, node).
+
+Serve's handle routes to any replica, so the ingress cannot ask each one directly. Instead each
+replica writes a record into Ray's GCS key-value store when it has warmed up, keyed by its
+replica id, which is also its actor name; a record counts only while that actor is alive.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import ray
+from ray.experimental import internal_kv
+
+_NAMESPACE = "siglip_serve"
+_PREFIX = "replica/"
+
+
+def _key(app_name: str, replica_actor_name: str) -> str:
+    return f"{_PREFIX}{app_name}/{replica_actor_name}"
+
+
+def register_replica(app_name: str, replica_actor_name: str, info: dict[str, Any]) -> None:
+    internal_kv._internal_kv_put(
+        _key(app_name, replica_actor_name), json.dumps(info), overwrite=True, namespace=_NAMESPACE
+    )
+
+
+def unregister_replica(app_name: str, replica_actor_name: str) -> None:
+    internal_kv._internal_kv_del(_key(app_name, replica_actor_name), namespace=_NAMESPACE)
+
+
+def live_replicas(app_name: str) -> list[dict[str, Any]]:
+    """Records of replicas whose actors are alive now, sorted by replica id."""
+    alive = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)}
+    prefix = f"{_PREFIX}{app_name}/"
+    records = []
+    for raw_key in internal_kv._internal_kv_list(prefix, namespace=_NAMESPACE):
+        key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+        actor_name = key[len(prefix):]
+        if actor_name not in alive:
+            internal_kv._internal_kv_del(key, namespace=_NAMESPACE)  # a replica that died
+            continue
+        raw = internal_kv._internal_kv_get(key, namespace=_NAMESPACE)
+        if raw is not None:
+            records.append(json.loads(raw))
+    return sorted(records, key=lambda r: str(r.get("replica_id")))

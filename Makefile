@@ -1,0 +1,35 @@
+# Two commands set everything up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+MODEL ?= ViT-SO400M-14-SigLIP-384
+WEIGHTS ?= --pretrained webli
+BACKEND ?= cpu
+HOST ?= 127.0.0.1
+PORT ?= 8000
+REPLICAS ?= 1
+PYTEST_ARGS ?=
+
+.PHONY: install serve test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/siglip-serve run --backend $(BACKEND) --model $(MODEL) $(if $(filter tiny-siglip,$(MODEL)),,$(WEIGHTS)) \
+		--replicas $(REPLICAS) --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/siglip-serve bench --model ViT-B-16-SigLIP --random-weights --json bench-vit-b16.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache

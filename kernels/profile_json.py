@@ -123,6 +123,8 @@ def load_summary(path: str | Path, kernel: str | None = None, config: str = "") 
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileJSONError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
         raise ProfileJSONError(f"{path}: not valid JSON ({exc})") from None
     try:

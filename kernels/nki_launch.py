@@ -11,6 +11,7 @@ torch-xla with the recompile guard).
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -216,8 +217,7 @@ def jitted_kernel(name: str):
     """``nki.jit`` applied once per kernel; the jit object caches compiled NEFFs per input signature."""
     if name not in _JITTED:
         nki = _nki()
-        from kernels import nki_kernels
-
+        nki_kernels = importlib.import_module("kernels.nki_kernels")
         _JITTED[name] = nki.jit(getattr(nki_kernels, name))
     return _JITTED[name]
 

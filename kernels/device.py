@@ -116,14 +116,6 @@ class Device:
         return samples
 
 
-def neuron_available() -> bool:
-    try:
-        _neuron_device()
-    except DeviceUnavailableError:
-        return False
-    return True
-
-
 def _neuron_device() -> Device:
     try:
         import torch_xla  # noqa: F401

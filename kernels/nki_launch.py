@@ -252,8 +252,9 @@ def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20) -> tupl
     """Run on a NeuronCore: result plus device latency percentiles in microseconds."""
     nki = _nki()
     kernel = _with_grid(jitted_kernel(run.kernel), run.lnc)
-    if hasattr(nki, "benchmark"):
-        # neuron-bench times the NEFF on the device itself; no framework dispatch included.
+    if hasattr(nki, "benchmark") and run.lnc == 1:
+        # neuron-bench times the NEFF on the device itself, without framework dispatch; it
+        # benchmarks a single NeuronCore, so LNC=2 kernels go through torch-xla instead.
         bench = nki.benchmark(warmup=warmup, iters=iterations)(kernel)
         out = bench(*run.args)
         latency = bench.benchmark_result.nc_latency

@@ -78,10 +78,10 @@ class CheckReport:
         }
 
     def format(self) -> str:
-        lines = [f"{'check':<58} {'against':<28} {'max |err|':>10}  result"]
+        lines = [f"{'check':<62} {'against':<28} {'max |err|':>10}  result"]
         lines.append("-" * len(lines[0]))
         for r in self.references + self.kernels:
-            lines.append(f"{r.name:<58} {r.target:<28} {r.max_abs_err:>10.3g}  "
+            lines.append(f"{r.name:<62} {r.target:<28} {r.max_abs_err:>10.3g}  "
                          f"{'ok' if r.passed else 'MISMATCH'} {r.detail}".rstrip())
         if self.kernels_skipped_reason:
             lines.append(f"NKI kernels SKIPPED: {self.kernels_skipped_reason}")

@@ -11,9 +11,22 @@ import numpy as np
 import pytest
 
 import kernels
-import kernels_fake_nki
 from kernels import nki_launch
 from kernels.tiling import MatmulConfig
+
+
+def _load_fake():
+    # Loaded by path so the test works under any pytest --import-mode.
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("kernels_fake_nki", Path(__file__).with_name("kernels_fake_nki.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+kernels_fake_nki = _load_fake()
 
 
 @pytest.fixture

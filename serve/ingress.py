@@ -12,7 +12,6 @@ import hmac
 import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -21,7 +20,6 @@ import numpy as np
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
-from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -29,9 +27,10 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from models.preprocess import ImageRejected, decode_base64_image, media_type_supported, preprocess_image
 from serve import registry
 from serve.config import ServiceConfig
-from serve.encoder_deployment import DeadlineExceeded
+from serve.encoder_deployment import DeadlineExceeded, encoder_max_ongoing
 from serve.errors import ApiError, ErrorType, describe_validation, install_error_handlers
 from serve.metrics import IngressMetrics
+from serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.ingress")
 
@@ -39,7 +38,15 @@ app = FastAPI(title="siglip-serve", version="1", docs_url="/docs", redoc_url=Non
 # Handlers are installed with the app (Serve wraps it before any replica exists); the replica
 # subscribes its metrics to them.
 _error_listeners: list[Callable[[ApiError], None]] = []
-install_error_handlers(app, lambda error: [listener(error) for listener in _error_listeners] and None)
+
+
+def _notify_error_listeners(error: ApiError) -> None:
+    # A module-level function, so the pickled app refers to this module's list in the replica.
+    for listener in _error_listeners:
+        listener(error)
+
+
+install_error_handlers(app, _notify_error_listeners)
 
 
 class EmbeddingsRequest(BaseModel):
@@ -103,7 +110,7 @@ def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) 
 
 class Ingress:
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any]) -> None:
-        logging.getLogger().setLevel(config.log_level)
+        configure_replica_logging(config.log_level)
         self.encoder = encoder
         self.config = config
         self.expected_replicas = replicas
@@ -114,13 +121,18 @@ class Ingress:
         self.metrics = IngressMetrics()
         self.app_name = serve.get_replica_context().app_name
         self._ready = False
+        # The bounded queue: encoder calls this ingress has in flight, at most what the replicas
+        # run at once plus `max_queued_requests` waiting. Past it a request is answered 503 at
+        # once instead of queueing without bound.
+        self.inflight_calls = 0
+        self.max_inflight_calls = replicas * encoder_max_ongoing(config) + config.max_queued_requests
         _error_listeners.append(self._count_error)
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def _count_error(self, error: ApiError) -> None:
         self.metrics.rejected(error.error_type.value)
-        level = logging.ERROR if error.status >= 500 else logging.INFO
+        level = logging.ERROR if error.status == 500 else logging.WARNING if error.status > 500 else logging.INFO
         log.log(level, "%d %s: %s", error.status, error.error_type.value, error.message)
 
     def _check_auth(self, request: Request) -> None:
@@ -167,22 +179,28 @@ class Ingress:
         return np.stack(arrays)
 
     async def _encode(self, images: np.ndarray) -> np.ndarray:
-        deadline = time.time() + self.config.request_timeout_s
         step = self.config.max_batch_size
-        responses: list[DeploymentResponse] = []
+        calls = -(-len(images) // step)
+        if self.inflight_calls + calls > self.max_inflight_calls:
+            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after())
+        self.inflight_calls += calls
+        deadline = time.time() + self.config.request_timeout_s
+        responses = [self.encoder.embed.remote(images[start: start + step], deadline)
+                     for start in range(0, len(images), step)]
         try:
-            for start in range(0, len(images), step):
-                responses.append(self.encoder.embed.remote(images[start: start + step], deadline))
             results = await asyncio.wait_for(
                 asyncio.gather(*(_awaited(r) for r in responses)), timeout=self.config.request_timeout_s
             )
-        except BackPressureError:
-            _cancel(responses)
-            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after()) from None
         except (asyncio.TimeoutError, DeadlineExceeded):
+            timed_out = True
+        else:
+            timed_out = False
+        finally:
+            self.inflight_calls -= calls
+        if timed_out:
             _cancel(responses)
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
-                           f"request did not finish within {self.config.request_timeout_s:g} s") from None
+                           f"request did not finish within {self.config.request_timeout_s:g} s")
         return np.concatenate(results)
 
     async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
@@ -213,12 +231,9 @@ class Ingress:
 async def _awaited(response: DeploymentResponse) -> np.ndarray:
     try:
         return await response
-    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the ones we answer
-        cause = getattr(exc, "cause", None)
-        if isinstance(exc, DeadlineExceeded) or isinstance(cause, DeadlineExceeded):
+    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the one we answer
+        if isinstance(exc, DeadlineExceeded) or isinstance(getattr(exc, "cause", None), DeadlineExceeded):
             raise DeadlineExceeded(str(exc)) from None
-        if isinstance(exc, BackPressureError) or isinstance(cause, BackPressureError):
-            raise
         raise
 
 
@@ -229,14 +244,6 @@ def _cancel(responses: Sequence[DeploymentResponse]) -> None:
 
 def _json_labels(count: int, single: bool) -> list[str]:
     return ["input"] if single else [f"input[{i}]" for i in range(count)]
-
-
-@app.middleware("http")
-async def request_id_middleware(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    response = await call_next(request)
-    response.headers["X-Request-ID"] = request_id
-    return response
 
 
 @serve.ingress(app)

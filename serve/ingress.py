@@ -35,18 +35,19 @@ from serve.replica_logging import configure_replica_logging
 log = logging.getLogger("siglip_serve.ingress")
 
 app = FastAPI(title="siglip-serve", version="1", docs_url="/docs", redoc_url=None)
-# Handlers are installed with the app (Serve wraps it before any replica exists); the replica
-# subscribes its metrics to them.
-_error_listeners: list[Callable[[ApiError], None]] = []
+
+# The replica in this process counts every error answer. `@serve.ingress` freezes the app with a
+# cloudpickle round trip, which copies a closure's or lambda's globals, so the handlers reach the
+# replica through a module-level function: pickled by reference, it reads this module's globals.
+_count_error_in_replica: Callable[[ApiError], None] | None = None
 
 
-def _notify_error_listeners(error: ApiError) -> None:
-    # A module-level function, so the pickled app refers to this module's list in the replica.
-    for listener in _error_listeners:
-        listener(error)
+def _on_error(error: ApiError) -> None:
+    if _count_error_in_replica is not None:
+        _count_error_in_replica(error)
 
 
-install_error_handlers(app, _notify_error_listeners)
+install_error_handlers(app, _on_error)
 
 
 class EmbeddingsRequest(BaseModel):
@@ -126,7 +127,9 @@ class Ingress:
         # once instead of queueing without bound.
         self.inflight_calls = 0
         self.max_inflight_calls = replicas * encoder_max_ongoing(config) + config.max_queued_requests
-        _error_listeners.append(self._count_error)
+        # One replica per process: the latest one counts, so every error is counted exactly once.
+        global _count_error_in_replica
+        _count_error_in_replica = self._count_error
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -218,10 +221,17 @@ class Ingress:
                                    self._retry_after())
             images = await self._prepare_all(items, labels)
             embeddings = await self._encode(images)
+            response = render_embeddings(embeddings, self.model["name"], encoding_format)
             self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
-            return render_embeddings(embeddings, self.model["name"], encoding_format)
+            return response
         except ApiError as exc:
             status = str(exc.status)
+            raise
+        except asyncio.CancelledError:
+            status = "499"  # the client went away; nginx's and Ray Serve's code for it
+            raise
+        except Exception:
+            status = "500"
             raise
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - began,

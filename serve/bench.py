@@ -25,6 +25,7 @@ import numpy as np
 from serve.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bench")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the tables
 
 
 def percentile_ms(seconds: list[float], q: float) -> float:
@@ -97,7 +98,25 @@ def bench_preprocess(config: ServiceConfig, iterations: int) -> dict[str, Any]:
             "image_size_out": list(image_size), "threads": 1}
 
 
-async def _drive(url: str, bodies: list[bytes], concurrency: int, requests: int) -> dict[str, Any]:
+def request_bodies(photos: list[bytes], images_per_request: int) -> tuple[str, list[tuple[bytes, str]]]:
+    """(path, [(body, content type)]): raw bytes for one image a request, multipart for several."""
+    if images_per_request == 1:
+        return "/v1/embeddings/image", [(p, "image/jpeg") for p in photos]
+    boundary = "siglipbenchboundary"
+    bodies = []
+    for start in range(len(photos)):
+        parts = []
+        for k in range(images_per_request):
+            data = photos[(start + k) % len(photos)]
+            parts.append(f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{k}.jpg\"\r\n"
+                         "Content-Type: image/jpeg\r\n\r\n".encode() + data + b"\r\n")
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        bodies.append((body, f"multipart/form-data; boundary={boundary}"))
+    return "/v1/embeddings/image", bodies
+
+
+async def _drive(url: str, bodies: list[tuple[bytes, str]], concurrency: int, requests: int,
+                 images_per_request: int = 1) -> dict[str, Any]:
     import httpx
 
     latencies: list[float] = []
@@ -107,10 +126,10 @@ async def _drive(url: str, bodies: list[bytes], concurrency: int, requests: int)
     async def worker(client: httpx.AsyncClient) -> None:
         nonlocal next_index, failures
         while next_index < requests:
-            body = bodies[next_index % len(bodies)]
+            body, content_type = bodies[next_index % len(bodies)]
             next_index += 1
             began = time.perf_counter()
-            response = await client.post(url, content=body, headers={"Content-Type": "image/jpeg"})
+            response = await client.post(url, content=body, headers={"Content-Type": content_type})
             if response.status_code == 200:
                 latencies.append(time.perf_counter() - began)
             else:
@@ -123,13 +142,15 @@ async def _drive(url: str, bodies: list[bytes], concurrency: int, requests: int)
         elapsed = time.perf_counter() - began
     return {
         "concurrency": concurrency, "requests": requests, "failures": failures,
-        "images_per_second": len(latencies) / elapsed,
+        "images_per_request": images_per_request,
+        "images_per_second": len(latencies) * images_per_request / elapsed,
         "latency_p50_ms": percentile_ms(latencies, 50) if latencies else None,
         "latency_p99_ms": percentile_ms(latencies, 99) if latencies else None,
     }
 
 
-def bench_served(config: ServiceConfig, levels: list[int], requests: int) -> list[dict[str, Any]]:
+def bench_served(config: ServiceConfig, levels: list[int], requests: int,
+                 images_per_request: int = 1) -> list[dict[str, Any]]:
     import ray
     from ray import serve
 
@@ -144,12 +165,12 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int) -> lis
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         log.info("deploying %s for the served benchmark...", config.model)
         serve.run(build(config), name="bench", route_prefix="/")
-        url = f"http://127.0.0.1:{port}/v1/embeddings/image"
-        bodies = sample_photos()
-        asyncio.run(_drive(url, bodies, max(levels), 2 * max(levels)))  # warm the whole path
+        path, bodies = request_bodies(sample_photos(), images_per_request)
+        url = f"http://127.0.0.1:{port}{path}"
+        asyncio.run(_drive(url, bodies, max(levels), 2 * max(levels), images_per_request))  # warm the path
         rows = []
         for level in levels:
-            row = asyncio.run(_drive(url, bodies, level, max(requests, level)))
+            row = asyncio.run(_drive(url, bodies, level, max(requests, level), images_per_request))
             log.info("served at concurrency %d: %.1f img/s", level, row["images_per_second"])
             rows.append(row)
         return rows
@@ -175,8 +196,9 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
                     ["images", "images_per_second", "threads"])
     if "served" not in skip:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-        result["served"] = bench_served(config, levels, args.requests)
-        print_table(f"served over HTTP: {config.model}, {result['served'] and config.replicas} replica(s)",
+        result["served"] = bench_served(config, levels, args.requests, args.images_per_request)
+        print_table(f"served over HTTP: {config.model}, {config.replicas} encoder replica(s), "
+                    f"{args.images_per_request} image(s) per request",
                     result["served"], ["concurrency", "images_per_second", "latency_p50_ms", "latency_p99_ms", "failures"])
     if result.get("encoder") and result.get("served"):
         bare = max(row["images_per_second"] for row in result["encoder"])

@@ -139,7 +139,8 @@ def rows(a: dict | None, b: dict | None, c: dict | None, seed: dict[int, dict], 
                     "per_core": a["batch1_images_per_second"], "instance": None, "latency_ms": a["batch1_latency_ms"]})
     if b:
         lat = [w["latency_ms"] for w in b["per_core"] if w.get("latency_ms") is not None]
-        out.append({"source": "(b) this run", "what": "one worker per logical core, summed",
+        batch = f" (batch {b['bucket']:g})" if b.get("bucket") is not None else ""
+        out.append({"source": "(b) this run", "what": f"one worker per logical core, summed{batch}",
                     "lnc": b["lnc"] if b.get("lnc") is not None else ctx["lnc"], "cores": b["cores"],
                     "per_core": b["images_per_second"] / b["cores"] if b.get("cores") else None,
                     "instance": b["images_per_second"], "latency_ms": sum(lat) / len(lat) if lat else None})

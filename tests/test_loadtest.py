@@ -287,3 +287,28 @@ def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
     assert cli.main(["--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0",
                      "--out", str(tmp_path)]) == 2
     assert cli.main(["--endpoint", "raw", "--images-per-request", "2", "--out", str(tmp_path)]) == 2
+
+
+def test_report_runs_the_measurements_it_is_not_given(tmp_path: Path, lt_app: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """(b) through run_multicore (a stand-in module: the real one needs Neuron cores), (c) by a real load test."""
+    calls: list[dict] = []
+    fake = types.ModuleType("models.multicore_bench")
+
+    def run_multicore(**kwargs: object) -> dict:
+        calls.append(kwargs)
+        return {"lnc": kwargs["lnc"], "per_core": [{"core": i, "images_per_second": 10.0 + i} for i in range(4)]}
+
+    fake.run_multicore = run_multicore
+    monkeypatch.setitem(sys.modules, "models.multicore_bench", fake)
+    code = report.main(["--run-multicore", "lnc=2", "cores=4", "backend=neuron",
+                        f"--run-loadtest=--host {lt_app} --api-key {API_KEY} --users 1 --run-time 3s",
+                        "--out", str(tmp_path)])
+    assert code == 0
+    assert calls == [{"lnc": 2, "cores": 4, "backend": "neuron"}]
+    result = json.loads((tmp_path / "report.json").read_text())
+    assert result["multi_core"]["images_per_second"] == sum(10.0 + i for i in range(4))
+    served = json.loads((tmp_path / "loadtest" / "summary.json").read_text())
+    assert served["requests"] > 0 and result["served"]["images"] == served["images"]
+    assert result["serving_efficiency"] == pytest.approx(
+        served["saturation"]["images_per_second"] / result["multi_core"]["images_per_second"])

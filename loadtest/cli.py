@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from loadtest.corpus import ENDPOINTS, CorpusError
+from loadtest.corpus import ENDPOINTS, CorpusError, image_files
 from loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
 from loadtest.summary import EXIT_ERROR, build_summary, format_summary
 
@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """Fail here, before Locust starts, on what Locust's workers would only fail on one by one."""
+    if args.images:
+        image_files(args.images)
     if args.endpoint == "raw" and args.images_per_request != 1:
         raise CorpusError("--endpoint raw carries one image per request; use multipart or json for more")
     if args.images_per_request < 1 or args.users < 1:

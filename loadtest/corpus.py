@@ -65,15 +65,20 @@ def skimage_corpus(quality: int = 90) -> list[Image]:
     return images
 
 
-def folder_corpus(folder: str | Path) -> list[Image]:
-    """Every image file in `folder` (by extension, not recursive), sent as-is: a corrupt file stays corrupt."""
+def image_files(folder: str | Path) -> list[Path]:
+    """The image files in `folder` (by extension, not recursive), sorted; an error if there are none."""
     root = Path(folder)
     if not root.is_dir():
         raise CorpusError(f"--images {folder}: not a directory")
     files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in CONTENT_TYPES)
     if not files:
         raise CorpusError(f"--images {folder}: no image files ({', '.join(sorted(CONTENT_TYPES))})")
-    return [Image(p.name, p.read_bytes(), CONTENT_TYPES[p.suffix.lower()]) for p in files]
+    return files
+
+
+def folder_corpus(folder: str | Path) -> list[Image]:
+    """Every image file in `folder`, sent as-is: a corrupt file stays corrupt."""
+    return [Image(p.name, p.read_bytes(), CONTENT_TYPES[p.suffix.lower()]) for p in image_files(folder)]
 
 
 def load_corpus(folder: str | Path | None = None) -> list[Image]:

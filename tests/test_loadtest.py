@@ -287,6 +287,7 @@ def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
     assert cli.main(["--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0",
                      "--out", str(tmp_path)]) == 2
     assert cli.main(["--endpoint", "raw", "--images-per-request", "2", "--out", str(tmp_path)]) == 2
+    assert cli.main(["--images", str(_empty(tmp_path)), "--out", str(tmp_path)]) == 2
 
 
 def test_report_runs_the_measurements_it_is_not_given(tmp_path: Path, lt_app: str,

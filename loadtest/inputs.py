@@ -5,7 +5,7 @@ listed are ignored; a missing key or file leaves its measurement out of the repo
 
 (a) `siglip-serve bench --json FILE` (serve/bench.py):
     {"encoder": [{"bucket": 1, "images_per_second": 35.4, "latency_mean_ms": 28.2, ...}, ...],
-     "config" | "settings": {"model", "backend", "buckets", "lnc"},  "machine": {...}}
+     "model", "backend", "buckets", "machine": {...}}   (or model/backend/lnc under "config"/"settings")
 (b) `models.multicore_bench.run_multicore(...)`, one worker per logical core, summed:
     {"lnc": 2, "cores" | "logical_cores": 4, "bucket" | "batch_size": 1, "model", "backend", "machine",
      "per_core" | "workers": [{"core": 0, "images_per_second": 35.4, "latency_ms": 28.2}, ...],

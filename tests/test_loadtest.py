@@ -216,10 +216,7 @@ def lt_app(serve_cluster: ServeCluster) -> str:
 
 @pytest.fixture(scope="module")
 def metrics_url(serve_cluster: ServeCluster) -> str:
-    import ray
-
-    port = next(node["MetricsExportPort"] for node in ray.nodes() if node["Alive"])
-    return f"http://127.0.0.1:{port}/metrics"
+    return f"http://127.0.0.1:{serve_cluster.metrics_port}/metrics"
 
 
 def _run(tmp_path: Path, host: str, *extra: str) -> tuple[int, dict]:
@@ -267,18 +264,23 @@ def test_step_shape_finds_saturation_and_a_p99_threshold_fails_the_run(tmp_path:
     assert summary["thresholds"]["breached"] and "p99" in summary["thresholds"]["breached"][0]
 
 
-def test_bad_responses_are_counted_as_failures(tmp_path: Path, lt_app: str, photo_jpegs: list[bytes]) -> None:
+def test_bad_responses_are_counted_as_failures(tmp_path: Path, lt_app: str, photo_jpegs: list[bytes],
+                                               metrics_url: str) -> None:
     folder = tmp_path / "corpus"
     folder.mkdir()
     (folder / "good.jpg").write_bytes(photo_jpegs[0])
     (folder / "truncated.jpg").write_bytes(photo_jpegs[1][:1500])
     code, summary = _run(tmp_path, lt_app, "--users", "1", "--run-time", "3s", "--images", str(folder),
-                         "--expect-dim", "63")
+                         "--expect-dim", "63", "--metrics-url", metrics_url, "--metrics-label",
+                         "application=loadtest", "--metrics-wait", "15")
     assert code == 1
     reasons = summary["failure_reasons"]
     assert summary["failures"] == summary["requests"] > 0 and summary["images"] == 0
     assert "embedding dimension 64, expected 63" in reasons
     assert any(reason.startswith("HTTP 400") for reason in reasons), reasons
+    # The server embedded the good image every other request; the load test accepted none: the check sees it.
+    check = summary["metrics_check"]
+    assert check["server_images"] > 0 and check["client_images"] == 0 and check["agrees"] is False
 
 
 def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
@@ -292,7 +294,8 @@ def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
 
 def test_report_runs_the_measurements_it_is_not_given(tmp_path: Path, lt_app: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """(b) through run_multicore (a stand-in module: the real one needs Neuron cores), (c) by a real load test."""
+    """(a) by the real `siglip-serve bench`, (b) through run_multicore (a stand-in module: the real
+    one needs Neuron cores), (c) by a real load test."""
     calls: list[dict] = []
     fake = types.ModuleType("models.multicore_bench")
 
@@ -302,12 +305,17 @@ def test_report_runs_the_measurements_it_is_not_given(tmp_path: Path, lt_app: st
 
     fake.run_multicore = run_multicore
     monkeypatch.setitem(sys.modules, "models.multicore_bench", fake)
-    code = report.main(["--run-multicore", "lnc=2", "cores=4", "backend=neuron",
+    code = report.main(["--run-bench=--model tiny-siglip --torch-threads 1 --warmup 2 --iterations 5",
+                        "--run-multicore", "lnc=2", "cores=4", "backend=neuron",
                         f"--run-loadtest=--host {lt_app} --api-key {API_KEY} --users 1 --run-time 3s",
                         "--out", str(tmp_path)])
     assert code == 0
     assert calls == [{"lnc": 2, "cores": 4, "backend": "neuron"}]
     result = json.loads((tmp_path / "report.json").read_text())
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert "preprocess" not in bench and "served" not in bench
+    assert result["single_core"]["batch1_images_per_second"] == next(
+        r["images_per_second"] for r in bench["encoder"] if r["bucket"] == 1)
     assert result["multi_core"]["images_per_second"] == sum(10.0 + i for i in range(4))
     served = json.loads((tmp_path / "loadtest" / "summary.json").read_text())
     assert served["requests"] > 0 and result["served"]["images"] == served["images"]

@@ -13,6 +13,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Subcommands owned by other packages: name -> (module with main(argv) -> int, help).
 DELEGATED = {
     "kernels": ("kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
+    "loadtest": ("loadtest.cli", "Locust load test (summary.json, CSV, HTML); 'loadtest report': instance throughput"),
 }
 
 

@@ -164,7 +164,7 @@ class Ingress:
     def _prepare(self, data: bytes | str) -> np.ndarray:
         began = time.perf_counter()
         raw = decode_base64_image(data, self.limits) if isinstance(data, str) else data
-        array = preprocess_image(raw, self.image_size, self.limits)
+        array = preprocess_image(raw, self.image_size, self.limits, self.config.fast_jpeg_decode)
         self.metrics.preprocess_seconds.observe(time.perf_counter() - began)
         return array
 

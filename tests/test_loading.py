@@ -116,17 +116,38 @@ def test_no_network_names_both_alternatives(monkeypatch: pytest.MonkeyPatch) -> 
     assert "--checkpoint" in message and "--random-weights" in message and "no network" in message
 
 
+def large_jpeg(array: np.ndarray, size: tuple[int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).resize(size, Image.Resampling.LANCZOS).save(buf, format="JPEG", quality=92)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fast_jpeg", [False, True], ids=["exact-decode", "fast-jpeg-decode"])
 @pytest.mark.parametrize("model_name, family", [("tiny-siglip", "ViT-B-16-SigLIP"), ("ViT-B-16-SigLIP", "ViT-B-16-SigLIP")])
-def test_embeddings_match_open_clip_pipeline_on_real_photos(model_name: str, family: str,
-                                                            photo_jpegs: list[bytes]) -> None:
+def test_embeddings_match_open_clip_pipeline_on_real_photos(model_name: str, family: str, fast_jpeg: bool,
+                                                            photos: list[np.ndarray], photo_jpegs: list[bytes]) -> None:
     import open_clip
 
     embedder, info = load_embedder(ModelSettings(model=model_name, random_weights=True))
     torch.manual_seed(0)
     reference_model = open_clip.create_model(model_name, pretrained=None).eval()
     size = info.image_size
-    for jpeg in photo_jpegs:
-        ours = embedder(torch.from_numpy(preprocess_image(jpeg, size))[None])[0].detach().numpy()
+    # The photos as shipped (~512 px) and as a phone would send them (12 MP), where a fast decode
+    # runs at 1/4 or 1/8 scale.
+    files = photo_jpegs + [large_jpeg(photos[0], (4032, 3024)), large_jpeg(photos[2], (2048, 1536))]
+    for jpeg in files:
+        ours = embedder(torch.from_numpy(preprocess_image(jpeg, size, fast_jpeg=fast_jpeg))[None])[0].detach().numpy()
         theirs = open_clip_reference(reference_model, size[0], jpeg, family)
         cosine = float(np.dot(ours, theirs) / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
-        assert cosine >= 0.9999, (model_name, cosine)
+        assert cosine >= 0.9999, (model_name, fast_jpeg, cosine)
+
+
+def test_fast_jpeg_decode_reads_fewer_pixels_and_only_for_jpeg(photos: list[np.ndarray]) -> None:
+    from models.preprocess import decode_image
+
+    jpeg = large_jpeg(photos[0], (4032, 3024))
+    assert decode_image(jpeg).size == (4032, 3024)
+    assert decode_image(jpeg, draft_size=(128, 128)).size == (504, 378)  # 1/8 scale, still >= 128
+    png = io.BytesIO()
+    Image.fromarray(photos[0]).save(png, format="PNG")
+    assert decode_image(png.getvalue(), draft_size=(64, 64)).size == (512, 512)

@@ -31,7 +31,7 @@ class DeadlineExceeded(TimeoutError):
     """The request's deadline passed before its batch ran; it was dropped unrun."""
 
 
-def _count_images(chunks: list[np.ndarray]) -> int:
+def count_images(chunks: list[np.ndarray]) -> int:
     return sum(int(chunk.shape[0]) for chunk in chunks)
 
 
@@ -72,7 +72,7 @@ class EncoderReplica:
             raise result
         return result
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=_count_images)
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=count_images)
     async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
         # Each chunk is answered on its own: a bad or late chunk gets its own error, the rest run.
         results: list[Any] = [None] * len(chunks)

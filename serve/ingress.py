@@ -27,7 +27,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from models.preprocess import ImageRejected, decode_base64_image, media_type_supported, preprocess_image
 from serve import registry
 from serve.config import ServiceConfig
-from serve.encoder_deployment import DeadlineExceeded, encoder_max_ongoing
+from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
 from serve.errors import ApiError, ErrorType, describe_validation, install_error_handlers
 from serve.metrics import IngressMetrics
 from serve.replica_logging import configure_replica_logging
@@ -127,6 +127,13 @@ class Ingress:
         # once instead of queueing without bound.
         self.inflight_calls = 0
         self.max_inflight_calls = replicas * encoder_max_ongoing(config) + config.max_queued_requests
+        # Chunks of concurrent requests travel to the encoder together: one Serve call per group
+        # instead of one per request. With no wait, an idle ingress sends at once; under load, the
+        # chunks that queue while every replica has two calls in flight form the next group.
+        self._coalesced_embed = serve.batch(
+            max_batch_size=config.max_batch_size, batch_wait_timeout_s=0.0,
+            max_concurrent_batches=2 * replicas, batch_size_fn=count_images,
+        )(self._send_group)
         # One replica per process: the latest one counts, so every error is counted exactly once.
         global _count_error_in_replica
         _count_error_in_replica = self._count_error
@@ -183,28 +190,48 @@ class Ingress:
 
     async def _encode(self, images: np.ndarray) -> np.ndarray:
         step = self.config.max_batch_size
-        calls = -(-len(images) // step)
-        if self.inflight_calls + calls > self.max_inflight_calls:
+        chunks = [images[start: start + step] for start in range(0, len(images), step)]
+        if self.inflight_calls + len(chunks) > self.max_inflight_calls:
             raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after())
-        self.inflight_calls += calls
+        self.inflight_calls += len(chunks)
         deadline = time.time() + self.config.request_timeout_s
-        responses = [self.encoder.embed.remote(images[start: start + step], deadline)
-                     for start in range(0, len(images), step)]
         try:
             results = await asyncio.wait_for(
-                asyncio.gather(*(_awaited(r) for r in responses)), timeout=self.config.request_timeout_s
+                asyncio.gather(*(self._embed_chunk(chunk, deadline) for chunk in chunks)),
+                timeout=self.config.request_timeout_s,
             )
         except (asyncio.TimeoutError, DeadlineExceeded):
             timed_out = True
         else:
             timed_out = False
         finally:
-            self.inflight_calls -= calls
+            self.inflight_calls -= len(chunks)
         if timed_out:
-            _cancel(responses)
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s")
         return np.concatenate(results)
+
+    async def _embed_chunk(self, chunk: np.ndarray, deadline: float) -> np.ndarray:
+        result = await self._coalesced_embed(chunk, deadline)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def _send_group(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+        # The latest deadline: a group is not dropped while any of its requests still waits.
+        response = self.encoder.embed.remote(np.concatenate(chunks), max(deadlines))
+        try:
+            embeddings = await _awaited(response)
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - each waiting request receives the group's error
+            return [exc] * len(chunks)
+        out, offset = [], 0
+        for chunk in chunks:
+            out.append(embeddings[offset: offset + len(chunk)])
+            offset += len(chunk)
+        return out
 
     async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
                             labels: Sequence[str], encoding_format: str = "float") -> Response:
@@ -245,11 +272,6 @@ async def _awaited(response: DeploymentResponse) -> np.ndarray:
         if isinstance(exc, DeadlineExceeded) or isinstance(getattr(exc, "cause", None), DeadlineExceeded):
             raise DeadlineExceeded(str(exc)) from None
         raise
-
-
-def _cancel(responses: Sequence[DeploymentResponse]) -> None:
-    for response in responses:
-        response.cancel()
 
 
 def _json_labels(count: int, single: bool) -> list[str]:

@@ -68,7 +68,8 @@ class ModelSettings(BaseModel):
 
     @property
     def uses_random_weights(self) -> bool:
-        return self.random_weights or self.model == TINY_MODEL
+        # tiny-siglip has no published weights: random unless a checkpoint is given.
+        return self.random_weights or (self.model == TINY_MODEL and self.checkpoint is None)
 
     @property
     def weights_source(self) -> str:

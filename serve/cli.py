@@ -16,6 +16,7 @@ DELEGATED = {
     "kernels": ("kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
     "compile": ("models.neuron_compile", "compile the image tower for Trainium2, one artifact per input set"),
     "accuracy": ("models.accuracy", "compare two encoders' embeddings on a folder of images"),
+    "loadtest": ("loadtest.cli", "Locust load test (summary.json, CSV, HTML); 'loadtest report': instance throughput"),
 }
 
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
     bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
     bench.add_argument("--replicas", type=int, default=1)
+    bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: >1 sends multipart")
     bench.add_argument("--skip", default="", help="comma list of parts to skip: encoder,preprocess,served")
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -21,6 +21,7 @@ from models.encoder import EncoderInputError, create_encoder
 from serve import registry
 from serve.config import ServiceConfig
 from serve.metrics import EncoderMetrics
+from serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.encoder")
 
@@ -39,7 +40,7 @@ class EncoderReplica:
     """Loads and warms the model in the constructor, so a replica is RUNNING only once warm."""
 
     def __init__(self, config: ServiceConfig) -> None:
-        logging.getLogger().setLevel(config.log_level)
+        configure_replica_logging(config.log_level)
         self.config = config
         self.encoder = create_encoder(config.model_settings())
         self.metrics = EncoderMetrics()
@@ -107,6 +108,11 @@ class EncoderReplica:
             pass
 
 
+def encoder_max_ongoing(config: ServiceConfig) -> int:
+    # One batch runs while the next gathers; @serve.batch needs >= max_batch_size calls in flight.
+    return 2 * config.max_batch_size
+
+
 def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment:
     """The deployment with placement and queue bounds from the config."""
     resources: dict[str, float] = {}
@@ -119,15 +125,14 @@ def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment
         actor_options["num_gpus"] = 1
     if config.env_vars:
         actor_options["runtime_env"] = {"env_vars": dict(config.env_vars)}
-    max_batch = config.max_batch_size
     return serve.deployment(
         EncoderReplica,
         name="Encoder",
         num_replicas=replicas,
         ray_actor_options=actor_options,
-        # One batch runs while the next gathers; @serve.batch needs >= max_batch_size chunks in flight.
-        max_ongoing_requests=2 * max_batch,
-        max_queued_requests=config.max_queued_requests,
+        max_ongoing_requests=encoder_max_ongoing(config),
+        # The queue is bounded in the ingress (see Ingress._encode), which answers 503 in the
+        # contract's JSON; Serve's own limit would answer in plain text.
         health_check_period_s=10,
         graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
     )

@@ -12,7 +12,6 @@ import hmac
 import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -21,7 +20,6 @@ import numpy as np
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
-from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -29,17 +27,27 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from models.preprocess import ImageRejected, decode_base64_image, media_type_supported, preprocess_image
 from serve import registry
 from serve.config import ServiceConfig
-from serve.encoder_deployment import DeadlineExceeded
+from serve.encoder_deployment import DeadlineExceeded, encoder_max_ongoing
 from serve.errors import ApiError, ErrorType, describe_validation, install_error_handlers
 from serve.metrics import IngressMetrics
+from serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.ingress")
 
 app = FastAPI(title="siglip-serve", version="1", docs_url="/docs", redoc_url=None)
-# Handlers are installed with the app (Serve wraps it before any replica exists); the replica
-# subscribes its metrics to them.
-_error_listeners: list[Callable[[ApiError], None]] = []
-install_error_handlers(app, lambda error: [listener(error) for listener in _error_listeners] and None)
+
+# The replica in this process counts every error answer. `@serve.ingress` freezes the app with a
+# cloudpickle round trip, which copies a closure's or lambda's globals, so the handlers reach the
+# replica through a module-level function: pickled by reference, it reads this module's globals.
+_count_error_in_replica: Callable[[ApiError], None] | None = None
+
+
+def _on_error(error: ApiError) -> None:
+    if _count_error_in_replica is not None:
+        _count_error_in_replica(error)
+
+
+install_error_handlers(app, _on_error)
 
 
 class EmbeddingsRequest(BaseModel):
@@ -103,7 +111,7 @@ def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) 
 
 class Ingress:
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any]) -> None:
-        logging.getLogger().setLevel(config.log_level)
+        configure_replica_logging(config.log_level)
         self.encoder = encoder
         self.config = config
         self.expected_replicas = replicas
@@ -114,13 +122,20 @@ class Ingress:
         self.metrics = IngressMetrics()
         self.app_name = serve.get_replica_context().app_name
         self._ready = False
-        _error_listeners.append(self._count_error)
+        # The bounded queue: encoder calls this ingress has in flight, at most what the replicas
+        # run at once plus `max_queued_requests` waiting. Past it a request is answered 503 at
+        # once instead of queueing without bound.
+        self.inflight_calls = 0
+        self.max_inflight_calls = replicas * encoder_max_ongoing(config) + config.max_queued_requests
+        # One replica per process: the latest one counts, so every error is counted exactly once.
+        global _count_error_in_replica
+        _count_error_in_replica = self._count_error
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def _count_error(self, error: ApiError) -> None:
         self.metrics.rejected(error.error_type.value)
-        level = logging.ERROR if error.status >= 500 else logging.INFO
+        level = logging.ERROR if error.status == 500 else logging.WARNING if error.status > 500 else logging.INFO
         log.log(level, "%d %s: %s", error.status, error.error_type.value, error.message)
 
     def _check_auth(self, request: Request) -> None:
@@ -149,7 +164,7 @@ class Ingress:
     def _prepare(self, data: bytes | str) -> np.ndarray:
         began = time.perf_counter()
         raw = decode_base64_image(data, self.limits) if isinstance(data, str) else data
-        array = preprocess_image(raw, self.image_size, self.limits)
+        array = preprocess_image(raw, self.image_size, self.limits, self.config.fast_jpeg_decode)
         self.metrics.preprocess_seconds.observe(time.perf_counter() - began)
         return array
 
@@ -167,22 +182,28 @@ class Ingress:
         return np.stack(arrays)
 
     async def _encode(self, images: np.ndarray) -> np.ndarray:
-        deadline = time.time() + self.config.request_timeout_s
         step = self.config.max_batch_size
-        responses: list[DeploymentResponse] = []
+        calls = -(-len(images) // step)
+        if self.inflight_calls + calls > self.max_inflight_calls:
+            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after())
+        self.inflight_calls += calls
+        deadline = time.time() + self.config.request_timeout_s
+        responses = [self.encoder.embed.remote(images[start: start + step], deadline)
+                     for start in range(0, len(images), step)]
         try:
-            for start in range(0, len(images), step):
-                responses.append(self.encoder.embed.remote(images[start: start + step], deadline))
             results = await asyncio.wait_for(
                 asyncio.gather(*(_awaited(r) for r in responses)), timeout=self.config.request_timeout_s
             )
-        except BackPressureError:
-            _cancel(responses)
-            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after()) from None
         except (asyncio.TimeoutError, DeadlineExceeded):
+            timed_out = True
+        else:
+            timed_out = False
+        finally:
+            self.inflight_calls -= calls
+        if timed_out:
             _cancel(responses)
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
-                           f"request did not finish within {self.config.request_timeout_s:g} s") from None
+                           f"request did not finish within {self.config.request_timeout_s:g} s")
         return np.concatenate(results)
 
     async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
@@ -200,10 +221,17 @@ class Ingress:
                                    self._retry_after())
             images = await self._prepare_all(items, labels)
             embeddings = await self._encode(images)
+            response = render_embeddings(embeddings, self.model["name"], encoding_format)
             self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
-            return render_embeddings(embeddings, self.model["name"], encoding_format)
+            return response
         except ApiError as exc:
             status = str(exc.status)
+            raise
+        except asyncio.CancelledError:
+            status = "499"  # the client went away; nginx's and Ray Serve's code for it
+            raise
+        except Exception:
+            status = "500"
             raise
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - began,
@@ -213,12 +241,9 @@ class Ingress:
 async def _awaited(response: DeploymentResponse) -> np.ndarray:
     try:
         return await response
-    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the ones we answer
-        cause = getattr(exc, "cause", None)
-        if isinstance(exc, DeadlineExceeded) or isinstance(cause, DeadlineExceeded):
+    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the one we answer
+        if isinstance(exc, DeadlineExceeded) or isinstance(getattr(exc, "cause", None), DeadlineExceeded):
             raise DeadlineExceeded(str(exc)) from None
-        if isinstance(exc, BackPressureError) or isinstance(cause, BackPressureError):
-            raise
         raise
 
 
@@ -229,14 +254,6 @@ def _cancel(responses: Sequence[DeploymentResponse]) -> None:
 
 def _json_labels(count: int, single: bool) -> list[str]:
     return ["input"] if single else [f"input[{i}]" for i in range(count)]
-
-
-@app.middleware("http")
-async def request_id_middleware(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    response = await call_next(request)
-    response.headers["X-Request-ID"] = request_id
-    return response
 
 
 @serve.ingress(app)

@@ -1,7 +1,17 @@
 """Every Prometheus collector of the service, in base units. Ray adds the `ray_` prefix on export.
 
 Collectors are built inside the replica that owns them (ray.serve.metrics needs a running Ray),
-and Ray Serve adds `deployment`, `replica` and `application` tags to each series by itself.
+and Ray Serve adds `application`, `deployment` and `replica` tags to each series by itself. Ray
+also attaches its own global labels (`Component`, `NodeAddress`, `SessionName`, `Version`,
+`WorkerId`) to everything it exports, so queries always aggregate with `sum by (...)`.
+
+The names below are a contract (docs/observability.md, deploy/grafana/siglip-serve.json).
+
+Histogram boundaries come from latencies this service really has (docs/observability.md has the
+measurements): tiny-siglip forwards in 1-3 ms on one CPU thread, ViT-B-16-SigLIP in 0.3 s (batch
+1) to 2.6 s (batch 8) on one CPU thread, SO400M-384 in ~28 ms per image at batch 1 on one LNC=2
+NeuronCore (~70 ms at LNC=1) and in seconds per image on a CPU. Boundaries are dense where the
+Neuron path lives (20-300 ms) so p50/p95/p99 there are read to within a few ms.
 """
 
 from __future__ import annotations
@@ -10,17 +20,57 @@ import os
 
 from ray.serve import metrics
 
-# Ingress-side stages are CPU work of a few ms; whole requests add queueing and the forward pass.
-PREPROCESS_BUCKETS_S = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0]
-# One forward pass: ~1 ms (tiny model, CPU) to ~30 ms (SO400M, one logical NeuronCore, batch 1)
-# to seconds (SO400M on a CPU), so the boundaries span both.
+from serve.errors import ErrorType
+
+# Exported names (without Ray's `ray_` prefix). Counters already end in `_total`; Ray's
+# OpenTelemetry exporter does not add a second one.
+IMAGES_EMBEDDED = "siglip_images_embedded_total"
+REQUESTS_REJECTED = "siglip_requests_rejected_total"
+PREPROCESS_SECONDS = "siglip_preprocess_seconds"
+REQUEST_SECONDS = "siglip_request_seconds"
+FORWARD_SECONDS = "siglip_encoder_forward_seconds"
+BATCH_FILL_RATIO = "siglip_batch_fill_ratio"
+ENCODER_IMAGES = "siglip_encoder_images_total"
+METRIC_NAMES = (
+    IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS,
+    FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES,
+)
+
+# Decode + validate + resize of one image on one thread: ~3-7 ms for a 512x512 JPEG, ~20 ms for
+# 1920x1080, 0.1-0.4 s for a 12 MP photo.
+PREPROCESS_BUCKETS_S = [
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25,
+    0.5, 1.0, 2.0,
+]
+# One forward pass of one bucket; see the module docstring for where each range comes from.
 FORWARD_BUCKETS_S = [
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06,
+    0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0,
+    30.0, 60.0,
 ]
+# A whole request in the ingress: forward pass plus preprocessing, batch wait (5 ms by default)
+# and queueing, up to the 30 s default deadline and a little past it.
 REQUEST_BUCKETS_S = [
-    0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+    0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3,
+    0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0,
 ]
-FILL_BUCKETS = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
+# Real images / bucket size. With power-of-two buckets the fill of a padded batch is k/8, k/16...;
+# `le` is inclusive, so each eighth lands exactly on its boundary.
+FILL_BUCKETS = [0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
+
+
+# The `endpoint` label of siglip_images_embedded_total and siglip_request_seconds.
+ENDPOINTS = ("image", "multipart", "embeddings")
+
+
+def start_at_zero(counter: metrics.Counter, tags: dict[str, str] | None = None) -> None:
+    """Export a counter series at 0 before its first event.
+
+    Prometheus's rate() and increase() cannot see the increments a series is born with, so a
+    rejection reason that first happens once would never show on the dashboard. Counter.inc
+    refuses 0; `_record` is the method inc records through, and a zero delta only creates the series.
+    """
+    counter._record(0.0, tags=tags)
 
 
 def replica_core_label() -> str:
@@ -31,26 +81,31 @@ def replica_core_label() -> str:
 class IngressMetrics:
     def __init__(self) -> None:
         self.images_embedded = metrics.Counter(
-            "siglip_images_embedded_total",
-            description="Images that were answered with an embedding.",
+            IMAGES_EMBEDDED,
+            description="Images answered with an embedding (counted once the response is built).",
             tag_keys=("endpoint",),
         )
         self.requests_rejected = metrics.Counter(
-            "siglip_requests_rejected_total",
-            description="Requests answered with an error, by the contract's error type.",
+            REQUESTS_REJECTED,
+            description="Requests answered with an error, by the contract's error type (reason).",
             tag_keys=("reason",),
         )
         self.preprocess_seconds = metrics.Histogram(
-            "siglip_preprocess_seconds",
-            description="Decode, validate and resize of one image in the ingress.",
+            PREPROCESS_SECONDS,
+            description="Decode, validate and resize of one accepted image in the ingress.",
             boundaries=PREPROCESS_BUCKETS_S,
         )
         self.request_seconds = metrics.Histogram(
-            "siglip_request_seconds",
+            REQUEST_SECONDS,
             description="Whole embedding request in the ingress, from body read to response.",
             boundaries=REQUEST_BUCKETS_S,
             tag_keys=("endpoint", "status"),
         )
+
+        for reason in ErrorType:
+            start_at_zero(self.requests_rejected, {"reason": reason.value})
+        for endpoint in ENDPOINTS:
+            start_at_zero(self.images_embedded, {"endpoint": endpoint})
 
     def rejected(self, reason: str) -> None:
         self.requests_rejected.inc(1, tags={"reason": reason})
@@ -60,27 +115,29 @@ class EncoderMetrics:
     def __init__(self) -> None:
         core = replica_core_label()
         self.forward_seconds = metrics.Histogram(
-            "siglip_encoder_forward_seconds",
+            FORWARD_SECONDS,
             description="One forward pass of a compiled batch bucket.",
             boundaries=FORWARD_BUCKETS_S,
             tag_keys=("bucket", "neuron_core"),
         )
         self.batch_fill = metrics.Histogram(
-            "siglip_batch_fill_ratio",
+            BATCH_FILL_RATIO,
             description="Real images divided by the bucket size of each forward pass.",
             boundaries=FILL_BUCKETS,
             tag_keys=("neuron_core",),
         )
         self.images = metrics.Counter(
-            "siglip_encoder_images_total",
+            ENCODER_IMAGES,
             description="Images run through this replica's model (per-replica throughput).",
             tag_keys=("neuron_core",),
         )
         self.forward_seconds.set_default_tags({"neuron_core": core})
         self.batch_fill.set_default_tags({"neuron_core": core})
         self.images.set_default_tags({"neuron_core": core})
+        start_at_zero(self.images)
 
     def forward(self, bucket: int, images: int, seconds: float) -> None:
+        """The encoder's `forward_observer`: called after every forward pass, warm-up excluded."""
         self.forward_seconds.observe(seconds, tags={"bucket": str(bucket)})
         self.batch_fill.observe(images / bucket)
         self.images.inc(images)

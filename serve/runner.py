@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -19,6 +20,12 @@ from serve.config import ServiceConfig
 log = logging.getLogger("siglip_serve")
 
 APP_NAME = "siglip"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def preflight_weights(config: ServiceConfig) -> None:

@@ -102,6 +102,8 @@ def tiny_reference() -> TinyReference:
 class ServeCluster:
     http_port: int
     base_url: str
+    # Ray's Prometheus endpoint (http://127.0.0.1:<metrics_port>/metrics), as `--metrics-port` sets it.
+    metrics_port: int
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +113,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     from ray import serve
 
     port = free_port()
+    metrics_port = free_port()
     ray.init(
         num_cpus=8,
         resources={"neuron_cores": TEST_NEURON_CORES},
@@ -118,10 +121,13 @@ def serve_cluster() -> Iterator[ServeCluster]:
         include_dashboard=False,
         namespace="siglip-serve-tests",
         log_to_driver=False,
+        _metrics_export_port=metrics_port,
+        # Workers push metrics every second (Ray's default is 10 s), so scrapes see them quickly.
+        _system_config={"metrics_report_interval_ms": 1000},
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        yield ServeCluster(port, f"http://127.0.0.1:{port}")
+        yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port)
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -72,6 +72,8 @@ def test_raw_image_matches_in_process_model(client: httpx.Client, photo_jpegs: l
     assert abs(np.linalg.norm(got[0]) - 1.0) < 1e-5
     assert cosine(got[0], tiny_reference.embed(photo_jpegs[0])) >= 0.9999
     assert response.headers["x-request-id"]
+    tagged = client.post("/v1/embeddings/image", content=photo_jpegs[0], headers={"X-Request-ID": "client-id-42"})
+    assert tagged.headers["x-request-id"] == "client-id-42"
 
 
 def test_curl_command_from_the_contract_works(main_app: str, photo_jpegs: list[bytes], tmp_path) -> None:

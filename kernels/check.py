@@ -1,0 +1,106 @@
+"""The ``check`` command: golden references against independent implementations, then kernels.
+
+Step 1 always runs: every NumPy reference in :mod:`kernels.references` is compared
+with torch on random inputs (e.g. conv2d+bias+maxpool against
+``torch.nn.functional.conv2d`` + ``max_pool2d``). Step 2 runs each NKI kernel against
+its reference, on the NKI simulator or a NeuronCore, only where a real ``nki`` is
+installed; otherwise it reports, loudly, that it skipped them.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernels import references
+from kernels.nki_launch import CheckResult, check_kernel, compare, default_runs, nki_status
+
+log = logging.getLogger(__name__)
+
+
+def _torch_checks(rng: np.random.Generator) -> list[CheckResult]:
+    import torch
+    import torch.nn.functional as F
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def t(x):
+        return torch.from_numpy(x).double()
+
+    results = []
+    for n in (1, 127, 25600):
+        a, b = rand(n), rand(n)
+        results.append(compare(f"vector_add n={n}", "torch.add", references.vector_add(a, b),
+                               torch.add(t(a), t(b)).numpy(), 1e-6, 1e-6))
+    for shape in ((512, 700), (3, 5)):
+        a, b = rand(*shape), rand(*shape)
+        results.append(compare(f"tensor_add {shape}", "torch.add", references.tensor_add(a, b),
+                               torch.add(t(a), t(b)).numpy(), 1e-6, 1e-6))
+    for shape in ((200, 300), (1, 129), (128, 128)):
+        x = rand(*shape)
+        results.append(compare(f"transpose2d {shape}", "torch.Tensor.t", references.transpose2d(x),
+                               t(x).t().numpy(), 0, 0))
+    for x_shape, w_shape, pool in (((2, 3, 12, 14), (8, 3, 3, 3), 2), ((1, 130, 6, 7), (130, 130, 2, 2), 1),
+                                   ((1, 4, 11, 9), (5, 4, 2, 3), 3)):
+        x, w, bias = rand(*x_shape), rand(*w_shape), rand(w_shape[0])
+        expected = F.conv2d(t(x), t(w), t(bias))
+        if pool > 1:
+            expected = F.max_pool2d(expected, pool)
+        results.append(compare(f"conv2d_bias_maxpool x{x_shape} w{w_shape} pool={pool}",
+                               "torch conv2d + max_pool2d",
+                               references.conv2d_bias_maxpool(x, w, bias, pool), expected.numpy()))
+    for tokens, hidden, inter in ((64, 256, 384), (5, 128, 128)):
+        x, wg, wu, wd = rand(tokens, hidden), rand(hidden, inter) * 0.1, rand(hidden, inter) * 0.1, rand(inter, hidden) * 0.1
+        expected = (F.silu(t(x) @ t(wg)) * (t(x) @ t(wu))) @ t(wd)
+        results.append(compare(f"gated_mlp T={tokens} H={hidden} I={inter}", "torch silu/matmul",
+                               references.gated_mlp(x, wg, wu, wd), expected.numpy()))
+    return results
+
+
+@dataclass
+class CheckReport:
+    references: list[CheckResult]
+    kernels: list[CheckResult] = field(default_factory=list)
+    kernels_skipped_reason: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.references + self.kernels)
+
+    def as_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "references": [r.as_dict() for r in self.references],
+            "kernels": [r.as_dict() for r in self.kernels],
+            "kernels_skipped_reason": self.kernels_skipped_reason,
+        }
+
+    def format(self) -> str:
+        lines = [f"{'check':<62} {'against':<28} {'max |err|':>10}  result"]
+        lines.append("-" * len(lines[0]))
+        for r in self.references + self.kernels:
+            lines.append(f"{r.name:<62} {r.target:<28} {r.max_abs_err:>10.3g}  "
+                         f"{'ok' if r.passed else 'MISMATCH'} {r.detail}".rstrip())
+        if self.kernels_skipped_reason:
+            lines.append(f"NKI kernels SKIPPED: {self.kernels_skipped_reason}")
+        lines.append("PASSED" if self.passed else "FAILED")
+        return "\n".join(lines)
+
+
+def run_checks(seed: int = 0, kernels_on: str = "simulator") -> CheckReport:
+    report = CheckReport(references=_torch_checks(np.random.default_rng(seed)))
+    usable, reason = nki_status()
+    if not usable:
+        report.kernels_skipped_reason = f"{reason}; only the references were checked"
+        log.warning("NKI kernels skipped: %s", reason)
+        return report
+    for run in default_runs(seed):
+        try:
+            report.kernels.append(check_kernel(run, on=kernels_on))
+        except Exception as exc:  # a kernel that fails to build is a failed check, not a crash
+            log.exception("kernel %s failed", run.name)
+            report.kernels.append(CheckResult(run.name, f"nki kernel ({kernels_on})", float("inf"), False,
+                                              f"{type(exc).__name__}: {exc}"))
+    return report

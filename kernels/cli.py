@@ -1,0 +1,172 @@
+"""``siglip-serve kernels ...`` / ``python -m kernels ...``: matmul, mlp, profile-json, check.
+
+Heavy modules (torch, matplotlib) are imported inside each subcommand so that
+``profile-json`` and ``--help`` work without them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+log = logging.getLogger("kernels")
+
+
+def _add_device_args(p: argparse.ArgumentParser, default_dtype: str) -> None:
+    p.add_argument("--device", choices=("auto", "neuron", "cuda", "cpu"), default="auto",
+                   help="auto tries neuron, then cuda, then cpu (cpu numbers are not NPU numbers)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help=f"default: {default_dtype} on neuron/cuda, float32 on cpu")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls; the first one compiles")
+    p.add_argument("--iterations", type=int, default=20, help="timed calls")
+    p.add_argument("--lnc", type=int, default=None,
+                   help="physical NeuronCores per logical core (trn2 default 2; from NEURON_LOGICAL_NC_CONFIG if set)")
+    p.add_argument("--json", type=Path, help="write results as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="siglip-serve kernels", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    mm = sub.add_parser("matmul", help="matmul latency vs NeuronCore tiling (seed 001)")
+    mm.add_argument("--mode", choices=("llm", "tiling", "sweep"), default="tiling")
+    mm.add_argument("--shapes", help="custom MxKxN list, e.g. 128x256x512,1x4096x4096 (overrides --mode)")
+    _add_device_args(mm, "bfloat16")
+    mm.add_argument("--csv", type=Path, help="write the CSV here")
+    mm.add_argument("--plot", type=Path, help="write a PNG plot here")
+
+    mlp = sub.add_parser("mlp", help="gated-MLP benchmark: compiler path vs NKI kernel path (seed 002)")
+    mlp.add_argument("--configs", default="1x128x1024x512,1x256x2048x1024",
+                     help="comma-separated BxSxHxI (batch x seq x hidden x intermediate)")
+    mlp.add_argument("--paths", default="compiler,nki", help="comma-separated: compiler,nki")
+    _add_device_args(mlp, "bfloat16")
+
+    pj = sub.add_parser("profile-json", help="parse neuron-profile JSON summaries and compare kernels")
+    pj.add_argument("paths", nargs="+", type=Path)
+    pj.add_argument("--kernel", action="append", default=[],
+                    help="kernel name per file, in order (default: file stem)")
+    pj.add_argument("--config", action="append", default=[], help="config label per file, in order")
+    pj.add_argument("--json", type=Path, help="write the parsed summaries and comparisons as JSON")
+
+    ck = sub.add_parser("check", help="golden references vs torch; NKI kernels vs references where nki exists")
+    ck.add_argument("--seed", type=int, default=0)
+    ck.add_argument("--kernels-on", choices=("simulator", "neuron"), default="simulator")
+    ck.add_argument("--json", type=Path)
+    return parser
+
+
+def _lnc(args: argparse.Namespace, default: int) -> int:
+    import os
+
+    if args.lnc is not None:
+        return args.lnc
+    env = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+    return int(env) if env and env.isdigit() else default
+
+
+def _dtype(args: argparse.Namespace, device, default: str) -> str:
+    # CPUs without native bf16 matmul emulate it slowly; float32 keeps the CPU fallback meaningful.
+    if args.dtype:
+        return args.dtype
+    return "float32" if device.kind == "cpu" else default
+
+
+def _write_json(path: Path | None, doc: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        print(f"wrote {path}")
+
+
+def cmd_matmul(args: argparse.Namespace) -> int:
+    from kernels import matmul_profiler as mp
+    from kernels.device import resolve_device
+
+    shapes = mp.parse_shapes(args.shapes) if args.shapes else mp.shapes_for_mode(args.mode)
+    device = resolve_device(args.device)
+    dtype = _dtype(args, device, "bfloat16")
+    results = mp.profile_all(shapes, device, dtype=dtype, warmup=args.warmup,
+                             iterations=args.iterations, lnc=_lnc(args, 2))
+    title = f"matmul --mode {'custom' if args.shapes else args.mode} on {device.description}, {dtype}"
+    if not device.is_npu:
+        title += "\n(NOT NPU numbers: %trn2 roof compares this device's time with the trn2 lower bound)"
+    print(mp.format_table(results, title))
+    if args.csv:
+        print(f"wrote {mp.write_csv(results, args.csv)}")
+    if args.plot:
+        from kernels.plotting import plot_matmul
+
+        print(f"wrote {plot_matmul(results, args.plot, title.splitlines()[0])}")
+    if args.json:
+        print(f"wrote {mp.write_json(results, args.json, device, args.mode if not args.shapes else 'custom')}")
+    return 0
+
+
+def cmd_mlp(args: argparse.Namespace) -> int:
+    from kernels import mlp
+    from kernels.device import resolve_device
+
+    configs = [mlp.MLPConfig.parse(c) for c in args.configs.split(",") if c.strip()]
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    device = resolve_device(args.device)
+    dtype = _dtype(args, device, "bfloat16")
+    lnc = _lnc(args, 1)
+    results, skipped = [], []
+    for cfg in configs:
+        for path in paths:
+            reason = mlp.skip_reason(path, device, lnc)
+            if reason:
+                skipped.append((path, cfg.label, reason))
+                continue
+            results.append(mlp.benchmark_mlp(cfg, device, path, dtype, args.warmup, args.iterations, lnc))
+    print(f"gated MLP on {device.description}, {dtype}")
+    print(mlp.format_mlp_table(results, skipped))
+    _write_json(args.json, {"benchmark": "mlp", "device": device.kind, "device_description": device.description,
+                            "npu_numbers": device.is_npu, "results": [asdict(r) for r in results],
+                            "skipped": [dict(zip(("path", "config", "reason"), s)) for s in skipped]})
+    return 0
+
+
+def cmd_profile_json(args: argparse.Namespace) -> int:
+    from kernels.profile_json import comparison_rows, format_comparison, load_summary
+
+    for flag, values in (("--kernel", args.kernel), ("--config", args.config)):
+        if values and len(values) != len(args.paths):
+            raise SystemExit(f"{flag} given {len(values)} times for {len(args.paths)} files")
+    summaries = [
+        load_summary(path, args.kernel[i] if args.kernel else None, args.config[i] if args.config else "")
+        for i, path in enumerate(args.paths)
+    ]
+    print(format_comparison(summaries))
+    _write_json(args.json, {"summaries": [s.as_dict() for s in summaries],
+                            "comparisons": comparison_rows(summaries)})
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from kernels.check import run_checks
+
+    report = run_checks(seed=args.seed, kernels_on=args.kernels_on)
+    print(report.format())
+    _write_json(args.json, report.as_dict())
+    return 0 if report.passed else 1
+
+
+COMMANDS = {"matmul": cmd_matmul, "mlp": cmd_mlp, "profile-json": cmd_profile_json, "check": cmd_check}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, RuntimeError) as exc:
+        # Bad shapes, tile-limit violations, missing devices: one clear line, not a traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,319 @@
+"""Validate, launch and check the NKI kernels of :mod:`kernels.nki_kernels`.
+
+Validation runs first and needs nothing but NumPy, so a tile that breaks a
+NeuronCore limit fails here with a clear :class:`TileSizeError` (worded like the
+compiler's "number of partitions 256 exceed architecture limitation of 128")
+instead of deep inside a compile. Only then is ``nki`` imported, lazily.
+
+Runs go to the NKI CPU simulator (``nki.simulate``; ``nki.simulate_kernel`` on
+older SDKs) or to a NeuronCore (``nki.benchmark`` when the SDK has it, else
+torch-xla with the recompile guard).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from kernels import references
+from kernels.hardware import (
+    GEMM_MOVING_FMAX,
+    PMAX,
+    TileSizeError,
+    check_free,
+    check_partitions,
+    check_sbuf_budget,
+)
+
+log = logging.getLogger(__name__)
+
+SPMD_CORES = 2  # trn2 pairs two physical NeuronCores that share HBM
+
+
+# --- nki availability -----------------------------------------------------------------------
+
+def nki_status() -> tuple[bool, str]:
+    """(usable, reason). PyPI's ``nki`` 0.0.1 is an empty placeholder and does not count."""
+    try:
+        import nki
+    except ImportError as exc:
+        return False, f"nki is not installed ({exc})"
+    try:
+        import nki.isa  # noqa: F401
+        import nki.language  # noqa: F401
+    except ImportError as exc:
+        version = getattr(nki, "__version__", "unknown")
+        return False, f"nki {version} has no nki.language/nki.isa (the PyPI placeholder?): {exc}"
+    if not hasattr(nki, "jit"):
+        return False, "nki has no nki.jit; need NKI 0.2+ (Neuron SDK 2.27+)"
+    return True, f"nki {getattr(nki, '__version__', 'unknown')}"
+
+
+def _nki():
+    usable, reason = nki_status()
+    if not usable:
+        raise RuntimeError(f"the real NKI package is required: {reason}")
+    import nki
+
+    return nki
+
+
+# --- validation (before compile) -----------------------------------------------------------
+
+def validate_vector_add_tiled(n: int, row_chunk: int) -> None:
+    check_partitions(row_chunk, "vector_add_tiled ROW_CHUNK")
+    if n % row_chunk:
+        raise ValueError(f"vector_add_tiled: length {n} is not a multiple of ROW_CHUNK {row_chunk}")
+
+
+def validate_vector_add_stream(n: int, free_dim: int, itemsize: int) -> None:
+    if n % PMAX:
+        raise ValueError(f"vector_add_stream: length {n} is not a multiple of {PMAX} partitions")
+    if free_dim < 1 or free_dim > n // PMAX:
+        raise ValueError(f"vector_add_stream: FREE_DIM {free_dim} not in 1..{n // PMAX} (columns per partition)")
+    if (n // PMAX) % free_dim:
+        raise ValueError(f"vector_add_stream: {n // PMAX} columns per partition not a multiple of FREE_DIM {free_dim}")
+    check_sbuf_budget(3 * free_dim * itemsize, "vector_add_stream a/b/c tiles")
+
+
+def validate_transpose2d(shape: tuple[int, ...], itemsize: int) -> None:
+    if len(shape) != 2:
+        raise ValueError(f"transpose2d expects a 2-D matrix, got shape {shape}")
+    check_sbuf_budget(2 * PMAX * itemsize, "transpose2d block")
+
+
+def validate_conv2d(x_shape: tuple[int, ...], w_shape: tuple[int, ...], pool: int, itemsize: int) -> None:
+    batch, c_in, height, width = x_shape
+    c_out, c_in_w, fh, fw = w_shape
+    if c_in != c_in_w:
+        raise ValueError(f"conv2d: input has {c_in} channels, filters expect {c_in_w}")
+    if pool < 1:
+        raise ValueError("conv2d: pool must be >= 1")
+    out_h, out_w = height - fh + 1, width - fw + 1
+    if out_h < pool or out_w < pool:
+        raise ValueError(f"conv2d: output {out_h}x{out_w} smaller than pool {pool}")
+    conv_w = (out_w // pool) * pool
+    check_free(conv_w, GEMM_MOVING_FMAX, "conv2d output row (moving operand)")
+    n_ci = -(-c_in // PMAX)
+    per_partition = (
+        n_ci * fh * fw * c_out * itemsize  # resident weights
+        + n_ci * (pool + fh - 1) * width * itemsize  # input row band
+        + 2 * conv_w * 4 + conv_w * itemsize  # band max, pooled, result
+    )
+    check_sbuf_budget(per_partition, "conv2d weights + row band")
+
+
+def validate_tensor_add_spmd(shape: tuple[int, ...], cores: int = SPMD_CORES) -> None:
+    if len(shape) != 2:
+        raise ValueError(f"tensor_add_spmd expects a 2-D tensor, got shape {shape}")
+    if shape[0] % (PMAX * cores):
+        raise ValueError(
+            f"tensor_add_spmd: {shape[0]} rows do not split into {cores} cores x {PMAX}-row tiles"
+        )
+
+
+def validate_gated_mlp(tokens: int, hidden: int, inter: int, itemsize: int) -> None:
+    for name, value in (("hidden", hidden), ("intermediate", inter)):
+        if value % PMAX:
+            raise ValueError(f"gated_mlp: {name} {value} must be a multiple of {PMAX}")
+    t_tile = min(tokens, GEMM_MOVING_FMAX)
+    per_partition = (
+        (2 * (hidden // PMAX) * inter + (inter // PMAX) * hidden) * itemsize  # resident weights
+        + ((hidden // PMAX) + (inter // PMAX) + 1) * t_tile * itemsize  # x, h, out tiles
+        + t_tile * 4  # silu(gate) in fp32
+    )
+    check_sbuf_budget(per_partition, "gated_mlp resident weights")
+
+
+# --- kernel specs: inputs, host-side layout, reference --------------------------------------
+
+@dataclass(frozen=True)
+class KernelRun:
+    """One ready-to-launch kernel call: device args plus how to read the result back."""
+
+    name: str
+    kernel: str  # function name in kernels.nki_kernels
+    args: tuple[Any, ...]
+    expected: np.ndarray
+    postprocess: Callable[[np.ndarray], np.ndarray]
+    lnc: int = 1
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def prepare_vector_add_tiled(a: np.ndarray, b: np.ndarray, row_chunk: int = PMAX) -> KernelRun:
+    validate_vector_add_tiled(a.size, row_chunk)
+    return KernelRun("vector_add_tiled", "vector_add_tiled", (a.reshape(-1, 1), b.reshape(-1, 1), row_chunk),
+                     references.vector_add(a, b), lambda out: np.asarray(out).reshape(-1))
+
+
+def prepare_vector_add_stream(a: np.ndarray, b: np.ndarray, free_dim: int) -> KernelRun:
+    validate_vector_add_stream(a.size, free_dim, a.itemsize)
+    return KernelRun("vector_add_stream", "vector_add_stream",
+                     (a.reshape(PMAX, -1), b.reshape(PMAX, -1), free_dim),
+                     references.vector_add(a, b), lambda out: np.asarray(out).reshape(-1))
+
+
+def prepare_transpose2d(x: np.ndarray) -> KernelRun:
+    validate_transpose2d(x.shape, x.itemsize)
+    return KernelRun("transpose2d", "transpose2d", (x,), references.transpose2d(x), _identity)
+
+
+def conv_weights_stationary(w: np.ndarray) -> np.ndarray:
+    """[C_out, C_in, fh, fw] -> [C_in, fh*fw*C_out]: each filter tap becomes a stationary slice."""
+    c_out, c_in, fh, fw = w.shape
+    return np.ascontiguousarray(w.transpose(1, 2, 3, 0).reshape(c_in, fh * fw * c_out))
+
+
+def prepare_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pool: int) -> KernelRun:
+    validate_conv2d(x.shape, w.shape, pool, x.itemsize)
+    fh, fw = w.shape[2:]
+    return KernelRun("conv2d_bias_maxpool", "conv2d_bias_maxpool",
+                     (x, conv_weights_stationary(w), bias.reshape(-1, 1), fh, fw, pool),
+                     references.conv2d_bias_maxpool(x, w, bias, pool), _identity)
+
+
+def prepare_tensor_add_spmd(a: np.ndarray, b: np.ndarray) -> KernelRun:
+    validate_tensor_add_spmd(a.shape)
+    return KernelRun("tensor_add_spmd", "tensor_add_spmd", (a, b), references.tensor_add(a, b),
+                     _identity, lnc=SPMD_CORES)
+
+
+def prepare_gated_mlp(x: np.ndarray, wg: np.ndarray, wu: np.ndarray, wd: np.ndarray) -> KernelRun:
+    validate_gated_mlp(x.shape[0], x.shape[1], wg.shape[1], x.itemsize)
+    return KernelRun("gated_mlp", "gated_mlp_t", (np.ascontiguousarray(x.T), wg, wu, wd),
+                     references.gated_mlp(x, wg, wu, wd), lambda out: np.asarray(out).T)
+
+
+def default_runs(seed: int = 0) -> list[KernelRun]:
+    """Small random problems covering every kernel, including ragged tiles."""
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    return [
+        prepare_vector_add_tiled(rand(25600), rand(25600), row_chunk=128),
+        prepare_vector_add_stream(rand(25600), rand(25600), free_dim=100),
+        prepare_transpose2d(rand(200, 300)),
+        prepare_conv2d(rand(1, 3, 12, 14), rand(8, 3, 3, 3), rand(8), pool=2),
+        prepare_conv2d(rand(1, 130, 6, 7), rand(130, 130, 2, 2), rand(130), pool=1),
+        prepare_tensor_add_spmd(rand(512, 700), rand(512, 700)),
+        prepare_gated_mlp(rand(64, 256) * 0.5, rand(256, 384) * 0.06, rand(256, 384) * 0.06, rand(384, 256) * 0.05),
+    ]
+
+
+# --- running ---------------------------------------------------------------------------------
+
+_JITTED: dict[str, Any] = {}
+
+
+def jitted_kernel(name: str):
+    """``nki.jit`` applied once per kernel; the jit object caches compiled NEFFs per input signature."""
+    if name not in _JITTED:
+        nki = _nki()
+        nki_kernels = importlib.import_module("kernels.nki_kernels")
+        _JITTED[name] = nki.jit(getattr(nki_kernels, name))
+    return _JITTED[name]
+
+
+def _with_grid(kernel, lnc: int):
+    return kernel[lnc] if lnc > 1 else kernel
+
+
+def simulate(run: KernelRun) -> np.ndarray:
+    """Run on the NKI CPU simulator and return the host-layout result."""
+    nki = _nki()
+    kernel = _with_grid(jitted_kernel(run.kernel), run.lnc)
+    if hasattr(nki, "simulate"):
+        out = nki.simulate(kernel)(*run.args)
+    elif hasattr(nki, "simulate_kernel"):
+        out = nki.simulate_kernel(kernel, *run.args)
+    else:
+        raise RuntimeError("this nki has neither nki.simulate nor nki.simulate_kernel")
+    return run.postprocess(np.asarray(out))
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    name: str
+    latency_p50_us: float
+    latency_p99_us: float
+    iterations: int
+    method: str
+
+
+def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20) -> tuple[np.ndarray, KernelTiming]:
+    """Run on a NeuronCore: result plus device latency percentiles in microseconds."""
+    nki = _nki()
+    kernel = _with_grid(jitted_kernel(run.kernel), run.lnc)
+    if hasattr(nki, "benchmark") and run.lnc == 1:
+        # neuron-bench times the NEFF on the device itself, without framework dispatch; it
+        # benchmarks a single NeuronCore, so LNC=2 kernels go through torch-xla instead.
+        bench = nki.benchmark(warmup=warmup, iters=iterations)(kernel)
+        out = bench(*run.args)
+        latency = bench.benchmark_result.nc_latency
+        timing = KernelTiming(run.name, float(latency.get_latency_percentile(50)),
+                              float(latency.get_latency_percentile(99)), iterations, "nki.benchmark")
+        return run.postprocess(np.asarray(out)), timing
+    return _run_via_torch_xla(run, kernel, warmup, iterations)
+
+
+def _run_via_torch_xla(run: KernelRun, kernel, warmup: int, iterations: int) -> tuple[np.ndarray, KernelTiming]:
+    import torch
+
+    from kernels.compile_cache import CompileCache
+    from kernels.device import LatencyStats, resolve_device
+
+    device = resolve_device("neuron")
+    args = [torch.from_numpy(np.asarray(a)).to(device.torch_device) if isinstance(a, np.ndarray) else a
+            for a in run.args]
+    cache = CompileCache(lambda key: kernel, device.compile_count)
+    for _ in range(max(1, warmup)):
+        out = kernel(*args)
+        device.synchronize()
+    with cache.guard(f"{run.name} timed loop"):
+        samples = device.time_calls(lambda: kernel(*args), iterations)
+    stats = LatencyStats.from_seconds(samples)
+    timing = KernelTiming(run.name, stats.latency_p50_ms * 1e3, stats.latency_p99_ms * 1e3, iterations,
+                          "torch-xla wall clock (includes dispatch)")
+    return run.postprocess(out.cpu().numpy()), timing
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    target: str  # what was compared against the golden reference
+    max_abs_err: float
+    passed: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "target": self.target, "max_abs_err": self.max_abs_err,
+                "passed": self.passed, "detail": self.detail}
+
+
+def compare(name: str, target: str, actual: np.ndarray, expected: np.ndarray,
+            rtol: float = 1e-4, atol: float = 1e-4) -> CheckResult:
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        return CheckResult(name, target, float("inf"), False, f"shape {actual.shape} != {expected.shape}")
+    err = float(np.max(np.abs(actual - expected))) if actual.size else 0.0
+    return CheckResult(name, target, err, bool(np.allclose(actual, expected, rtol=rtol, atol=atol)))
+
+
+def check_kernel(run: KernelRun, on: str = "simulator", rtol: float = 2e-3, atol: float = 2e-3) -> CheckResult:
+    """Run one kernel (simulator or neuron) and compare it with its golden reference."""
+    if on == "simulator":
+        actual = simulate(run)
+    elif on == "neuron":
+        actual, _ = run_on_neuron(run, warmup=1, iterations=1)
+    else:
+        raise ValueError(f"on must be 'simulator' or 'neuron', got {on!r}")
+    return compare(run.name, f"nki kernel ({on})", actual, run.expected, rtol=rtol, atol=atol)

@@ -1,0 +1,132 @@
+"""The images a load test sends, and the request bodies built from them once, before the test.
+
+Bodies are built up front so that the client spends its CPU on sending, not on encoding: a
+load generator that JPEG-encodes or base64-encodes per request measures itself.
+
+This module does not import Locust, so the CLI and tests can use it; the locustfile imports
+Locust first (gevent must patch ssl before anything else loads it).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("siglip_loadtest.corpus")
+
+# Real photographs bundled with scikit-image (no download): colour ones plus two grayscale,
+# so the server's grayscale-to-RGB path is exercised too.
+SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry",
+                  "camera", "moon")
+
+CONTENT_TYPES = {
+    ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp",
+    ".gif": "image/gif", ".bmp": "image/bmp", ".tif": "image/tiff", ".tiff": "image/tiff",
+}
+
+ENDPOINTS = ("raw", "multipart", "json")
+PATHS = {"raw": "/v1/embeddings/image", "multipart": "/v1/embeddings/image", "json": "/v1/embeddings"}
+
+
+class CorpusError(ValueError):
+    """The corpus or the body settings cannot make requests; the message says why."""
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    data: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
+class RequestBody:
+    path: str
+    data: bytes
+    content_type: str
+    images: int
+
+
+def skimage_corpus(quality: int = 90) -> list[Image]:
+    """scikit-image's sample photographs, JPEG-encoded once."""
+    from PIL import Image as PILImage
+    from skimage import data
+
+    images = []
+    for name in SKIMAGE_PHOTOS:
+        buf = io.BytesIO()
+        PILImage.fromarray(getattr(data, name)()).save(buf, format="JPEG", quality=quality)
+        images.append(Image(f"{name}.jpg", buf.getvalue(), "image/jpeg"))
+    return images
+
+
+def image_files(folder: str | Path) -> list[Path]:
+    """The image files in `folder` (by extension, not recursive), sorted; an error if there are none."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise CorpusError(f"--images {folder}: not a directory")
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in CONTENT_TYPES)
+    if not files:
+        raise CorpusError(f"--images {folder}: no image files ({', '.join(sorted(CONTENT_TYPES))})")
+    return files
+
+
+def folder_corpus(folder: str | Path) -> list[Image]:
+    """Every image file in `folder`, sent as-is: a corrupt file stays corrupt."""
+    return [Image(p.name, p.read_bytes(), CONTENT_TYPES[p.suffix.lower()]) for p in image_files(folder)]
+
+
+def load_corpus(folder: str | Path | None = None) -> list[Image]:
+    images = folder_corpus(folder) if folder else skimage_corpus()
+    log.info("corpus: %d images, %.1f KiB on average (%s)", len(images),
+             sum(len(i.data) for i in images) / len(images) / 1024, folder or "scikit-image photos")
+    return images
+
+
+def _multipart(images: list[Image]) -> tuple[bytes, str]:
+    boundary = f"siglip-{uuid.uuid4().hex}"
+    parts = []
+    for i, image in enumerate(images):
+        head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{i}-{image.name}\"\r\n"
+                f"Content-Type: {image.content_type}\r\n\r\n")
+        parts.append(head.encode() + image.data + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def _json(images: list[Image], encoding_format: str) -> bytes:
+    inputs = [f"data:{i.content_type};base64,{base64.b64encode(i.data).decode('ascii')}" for i in images]
+    return json.dumps({"input": inputs, "encoding_format": encoding_format}).encode()
+
+
+def build_bodies(corpus: list[Image], endpoint: str, images_per_request: int,
+                 encoding_format: str = "float") -> list[RequestBody]:
+    """One body per corpus image: body k holds images k, k+1, ... (wrapping), so every image is sent."""
+    if endpoint not in ENDPOINTS:
+        raise CorpusError(f"endpoint {endpoint!r}: choose one of {', '.join(ENDPOINTS)}")
+    if images_per_request < 1:
+        raise CorpusError("images per request must be at least 1")
+    if endpoint == "raw" and images_per_request != 1:
+        raise CorpusError("the raw endpoint carries exactly one image per request; use multipart or json for more")
+    if not corpus:
+        raise CorpusError("the corpus is empty")
+    bodies = []
+    for start in range(len(corpus)):
+        chosen = [corpus[(start + k) % len(corpus)] for k in range(images_per_request)]
+        if endpoint == "raw":
+            data, content_type = chosen[0].data, chosen[0].content_type
+        elif endpoint == "multipart":
+            data, content_type = _multipart(chosen)
+        else:
+            data, content_type = _json(chosen, encoding_format), "application/json"
+        bodies.append(RequestBody(PATHS[endpoint], data, content_type, images_per_request))
+    return bodies
+
+
+def request_name(endpoint: str, images_per_request: int) -> str:
+    """Locust's stats name for the embedding request; it carries the images per request."""
+    return f"{endpoint} {PATHS[endpoint]} [{images_per_request} img/req]"

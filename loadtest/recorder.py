@@ -1,0 +1,159 @@
+"""Inside Locust's master (or its only process): snapshot the stats, print progress, save results.
+
+Imported only by the locustfile and the step shape, after Locust (gevent must patch first).
+In a distributed run (--processes) the master's stats are the workers' reports merged, which
+arrive every few seconds; windows of 10 s and more average that out.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+
+from loadtest import windows as win
+from loadtest.windows import Snapshot
+
+log = logging.getLogger("siglip_loadtest")
+
+
+class Recorder:
+    def __init__(self, environment: Any, request_name: str, method: str, images_per_request: int,
+                 interval_s: float = 1.0, progress_every_s: float = 5.0) -> None:
+        self.environment = environment
+        self.request_name = request_name
+        self.method = method
+        self.images_per_request = images_per_request
+        self.interval_s = interval_s
+        self.progress_every_s = progress_every_s
+        self.timeline: list[Snapshot] = []
+        self.model: dict[str, Any] | None = None
+        self.started: float | None = None
+        self.started_wall: float | None = None
+        self.notes: list[str] = []
+        self._loop: gevent.Greenlet | None = None
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def _entry(self) -> Any:
+        return self.environment.runner.stats.get(self.request_name, self.method)
+
+    def snapshot(self) -> Snapshot:
+        runner = self.environment.runner
+        entry = self._entry()
+        snap = {
+            "t": time.monotonic() - (self.started or time.monotonic()),
+            "users": int(runner.user_count),
+            "state": str(runner.state),
+            "requests": int(entry.num_requests),
+            "failures": int(entry.num_failures),
+            "hist": dict(entry.response_times),
+        }
+        self.timeline.append(snap)
+        return snap
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.timeline.clear()
+        self._loop = gevent.spawn(self._run)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self.snapshot()
+            self._loop.kill(block=False)
+            self._loop = None
+
+    def _run(self) -> None:
+        last_progress = self.snapshot()
+        while True:
+            gevent.sleep(self.interval_s)
+            snap = self.snapshot()
+            if snap["t"] - last_progress["t"] >= self.progress_every_s:
+                self._progress(last_progress, snap)
+                last_progress = snap
+
+    def _progress(self, before: Snapshot, now: Snapshot) -> None:
+        seconds = now["t"] - before["t"]
+        requests = now["requests"] - before["requests"]
+        failures = now["failures"] - before["failures"]
+        images = (requests - failures) * self.images_per_request
+        p99 = win.percentile_ms(win.hist_diff(now["hist"], before["hist"]), 99)
+        log.info("t=%5.0fs users=%3d  %7.1f img/s  p99=%s ms  failures=%d (total %d of %d requests)",
+                 now["t"], now["users"], images / seconds if seconds else 0.0,
+                 f"{p99:.0f}" if p99 is not None else "-", failures, now["failures"], now["requests"])
+
+    def windows(self) -> list[dict[str, Any]]:
+        return win.windows(self.timeline, self.images_per_request)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def results(self) -> dict[str, Any]:
+        stats = self.environment.runner.stats
+        entry = self._entry()
+        # Locust's own req/s divides by the same span, so img/s here and its report agree.
+        duration = max(stats.last_request_timestamp - stats.start_time, 0.0) if entry.num_requests else 0.0
+        images = (entry.num_requests - entry.num_failures) * self.images_per_request
+        reasons: dict[str, int] = {}
+        for error in stats.errors.values():
+            reason = _plain_reason(str(error.error))
+            reasons[reason] = reasons.get(reason, 0) + int(error.occurrences)
+        from locust import __version__ as locust_version
+
+        return {
+            "started_at": self.started_wall,
+            "request_name": self.request_name,
+            "images_per_request": self.images_per_request,
+            "requests": int(entry.num_requests),
+            "failures": int(entry.num_failures),
+            "images": images,
+            "duration_s": duration,
+            "images_per_second": images / duration if duration > 0 else 0.0,
+            "requests_per_second": entry.num_requests / duration if duration > 0 else 0.0,
+            "latency_ms": {**win.latency_summary(entry.response_times),
+                           "mean": entry.avg_response_time if entry.num_requests else None,
+                           "max": entry.max_response_time if entry.num_requests else None},
+            "failure_reasons": reasons,
+            "windows": self.windows(),
+            "timeline": [{k: v for k, v in s.items() if k != "hist"} for s in self.timeline],
+            "server": self.model,
+            "client": {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
+                       "locust": locust_version},
+            "notes": self.notes,
+        }
+
+    def write(self, path: str | Path) -> None:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.results(), indent=2, default=str))
+        log.info("results written to %s", out)
+
+
+def rewrite_final_csv(environment: Any, prefix: str) -> None:
+    """Locust rewrites its CSVs once a second and not at exit, so they can miss the last second;
+    write the final numbers so the CSV, the HTML and summary.json agree."""
+    from locust import stats
+
+    writer = stats.StatsCSV(environment, stats.PERCENTILES_TO_REPORT)
+    for suffix, write in (("stats", writer.requests_csv), ("failures", writer.failures_csv),
+                          ("exceptions", writer.exceptions_csv)):
+        with open(f"{prefix}_{suffix}.csv", "w", newline="") as handle:
+            write(csv.writer(handle))
+
+
+def _plain_reason(error: str) -> str:
+    """CatchResponseError('HTTP 400 invalid_image') -> HTTP 400 invalid_image."""
+    for prefix in ("CatchResponseError(", "ResponseError("):
+        if error.startswith(prefix) and error.endswith(")"):
+            inner = error[len(prefix):-1]
+            if len(inner) >= 2 and inner[0] == inner[-1] and inner[0] in "'\"":
+                return inner[1:-1]
+            return inner
+    return error

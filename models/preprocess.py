@@ -1,0 +1,316 @@
+"""Image decoding, validation and preprocessing for the SigLIP image encoder.
+
+Turns untrusted upload bytes into the uint8 ``[3, H, W]`` array the model expects.
+Everything that can go wrong with a client's image is reported as ``ImageRejected``
+carrying the HTTP status and the contract's error type; see docs/preprocessing.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+__all__ = [
+    "ImageRejected",
+    "ImageLimits",
+    "SUPPORTED_FORMATS",
+    "decode_image",
+    "resize_to_array",
+    "preprocess_image",
+    "decode_base64_image",
+    "media_type_supported",
+]
+
+
+class ImageRejected(Exception):
+    """An input image that cannot be served. Carries the HTTP status and the contract's error type."""
+
+    status: int  # 400, 413 or 415
+    error_type: str  # invalid_image, invalid_base64, empty_body, image_too_large, payload_too_large, unsupported_media_type
+    message: str  # for the client: plain words, never an internal exception's text
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 40_000_000
+
+
+# MPO is how Pillow names JPEGs carrying extra (e.g. depth/stereo) frames; frame 0 is
+# the ordinary JPEG picture, so it is served like one.
+SUPPORTED_FORMATS: frozenset[str] = frozenset({"JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF"})
+_FORMATS_TEXT = "JPEG, PNG, WEBP, GIF, BMP, TIFF"
+
+_SUPPORTED_MEDIA_TYPES = frozenset({
+    "image/jpeg", "image/jpg", "image/png", "image/webp", "image/gif",
+    "image/bmp", "image/x-ms-bmp", "image/tiff", "application/octet-stream",
+})
+_MEDIA_TYPES_TEXT = "image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff"
+
+_WHITE = (255, 255, 255)
+_URLSAFE_TO_STD = str.maketrans("-_", "+/")
+
+
+def _mp(pixels: int) -> str:
+    megapixels = pixels / 1e6
+    return f"{megapixels:.1f}" if megapixels >= 0.1 else f"{megapixels:.2g}"
+
+
+def _invalid(message: str = "image data is truncated or corrupt") -> ImageRejected:
+    return ImageRejected(400, "invalid_image", message)
+
+
+def _too_many_pixels(limits: ImageLimits, width: int | None = None, height: int | None = None) -> ImageRejected:
+    if width is None or height is None:
+        what = "image dimensions are"
+    else:
+        what = f"image is {width}x{height} = {_mp(width * height)} megapixels,"
+    return ImageRejected(413, "image_too_large", f"{what} over the {_mp(limits.max_pixels)} megapixel limit")
+
+
+def _too_many_bytes(size: int, limits: ImageLimits) -> ImageRejected:
+    return ImageRejected(
+        413, "payload_too_large", f"image is {size} bytes, over the {limits.max_bytes} byte limit"
+    )
+
+
+def _let_pillow_open_up_to(max_pixels: int) -> None:
+    # Pillow warns above MAX_IMAGE_PIXELS and raises above twice that, inside
+    # Image.open and before we see the size. Our own check (before load) is the one that
+    # matters, so Pillow's global must never be *stricter* than our limit. We only ever
+    # raise it, and only to our own finite limit: it stays a real guard for any other
+    # code in the process, and is never lowered under a caller that configured more.
+    current = Image.MAX_IMAGE_PIXELS
+    if current is not None and max_pixels > current:
+        Image.MAX_IMAGE_PIXELS = max_pixels
+
+
+def _rejection_for_unidentified(data: bytes) -> ImageRejected:
+    """Pillow found no image format: tell 'not an image at all' (415) from garbage (400)."""
+    head = data[:4096]
+    start = head.lstrip(b"\xef\xbb\xbf \t\r\n\x0b\x0c")
+    if start.startswith(b"<"):
+        return ImageRejected(415, "unsupported_media_type", "data looks like SVG, XML or HTML, not a supported image")
+    if b"%PDF-" in head[:1024]:  # PDF allows junk before the header
+        return ImageRejected(415, "unsupported_media_type", "data is a PDF document, not an image")
+    if head[4:8] == b"ftyp":  # ISO-BMFF: HEIC/HEIF (what iPhones send), MP4, ...
+        return ImageRejected(
+            415, "unsupported_media_type", f"unsupported image format (HEIF/ISO media); supported: {_FORMATS_TEXT}"
+        )
+    text = head.decode("utf-8", errors="replace")
+    # U+FFFD (undecodable byte) counts as printable to str.isprintable, so exclude it.
+    printable = sum(1 for c in text if c != "\ufffd" and (c.isprintable() or c in "\t\n\r"))
+    if text and printable >= 0.9 * len(text):
+        return ImageRejected(415, "unsupported_media_type", "data is text, not an image")
+    return _invalid("data is not a recognisable image (corrupt or unknown format)")
+
+
+def _tiff_integer_range(img: Image.Image) -> tuple[int, bool]:
+    """(bits per sample, signed) of a mode "I" image. Only TIFF produces "I" among our formats."""
+    tags = getattr(img, "tag_v2", None)
+    if tags is None:
+        return 32, True  # Pillow's own meaning of mode "I": signed 32-bit
+
+    def first(tag: int, default: int) -> int:
+        value = tags.get(tag)
+        if isinstance(value, tuple):
+            value = value[0] if value else None
+        return default if value is None else int(value)
+
+    # TIFF defaults: SampleFormat 1 = unsigned integer; 2 = signed.
+    return first(258, 32), first(339, 1) == 2
+
+
+def _high_depth_to_l(img: Image.Image) -> Image.Image:
+    """16/32-bit integer or float greyscale -> 8-bit "L" (or "LA"), scaled over the type's range.
+
+    Pillow's own convert("L") clips at 255, which turns almost any 16-bit photo white.
+    """
+    raw = np.asarray(img)
+    if img.mode == "F":
+        # Float images have no type range; [0.0, 1.0] is the universal convention.
+        values = np.nan_to_num(raw.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+        grey = np.rint(np.clip(values, 0.0, 1.0) * 255.0).astype(np.uint8)
+    else:
+        if img.mode.startswith("I;16"):
+            ints, top = raw.astype(np.int64), 65535  # -> round(v / 257)
+        else:
+            bits, signed = _tiff_integer_range(img)
+            bits = min(max(bits, 1), 32)
+            if not signed and bits == 32:
+                raw = raw.view(np.uint32)  # Pillow stores uint32 in int32 storage
+            # Signed data is almost always non-negative intensities written by a tool
+            # that happened to pick a signed type: keep 0 black and scale by the
+            # positive range rather than turning 0 into mid-grey.
+            ints, top = raw.astype(np.int64), (1 << (bits - 1 if signed else bits)) - 1
+        grey = ((np.clip(ints, 0, top) * 255 + top // 2) // top).astype(np.uint8)
+    out = Image.fromarray(np.ascontiguousarray(grey))
+    transparent = img.info.get("transparency")
+    if isinstance(transparent, int) and not isinstance(transparent, bool):
+        alpha = Image.fromarray(np.where(raw == transparent, 0, 255).astype(np.uint8))
+        out = Image.merge("LA", (out, alpha))
+    return out
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Any decoded mode -> a new "RGB" image, as a person viewing the file would see it."""
+    if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+        img = _high_depth_to_l(img)
+    try:
+        if img.has_transparency_data:
+            # Alpha-weighted composite on white: what a viewer on a white page shows,
+            # instead of convert("RGB") exposing the colour hidden under transparent pixels.
+            rgba = img.convert("RGBA")
+            out = Image.new("RGB", rgba.size, _WHITE)
+            out.paste(rgba, (0, 0), rgba)
+            return out
+        return img.convert("RGB")
+    except ValueError:  # a mode Pillow cannot convert (none of our decoders should yield one)
+        raise ImageRejected(415, "unsupported_media_type", f"unsupported pixel mode '{img.mode}'") from None
+
+
+def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: tuple[int, int] | None = None) -> Image.Image:
+    """bytes -> RGB PIL image (EXIF applied, first frame, alpha on white, 16-bit scaled). Raises ImageRejected.
+
+    With `draft_size` (W, H), a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 DCT scale that is
+    still at least that large; other formats are decoded whole.
+    """
+    if not data:
+        raise ImageRejected(400, "empty_body", "image data is empty")
+    if len(data) > limits.max_bytes:
+        raise _too_many_bytes(len(data), limits)
+    _let_pillow_open_up_to(limits.max_pixels)
+    try:
+        img = Image.open(io.BytesIO(data))  # lazy: reads the header only
+    except UnidentifiedImageError:
+        raise _rejection_for_unidentified(data) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        # Pillow refused the declared size before telling us what it is; over our limit either way.
+        raise _too_many_pixels(limits) from None
+    except MemoryError:
+        raise
+    except Exception:  # a plugin choked on a malformed header
+        raise _invalid() from None
+
+    with img:
+        if img.format not in SUPPORTED_FORMATS:
+            raise ImageRejected(
+                415, "unsupported_media_type", f"unsupported image format '{img.format}'; supported: {_FORMATS_TEXT}"
+            )
+        # img.size is the first frame's (GIF: logical screen) size, from the header.
+        width, height = img.size
+        if width <= 0 or height <= 0:
+            raise _invalid(f"image has no pixels ({width}x{height})")
+        if width * height > limits.max_pixels:
+            raise _too_many_pixels(limits, width, height)
+        if draft_size is not None and img.format in ("JPEG", "MPO"):
+            img.draft(None, draft_size)  # None: keep the file's mode (CMYK stays CMYK)
+        try:
+            img.load()  # decodes the current frame, which after open is the first one
+        except MemoryError:
+            raise
+        except Exception:  # truncated/corrupt data; LOAD_TRUNCATED_IMAGES stays off
+            raise _invalid() from None
+        try:
+            ImageOps.exif_transpose(img, in_place=True)
+        except Exception:
+            pass  # unreadable EXIF: show the pixels as stored, like most viewers do
+        return _to_rgb(img)
+
+
+def resize_to_array(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
+    """RGB image -> uint8 [3, H, W], bicubic squash resize to size=(H, W)."""
+    if img.mode != "RGB":
+        raise ValueError(f"resize_to_array expects an RGB image, got mode {img.mode!r}")
+    height, width = size
+    # Exactly what torchvision's Resize((H, W), BICUBIC) does to a PIL image, so the
+    # result matches open_clip's preprocessing bit for bit (before normalisation).
+    resized = img.resize((width, height), Image.Resampling.BICUBIC)
+    return np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
+
+
+# A JPEG much larger than the model's input is decoded at a reduced DCT scale that still leaves at
+# least this factor of pixels over the target, then bicubic-resized: 5-10x less decode work for
+# phone photos, within cosine 0.99997 of a full decode (docs/preprocessing.md).
+DRAFT_MARGIN = 2
+
+
+def preprocess_image(data: bytes, size: tuple[int, int], limits: ImageLimits = ImageLimits(),
+                     fast_jpeg: bool = False) -> np.ndarray:
+    """decode_image + resize_to_array. `fast_jpeg` allows a reduced-scale JPEG decode (see DRAFT_MARGIN)."""
+    draft = None
+    if fast_jpeg:
+        # Square and on the longer side: the draft happens before EXIF rotation.
+        side = DRAFT_MARGIN * max(size)
+        draft = (side, side)
+    return resize_to_array(decode_image(data, limits, draft), size)
+
+
+def _short(text: str, limit: int = 64) -> str:
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def decode_base64_image(item: str, limits: ImageLimits = ImageLimits()) -> bytes:
+    """A data URI or bare base64 -> the image file's bytes. Raises ImageRejected (400 invalid_base64, 413, 415)."""
+    if not isinstance(item, str):
+        raise ImageRejected(400, "invalid_base64", "image must be a base64 string or data URI")
+    payload = item.strip()
+    if payload[:5].lower() == "data:":
+        header, comma, payload = payload[5:].partition(",")
+        if not comma:
+            raise ImageRejected(400, "invalid_base64", "data URI has no ',' before its data")
+        params = [p.strip().lower() for p in header.split(";")]
+        media_type = params[0]
+        # An empty media type is tolerated (clients build "data:;base64,..." too).
+        if media_type and not media_type_supported(media_type):
+            raise ImageRejected(
+                415,
+                "unsupported_media_type",
+                f"unsupported media type '{_short(media_type)}' in data URI; supported: {_MEDIA_TYPES_TEXT}",
+            )
+        if "base64" not in params[1:]:
+            raise ImageRejected(400, "invalid_base64", "data URI is not base64-encoded (missing ';base64')")
+
+    # Cheap bound on the raw text first; whitespace can inflate it, so only a failing
+    # item pays for the exact count.
+    if len(payload) * 3 // 4 > limits.max_bytes:
+        payload = "".join(payload.split())
+        decoded_size = len(payload.rstrip("=")) * 3 // 4
+        if decoded_size > limits.max_bytes:
+            raise _too_many_bytes(decoded_size, limits)
+    compact = "".join(payload.split()).translate(_URLSAFE_TO_STD).rstrip("=")
+    if not compact:
+        raise ImageRejected(400, "invalid_base64", "base64 image data is empty")
+    if len(compact) % 4 == 1:
+        raise ImageRejected(400, "invalid_base64", "base64 data has an impossible length (truncated?)")
+    # Padding is optional in practice (url-safe encoders drop it), so re-pad ourselves.
+    compact += "=" * (-len(compact) % 4)
+    try:
+        data = base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageRejected(400, "invalid_base64", "image is not valid base64") from None
+    if len(data) > limits.max_bytes:
+        raise _too_many_bytes(len(data), limits)
+    return data
+
+
+def media_type_supported(content_type: str | None) -> bool:
+    """For raw-bytes uploads: True for image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff,
+    image/x-ms-bmp, image/jpg and application/octet-stream (and missing); False for image/svg+xml,
+    application/pdf, text/*, and everything else. Ignores parameters like '; charset=…' and case."""
+    if content_type is None:
+        return True
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return not media_type or media_type in _SUPPORTED_MEDIA_TYPES

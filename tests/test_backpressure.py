@@ -1,0 +1,91 @@
+"""Backpressure, deadlines and readiness on the real application (tiny-siglip, real local Ray)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import pytest
+
+from tests.conftest import ServeCluster, deploy
+from tests.test_http_api import assert_error, embeddings_of
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def strict_app(serve_cluster: ServeCluster) -> str:
+    """One replica with a one-slot queue, a 1 s batch wait and a 0.3 s deadline."""
+    deploy("strict", "/strict", replicas=1, neuron_cores_per_replica=0, encoder_num_cpus=0.5, buckets=[1, 2, 4, 8],
+           batch_wait_timeout_s=1.0, request_timeout_s=0.3, max_queued_requests=1, retry_after_s=2, torch_threads=1)
+    return serve_cluster.base_url + "/strict"
+
+
+def post(url: str, data: bytes) -> httpx.Response:
+    with httpx.Client(timeout=TIMEOUT) as client:
+        return client.post(url + "/v1/embeddings/image", content=data, headers={"Content-Type": "image/jpeg"})
+
+
+def test_a_lone_request_past_its_deadline_is_504(strict_app: str, photo_jpegs: list[bytes]) -> None:
+    # Alone, the request waits the whole 1 s batch window, past its 0.3 s deadline.
+    error = assert_error(post(strict_app, photo_jpegs[0]), 504, "deadline_exceeded")
+    assert "0.3" in error["message"]
+
+
+def test_full_queue_is_503_with_retry_after_and_nothing_is_lost(strict_app: str, photo_jpegs: list[bytes]) -> None:
+    payloads = [photo_jpegs[i % len(photo_jpegs)] for i in range(48)]
+    with concurrent.futures.ThreadPoolExecutor(len(payloads)) as pool:
+        responses = list(pool.map(lambda data: post(strict_app, data), payloads))
+    statuses = [r.status_code for r in responses]
+    # Every request ends with an embedding or a contract error: nothing hangs, nothing is dropped.
+    assert len(responses) == len(payloads)
+    assert set(statuses) <= {200, 503, 504}, statuses
+    overloaded = [r for r in responses if r.status_code == 503]
+    assert overloaded, statuses
+    for response in overloaded:
+        assert_error(response, 503, "overloaded")
+        assert response.headers["retry-after"] == "2"
+    for response in responses:
+        if response.status_code == 200:
+            assert embeddings_of(response).shape == (1, 64)
+        elif response.status_code == 504:
+            assert_error(response, 504, "deadline_exceeded")
+
+
+def test_not_ready_until_every_replica_has_warmed_up(serve_cluster: ServeCluster, main_app: str,
+                                                     photo_jpegs: list[bytes]) -> None:
+    # main_app holds all 4 declared neuron_cores, so this app's encoder replica cannot be placed:
+    # its ingress is up but no encoder has loaded its model.
+    deploy("unready", "/unready", wait=False, replicas=1, neuron_cores_per_replica=1)
+    url = serve_cluster.base_url + "/unready"
+    try:
+        with httpx.Client(timeout=TIMEOUT) as client:
+            health = _wait_for_ingress(client, url)
+            assert health.status_code == 200
+            ready = client.get(url + "/readyz")
+            error = assert_error(ready, 503, "not_ready")
+            assert "0 of 1" in error["message"] and ready.headers["retry-after"]
+            response = client.post(url + "/v1/embeddings/image", content=photo_jpegs[0],
+                                   headers={"Content-Type": "image/jpeg"})
+            assert_error(response, 503, "not_ready")
+            assert response.headers["retry-after"]
+    finally:
+        from ray import serve
+
+        serve.delete("unready", _blocking=False)
+
+
+def _wait_for_ingress(client: httpx.Client, url: str) -> httpx.Response:
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            response = client.get(url + "/healthz")
+            if response.status_code == 200:
+                return response
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("the unready app's ingress never came up")
+        time.sleep(0.5)

@@ -1,0 +1,113 @@
+"""The `siglip-serve` command and Ray's own `serve run`, as real subprocesses on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from serve.runner import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 150
+
+
+def wait_ready(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early with {proc.returncode}: {proc.stdout.read()[-3000:]}")
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise AssertionError("server not ready in time")
+
+
+def descendants(proc: subprocess.Popen) -> list[psutil.Process]:
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def stop_and_check_nothing_left(proc: subprocess.Popen, children: list[psutil.Process], sig: int) -> str:
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, output[-3000:]
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    return output
+
+
+def post_photo(url: str, jpeg: bytes) -> httpx.Response:
+    return httpx.post(url + "/v1/embeddings/image", content=jpeg, headers={"Content-Type": "image/jpeg"}, timeout=60)
+
+
+def test_no_weights_stops_with_one_clear_message() -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # no network to the model hub, without waiting on DNS
+    out = subprocess.run([str(BIN / "siglip-serve"), "run", "--model", "ViT-B-16-SigLIP", "--port", str(free_port())],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, out.stderr[-2000:]
+    assert "--checkpoint PATH" in errors[0] and "--random-weights" in errors[0] and "no network" in errors[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_option_value_stops_before_ray(tmp_path: Path) -> None:
+    out = subprocess.run([str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--buckets", "0,4"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "buckets" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_run_serves_and_sigterm_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--replicas", "1", "--port", str(port),
+         "--metrics-port", str(free_port()), "--set", "torch_threads=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        children = descendants(proc)
+        assert any("raylet" in " ".join(p.cmdline()) for p in children)
+        assert len(post_photo(url, photo_jpegs[0]).json()["data"][0]["embedding"]) == 64
+        output = stop_and_check_nothing_left(proc, children, signal.SIGTERM)
+        assert "stopping Serve and Ray" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_cpu_yaml_runs_under_rays_own_serve_run(tmp_path: Path, photo_jpegs: list[bytes]) -> None:
+    spec = yaml.safe_load((REPO / "deploy" / "serve-cpu.yaml").read_text())
+    port = free_port()
+    spec["http_options"]["port"] = port
+    args = spec["applications"][0]["args"]
+    args.update(model="tiny-siglip", torch_threads=1)
+    args.pop("pretrained", None)
+    config = tmp_path / "serve-tiny.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([str(BIN / "serve"), "run", str(config)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        children = descendants(proc)
+        assert post_photo(url, photo_jpegs[1]).status_code == 200
+        stop_and_check_nothing_left(proc, children, signal.SIGINT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

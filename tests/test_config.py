@@ -1,0 +1,73 @@
+"""The typed config: Serve YAML args validate at start and every problem is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from serve.config import ConfigError, ServiceConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_the_production_model_on_cpu() -> None:
+    config = ServiceConfig.from_args({})
+    assert config.model == "ViT-SO400M-14-SigLIP-384" and config.pretrained == "webli"
+    assert config.backend == "cpu" and config.buckets == (1, 2, 4, 8) and config.max_batch_size == 8
+    assert config.cores_per_replica == 0
+    assert config.max_body_bytes == 20 * 1024 * 1024 and config.max_image_pixels == 40_000_000
+    assert config.max_images_per_request == 64
+
+
+def test_neuron_backend_asks_for_one_core_per_replica() -> None:
+    assert ServiceConfig.from_args({"backend": "neuron"}).cores_per_replica == 1
+
+
+@pytest.mark.parametrize("buckets, expected", [("8,1,4", (1, 4, 8)), ([2, 1], (1, 2)), ("16", (16,))])
+def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> None:
+    assert ServiceConfig.from_args({"buckets": buckets}).buckets == expected
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ({"buckets": []}, "buckets"),
+        ({"buckets": [0, 2]}, "buckets"),
+        ({"buckets": [2, 2]}, "distinct"),
+        ({"replicas": 0}, "replicas"),
+        ({"replicas": "auto"}, "neuron_cores_per_replica"),
+        ({"backend": "tpu"}, "backend"),
+        ({"max_images_per_request": 0}, "max_images_per_request"),
+        ({"request_timeout_s": 0}, "request_timeout_s"),
+        ({"no_such_key": 1}, "no_such_key"),
+        ({"random_weights": True, "checkpoint": __file__}, "weights source"),
+        ({"checkpoint": "/nonexistent/model.pt"}, "checkpoint file not found"),
+    ],
+)
+def test_bad_config_is_refused_with_the_key_named(args: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        ServiceConfig.from_args(args)
+
+
+def test_model_settings_carry_the_model_fields() -> None:
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "buckets": [1, 2], "replicas": 3})
+    settings = config.model_settings()
+    assert settings.model == "tiny-siglip" and settings.buckets == (1, 2) and settings.uses_random_weights
+    assert not hasattr(settings, "replicas")
+
+
+def test_api_key_is_secret_in_reprs() -> None:
+    config = ServiceConfig.from_args({"api_key": "s3cret"})
+    assert "s3cret" not in repr(config) and config.api_key.get_secret_value() == "s3cret"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "deploy").glob("serve-*.yaml")), ids=lambda p: p.name)
+def test_shipped_serve_configs_validate(path: Path) -> None:
+    spec = yaml.safe_load(path.read_text())
+    for app in spec["applications"]:
+        assert app["import_path"] == "serve.app:build_app"
+        args = dict(app["args"])
+        args.pop("checkpoint", None)  # a path on the target machine
+        ServiceConfig.from_args(args)

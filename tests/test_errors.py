@@ -1,0 +1,64 @@
+"""The error contract's one handler, on a bare FastAPI app (no Ray needed)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
+from serve.errors import ApiError, ErrorType, install_error_handlers
+
+
+class Body(BaseModel):
+    input: list[str]
+
+
+def make_app() -> tuple[FastAPI, list[ApiError]]:
+    app = FastAPI()
+    seen: list[ApiError] = []
+    install_error_handlers(app, seen.append)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret database password in /etc/shadow")
+
+    @app.get("/teapot")
+    async def teapot() -> None:
+        raise ApiError(415, ErrorType.UNSUPPORTED_MEDIA_TYPE, "no SVG", {"X-Hint": "png"})
+
+    @app.post("/schema")
+    async def schema(body: Body) -> dict:
+        return {"n": len(body.input)}
+
+    return app, seen
+
+
+def test_unexpected_exception_is_500_without_its_text() -> None:
+    app, seen = make_app()
+    response = TestClient(app, raise_server_exceptions=False).get("/boom")
+    assert response.status_code == 500
+    assert response.json() == {"error": {"message": "internal error; see the server log",
+                                         "type": "internal_error", "code": 500}}
+    assert "secret" not in response.text and "RuntimeError" not in response.text
+    assert [e.error_type for e in seen] == [ErrorType.INTERNAL]
+
+
+def test_api_error_keeps_status_type_and_headers() -> None:
+    app, seen = make_app()
+    response = TestClient(app).get("/teapot")
+    assert response.status_code == 415 and response.headers["x-hint"] == "png"
+    assert response.json()["error"] == {"message": "no SVG", "type": "unsupported_media_type", "code": 415}
+    assert seen[0].status == 415
+
+
+def test_schema_mismatch_and_unknown_routes_use_the_contract() -> None:
+    app, seen = make_app()
+    client = TestClient(app)
+    bad = client.post("/schema", json={"input": [1, {"x": 2}]})
+    assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_request"
+    assert "input" in bad.json()["error"]["message"]
+    missing = client.get("/nowhere")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
+    wrong_method = client.get("/schema")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "method_not_allowed"
+    assert [e.status for e in seen] == [422, 404, 405]

@@ -25,13 +25,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from models.cli_args import LOG_FORMAT, SettingsError, add_model_arguments, model_settings_of, settings_from_args
+from models.cli_args import (LOG_FORMAT, SettingsError, add_model_arguments, model_settings_of, settings_from_args,
+                             validate_settings)
 from models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.multicore")
@@ -41,24 +41,21 @@ _TAG = "@@siglip-multicore"
 READY_TIMEOUT_S = 1800.0  # loading a compiled SO400M artifact takes a while per core
 
 
-@dataclass(frozen=True)
-class SeedRow:
-    label: str
-    lnc: int
-    cores: int
-    batch: int
-    auto_cast: str
-    per_core_img_s: float
-    latency_ms: float
-    instance_img_s: float | None
+def _seed_row(label: str, lnc: int, cores: int, auto_cast: str, per_core: float, latency_ms: float,
+              instance: float | None) -> dict[str, Any]:
+    return {"label": label, "lnc": lnc, "cores": cores, "batch": 1, "auto_cast": auto_cast,
+            "per_core_images_per_second": per_core, "latency_ms": latency_ms,
+            "instance_images_per_second": instance}
 
 
-# Seed 000 (trn2.3xlarge, SigLIP-SO400M-14-384, batch 1). Instance = per-core x cores.
-SEED_REFERENCE: tuple[SeedRow, ...] = (
-    SeedRow("seed LNC=2, 4 cores", 2, 4, 1, "matmult", 35.43, 28.23, 141.1),
-    SeedRow("seed LNC=1, 8 cores", 1, 8, 1, "matmult", 14.38, 69.56, 115.0),
-    SeedRow("seed single core, no auto-cast", 2, 1, 1, "none", 21.6, 46.3, None),
-    SeedRow("seed single core, --auto-cast matmult", 2, 1, 1, "matmult", 36.1, 27.7, None),
+# Seed 000 (trn2.3xlarge, SigLIP-SO400M-14-384, batch 1), as plain data. Instance = the seed's own
+# figure (per-core x cores, as it measured them). The multi-core rows come last: readers that keep
+# one row per LNC (loadtest.inputs) then keep the instance figures.
+SEED_REFERENCE: tuple[dict[str, Any], ...] = (
+    _seed_row("seed single core, no auto-cast", 2, 1, "none", 21.6, 46.3, None),
+    _seed_row("seed single core, --auto-cast matmult", 2, 1, "matmult", 36.1, 27.7, None),
+    _seed_row("seed LNC=2, 4 cores", 2, 4, "matmult", 35.43, 28.23, 141.1),
+    _seed_row("seed LNC=1, 8 cores", 1, 8, "matmult", 14.38, 69.56, 115.0),
 )
 
 
@@ -91,9 +88,9 @@ def _worker() -> int:
     ms = np.array(latencies) * 1e3
     images = bucket * len(latencies)
     _emit("RESULT", {
-        "core": core, "pid": os.getpid(), "images": images, "seconds": seconds, "img_s": images / seconds,
-        "latency_ms": {"mean": float(ms.mean()), "p50": float(np.percentile(ms, 50)),
-                       "p99": float(np.percentile(ms, 99))},
+        "core": core, "pid": os.getpid(), "images": images, "seconds": seconds,
+        "images_per_second": images / seconds, "latency_ms": float(ms.mean()),
+        "latency_p50_ms": float(np.percentile(ms, 50)), "latency_p99_ms": float(np.percentile(ms, 99)),
         "start": start, "end": start + seconds,
         "lnc_env": os.environ.get("NEURON_LOGICAL_NC_CONFIG"), "describe": _jsonable(encoder.describe()),
     })
@@ -156,11 +153,15 @@ def _worker_env(index: int, spec: dict[str, Any], backend: str, lnc: int | None)
     return env
 
 
-def run_multicore(settings: ModelSettings, cores: int, bucket: int, warmup: int = 10, iterations: int = 50,
-                  ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
-    """Run `cores` pinned workers in parallel on one bucket; per-worker and instance figures."""
+def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: int, warmup: int = 10,
+                  iterations: int = 50, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+    """Run `cores` pinned workers in parallel on one bucket; per-worker and instance figures.
+
+    `settings` may be a plain mapping of ModelSettings fields (e.g. parsed from YAML)."""
     if cores < 1 or iterations < 1 or warmup < 0:
         raise ValueError("cores and iterations must be >= 1, warmup >= 0")
+    if not isinstance(settings, ModelSettings):
+        settings = validate_settings(dict(settings))
     overrides: dict[str, Any] = {"buckets": (bucket,)}
     if settings.backend == "cpu":
         overrides["torch_threads"] = 1
@@ -199,22 +200,23 @@ def run_multicore(settings: ModelSettings, cores: int, bucket: int, warmup: int 
     return {
         "backend": plain.backend, "model": plain.model, "lnc": lnc, "auto_cast": auto_cast, "bucket": bucket,
         "cores": cores, "warmup": warmup, "iterations": iterations, "workers": per_worker,
-        "per_core_img_s": float(np.mean([r["img_s"] for r in per_worker])),
-        "latency_ms": float(np.mean([r["latency_ms"]["mean"] for r in per_worker])),
-        "instance_img_s": float(sum(r["img_s"] for r in per_worker)),
-        "wall_img_s": images / span if span > 0 else float("nan"),
+        "per_core_images_per_second": float(np.mean([r["images_per_second"] for r in per_worker])),
+        "latency_ms": float(np.mean([r["latency_ms"] for r in per_worker])),
+        "instance_images_per_second": float(sum(r["images_per_second"] for r in per_worker)),
+        "wall_images_per_second": images / span if span > 0 else float("nan"),
         "method": "each worker times `iterations` Encoder.encode calls on one uint8 batch after warm-up; "
                   "instance = sum of workers' img/s (seed 000); wall = all images / (last end - first start)",
         "machine": {"host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
     }
 
 
-def seed_rows_for(result: dict[str, Any]) -> list[SeedRow]:
+def seed_rows_for(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The seed's rows comparable with `result`: same LNC, and multi-core with multi-core."""
     if result.get("lnc") is None:
         return list(SEED_REFERENCE)
-    same_lnc = [r for r in SEED_REFERENCE if r.lnc == result["lnc"]]
+    same_lnc = [r for r in SEED_REFERENCE if r["lnc"] == result["lnc"]]
     multi = result["cores"] > 1
-    return [r for r in same_lnc if (r.cores > 1) == multi] or same_lnc
+    return [r for r in same_lnc if (r["cores"] > 1) == multi] or same_lnc
 
 
 def format_comparison(result: dict[str, Any]) -> str:
@@ -222,13 +224,15 @@ def format_comparison(result: dict[str, Any]) -> str:
     header = f"{'':40} {'cores':>5} {'batch':>5} {'per-core img/s':>14} {'latency ms':>10} {'instance img/s':>14}"
     lines = [header, "-" * len(header)]
     for row in seed_rows_for(result):
-        instance = f"{row.instance_img_s:.1f}" if row.instance_img_s is not None else "-"
-        lines.append(f"{row.label:40} {row.cores:>5} {row.batch:>5} {row.per_core_img_s:>14.2f} "
-                     f"{row.latency_ms:>10.2f} {instance:>14}")
+        instance = row["instance_images_per_second"]
+        shown = f"{instance:.1f}" if instance is not None else "-"
+        lines.append(f"{row['label']:40} {row['cores']:>5} {row['batch']:>5} {row['per_core_images_per_second']:>14.2f} "
+                     f"{row['latency_ms']:>10.2f} {shown:>14}")
     lnc = f" LNC={result['lnc']}" if result.get("lnc") else ""
     label = f"ours: {result['backend']}{lnc} {result['model']}"[:40]
-    lines.append(f"{label:40} {result['cores']:>5} {result['bucket']:>5} {result['per_core_img_s']:>14.2f} "
-                 f"{result['latency_ms']:>10.2f} {result['instance_img_s']:>14.1f}")
+    lines.append(f"{label:40} {result['cores']:>5} {result['bucket']:>5} "
+                 f"{result['per_core_images_per_second']:>14.2f} {result['latency_ms']:>10.2f} "
+                 f"{result['instance_images_per_second']:>14.1f}")
     if result["backend"] != "neuron":
         lines.append(f"(ours ran on the {result['backend']} backend on {result['machine']['host']}: a different "
                      "machine and possibly model than the seed's trn2.3xlarge SO400M; not comparable)")
@@ -239,10 +243,10 @@ def format_comparison(result: dict[str, Any]) -> str:
 def format_workers(result: dict[str, Any]) -> str:
     lines = [f"{'core':>6} {'pid':>8} {'img/s':>9} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9}"]
     for r in result["workers"]:
-        lat = r["latency_ms"]
-        lines.append(f"{str(r['core']):>6} {r['pid']:>8} {r['img_s']:>9.2f} {lat['mean']:>9.2f} "
-                     f"{lat['p50']:>9.2f} {lat['p99']:>9.2f}")
-    lines.append(f"instance (sum) {result['instance_img_s']:.1f} img/s; wall-clock {result['wall_img_s']:.1f} img/s")
+        lines.append(f"{str(r['core']):>6} {r['pid']:>8} {r['images_per_second']:>9.2f} {r['latency_ms']:>9.2f} "
+                     f"{r['latency_p50_ms']:>9.2f} {r['latency_p99_ms']:>9.2f}")
+    lines.append(f"instance (sum) {result['instance_images_per_second']:.1f} img/s; "
+                 f"wall-clock {result['wall_images_per_second']:.1f} img/s")
     return "\n".join(lines)
 
 
@@ -274,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_workers(result))
     print()
     print(format_comparison(result))
-    args.json_out.write_text(json.dumps({**result, "seed_reference": [asdict(r) for r in SEED_REFERENCE]}, indent=2) + "\n")
+    args.json_out.write_text(json.dumps({**result, "seed_reference": list(SEED_REFERENCE)}, indent=2) + "\n")
     log.info("wrote %s", args.json_out)
     return 0
 

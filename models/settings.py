@@ -68,8 +68,7 @@ class ModelSettings(BaseModel):
 
     @property
     def uses_random_weights(self) -> bool:
-        # tiny-siglip has no published weights: random unless a checkpoint is given.
-        return self.random_weights or (self.model == TINY_MODEL and self.checkpoint is None)
+        return self.random_weights or self.model == TINY_MODEL
 
     @property
     def weights_source(self) -> str:

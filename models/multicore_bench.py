@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m models.multicore_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, backend=True)
-    parser.add_argument("--cores", type=int, default=1, help="workers, one per logical core (trn2.3xlarge: 4 at LNC=2, 8 at LNC=1)")
+    parser.add_argument("--cores", type=int, default=1,
+                        help="workers, one per logical core (trn2.3xlarge: 4 at LNC=2, 8 at LNC=1)")
     parser.add_argument("--bucket", type=int, default=1, help="batch size each worker runs (seed 000: 1)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=50)

@@ -11,7 +11,7 @@ import importlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 class EncoderInputError(ValueError):
     """A batch that does not have the shape or dtype the compiled model takes."""
+
+
+class BackendUnavailable(RuntimeError):
+    """This machine cannot run the backend; the message is one line saying what to install or fix."""
 
 
 def pick_bucket(n: int, buckets: Sequence[int]) -> int:
@@ -146,10 +150,27 @@ def backend_names() -> list[str]:
     return sorted(set(_BACKEND_MODULES) | set(_FACTORIES))
 
 
+def _backend_module(backend: str) -> Any:
+    module = _BACKEND_MODULES.get(backend)
+    if module is None:
+        raise ValueError(f"unknown backend {backend!r}; choose from {backend_names()}")
+    return importlib.import_module(module)
+
+
 def create_encoder(settings: ModelSettings) -> Encoder:
     if settings.backend not in _FACTORIES:
-        module = _BACKEND_MODULES.get(settings.backend)
-        if module is None:
-            raise ValueError(f"unknown backend {settings.backend!r}; choose from {backend_names()}")
-        importlib.import_module(module)
+        _backend_module(settings.backend)
     return _FACTORIES[settings.backend](settings)
+
+
+def check_backend_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
+    """Raise BackendUnavailable (one line) if this machine cannot run `settings.backend`.
+
+    Called before any Ray process starts, so a missing SDK or GPU fails in a second, not after the
+    replicas have tried. `env` is the environment the replicas will see (None: skip the checks that
+    depend on it, e.g. when joining a cluster whose nodes were started elsewhere). A backend module
+    opts in by defining `check_available(settings, env)`.
+    """
+    check = getattr(_backend_module(settings.backend), "check_available", None)
+    if check is not None:
+        check(settings, env)

@@ -37,6 +37,8 @@ class ModelSettings(BaseModel):
     # neuron: directory of compiled artifacts (see models.neuron_compile); cuda: autocast dtype.
     artifact_dir: Path | None = None
     cuda_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    # cuda: capture one CUDA graph per bucket. Off until measured on a GPU (see models/backends/cuda.py).
+    cuda_graphs: bool = False
 
     @field_validator("buckets", mode="before")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -13,6 +14,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Subcommands owned by other packages: name -> (module with main(argv) -> int, help).
 DELEGATED = {
     "kernels": ("kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
+    "compile": ("models.neuron_compile", "compile the image tower for Trainium2, one artifact per input set"),
+    "accuracy": ("models.accuracy", "compare two encoders' embeddings on a folder of images"),
     "loadtest": ("loadtest.cli", "Locust load test (summary.json, CSV, HTML); 'loadtest report': instance throughput"),
 }
 
@@ -102,8 +105,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.api_key:
                 settings["api_key"] = args.api_key
             config = ServiceConfig.from_args(settings)
+            from models.encoder import BackendUnavailable, check_backend_available
             from serve.runner import preflight_weights, run_service
 
+            try:
+                # Before Ray starts: a missing SDK/GPU/artifact is one line now, not a replica crash later.
+                env = None if args.address else {**os.environ, **config.env_vars}
+                check_backend_available(config.model_settings(), env)
+            except BackendUnavailable as exc:
+                logging.getLogger("siglip_serve").error("%s", exc)
+                return 2
             preflight_weights(config)
             return run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores)
         if args.command == "bench":

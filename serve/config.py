@@ -44,6 +44,9 @@ class ServiceConfig(ModelSettings):
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     max_images_per_request: int = Field(default=64, ge=1)
     api_key: SecretStr | None = None
+    # Environment variables of every encoder replica (Ray runtime_env), e.g. NEURON_LOGICAL_NC_CONFIG
+    # or NEURON_RT_* settings on trn2. Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
+    env_vars: dict[str, str] = Field(default_factory=dict)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 from ray import serve
 
 from models.encoder import EncoderInputError, create_encoder
@@ -55,6 +56,7 @@ class EncoderReplica:
             "neuron_rt_visible_cores": os.environ.get("NEURON_RT_VISIBLE_CORES"),
             "neuron_logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
             "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "warmup_seconds": {str(b): round(s, 6) for b, s in warm.items()},
             **self.encoder.describe(),
@@ -121,6 +123,8 @@ def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment
         actor_options["resources"] = resources
     if config.backend == "cuda":
         actor_options["num_gpus"] = 1
+    if config.env_vars:
+        actor_options["runtime_env"] = {"env_vars": dict(config.env_vars)}
     return serve.deployment(
         EncoderReplica,
         name="Encoder",

@@ -1,0 +1,106 @@
+"""The Neuron backend: a compiled artifact (models.neuron_compile) on the logical NeuronCore(s) in
+NEURON_RT_VISIBLE_CORES, one TorchScript per batch bucket.
+
+Order of checks, each failing with one clear line: the SDK is really there; the artifact is complete
+and holds this model and these buckets; the runtime's LNC equals the artifact's (seed 000's
+"Cannot run Neff ... Logical Core Size" otherwise). Only then is anything loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.encoder import BackendUnavailable, Encoder, register_backend
+from models.loading import ModelInfo
+from models.manifest import ArtifactError, Manifest, read_manifest
+from models.neuron_sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx
+from models.settings import ModelSettings
+
+log = logging.getLogger(__name__)
+
+
+def artifact_for(settings: ModelSettings) -> tuple[Path, Manifest]:
+    """The artifact directory and its manifest, checked against the model and buckets asked for."""
+    if settings.artifact_dir is None:
+        raise ArtifactError("the neuron backend needs artifact_dir (--artifact-dir): a directory written by "
+                            "`siglip-serve compile`")
+    directory = Path(settings.artifact_dir).expanduser()
+    manifest = read_manifest(directory)
+    if manifest.model != settings.model:
+        raise ArtifactError(f"artifact {directory} holds {manifest.model} but the config asks for "
+                            f"{settings.model}; set model: {manifest.model} or compile {settings.model}")
+    missing = [b for b in settings.buckets if b not in manifest.buckets]
+    if missing:
+        raise ArtifactError(f"buckets {missing} are not in artifact {directory} (compiled: {manifest.buckets}); "
+                            f"serve a subset of them or compile with --buckets {','.join(map(str, settings.buckets))}")
+    return directory, manifest
+
+
+class NeuronEncoder(Encoder):
+    backend = "neuron"
+
+    def __init__(self, models: dict[int, torch.nn.Module], info: ModelInfo, directory: Path,
+                 manifest: Manifest, lnc: int) -> None:
+        super().__init__(info, sorted(models))
+        self.models = models
+        self.directory = directory
+        self.manifest = manifest
+        self.lnc = lnc
+        self.visible_cores = os.environ.get(VISIBLE_CORES_ENV)
+
+    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.models[int(batch.shape[0])](batch)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "lnc": self.lnc,
+            "artifact_dir": str(self.directory.resolve()),
+            "neuron_rt_visible_cores": self.visible_cores,
+            "manifest": self.manifest.summary(),
+        }
+
+
+def load_neuron_encoder(settings: ModelSettings, env: Mapping[str, str] | None = None) -> NeuronEncoder:
+    require_torch_neuronx()  # also registers the Neuron ops TorchScript needs before torch.jit.load
+    directory, manifest = artifact_for(settings)
+    lnc = check_lnc(manifest.lnc, str(directory), env, manifest.target)
+    cores = os.environ.get(VISIBLE_CORES_ENV)
+    if cores is None:
+        log.warning("%s is unset: the Neuron runtime reserves every NeuronCore for this process", VISIBLE_CORES_ENV)
+    models: dict[int, torch.nn.Module] = {}
+    for bucket in settings.buckets:
+        path = manifest.bucket_path(directory, bucket)
+        began = time.monotonic()
+        models[bucket] = torch.jit.load(str(path))
+        log.info("loaded bucket %d from %s on NeuronCore(s) %s in %.1f s", bucket, path, cores or "all",
+                 time.monotonic() - began)
+    info = ModelInfo(manifest.model, manifest.embed_dim, (manifest.image_size[0], manifest.image_size[1]),
+                     str(manifest.weights.get("source")))
+    if info.weights != settings.weights_source:
+        log.warning("the artifact was compiled from %s; the config's weights (%s) are not used by the neuron "
+                    "backend", info.weights, settings.weights_source)
+    return NeuronEncoder(models, info, directory, manifest, lnc)
+
+
+def check_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
+    """The serving CLI's check before Ray starts: SDK, artifact, and (with `env`) the LNC."""
+    require_torch_neuronx()
+    try:
+        directory, manifest = artifact_for(settings)
+        if env is not None:
+            check_lnc(manifest.lnc, str(directory), env, manifest.target)
+    except (ArtifactError, LncMismatch) as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+@register_backend("neuron")
+def create_neuron_encoder(settings: ModelSettings) -> NeuronEncoder:
+    return load_neuron_encoder(settings)

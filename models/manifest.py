@@ -1,0 +1,204 @@
+"""Compiled-artifact manifests, the weights digest, and the cache key that names an artifact.
+
+An artifact directory holds one TorchScript file per batch bucket and `manifest.json`. Its name
+carries a hash of everything that decides the compiled result (model, weights, buckets, compiler
+arguments, package versions), so the same inputs find the same directory and any change makes a
+new one. A directory exists under its final name only once complete: compiles write to a temp
+directory and rename it at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.settings import ModelSettings
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+# Bump when the artifact layout changes: old artifacts then get new cache keys instead of misloading.
+FORMAT_VERSION = 1
+_CHUNK = 8 * 1024 * 1024
+
+
+class ArtifactError(RuntimeError):
+    """An artifact directory is missing, incomplete or does not fit what was asked of it."""
+
+
+@dataclass(frozen=True)
+class WeightsDigest:
+    source: str  # ModelSettings.weights_source
+    sha256: str
+    sha256_of: str  # what exactly was hashed, so two digests are only compared like for like
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_state_dict(module: nn.Module) -> str:
+    """Hash of every tensor's name, dtype, shape and bytes, in state-dict order."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        t = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def pretrained_weights_file(settings: ModelSettings) -> Path:
+    """The local file open_clip loads for a pretrained tag, downloaded once into its cache."""
+    import open_clip
+
+    from models.loading import ModelLoadError, _register_tiny
+
+    _register_tiny()
+    cfg = open_clip.get_pretrained_cfg(settings.model, settings.pretrained or "")
+    if not cfg:
+        raise ModelLoadError(f"no pretrained tag {settings.pretrained!r} for {settings.model}")
+    try:
+        return Path(open_clip.download_pretrained(cfg))
+    except Exception as exc:  # noqa: BLE001 - hub clients raise many kinds; all mean "no weights"
+        raise ModelLoadError(
+            f"could not fetch pretrained weights {settings.pretrained!r} for {settings.model} "
+            f"({type(exc).__name__}); pass --checkpoint PATH instead"
+        ) from None
+
+
+def digest_weights(settings: ModelSettings, embedder: nn.Module | None = None) -> WeightsDigest:
+    """sha256 of the weights: the checkpoint file, the cached pretrained file, or the seeded tensors.
+
+    Random weights need the built model (`embedder`, an ImageEmbedder): its image tower is hashed.
+    """
+    if settings.uses_random_weights:
+        if embedder is None:
+            raise ValueError("random weights are hashed from the built model; pass the embedder")
+        visual = getattr(embedder, "visual", embedder)
+        return WeightsDigest(settings.weights_source, sha256_state_dict(visual),
+                             "image-tower state dict tensors (seeded random weights)")
+    if settings.checkpoint is not None:
+        return WeightsDigest(settings.weights_source, sha256_file(settings.checkpoint), "checkpoint file")
+    path = pretrained_weights_file(settings)
+    return WeightsDigest(settings.weights_source, sha256_file(path), f"cached pretrained file {path.name}")
+
+
+def cache_key(inputs: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of every compile input (never of timestamps)."""
+    canonical = json.dumps({"format_version": FORMAT_VERSION, **inputs}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def artifact_name(model: str, lnc: int, key: str) -> str:
+    safe_model = re.sub(r"[^A-Za-z0-9._-]+", "_", model)
+    return f"{safe_model}-lnc{lnc}-{key[:12]}"
+
+
+def bucket_file(bucket: int) -> str:
+    return f"bucket-{bucket}.pt"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Manifest:
+    model: str
+    weights: dict[str, str]
+    image_size: list[int]
+    embed_dim: int
+    buckets: list[int]
+    lnc: int
+    auto_cast: str
+    auto_cast_type: str | None
+    target: str
+    compiler_args: list[str]
+    versions: dict[str, str | None]
+    cache_key: str
+    created_at: str = field(default_factory=utc_now)
+    files: dict[str, str] = field(default_factory=dict)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def write(self, directory: Path) -> Path:
+        path = directory / MANIFEST_NAME
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+        known = {f for f in cls.__dataclass_fields__}
+        missing = [f for f in ("model", "buckets", "lnc", "files", "cache_key") if f not in data]
+        if missing:
+            raise ArtifactError(f"manifest lacks {missing}")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def bucket_path(self, directory: Path, bucket: int) -> Path:
+        name = self.files.get(str(bucket))
+        if name is None:
+            raise ArtifactError(f"artifact {directory} has no bucket {bucket} (it has {self.buckets})")
+        return directory / name
+
+    def summary(self) -> dict[str, Any]:
+        """What /v1/models and the logs show: enough to tell two artifacts apart."""
+        return {
+            "model": self.model,
+            "weights": self.weights.get("source"),
+            "weights_sha256": self.weights.get("sha256", "")[:16],
+            "buckets": self.buckets,
+            "lnc": self.lnc,
+            "auto_cast": self.auto_cast,
+            "auto_cast_type": self.auto_cast_type,
+            "compiler_args": self.compiler_args,
+            "versions": self.versions,
+            "cache_key": self.cache_key[:12],
+            "created_at": self.created_at,
+        }
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of a complete artifact, or ArtifactError saying what is wrong and what to do."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not directory.is_dir():
+        raise ArtifactError(f"artifact directory {directory} does not exist; build it with `siglip-serve compile`")
+    if not path.is_file():
+        raise ArtifactError(f"{directory} has no {MANIFEST_NAME}: not a complete compiled artifact "
+                            "(compile it again with `siglip-serve compile`)")
+    try:
+        manifest = Manifest.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise ArtifactError(f"{path} is not a valid manifest: {exc}") from None
+    absent = [name for name in manifest.files.values() if not (directory / name).is_file()]
+    if absent:
+        raise ArtifactError(f"artifact {directory} is incomplete: {absent} missing; compile it again")
+    return manifest
+
+
+def is_complete(directory: Path) -> bool:
+    try:
+        read_manifest(directory)
+    except ArtifactError:
+        return False
+    return True

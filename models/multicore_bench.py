@@ -1,0 +1,288 @@
+"""Seed 000's multi-core benchmark: one worker process per logical core, all at once, summed.
+
+Each worker is pinned with NEURON_RT_VISIBLE_CORES=<i> (and NEURON_LOGICAL_NC_CONFIG = the
+artifact's LNC), loads the bare encoder for one bucket, warms up, waits until every worker is
+ready, then times `iterations` calls of `Encoder.encode` on one batch. Instance throughput is the
+sum of the workers' img/s (the seed's method); the wall-clock figure (all images over the span from
+the first start to the last end) is reported beside it. On the cpu backend each worker runs
+torch with one thread, so N workers use N cores.
+
+    python -m models.multicore_bench --backend neuron --artifact-dir artifacts/so400m-lnc2 --cores 4 --bucket 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from models.cli_args import (LOG_FORMAT, SettingsError, add_model_arguments, model_settings_of, settings_from_args,
+                             validate_settings)
+from models.settings import ModelSettings
+
+log = logging.getLogger("siglip_serve.multicore")
+
+WORKER_SPEC_ENV = "SIGLIP_MULTICORE_WORKER"
+_TAG = "@@siglip-multicore"
+READY_TIMEOUT_S = 1800.0  # loading a compiled SO400M artifact takes a while per core
+
+
+def _seed_row(label: str, lnc: int, cores: int, auto_cast: str, per_core: float, latency_ms: float,
+              instance: float | None) -> dict[str, Any]:
+    return {"label": label, "lnc": lnc, "cores": cores, "batch": 1, "auto_cast": auto_cast,
+            "per_core_images_per_second": per_core, "latency_ms": latency_ms,
+            "instance_images_per_second": instance}
+
+
+# Seed 000 (trn2.3xlarge, SigLIP-SO400M-14-384, batch 1), as plain data. Instance = the seed's own
+# figure (per-core x cores, as it measured them). The multi-core rows come last: readers that keep
+# one row per LNC (loadtest.inputs) then keep the instance figures.
+SEED_REFERENCE: tuple[dict[str, Any], ...] = (
+    _seed_row("seed single core, no auto-cast", 2, 1, "none", 21.6, 46.3, None),
+    _seed_row("seed single core, --auto-cast matmult", 2, 1, "matmult", 36.1, 27.7, None),
+    _seed_row("seed LNC=2, 4 cores", 2, 4, "matmult", 35.43, 28.23, 141.1),
+    _seed_row("seed LNC=1, 8 cores", 1, 8, "matmult", 14.38, 69.56, 115.0),
+)
+
+
+def _emit(kind: str, payload: dict[str, Any]) -> None:
+    print(f"{_TAG} {kind} {json.dumps(payload)}", flush=True)
+
+
+def _worker() -> int:
+    """One pinned worker: load, warm up, report READY, wait for GO, time, report RESULT."""
+    from models.encoder import create_encoder
+
+    spec = json.loads(os.environ[WORKER_SPEC_ENV])
+    settings = ModelSettings.model_validate(spec["settings"])
+    bucket, core = int(spec["bucket"]), os.environ.get("NEURON_RT_VISIBLE_CORES")
+    encoder = create_encoder(settings)
+    encoder.warmup(iterations=int(spec["warmup"]))
+    height, width = encoder.image_size
+    batch = np.random.default_rng(int(spec["index"])).integers(0, 256, (bucket, 3, height, width), dtype=np.uint8)
+    _emit("READY", {"core": core, "pid": os.getpid()})
+    if sys.stdin.readline().strip() != "GO":
+        return 1
+    latencies = []
+    start = time.time()
+    began = time.perf_counter()
+    for _ in range(int(spec["iterations"])):
+        t = time.perf_counter()
+        encoder.encode(batch)
+        latencies.append(time.perf_counter() - t)
+    seconds = time.perf_counter() - began
+    ms = np.array(latencies) * 1e3
+    images = bucket * len(latencies)
+    _emit("RESULT", {
+        "core": core, "pid": os.getpid(), "images": images, "seconds": seconds,
+        "images_per_second": images / seconds, "latency_ms": float(ms.mean()),
+        "latency_p50_ms": float(np.percentile(ms, 50)), "latency_p99_ms": float(np.percentile(ms, 99)),
+        "start": start, "end": start + seconds,
+        "lnc_env": os.environ.get("NEURON_LOGICAL_NC_CONFIG"), "describe": _jsonable(encoder.describe()),
+    })
+    return 0
+
+
+def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(value, default=str))
+
+
+class _Worker:
+    def __init__(self, index: int, env: dict[str, str], messages: "queue.Queue[tuple[int, str, Any]]") -> None:
+        self.index = index
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "models.multicore_bench", "--worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     env=env, text=True)
+        threading.Thread(target=self._read, args=(messages,), daemon=True).start()
+
+    def _read(self, messages: "queue.Queue[tuple[int, str, Any]]") -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(_TAG):
+                _, kind, payload = line.rstrip("\n").split(" ", 2)
+                messages.put((self.index, kind, json.loads(payload)))
+        messages.put((self.index, "EXIT", None))
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        self.stderr.seek(0)
+        return "\n".join(self.stderr.read().decode(errors="replace").splitlines()[-lines:])
+
+
+def _collect(workers: list[_Worker], messages: "queue.Queue[tuple[int, str, Any]]", kind: str,
+             timeout_s: float) -> dict[int, Any]:
+    deadline = time.monotonic() + timeout_s
+    got: dict[int, Any] = {}
+    while len(got) < len(workers):
+        try:
+            index, what, payload = messages.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"{len(workers) - len(got)} worker(s) sent no {kind} within {timeout_s:.0f} s") from None
+        if what == kind:
+            got[index] = payload
+        elif what == "EXIT" and index not in got:
+            worker = workers[index]
+            raise RuntimeError(f"worker {index} exited (code {worker.proc.wait()}) before {kind}:\n{worker.stderr_tail()}")
+    return got
+
+
+def _worker_env(index: int, spec: dict[str, Any], backend: str, lnc: int | None) -> dict[str, str]:
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    env["NEURON_RT_VISIBLE_CORES"] = str(index)
+    if lnc is not None:
+        env["NEURON_LOGICAL_NC_CONFIG"] = str(lnc)
+    if backend == "cpu":
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+    env[WORKER_SPEC_ENV] = json.dumps({**spec, "index": index})
+    return env
+
+
+def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: int, warmup: int = 10,
+                  iterations: int = 50, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+    """Run `cores` pinned workers in parallel on one bucket; per-worker and instance figures.
+
+    `settings` may be a plain mapping of ModelSettings fields (e.g. parsed from YAML)."""
+    if cores < 1 or iterations < 1 or warmup < 0:
+        raise ValueError("cores and iterations must be >= 1, warmup >= 0")
+    if not isinstance(settings, ModelSettings):
+        settings = validate_settings(dict(settings))
+    overrides: dict[str, Any] = {"buckets": (bucket,)}
+    if settings.backend == "cpu":
+        overrides["torch_threads"] = 1
+    plain = model_settings_of(settings).model_copy(update=overrides)
+    lnc = auto_cast = None
+    if plain.backend == "neuron":
+        from models.backends.neuron import artifact_for
+
+        manifest = artifact_for(plain)[1]
+        lnc, auto_cast = manifest.lnc, manifest.auto_cast
+    spec = {"settings": plain.model_dump(mode="json"), "bucket": bucket, "warmup": warmup, "iterations": iterations}
+    messages: "queue.Queue[tuple[int, str, Any]]" = queue.Queue()
+    log.info("starting %d %s workers (bucket %d, warm-up %d, iterations %d)", cores, plain.backend, bucket,
+             warmup, iterations)
+    workers = [_Worker(i, _worker_env(i, spec, plain.backend, lnc), messages) for i in range(cores)]
+    try:
+        _collect(workers, messages, "READY", ready_timeout_s)
+        log.info("all %d workers ready; measuring", cores)
+        for worker in workers:
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.write("GO\n")
+            worker.proc.stdin.close()
+        results = _collect(workers, messages, "RESULT", ready_timeout_s)
+        for worker in workers:
+            worker.proc.wait(timeout=60)
+    finally:
+        for worker in workers:
+            if worker.proc.poll() is None:
+                worker.proc.kill()
+                worker.proc.wait()
+    per_worker = [results[i] for i in range(cores)]
+    for row in per_worker:
+        row.pop("describe", None)
+    images = sum(r["images"] for r in per_worker)
+    span = max(r["end"] for r in per_worker) - min(r["start"] for r in per_worker)
+    return {
+        "backend": plain.backend, "model": plain.model, "lnc": lnc, "auto_cast": auto_cast, "bucket": bucket,
+        "cores": cores, "warmup": warmup, "iterations": iterations, "workers": per_worker,
+        "per_core_images_per_second": float(np.mean([r["images_per_second"] for r in per_worker])),
+        "latency_ms": float(np.mean([r["latency_ms"] for r in per_worker])),
+        "instance_images_per_second": float(sum(r["images_per_second"] for r in per_worker)),
+        "wall_images_per_second": images / span if span > 0 else float("nan"),
+        "method": "each worker times `iterations` Encoder.encode calls on one uint8 batch after warm-up; "
+                  "instance = sum of workers' img/s (seed 000); wall = all images / (last end - first start)",
+        "machine": {"host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
+    }
+
+
+def seed_rows_for(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The seed's rows comparable with `result`: same LNC, and multi-core with multi-core."""
+    if result.get("lnc") is None:
+        return list(SEED_REFERENCE)
+    same_lnc = [r for r in SEED_REFERENCE if r["lnc"] == result["lnc"]]
+    multi = result["cores"] > 1
+    return [r for r in same_lnc if (r["cores"] > 1) == multi] or same_lnc
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """Our run as a row beside the seed's rows it is comparable with."""
+    header = f"{'':40} {'cores':>5} {'batch':>5} {'per-core img/s':>14} {'latency ms':>10} {'instance img/s':>14}"
+    lines = [header, "-" * len(header)]
+    for row in seed_rows_for(result):
+        instance = row["instance_images_per_second"]
+        shown = f"{instance:.1f}" if instance is not None else "-"
+        lines.append(f"{row['label']:40} {row['cores']:>5} {row['batch']:>5} {row['per_core_images_per_second']:>14.2f} "
+                     f"{row['latency_ms']:>10.2f} {shown:>14}")
+    lnc = f" LNC={result['lnc']}" if result.get("lnc") else ""
+    label = f"ours: {result['backend']}{lnc} {result['model']}"[:40]
+    lines.append(f"{label:40} {result['cores']:>5} {result['bucket']:>5} "
+                 f"{result['per_core_images_per_second']:>14.2f} {result['latency_ms']:>10.2f} "
+                 f"{result['instance_images_per_second']:>14.1f}")
+    if result["backend"] != "neuron":
+        lines.append(f"(ours ran on the {result['backend']} backend on {result['machine']['host']}: a different "
+                     "machine and possibly model than the seed's trn2.3xlarge SO400M; not comparable)")
+    lines.append("latency = one encode call of the batch (batch 1: per image)")
+    return "\n".join(lines)
+
+
+def format_workers(result: dict[str, Any]) -> str:
+    lines = [f"{'core':>6} {'pid':>8} {'img/s':>9} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9}"]
+    for r in result["workers"]:
+        lines.append(f"{str(r['core']):>6} {r['pid']:>8} {r['images_per_second']:>9.2f} {r['latency_ms']:>9.2f} "
+                     f"{r['latency_p50_ms']:>9.2f} {r['latency_p99_ms']:>9.2f}")
+    lines.append(f"instance (sum) {result['instance_images_per_second']:.1f} img/s; "
+                 f"wall-clock {result['wall_images_per_second']:.1f} img/s")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m models.multicore_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser, backend=True)
+    parser.add_argument("--cores", type=int, default=1,
+                        help="workers, one per logical core (trn2.3xlarge: 4 at LNC=2, 8 at LNC=1)")
+    parser.add_argument("--bucket", type=int, default=1, help="batch size each worker runs (seed 000: 1)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--json", dest="json_out", type=Path, default=Path("multicore.json"))
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    if args.worker:
+        return _worker()
+    try:
+        settings = settings_from_args(args)
+        result = run_multicore(settings, args.cores, args.bucket, args.warmup, args.iterations)
+    except (SettingsError, ValueError, RuntimeError, TimeoutError) as exc:
+        log.error("%s", exc)
+        return 2
+    print(format_workers(result))
+    print()
+    print(format_comparison(result))
+    args.json_out.write_text(json.dumps({**result, "seed_reference": list(SEED_REFERENCE)}, indent=2) + "\n")
+    log.info("wrote %s", args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,303 @@
+"""`siglip-serve compile`: trace the SigLIP image tower for Trainium2, once per batch bucket.
+
+The recipe is seed 000's (`--lnc N --auto-cast matmult --optlevel 3 --model-type transformer`),
+applied to the `ImageEmbedder` (uint8 in, normalisation folded in), for each bucket. The result is
+an artifact directory (models.manifest): one `torch.jit.save`d TorchScript per bucket and a
+manifest. Same inputs reuse the artifact with no recompile; any changed input makes a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from models.cli_args import LOG_FORMAT, SettingsError, add_model_arguments, settings_from_args
+from models.encoder import BackendUnavailable
+from models.loading import ImageEmbedder, ModelLoadError, load_embedder, model_geometry
+from models.manifest import (ArtifactError, Manifest, WeightsDigest, artifact_name, bucket_file, cache_key,
+                             digest_weights, is_complete, read_manifest)
+from models.neuron_sdk import LNC_ENV, VALID_LNC, require_torch_neuronx, sdk_versions
+from models.settings import ModelSettings
+
+log = logging.getLogger("siglip_serve.compile")
+
+DEFAULT_CACHE_ROOT = Path("artifacts")
+AUTO_CAST_MODES = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """neuronx-cc arguments; the defaults are seed 000's recipe for SigLIP-SO400M on trn2."""
+
+    lnc: int = 2
+    auto_cast: str = "matmult"
+    auto_cast_type: str = "bf16"
+    target: str = "trn2"
+    optlevel: int = 3
+    model_type: str = "transformer"
+    verbose: str | None = "error"
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.lnc not in VALID_LNC:
+            raise ValueError(f"--lnc must be 1 or 2, got {self.lnc}")
+        if self.auto_cast not in AUTO_CAST_MODES:
+            raise ValueError(f"--auto-cast must be one of {AUTO_CAST_MODES}, got {self.auto_cast!r}")
+
+    def compiler_args(self) -> list[str]:
+        args = ["--target", self.target, "--lnc", str(self.lnc), "--auto-cast", self.auto_cast]
+        if self.auto_cast != "none":
+            # The cast type means nothing without a cast; leaving it out keeps "none" artifacts'
+            # arguments exactly what the compiler acts on.
+            args += ["--auto-cast-type", self.auto_cast_type]
+        args += ["--optlevel", str(self.optlevel), "--model-type", self.model_type]
+        if self.verbose:
+            args += ["--verbose", self.verbose]
+        return args + list(self.extra_args)
+
+
+@dataclass
+class CompilePlan:
+    settings: ModelSettings
+    options: CompileOptions
+    image_size: tuple[int, int]
+    weights: WeightsDigest
+    versions: dict[str, str | None]
+    key: str
+    artifact_dir: Path
+    buckets: tuple[int, ...] = field(default=())
+
+    def input_shape(self, bucket: int) -> list[int]:
+        return [bucket, 3, *self.image_size]
+
+    def as_json(self) -> dict[str, Any]:
+        args = self.options.compiler_args()
+        return {
+            "model": self.settings.model,
+            "weights": self.weights.as_dict(),
+            "lnc": self.options.lnc,
+            "auto_cast": self.options.auto_cast,
+            "auto_cast_type": self.options.auto_cast_type if self.options.auto_cast != "none" else None,
+            "cache_key": self.key,
+            "artifact_dir": str(self.artifact_dir),
+            "versions": self.versions,
+            "buckets": [
+                {"batch": b, "input_shape": self.input_shape(b), "input_dtype": "uint8",
+                 "compiler_args": args, "artifact": str(self.artifact_dir / bucket_file(b))}
+                for b in self.buckets
+            ],
+        }
+
+
+@dataclass
+class CompileResult:
+    artifact_dir: Path
+    manifest: Manifest
+    reused: bool
+
+
+def make_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path,
+              versions: dict[str, str | None], embedder: ImageEmbedder | None = None) -> CompilePlan:
+    image_size, _ = model_geometry(settings.model)
+    weights = digest_weights(settings, embedder)
+    key = cache_key({
+        "model": settings.model,
+        "weights_sha256": weights.sha256,
+        "image_size": list(image_size),
+        "buckets": list(settings.buckets),
+        "compiler_args": options.compiler_args(),
+        "versions": versions,
+        "input": {"dtype": "uint8", "layout": "NCHW"},
+    })
+    directory = Path(cache_root) / artifact_name(settings.model, options.lnc, key)
+    return CompilePlan(settings, options, image_size, weights, versions, key, directory, settings.buckets)
+
+
+def dry_run_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path) -> CompilePlan:
+    """The plan without the SDK. Random weights are built (and hashed) on the CPU; the versions are
+    this environment's, so the artifact path is the one a compile here would write."""
+    embedder = load_embedder(settings)[0] if settings.uses_random_weights else None
+    try:
+        neuronx: ModuleType | None = require_torch_neuronx()
+    except BackendUnavailable:
+        neuronx = None
+    return make_plan(settings, options, cache_root, sdk_versions(neuronx), embedder)
+
+
+@contextlib.contextmanager
+def runtime_lnc_as(lnc: int) -> Iterator[None]:
+    """Seed 000 compiles with NEURON_LOGICAL_NC_CONFIG equal to --lnc; do the same, then restore."""
+    before = os.environ.get(LNC_ENV)
+    if before is not None and before != str(lnc):
+        log.warning("%s=%s in this shell, compiling for LNC=%d: the artifact will only load where "
+                    "%s=%d", LNC_ENV, before, lnc, LNC_ENV, lnc)
+    os.environ[LNC_ENV] = str(lnc)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LNC_ENV, None)
+        else:
+            os.environ[LNC_ENV] = before
+
+
+def _trace_buckets(neuronx: ModuleType, embedder: ImageEmbedder, plan: CompilePlan, work: Path) -> dict[str, float]:
+    args = plan.options.compiler_args()
+    seconds: dict[str, float] = {}
+    total = len(plan.buckets)
+    for i, bucket in enumerate(plan.buckets, start=1):
+        example = torch.zeros(plan.input_shape(bucket), dtype=torch.uint8)
+        log.info("[%d/%d] bucket %d: compiling %s with %s (this takes minutes)",
+                 i, total, bucket, plan.input_shape(bucket), " ".join(args))
+        began = time.monotonic()
+        traced = neuronx.trace(embedder, example, compiler_args=list(args),
+                               compiler_workdir=str(work / "workdir" / f"bucket-{bucket}"))
+        seconds[str(bucket)] = round(time.monotonic() - began, 3)
+        torch.jit.save(traced, str(work / bucket_file(bucket)))
+        log.info("[%d/%d] bucket %d compiled in %.1f s", i, total, bucket, seconds[str(bucket)])
+    return seconds
+
+
+def _publish(work: Path, final: Path, force: bool) -> bool:
+    """Rename the finished temp directory into place; False if another compile got there first."""
+    if force and final.exists():
+        retired = final.with_name(f".{final.name}.retired-{uuid.uuid4().hex[:8]}")
+        os.rename(final, retired)
+        shutil.rmtree(retired, ignore_errors=True)
+    try:
+        os.rename(work, final)
+    except OSError:
+        if is_complete(final):
+            shutil.rmtree(work, ignore_errors=True)
+            return False
+        raise
+    return True
+
+
+def compile_artifact(settings: ModelSettings, options: CompileOptions,
+                     cache_root: Path = DEFAULT_CACHE_ROOT, force: bool = False) -> CompileResult:
+    """Compile every bucket into `cache_root/<model>-lnc<N>-<key12>/`, or reuse it if complete."""
+    neuronx = require_torch_neuronx()
+    versions = sdk_versions(neuronx)
+    # Random weights are hashed from the built model; file weights are hashed first, so a reused
+    # artifact never pays for building the model.
+    loaded = load_embedder(settings) if settings.uses_random_weights else None
+    plan = make_plan(settings, options, cache_root, versions, loaded[0] if loaded else None)
+    if not force and is_complete(plan.artifact_dir):
+        log.info("reusing %s: same model, weights, buckets, compiler args and versions (key %s)",
+                 plan.artifact_dir, plan.key[:12])
+        return CompileResult(plan.artifact_dir, read_manifest(plan.artifact_dir), reused=True)
+    embedder, info = loaded or load_embedder(settings)
+
+    Path(cache_root).mkdir(parents=True, exist_ok=True)
+    # A hidden name that no lookup ever takes for an artifact: only the final rename publishes it.
+    work = Path(cache_root) / f".{plan.artifact_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    log.info("compiling %s (%s) for LNC=%d, auto-cast %s, buckets %s into %s",
+             settings.model, plan.weights.source, options.lnc, options.auto_cast, list(plan.buckets), plan.artifact_dir)
+    began = time.monotonic()
+    try:
+        with runtime_lnc_as(options.lnc), torch.inference_mode():
+            seconds = _trace_buckets(neuronx, embedder, plan, work)
+        shutil.rmtree(work / "workdir", ignore_errors=True)
+        manifest = Manifest(
+            model=settings.model, weights=plan.weights.as_dict(), image_size=list(plan.image_size),
+            embed_dim=info.embed_dim, buckets=list(plan.buckets), lnc=options.lnc, auto_cast=options.auto_cast,
+            auto_cast_type=options.auto_cast_type if options.auto_cast != "none" else None,
+            target=options.target, compiler_args=options.compiler_args(), versions=versions,
+            cache_key=plan.key, files={str(b): bucket_file(b) for b in plan.buckets}, compile_seconds=seconds,
+        )
+        manifest.write(work)
+    except BaseException:
+        log.error("compile failed; the partial output stays at %s for inspection (it is never taken for "
+                  "an artifact; delete it when done)", work)
+        raise
+    published = _publish(work, plan.artifact_dir, force)
+    log.info("%s %s in %.1f s", "wrote" if published else "another compile finished first; using",
+             plan.artifact_dir, time.monotonic() - began)
+    return CompileResult(plan.artifact_dir, read_manifest(plan.artifact_dir), reused=not published)
+
+
+def point_link(link: Path, target: Path) -> None:
+    """Make `link` a symlink to `target`, replacing an older link atomically."""
+    if link.exists() and not link.is_symlink():
+        raise ArtifactError(f"--link {link} exists and is not a symlink; refusing to replace it")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    temp = link.with_name(f".{link.name}.link-{uuid.uuid4().hex[:8]}")
+    os.symlink(os.path.relpath(target.resolve(), link.parent.resolve()), temp)
+    os.replace(temp, link)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="siglip-serve compile", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser, backend=False)
+    neuron = parser.add_argument_group("neuronx-cc")
+    neuron.add_argument("--lnc", type=int, choices=VALID_LNC,
+                        help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
+    neuron.add_argument("--auto-cast", choices=AUTO_CAST_MODES, default="matmult")
+    neuron.add_argument("--auto-cast-type", choices=AUTO_CAST_TYPES, default="bf16")
+    neuron.add_argument("--target", default="trn2")
+    neuron.add_argument("--optlevel", type=int, choices=(1, 2, 3), default=3)
+    neuron.add_argument("--model-type", default="transformer")
+    neuron.add_argument("--verbose", default="error", help="compiler verbosity ('' to leave it out)")
+    neuron.add_argument("--compiler-arg", action="append", default=[], metavar="ARG",
+                        help="one more compiler argument, repeatable (write --compiler-arg=--flag)")
+    neuron.add_argument("--extra-args", default="", help='more compiler arguments in one string, e.g. "--foo 1"')
+    parser.add_argument("--cache-root", type=Path, default=DEFAULT_CACHE_ROOT, help="where artifacts live")
+    parser.add_argument("--link", type=Path, help="also point this symlink at the artifact (stable path for configs)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON; needs no Neuron SDK")
+    parser.add_argument("--force", action="store_true", help="recompile even if a complete artifact exists")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> CompileOptions:
+    lnc = args.lnc
+    if lnc is None:
+        env = os.environ.get(LNC_ENV, "").strip()
+        lnc = int(env) if env in {"1", "2"} else 2
+    return CompileOptions(lnc=lnc, auto_cast=args.auto_cast, auto_cast_type=args.auto_cast_type,
+                          target=args.target, optlevel=args.optlevel, model_type=args.model_type,
+                          verbose=args.verbose or None,
+                          extra_args=tuple(args.compiler_arg) + tuple(shlex.split(args.extra_args)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        settings = settings_from_args(args)
+        options = options_from_args(args)
+        if args.dry_run:
+            print(json.dumps(dry_run_plan(settings, options, args.cache_root).as_json(), indent=2))
+            return 0
+        result = compile_artifact(settings, options, args.cache_root, force=args.force)
+        if args.link is not None:
+            point_link(args.link, result.artifact_dir)
+            log.info("%s -> %s", args.link, result.artifact_dir)
+    except (SettingsError, ValueError, ModelLoadError, BackendUnavailable, ArtifactError) as exc:
+        log.error("%s", exc)
+        return 2
+    print(result.artifact_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

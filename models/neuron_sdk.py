@@ -1,0 +1,115 @@
+"""What the Neuron SDK gives this machine: is torch-neuronx really there, and which LNC runs here.
+
+Nothing here imports the SDK at module import; `require_torch_neuronx` does, when asked. PyPI's
+`torch-neuronx` 1.0 is an empty placeholder whose import raises "WRONG PACKAGE"; the real package
+comes only from the Neuron pip repository (or the Neuron DLAMI's preinstalled venv).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Mapping
+from types import ModuleType
+
+from models.encoder import BackendUnavailable
+
+NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
+DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
+INSTALL_HINT = (
+    f"on a trn2 use the Neuron DLAMI venv (source {DLAMI_VENV}/bin/activate) or install it from the "
+    f"Neuron pip repository: pip install torch-neuronx neuronx-cc --extra-index-url {NEURON_PIP_REPOSITORY}"
+)
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+# The Neuron docs (Logical NeuronCore configuration): "LNC can only be set to 1 or 2 ... On Trn2,
+# each chip has 8 physical NeuronCores. With LNC=2 (default), these are grouped into 4 Logical
+# NeuronCores." LNC applies only to Trn2/Trn3; every other target runs one physical core per logical.
+LNC_DEFAULT_BY_TARGET = {"trn2": 2, "trn3": 2}
+VALID_LNC = (1, 2)
+
+
+class NeuronSdkMissing(BackendUnavailable):
+    """torch-neuronx is absent, is PyPI's placeholder, or does not import."""
+
+
+class LncMismatch(RuntimeError):
+    """The artifact's compiled LNC differs from the runtime's; the Neuron runtime would refuse it."""
+
+
+def package_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def require_torch_neuronx() -> ModuleType:
+    """Import torch_neuronx, or raise NeuronSdkMissing with one line naming what to install."""
+    try:
+        module = importlib.import_module("torch_neuronx")
+    except ImportError as exc:
+        if "WRONG PACKAGE" in str(exc) or package_version("torch-neuronx") == "1.0":
+            raise NeuronSdkMissing(
+                "the neuron backend needs the AWS Neuron SDK, but the torch-neuronx installed here is "
+                f"PyPI's empty placeholder (pip uninstall torch-neuronx, then {INSTALL_HINT})"
+            ) from None
+        raise NeuronSdkMissing(
+            f"the neuron backend needs the AWS Neuron SDK (torch-neuronx, neuronx-cc), which is not "
+            f"installed here ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a broken SDK install raises anything at import
+        raise NeuronSdkMissing(
+            f"torch-neuronx is installed but does not import ({type(exc).__name__}: {exc}); "
+            f"reinstall it: {INSTALL_HINT}"
+        ) from None
+    if not hasattr(module, "trace"):
+        raise NeuronSdkMissing(
+            f"the torch_neuronx imported from {getattr(module, '__file__', '?')} has no trace(): "
+            f"not the Neuron SDK; {INSTALL_HINT}"
+        )
+    return module
+
+
+def sdk_versions(torch_neuronx: ModuleType | None = None) -> dict[str, str | None]:
+    """Versions that decide what a compiled artifact is; all go into its cache key."""
+    import torch
+
+    neuronx = package_version("torch-neuronx")
+    if torch_neuronx is not None and (neuronx is None or neuronx == "1.0"):
+        # Not installed as a distribution (a source checkout, or the tests' double): ask the module.
+        neuronx = str(getattr(torch_neuronx, "__version__", "unknown"))
+    return {
+        "torch": torch.__version__,
+        "torch_neuronx": neuronx,
+        "neuronx_cc": package_version("neuronx-cc"),
+        "open_clip": package_version("open_clip_torch"),
+    }
+
+
+def runtime_lnc(env: Mapping[str, str] | None = None, target: str = "trn2") -> tuple[int, bool]:
+    """(the LNC the Neuron runtime will use, whether NEURON_LOGICAL_NC_CONFIG set it explicitly)."""
+    env = os.environ if env is None else env
+    raw = (env.get(LNC_ENV) or "").strip()
+    if not raw:
+        return LNC_DEFAULT_BY_TARGET.get(target, 1), False
+    if raw not in {str(v) for v in VALID_LNC}:
+        raise LncMismatch(f"{LNC_ENV}={raw!r} is not a valid LNC; the Neuron runtime accepts 1 or 2")
+    return int(raw), True
+
+
+def check_lnc(artifact_lnc: int, artifact: str, env: Mapping[str, str] | None = None,
+              target: str = "trn2") -> int:
+    """Raise LncMismatch naming both values and the fix unless the runtime LNC equals the artifact's."""
+    lnc, explicit = runtime_lnc(env, target)
+    if lnc == artifact_lnc:
+        return lnc
+    how = f"{LNC_ENV}={lnc}" if explicit else f"{LNC_ENV} unset, so the {target} default LNC={lnc}"
+    raise LncMismatch(
+        f"artifact {artifact} was compiled for LNC={artifact_lnc} (--lnc {artifact_lnc}) but the Neuron "
+        f"runtime here runs LNC={lnc} ({how}); it would refuse to load it (\"Cannot run Neff ... with "
+        f"Logical Core Size of {artifact_lnc}\"). Fix: export {LNC_ENV}={artifact_lnc} before `ray start` / "
+        f"`siglip-serve run` (trn2.3xlarge: LNC=2 -> 4 logical cores, LNC=1 -> 8), or compile for this "
+        f"runtime: siglip-serve compile --lnc {lnc}"
+    )

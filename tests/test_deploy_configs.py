@@ -1,0 +1,57 @@
+"""The trn2 Serve configs and the KubeRay RayService: valid for Ray Serve, valid for our config,
+and consistent (LNC everywhere the same, one replica per declared logical NeuronCore)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from serve.config import ServiceConfig
+from tests.neuron_helpers import REPO
+
+DEPLOY = REPO / "deploy"
+
+
+def app_args(serve_config: dict) -> dict:
+    ServeDeploySchema.model_validate(serve_config)
+    (app,) = serve_config["applications"]
+    assert app["import_path"] == "serve.app:build_app"
+    return app["args"]
+
+
+@pytest.mark.parametrize("lnc,cores", [(2, 4), (1, 8)])
+def test_trn2_serve_configs(lnc: int, cores: int) -> None:
+    path = DEPLOY / f"serve-trn2-lnc{lnc}.yaml"
+    text = path.read_text()
+    config = yaml.safe_load(text)
+    args = app_args(config)
+    service = ServiceConfig.from_args(args)
+    assert service.backend == "neuron" and service.replicas == cores and service.cores_per_replica == 1
+    assert service.env_vars == {"NEURON_LOGICAL_NC_CONFIG": str(lnc)}
+    assert Path(args["artifact_dir"]).is_absolute() and f"lnc{lnc}" in args["artifact_dir"]
+    assert config["http_options"]["host"] == "127.0.0.1"
+    assert f"NEURON_LOGICAL_NC_CONFIG={lnc}" in text and f'"neuron_cores": {cores}' in text
+    assert f"--lnc {lnc}" in text
+    # The CPUs the config asks for fit a trn2.3xlarge's 12 vCPUs.
+    cpus = cores * service.encoder_num_cpus + service.ingress_replicas * service.ingress_num_cpus
+    assert cpus <= 12
+
+
+def test_kuberay_rayservice() -> None:
+    service = yaml.safe_load((DEPLOY / "kuberay" / "rayservice.yaml").read_text())
+    assert service["kind"] == "RayService" and service["apiVersion"] == "ray.io/v1"
+    args = app_args(yaml.safe_load(service["spec"]["serveConfigV2"]))
+    config = ServiceConfig.from_args(args)
+    (group,) = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    declared = json.loads(json.loads(group["rayStartParams"]["resources"]))["neuron_cores"]
+    container = group["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    lnc = int(env["NEURON_LOGICAL_NC_CONFIG"])
+    assert config.env_vars["NEURON_LOGICAL_NC_CONFIG"] == str(lnc)
+    assert container["resources"]["limits"]["aws.amazon.com/neuroncore"] == declared * lnc  # physical cores
+    assert config.replicas == declared * group["replicas"]
+    assert service["spec"]["rayClusterConfig"]["rayVersion"] == "2.60.0"

@@ -1,0 +1,46 @@
+"""Multi-node placement: 8 encoder replicas over two Ray nodes of 4 logical NeuronCores each, every
+replica on its own (node, core). Runs tests/multinode_check.py in a subprocess with its own Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from tests.multinode_check import REPORT_MARKER
+from tests.neuron_helpers import REPO
+
+
+def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
+    # A short private temp dir: Ray's socket paths must stay short, and its address file must not
+    # send anyone else's ray.init() to this cluster.
+    ray_tmp = tempfile.mkdtemp(prefix="rmn", dir="/tmp")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    # Its own session, so that whatever it leaves running (raylets, agents) can be ended as a group.
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "multinode_check.py")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, stderr[-4000:]
+    (line,) = [line for line in stdout.splitlines() if line.startswith(REPORT_MARKER)]
+    report = json.loads(line[len(REPORT_MARKER):])
+    (model,) = report["models"]["data"]
+    replicas = model["replicas"]
+    assert model["replicas_expected"] == 8 and len(replicas) == 8
+    assert len(report["nodes"]) == 2
+    assert {r["node_id"] for r in replicas} == set(report["nodes"])
+    placements = [(r["node_id"], r["neuron_rt_visible_cores"]) for r in replicas]
+    assert all(core in {"0", "1", "2", "3"} for _, core in placements), placements
+    assert len(set(placements)) == 8, placements

@@ -200,6 +200,14 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         print_table(f"served over HTTP: {config.model}, {config.replicas} encoder replica(s), "
                     f"{args.images_per_request} image(s) per request",
                     result["served"], ["concurrency", "images_per_second", "latency_p50_ms", "latency_p99_ms", "failures"])
+    if args.multicore:
+        from models.multicore_bench import format_comparison, format_workers, run_multicore
+
+        result["multicore"] = run_multicore(config.model_settings(), args.multicore, args.multicore_bucket,
+                                            args.warmup, args.iterations)
+        print(f"\nmulti-core: {args.multicore} pinned workers, batch {args.multicore_bucket}")
+        print(format_workers(result["multicore"]))
+        print(format_comparison(result["multicore"]))
     if result.get("encoder") and result.get("served"):
         bare = max(row["images_per_second"] for row in result["encoder"])
         served = max(row["images_per_second"] for row in result["served"])

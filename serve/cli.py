@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
     bench.add_argument("--replicas", type=int, default=1)
     bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: >1 sends multipart")
+    bench.add_argument("--multicore", type=int, default=0, metavar="N",
+                       help="also run seed 000's multi-core bench: N pinned workers, summed (neuron: N logical cores)")
+    bench.add_argument("--multicore-bucket", type=int, default=1, help="batch each multi-core worker runs (seed: 1)")
     bench.add_argument("--skip", default="", help="comma list of parts to skip: encoder,preprocess,served")
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -1,0 +1,32 @@
+"""`siglip-serve bench` runs every part end to end and writes its JSON (numbers are not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def test_bench_writes_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [str(BIN / "siglip-serve"), "bench", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3",
+         "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--multicore", "2",
+         "--set", "torch_threads=1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["model"] == "tiny-siglip" and result["backend"] == "cpu"
+    assert [row["bucket"] for row in result["encoder"]] == [1, 2, 4, 8]
+    assert all(row["images_per_second"] > 0 and row["iterations"] == 3 for row in result["encoder"])
+    assert result["preprocess"]["images_per_second"] > 0 and result["preprocess"]["threads"] == 1
+    assert [row["concurrency"] for row in result["served"]] == [1, 2]
+    assert all(row["failures"] == 0 and row["images_per_request"] == 2 for row in result["served"])
+    assert result["multicore"]["cores"] == 2 and len(result["multicore"]["workers"]) == 2
+    assert 0 < result["served_over_bare"]
+    for title in ("bare encoder", "preprocessing", "served over HTTP", "multi-core", "served / bare"):
+        assert title in run.stdout

@@ -62,6 +62,8 @@ class ModelSettings(BaseModel):
     def _check_weights(self) -> "ModelSettings":
         if self.checkpoint is not None and self.random_weights:
             raise ValueError("choose one weights source: --checkpoint or --random-weights, not both")
+        if self.checkpoint is not None and self.model == TINY_MODEL:
+            raise ValueError(f"{TINY_MODEL} always runs with random weights; --checkpoint is for real SigLIP models")
         if self.checkpoint is not None and not self.checkpoint.is_file():
             raise ValueError(f"checkpoint file not found: {self.checkpoint}")
         return self

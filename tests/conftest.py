@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from PIL import Image
+
+from serve.runner import free_port
 
 # Tests pin their own Ray: loopback, no token prompts, no usage reporting.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -47,10 +48,6 @@ def _cuda_present() -> bool:
     return torch.cuda.is_available()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def jpeg_bytes(array: np.ndarray, quality: int = 90) -> bytes:

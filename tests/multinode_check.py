@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -27,12 +26,6 @@ CORES_PER_NODE = 4
 REPLICAS = 8
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     import httpx
     import ray
@@ -40,6 +33,7 @@ def main() -> int:
     from ray.cluster_utils import Cluster
 
     from serve.app import build_app
+    from serve.runner import free_port
 
     logging.basicConfig(level=logging.WARNING)
 

@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
+    from models.encoder import BackendUnavailable
     from models.loading import ModelLoadError
     from serve.config import ConfigError, ServiceConfig
 
@@ -108,16 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.api_key:
                 settings["api_key"] = args.api_key
             config = ServiceConfig.from_args(settings)
-            from models.encoder import BackendUnavailable, check_backend_available
+            from models.encoder import check_backend_available
             from serve.runner import preflight_weights, run_service
 
-            try:
-                # Before Ray starts: a missing SDK/GPU/artifact is one line now, not a replica crash later.
-                env = None if args.address else {**os.environ, **config.env_vars}
-                check_backend_available(config.model_settings(), env)
-            except BackendUnavailable as exc:
-                logging.getLogger("siglip_serve").error("%s", exc)
-                return 2
+            # Before Ray starts: a missing SDK/GPU/artifact is one line now, not a replica crash later.
+            env = None if args.address else {**os.environ, **config.env_vars}
+            check_backend_available(config.model_settings(), env)
             preflight_weights(config)
             return run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores)
         if args.command == "bench":
@@ -125,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
             settings = {**model_args(args), **parse_set(args.set), "replicas": args.replicas}
             return run_bench(ServiceConfig.from_args(settings), args)
-    except (ConfigError, ModelLoadError) as exc:
+    except (ConfigError, ModelLoadError, BackendUnavailable) as exc:
         logging.getLogger("siglip_serve").error("%s", exc)
         return 2
     return 1

@@ -32,7 +32,8 @@ class ServiceConfig(ModelSettings):
     decode_threads: int = Field(default=4, ge=1, le=64)
 
     batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=10)
-    # Encoder calls (each up to the largest bucket's images) each ingress may queue; beyond it: 503.
+    # Encoder calls (each up to the largest bucket's images) each ingress may hold beyond what the
+    # replicas run at once; past it a request is answered 503 at once (Ingress._encode).
     max_queued_requests: int = Field(default=256, ge=1)
     request_timeout_s: float = Field(default=30.0, gt=0)
     retry_after_s: int = Field(default=1, ge=1)

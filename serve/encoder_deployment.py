@@ -130,9 +130,9 @@ def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment
         name="Encoder",
         num_replicas=replicas,
         ray_actor_options=actor_options,
+        # No max_queued_requests: the queue is bounded in the ingress (Ingress._encode), which
+        # answers 503 in the contract's JSON, where Serve's own limit answers in plain text.
         max_ongoing_requests=encoder_max_ongoing(config),
-        # The queue is bounded in the ingress (see Ingress._encode), which answers 503 in the
-        # contract's JSON; Serve's own limit would answer in plain text.
         health_check_period_s=10,
         graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
     )

@@ -116,10 +116,13 @@ class Encoder(ABC):
         seconds: dict[int, float] = {}
         for bucket in self.buckets:
             zeros = torch.zeros((bucket, 3, height, width), dtype=torch.uint8)
-            for _ in range(iterations):
+            for _ in range(max(1, iterations)):
                 began = time.perf_counter()
-                self._forward(zeros)
+                out = self._forward(zeros)
                 seconds[bucket] = time.perf_counter() - began
+            if tuple(out.shape) != (bucket, self.embed_dim):
+                raise RuntimeError(f"{self.info.name} returned {list(out.shape)} for bucket {bucket}; "
+                                   f"expected [{bucket}, {self.embed_dim}]")
         log.info("%s encoder warmed up: %s", self.backend, {b: f"{s * 1e3:.1f} ms" for b, s in seconds.items()})
         return seconds
 

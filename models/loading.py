@@ -157,14 +157,11 @@ def load_embedder(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
     """Build the image tower for `settings` in float32 eval mode on the CPU."""
     _register_tiny()
     model = _create(settings)
-    visual = model.visual
-    image_size = tuple(int(s) for s in getattr(visual, "image_size", (224, 224)))
-    embedder = ImageEmbedder(visual, SIGLIP_MEAN, SIGLIP_STD).eval()
+    # The same source the ingress sizes its images by; Encoder.warmup checks the output width.
+    image_size, embed_dim = model_geometry(settings.model)
+    embedder = ImageEmbedder(model.visual, SIGLIP_MEAN, SIGLIP_STD).eval()
     embedder.requires_grad_(False)
-    with torch.inference_mode():
-        probe = torch.zeros(1, 3, *image_size, dtype=torch.uint8)
-        embed_dim = int(embedder(probe).shape[-1])
-    info = ModelInfo(settings.model, embed_dim, (image_size[0], image_size[1]), settings.weights_source)
+    info = ModelInfo(settings.model, embed_dim, image_size, settings.weights_source)
     log.info("loaded %s: embed_dim=%d image_size=%s weights=%s", info.name, embed_dim, image_size, info.weights)
     return embedder, info
 

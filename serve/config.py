@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from models.preprocess import ImageLimits
+from models.cli_args import model_settings_of
 from models.settings import ModelSettings
 
 MiB = 1024 * 1024
@@ -69,7 +70,7 @@ class ServiceConfig(ModelSettings):
         return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels)
 
     def model_settings(self) -> ModelSettings:
-        return ModelSettings(**{name: getattr(self, name) for name in ModelSettings.model_fields})
+        return model_settings_of(self)
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> "ServiceConfig":

@@ -64,9 +64,6 @@ class EncoderReplica:
         registry.register_replica(self.app_name, self.replica_actor_name, self.info)
         log.info("encoder replica ready: %s", self.info)
 
-    def describe(self) -> dict[str, Any]:
-        return self.info
-
     async def embed(self, images: np.ndarray, deadline: float) -> np.ndarray:
         """uint8 [n, 3, H, W] with n <= the largest bucket -> float32 [n, D]."""
         result = await self._embed_batch(images, deadline)

@@ -80,15 +80,20 @@ async def multipart_files(request: Request, body: bytes) -> list[tuple[str, byte
     async def replay() -> Any:
         yield body
 
+    parser = MultiPartParser(request.headers, replay())
+    # The body is already in memory and bounded by max_body_bytes: no spooling of parts to disk.
+    parser.spool_max_size = len(body) + 1
     try:
-        form = await MultiPartParser(request.headers, replay()).parse()
+        form = await parser.parse()
     except MultiPartException as exc:
         raise ApiError(400, ErrorType.INVALID_REQUEST, f"malformed multipart body: {exc.message}") from None
     files = []
-    for _, value in form.multi_items():
-        if isinstance(value, UploadFile):
-            files.append((value.filename or "", await value.read()))
-    await form.close()
+    try:
+        for _, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                files.append((value.filename or "", await value.read()))
+    finally:
+        await form.close()
     if not files:
         raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
     return files
@@ -121,7 +126,9 @@ class Ingress:
         self.pool = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="decode")
         self.metrics = IngressMetrics()
         self.app_name = serve.get_replica_context().app_name
-        self._ready = False
+        # Requests are accepted once every replica has been up once: a later replica restart makes
+        # /readyz report 503 to probes, while the remaining replicas keep serving.
+        self._accepting = False
         # The bounded queue: encoder calls this ingress has in flight, at most what the replicas
         # run at once plus `max_queued_requests` waiting. Past it a request is answered 503 at
         # once instead of queueing without bound.
@@ -158,10 +165,11 @@ class Ingress:
     async def _replicas(self) -> list[dict[str, Any]]:
         return await asyncio.to_thread(registry.live_replicas, self.app_name)
 
-    async def _check_ready(self) -> list[dict[str, Any]]:
-        replicas = await self._replicas()
-        self._ready = len(replicas) >= self.expected_replicas
-        return replicas
+    async def _all_ready(self) -> tuple[bool, int]:
+        live = len(await self._replicas())
+        ready = live >= self.expected_replicas
+        self._accepting = self._accepting or ready
+        return ready, live
 
     def _retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.config.retry_after_s)}
@@ -179,13 +187,16 @@ class Ingress:
         loop = asyncio.get_running_loop()
         futures = [loop.run_in_executor(self.pool, self._prepare, item) for item in items]
         arrays = []
-        for future, label in zip(futures, labels):
-            try:
-                arrays.append(await future)
-            except ImageRejected as exc:
-                for other in futures:
-                    other.cancel()
-                raise ApiError(exc.status, exc.error_type, f"{label}: {exc.message}") from None
+        try:
+            for future, label in zip(futures, labels):
+                try:
+                    arrays.append(await future)
+                except ImageRejected as exc:
+                    raise ApiError(exc.status, exc.error_type, f"{label}: {exc.message}") from None
+        finally:
+            # A rejected image, an error or a client gone: the request's other decodes are not needed.
+            for future in futures:
+                future.cancel()
         return np.stack(arrays)
 
     async def _encode(self, images: np.ndarray) -> np.ndarray:
@@ -197,7 +208,7 @@ class Ingress:
         deadline = time.time() + self.config.request_timeout_s
         try:
             results = await asyncio.wait_for(
-                asyncio.gather(*(self._embed_chunk(chunk, deadline) for chunk in chunks)),
+                asyncio.gather(*(self._coalesced_embed(chunk, deadline) for chunk in chunks)),
                 timeout=self.config.request_timeout_s,
             )
         except (asyncio.TimeoutError, DeadlineExceeded):
@@ -211,12 +222,6 @@ class Ingress:
                            f"request did not finish within {self.config.request_timeout_s:g} s")
         return np.concatenate(results)
 
-    async def _embed_chunk(self, chunk: np.ndarray, deadline: float) -> np.ndarray:
-        result = await self._coalesced_embed(chunk, deadline)
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     async def _send_group(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
         # The latest deadline: a group is not dropped while any of its requests still waits.
         response = self.encoder.embed.remote(np.concatenate(chunks), max(deadlines))
@@ -225,8 +230,7 @@ class Ingress:
         except asyncio.CancelledError:
             response.cancel()
             raise
-        except Exception as exc:  # noqa: BLE001 - each waiting request receives the group's error
-            return [exc] * len(chunks)
+        # Any other error: Serve's batcher sets it on every waiting request of the group.
         out, offset = [], 0
         for chunk in chunks:
             out.append(embeddings[offset: offset + len(chunk)])
@@ -241,9 +245,9 @@ class Ingress:
             if len(items) > self.config.max_images_per_request:
                 raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
                                f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
-            if not self._ready:
-                await self._check_ready()
-                if not self._ready:
+            if not self._accepting:
+                await self._all_ready()
+                if not self._accepting:
                     raise ApiError(503, ErrorType.NOT_READY, "encoder replicas are still loading; retry later",
                                    self._retry_after())
             images = await self._prepare_all(items, labels)
@@ -340,8 +344,8 @@ class IngressDeployment(Ingress):
 
     @app.get("/readyz")
     async def readyz(self) -> Response:
-        replicas = await self._check_ready()
-        if not self._ready:
+        ready, live = await self._all_ready()
+        if not ready:
             raise ApiError(503, ErrorType.NOT_READY,
-                           f"{len(replicas)} of {self.expected_replicas} encoder replicas ready", self._retry_after())
-        return Response(json.dumps({"status": "ready", "replicas": len(replicas)}), media_type="application/json")
+                           f"{live} of {self.expected_replicas} encoder replicas ready", self._retry_after())
+        return Response(json.dumps({"status": "ready", "replicas": live}), media_type="application/json")

@@ -97,7 +97,7 @@ class IngressMetrics:
         )
         self.request_seconds = metrics.Histogram(
             REQUEST_SECONDS,
-            description="Whole embedding request in the ingress, from body read to response.",
+            description="Embedding request past the body, schema and auth checks: image decoding to response.",
             boundaries=REQUEST_BUCKETS_S,
             tag_keys=("endpoint", "status"),
         )

@@ -31,7 +31,7 @@ from models.encoder import BackendUnavailable
 from models.loading import ImageEmbedder, ModelLoadError, load_embedder, model_geometry
 from models.manifest import (ArtifactError, Manifest, WeightsDigest, artifact_name, bucket_file, cache_key,
                              digest_weights, is_complete, read_manifest)
-from models.neuron_sdk import LNC_ENV, VALID_LNC, require_torch_neuronx, sdk_versions
+from models.neuron_sdk import LNC_ENV, VALID_LNC, LncMismatch, require_torch_neuronx, runtime_lnc, sdk_versions
 from models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.compile")
@@ -269,10 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace) -> CompileOptions:
-    lnc = args.lnc
-    if lnc is None:
-        env = os.environ.get(LNC_ENV, "").strip()
-        lnc = int(env) if env in {"1", "2"} else 2
+    # No --lnc: the LNC the runtime will use here (an invalid NEURON_LOGICAL_NC_CONFIG is refused).
+    lnc = args.lnc if args.lnc is not None else runtime_lnc(target=args.target)[0]
     return CompileOptions(lnc=lnc, auto_cast=args.auto_cast, auto_cast_type=args.auto_cast_type,
                           target=args.target, optlevel=args.optlevel, model_type=args.model_type,
                           verbose=args.verbose or None,
@@ -292,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.link is not None:
             point_link(args.link, result.artifact_dir)
             log.info("%s -> %s", args.link, result.artifact_dir)
-    except (SettingsError, ValueError, ModelLoadError, BackendUnavailable, ArtifactError) as exc:
+    except (SettingsError, ValueError, ModelLoadError, BackendUnavailable, ArtifactError, LncMismatch) as exc:
         log.error("%s", exc)
         return 2
     print(result.artifact_dir)

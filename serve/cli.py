@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from models.cli_args import LOG_FORMAT
 
 # Subcommands owned by other packages: name -> (module with main(argv) -> int, help).
 DELEGATED = {

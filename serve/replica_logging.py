@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from models.cli_args import LOG_FORMAT
 
 
 def configure_replica_logging(level: str) -> None:
@@ -14,6 +14,6 @@ def configure_replica_logging(level: str) -> None:
         logger.setLevel(level)
         if not logger.handlers:
             handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter(FORMAT))
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
             logger.addHandler(handler)
             logger.propagate = False

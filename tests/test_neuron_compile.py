@@ -196,3 +196,19 @@ def test_compile_without_the_sdk_fails_with_one_clear_line(tmp_path: Path, caplo
     with torch_neuronx_from(None):
         assert main(["--model", "tiny-siglip", "--cache-root", str(tmp_path), "--log-level", "ERROR"]) == 2
     assert "pip.repos.neuron.amazonaws.com" in caplog.text and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("env, expected", [(None, 2), ("1", 1), ("2", 2)])
+def test_lnc_defaults_to_the_runtimes(env: str | None, expected: int, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    if env is None:
+        monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", env)
+    assert main(["--model", "tiny-siglip", "--dry-run", "--cache-root", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["lnc"] == expected
+
+
+def test_invalid_runtime_lnc_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
+    assert main(["--model", "tiny-siglip", "--dry-run", "--cache-root", str(tmp_path)]) == 2

@@ -1,4 +1,4 @@
-"""The ingress deployment: the HTTP contract (../shared/design/http-api.md), on FastAPI.
+"""The ingress deployment: the HTTP contract (docs/http-api.md), on FastAPI.
 
 It reads and limits the body, decodes and validates every image (a bad image fails only its own
 request, before it can join a batch), sends uint8 chunks to the encoder deployment and turns the

@@ -3,8 +3,9 @@
 Step 1 always runs: every NumPy reference in :mod:`kernels.references` is compared
 with torch on random inputs (e.g. conv2d+bias+maxpool against
 ``torch.nn.functional.conv2d`` + ``max_pool2d``). Step 2 runs each NKI kernel against
-its reference, on the NKI simulator or a NeuronCore, only where a real ``nki`` is
-installed; otherwise it reports, loudly, that it skipped them.
+its reference, on the NKI simulator or a NeuronCore, at the runtime's LNC, only where a
+real ``nki`` is installed; otherwise it reports that it skipped them and the check fails
+(``--kernels-on none`` asks for the references only).
 """
 from __future__ import annotations
 
@@ -63,11 +64,16 @@ def _torch_checks(rng: np.random.Generator) -> list[CheckResult]:
 class CheckReport:
     references: list[CheckResult]
     kernels: list[CheckResult] = field(default_factory=list)
-    kernels_skipped_reason: str = ""
+    kernels_skipped_reason: str = ""  # set when kernels were asked for and could not run
+
+    @property
+    def mismatches(self) -> bool:
+        return not all(r.passed for r in self.references + self.kernels)
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.references + self.kernels)
+        """Everything asked for ran and matched: skipped kernels are not a pass."""
+        return not self.mismatches and not self.kernels_skipped_reason
 
     def as_dict(self) -> dict:
         return {
@@ -85,12 +91,23 @@ class CheckReport:
                          f"{'ok' if r.passed else 'MISMATCH'} {r.detail}".rstrip())
         if self.kernels_skipped_reason:
             lines.append(f"NKI kernels SKIPPED: {self.kernels_skipped_reason}")
-        lines.append("PASSED" if self.passed else "FAILED")
+        if self.passed:
+            lines.append("PASSED")
+        elif self.mismatches:
+            lines.append("FAILED")
+        else:
+            lines.append("FAILED: the NKI kernels were asked for but did not run "
+                         "(install the Neuron SDK's nki, or pass --kernels-on none to check the references only)")
         return "\n".join(lines)
 
 
 def run_checks(seed: int = 0, kernels_on: str = "simulator") -> CheckReport:
+    """``kernels_on``: simulator, neuron, or none (references only)."""
+    if kernels_on not in ("simulator", "neuron", "none"):
+        raise ValueError(f"kernels_on must be simulator, neuron or none, got {kernels_on!r}")
     report = CheckReport(references=_torch_checks(np.random.default_rng(seed)))
+    if kernels_on == "none":
+        return report
     usable, reason = nki_status()
     if not usable:
         report.kernels_skipped_reason = f"{reason}; only the references were checked"

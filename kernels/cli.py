@@ -1,4 +1,4 @@
-"""``siglip-serve kernels ...`` / ``python -m kernels ...``: matmul, mlp, profile-json, profile-neff, check.
+"""``siglip-serve kernels ...`` / ``python -m kernels ...``: matmul, mlp, siglip, profile-json, profile-neff, check.
 
 Heavy modules (torch, matplotlib) are imported inside each subcommand so that
 ``profile-json`` and ``--help`` work without them.
@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated BxSxHxI (batch x seq x hidden x intermediate)")
     mlp.add_argument("--paths", default="compiler,nki", help="comma-separated: compiler,nki")
     _add_device_args(mlp, "bfloat16")
+
+    sg = sub.add_parser("siglip", help="SigLIP-SO400M kernels (LayerNorm, MLP+GELU, softmax@729) vs trn2 roofline")
+    _add_device_args(sg, "bfloat16")
+    sg.add_argument("--images", type=int, default=1, help="images per call (tokens = 729 x images)")
 
     pj = sub.add_parser("profile-json", help="parse neuron-profile JSON summaries and compare kernels")
     pj.add_argument("paths", nargs="+", type=Path)
@@ -139,6 +143,29 @@ def cmd_mlp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_siglip(args: argparse.Namespace) -> int:
+    from kernels import siglip
+    from kernels.device import resolve_device
+    from kernels.nki_launch import nki_status
+
+    device = resolve_device(args.device)
+    if not device.is_npu:
+        raise RuntimeError(f"the SigLIP kernel benchmark needs a NeuronCore (device is {device.kind}); "
+                           "`kernels check` runs these kernels on the NKI simulator against their goldens")
+    usable, reason = nki_status()
+    if not usable:
+        raise RuntimeError(f"the SigLIP kernel benchmark needs the Neuron SDK's nki: {reason}")
+    if args.images < 1:
+        raise ValueError("--images must be >= 1")
+    dtype = _dtype(args, device, "bfloat16")
+    runs = siglip.make_runs(_lnc(args, device), images=args.images, dtype=dtype)
+    results = siglip.benchmark(runs, device, dtype, args.warmup, args.iterations)
+    print(f"SigLIP-SO400M kernels on {device.description}, {args.images} image(s)")
+    print(siglip.format_table(results))
+    _write_json(args.json, siglip.as_json(results, device))
+    return 0
+
+
 def cmd_profile_json(args: argparse.Namespace) -> int:
     from kernels.profile_json import comparison_rows, format_comparison, load_summary
 
@@ -185,7 +212,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_KERNELS_SKIPPED if report.kernels_skipped_reason else 0
 
 
-COMMANDS = {"matmul": cmd_matmul, "mlp": cmd_mlp, "profile-json": cmd_profile_json,
+COMMANDS = {"matmul": cmd_matmul, "mlp": cmd_mlp, "siglip": cmd_siglip, "profile-json": cmd_profile_json,
             "profile-neff": cmd_profile_neff, "check": cmd_check}
 
 

@@ -27,7 +27,6 @@ from kernels import references
 from kernels.hardware import (
     GEMM_MOVING_FMAX,
     PMAX,
-    TileSizeError,
     check_free,
     check_partitions,
     check_sbuf_budget,
@@ -152,6 +151,7 @@ class KernelRun:
     postprocess: Callable[[np.ndarray], np.ndarray]
     lnc: int = 1
     supported_lnc: tuple[int, ...] = (1, 2)
+    module: str = "kernels.nki_kernels"  # where the kernel function lives
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -233,13 +233,13 @@ def default_runs(seed: int = 0, lnc: int | None = None) -> list[KernelRun]:
 _JITTED: dict[str, Any] = {}
 
 
-def jitted_kernel(name: str):
+def jitted_kernel(name: str, module: str = "kernels.nki_kernels"):
     """``nki.jit`` applied once per kernel; the jit object caches compiled NEFFs per input signature."""
-    if name not in _JITTED:
+    key = f"{module}:{name}"
+    if key not in _JITTED:
         nki = _nki()
-        nki_kernels = importlib.import_module("kernels.nki_kernels")
-        _JITTED[name] = nki.jit(getattr(nki_kernels, name))
-    return _JITTED[name]
+        _JITTED[key] = nki.jit(getattr(importlib.import_module(module), name))
+    return _JITTED[key]
 
 
 def launchable(run: KernelRun):
@@ -249,7 +249,7 @@ def launchable(run: KernelRun):
     at LNC=1 the plain call is the documented form.
     """
     require_kernel_lnc(run.name, run.supported_lnc, run.lnc)
-    kernel = jitted_kernel(run.kernel)
+    kernel = jitted_kernel(run.kernel, run.module)
     return kernel[run.lnc] if run.lnc > 1 else kernel
 
 
@@ -286,22 +286,29 @@ def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20,
 
 
 def time_kernel(run: KernelRun, kernel: Callable[..., Any], device: Any, warmup: int,
-                iterations: int, rtol: float = 2e-3, atol: float = 2e-3) -> tuple[np.ndarray, KernelTiming]:
+                iterations: int, rtol: float = 2e-3, atol: float = 2e-3,
+                dtype: str | None = None) -> tuple[np.ndarray, KernelTiming]:
     """Warm up (the first call compiles), then time ``kernel(*args)`` with every result kept alive
-    across its sync, and check the last timed result against the reference once."""
+    across its sync, and check the last timed result against the reference once.
+    ``dtype`` (e.g. bfloat16) casts the floating-point inputs on the way to the device."""
     import torch
 
     from kernels.compile_cache import CompileCache
-    from kernels.device import LatencyStats, ResultMismatch
+    from kernels.device import LatencyStats, ResultMismatch, torch_dtype
 
-    args = [torch.from_numpy(np.asarray(a)).to(device.torch_device) if isinstance(a, np.ndarray) else a
-            for a in run.args]
+    def to_device(a: np.ndarray):
+        t = torch.from_numpy(np.asarray(a))
+        if dtype is not None and t.is_floating_point():
+            t = t.to(torch_dtype(dtype))
+        return t.to(device.torch_device)
+
+    args = [to_device(a) if isinstance(a, np.ndarray) else a for a in run.args]
     for _ in range(max(1, warmup)):
         device.run_synced(lambda: kernel(*args))
     checked: list[np.ndarray] = []
 
     def check(out) -> None:
-        actual = run.postprocess(out.cpu().numpy() if hasattr(out, "cpu") else np.asarray(out))
+        actual = run.postprocess(out.float().cpu().numpy() if hasattr(out, "cpu") else np.asarray(out))
         result = compare(run.name, "timed kernel calls", actual, run.expected, rtol, atol)
         if not result.passed:
             raise ResultMismatch(f"{run.name}: the timed calls returned a wrong result "

@@ -61,6 +61,9 @@ def data_dir():
     return HERE / "data"
 
 
+KERNEL_MODULES = ("nki_kernels", "nki_siglip")  # import nki at load time
+
+
 def _load_fake_nki():
     # Loaded by path so it works under any pytest --import-mode.
     spec = importlib.util.spec_from_file_location("kernels_fake_nki", HERE / "kernels_fake_nki.py")
@@ -84,12 +87,14 @@ def fake_nki(monkeypatch):
     modules = lib.build(state)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.delitem(sys.modules, "kernels.nki_kernels", raising=False)
-    monkeypatch.delattr(kernels, "nki_kernels", raising=False)
+    for name in KERNEL_MODULES:
+        monkeypatch.delitem(sys.modules, f"kernels.{name}", raising=False)
+        monkeypatch.delattr(kernels, name, raising=False)
     monkeypatch.setattr(nki_launch, "_JITTED", {})
     yield SimpleNamespace(state=state, nki=modules["nki"], nl=modules["nki.language"],
                           nisa=modules["nki.isa"], lib=lib)
-    # Never leave the fake-bound module behind for later tests.
-    sys.modules.pop("kernels.nki_kernels", None)
-    if hasattr(kernels, "nki_kernels"):
-        delattr(kernels, "nki_kernels")
+    # Never leave the fake-bound modules behind for later tests.
+    for name in KERNEL_MODULES:
+        sys.modules.pop(f"kernels.{name}", None)
+        if hasattr(kernels, name):
+            delattr(kernels, name)

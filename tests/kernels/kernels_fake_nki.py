@@ -15,6 +15,7 @@ breaks one fails here, on any machine:
   ``dst`` must be float32 (NeuronCore-v2/v3), a float32 operand needs a float32 partner,
   and ``tensor_scalar``'s per-partition tile operand must be float32 (issue 12's review of the
   API; the SDK 2.33 page excerpt read here states only its shape, (P, 1), and SBUF/PSUM);
+* ``tensor_reduce`` reduces free axes only (across partitions is ``tensor_partition_reduce``);
 * ``nc_matmul(accumulate=...)``: True adds to ``dst``, False overwrites it, None (default)
   overwrites a PSUM location on its first write and adds on later ones;
 * new tensors are filled with NaN (ints with 4), as the simulator does, so reading memory
@@ -170,8 +171,10 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
     nl.sbuf, nl.psum, nl.shared_hbm, nl.hbm = "sbuf", "psum", "shared_hbm", "hbm"
     nl.float32, nl.bfloat16, nl.float16, nl.int32 = "float32", "bfloat16", "float16", "int32"
     nl.add, nl.subtract, nl.multiply, nl.maximum = np.add, np.subtract, np.multiply, np.maximum
-    nl.exp = np.exp
+    nl.max = np.maximum  # as a reduction operator (tensor_reduce); nl.maximum elementwise
+    nl.exp, nl.rsqrt, nl.reciprocal = np.exp, lambda x: 1.0 / np.sqrt(x), lambda x: 1.0 / x
     nl.silu = lambda x: x / (1.0 + np.exp(-x))
+    nl.gelu_apprx_tanh = lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
     nl.tile_size = SimpleNamespace(pmax=PMAX, gemm_stationary_fmax=STATIONARY_FMAX, gemm_moving_fmax=MOVING_FMAX)
     nl.affine_range = range
     nl.program_id = lambda axis=0: state.program_id
@@ -251,6 +254,18 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
         shift = 0.0 if bias is None else _operand(bias, values, "activation")
         _write(dst, op(values * scale + shift), "activation", ON_CHIP)
 
+    def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, **_):
+        state.instructions["tensor_reduce"] += 1
+        values = _read(data, "tensor_reduce", "data", ON_CHIP).astype(np.float32)
+        if axis in (0, [0], (0,)):
+            raise NkiRuleError("tensor_reduce reduces free axes only; use tensor_partition_reduce across partitions")
+        reduced = op.reduce(values, axis=tuple(np.atleast_1d(axis)), keepdims=keepdims)
+        _write(dst, -reduced if negate else reduced, "tensor_reduce", ON_CHIP)
+
+    def memset(dst, value, **_):
+        state.instructions["memset"] += 1
+        _write(dst, np.full(_tensor(dst, "memset", "dst").shape, value, dtype=np.float32), "memset", ON_CHIP)
+
     def nc_matmul(dst, stationary, moving, accumulate=None, **_):
         state.instructions["nc_matmul"] += 1
         st = _read(stationary, "nc_matmul", "stationary", ("sbuf",))
@@ -284,10 +299,13 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             raise NkiRuleError(f"nc_transpose: {values.shape} exceeds {PMAX}x{PMAX}")
         _write(dst, values.T, "nc_transpose", ("psum",))
 
-    for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, activation, nc_matmul, nc_transpose):
+    for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, activation, tensor_reduce, memset,
+               nc_matmul, nc_transpose):
         setattr(nisa, fn.__name__, fn)
 
     def as_input(arg, kind: str):
+        if hasattr(arg, "detach") and hasattr(arg, "numpy"):  # a torch tensor, as nki.simulate accepts
+            arg = arg.detach().float().cpu().numpy()
         if isinstance(arg, np.ndarray):
             data = np.ascontiguousarray(arg)
             name = dtype_name(data.dtype)

@@ -217,3 +217,26 @@ def test_shared_hbm_is_shared_between_the_programs_of_an_lnc_launch(fake_nki):
 
     np.testing.assert_array_equal(_run(fake_nki, body, A, grid=2), A)
     assert fake_nki.state.grids == [2]
+
+
+def test_tensor_reduce_across_partitions_is_refused(fake_nki):
+    nl, nisa = fake_nki.nl, fake_nki.nisa
+
+    def body(a):
+        total = nl.ndarray((1, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=total, op=nl.add, data=_load(fake_nki, a), axis=0, keepdims=True)
+        return _store(fake_nki, total)
+
+    with pytest.raises(fake_nki.lib.NkiRuleError, match="free axes only"):
+        _run(fake_nki, body, A)
+
+
+def test_memset_writes_on_chip_only(fake_nki):
+    nisa = fake_nki.nisa
+
+    def body(a):
+        nisa.memset(dst=a, value=0.0)
+        return a
+
+    with pytest.raises(fake_nki.lib.NkiRuleError, match="memset: dst is in hbm"):
+        _run(fake_nki, body, A)

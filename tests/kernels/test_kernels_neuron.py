@@ -76,3 +76,22 @@ def test_mlp_nki_path_on_neuron_does_not_recompile_per_call(neuron_device):
     # Seed 002 saw ~4000 ms per call when every call recompiled; the guard would have raised.
     assert result.latency_p99_ms < result.compile_ms
     assert result.max_abs_err < _bf16_tolerance(cfg)
+
+
+@pytest.mark.parametrize("index", range(3), ids=["layer_norm", "mlp_gelu", "softmax"])
+def test_siglip_kernel_matches_its_golden_in_nki_simulator(index):
+    from kernels.siglip import small_runs
+
+    result = check_kernel(small_runs(LNC, seed=21)[index], on="simulator")
+    assert result.passed, result
+
+
+def test_siglip_kernels_on_neuroncore_report_percent_of_trn2_roofline(neuron_device):
+    from kernels import siglip
+
+    runs = siglip.make_runs(LNC, dtype="bfloat16")
+    results = siglip.benchmark(runs, neuron_device, "bfloat16", warmup=3, iterations=20)
+    assert [r.kernel for r in results] == ["siglip_layer_norm", "siglip_mlp_gelu", "siglip_attention_softmax"]
+    for r in results:  # each timed result was checked against its golden inside benchmark()
+        assert r.lnc == LNC and 0 < r.latency_p50_us <= r.latency_p99_us
+        assert 0 < r.pct_trn2_roofline_at_p50 <= 100  # wall clock can only be slower than the bound

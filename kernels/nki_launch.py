@@ -31,11 +31,11 @@ from kernels.hardware import (
     check_partitions,
     check_sbuf_budget,
 )
+from kernels.device import WALL_CLOCK_TIMING
 from kernels.lnc import require_kernel_lnc, runtime_kernel_lnc
 
 log = logging.getLogger(__name__)
 
-WALL_CLOCK = "wall_clock_including_dispatch"  # what a torch-xla timed loop measures
 
 
 # --- nki availability -----------------------------------------------------------------------
@@ -273,7 +273,7 @@ class KernelTiming:
     latency_p99_us: float
     iterations: int
     method: str
-    timing: str  # WALL_CLOCK here; "device" only for profiler-measured times
+    timing: str  # WALL_CLOCK_TIMING here; "device" only for profiler-measured times
 
 
 def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20,
@@ -320,7 +320,7 @@ def time_kernel(run: KernelRun, kernel: Callable[..., Any], device: Any, warmup:
         samples = device.time_calls(lambda: kernel(*args), iterations, check=check)
     stats = LatencyStats.from_seconds(samples)
     timing = KernelTiming(run.name, stats.latency_p50_ms * 1e3, stats.latency_p99_ms * 1e3, iterations,
-                          f"torch-xla at LNC={run.lnc}", WALL_CLOCK)
+                          f"torch-xla at LNC={run.lnc}", WALL_CLOCK_TIMING)
     return checked[0], timing
 
 

@@ -100,9 +100,10 @@ def cmd_matmul(args: argparse.Namespace) -> int:
     shapes = mp.parse_shapes(args.shapes) if args.shapes else mp.shapes_for_mode(args.mode)
     device = resolve_device(args.device)
     dtype = _dtype(args, device, "bfloat16")
-    results = mp.profile_all(shapes, device, dtype=dtype, warmup=args.warmup,
-                             iterations=args.iterations, lnc=_lnc(args, device))
-    title = f"matmul --mode {'custom' if args.shapes else args.mode} on {device.description}, {dtype}"
+    lnc = _lnc(args, device)
+    results = mp.profile_all(shapes, device, dtype=dtype, warmup=args.warmup, iterations=args.iterations, lnc=lnc)
+    title = (f"matmul --mode {'custom' if args.shapes else args.mode} on {device.description}, {dtype}, "
+             f"trn2 roofline at LNC={lnc}")
     if not device.is_npu:
         title += "\n(NOT NPU numbers: %trn2 roof compares this device's time with the trn2 lower bound)"
     print(mp.format_table(results, title))
@@ -113,7 +114,7 @@ def cmd_matmul(args: argparse.Namespace) -> int:
 
         print(f"wrote {plot_matmul(results, args.plot, title.splitlines()[0])}")
     if args.json:
-        print(f"wrote {mp.write_json(results, args.json, device, args.mode if not args.shapes else 'custom')}")
+        print(f"wrote {mp.write_json(results, args.json, device, args.mode if not args.shapes else 'custom', lnc)}")
     return 0
 
 

@@ -233,12 +233,14 @@ def write_csv(results: list[MatmulResult], path: str | Path) -> Path:
     return path
 
 
-def write_json(results: list[MatmulResult], path: str | Path, device: Device, mode: str) -> Path:
+def write_json(results: list[MatmulResult], path: str | Path, device: Device, mode: str,
+               lnc: int | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": "matmul",
         "mode": mode,
+        "lnc": runtime_kernel_lnc() if lnc is None else lnc,
         "device": device.kind,
         "device_description": device.description,
         "npu_numbers": device.is_npu,

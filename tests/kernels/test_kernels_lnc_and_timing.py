@@ -27,7 +27,7 @@ def test_matmul_and_mlp_default_to_the_runtime_lnc(tmp_path, monkeypatch, env, l
     mm_doc, mlp_doc = json.loads(mm.read_text()), json.loads(mlp.read_text())
     expected_ms = roofline(MatmulConfig(64, 64, 64), "float32", lnc).time_s * 1e3
     assert mm_doc["results"][0]["trn2_roofline_ms"] == pytest.approx(expected_ms)
-    assert mlp_doc["lnc"] == lnc and mlp_doc["results"][0]["lnc"] == lnc
+    assert mlp_doc["lnc"] == lnc and mlp_doc["results"][0]["lnc"] == lnc and mm_doc["lnc"] == lnc
 
 
 def test_timing_is_labelled_wall_clock_in_table_and_json(tmp_path, capsys):

@@ -240,3 +240,69 @@ def test_memset_writes_on_chip_only(fake_nki):
 
     with pytest.raises(fake_nki.lib.NkiRuleError, match="memset: dst is in hbm"):
         _run(fake_nki, body, A)
+
+
+def _breaking_bodies(fake):
+    """One small kernel body per remaining rule, with the message the model must raise."""
+    nl, nisa = fake.nl, fake.nisa
+
+    def sbuf(shape, dtype="float32"):
+        return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+    def psum(shape):
+        return nl.ndarray(shape, dtype=nl.float32, buffer=nl.psum)
+
+    def dma_shape(a):
+        nisa.dma_copy(dst=sbuf((128, 32)), src=a)
+
+    def tensor_tensor_shape(a):
+        t = _load(fake, a)
+        nisa.tensor_tensor(dst=sbuf(a.shape), data1=t, data2=t[0:128, 0:32], op=nl.add)
+
+    def operand_shape(a):
+        t = _load(fake, a)
+        nisa.tensor_scalar(dst=sbuf(a.shape), data=t, op0=nl.add, operand0=sbuf((128, 2)))
+
+    def moving_too_wide(a):
+        nisa.nc_matmul(dst=psum((32, 64)), stationary=sbuf((128, 32)), moving=sbuf((128, 513)))
+
+    def matmul_dst_shape(a):
+        nisa.nc_matmul(dst=psum((32, 32)), stationary=sbuf((128, 32)), moving=_load(fake, a))
+
+    def transpose_from_psum(a):
+        p = psum((128, 64))
+        nisa.tensor_copy(dst=p, src=_load(fake, a))
+        nisa.nc_transpose(dst=psum((64, 128)), data=p)
+
+    def transpose_too_big(a):
+        nisa.nc_transpose(dst=psum((128, 128)), data=sbuf((128, 129)))
+
+    def fancy_index(a):
+        return a[[0, 1], 0:4]
+
+    return [
+        (lambda a: nl.ndarray((4, 4), dtype=nl.float32, buffer="l2"), "unknown buffer"),
+        (lambda a: sbuf((128,)), "at least 2 dimensions"),
+        (lambda a: sbuf((4, 4), dtype="int8"), "dtype int8 is not modelled"),
+        (dma_shape, r"dma_copy dst/src: \(128, 32\) != \(128, 64\)"),
+        (tensor_tensor_shape, "tensor_tensor inputs"),
+        (operand_shape, r"operand \(128, 2\) is not \(128, 1\)"),
+        (moving_too_wide, "break tile limits"),
+        (matmul_dst_shape, r"dst \(32, 32\) != \(32, 64\)"),
+        (transpose_from_psum, "data is in psum; nc_transpose reads data only from sbuf"),
+        (transpose_too_big, "exceeds 128x128"),
+        (fancy_index, "only ints and slices"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_each_remaining_rule_has_a_kernel_that_breaks_it(fake_nki, index):
+    body, message = _breaking_bodies(fake_nki)[index]
+    with pytest.raises(fake_nki.lib.NkiRuleError, match=message):
+        _run(fake_nki, body, A)
+
+
+def test_kernel_inputs_must_be_in_hbm(fake_nki):
+    tile = fake_nki.nl.ndarray((128, 64), dtype="float32", buffer="sbuf")
+    with pytest.raises(fake_nki.lib.NkiRuleError, match="must be in HBM"):
+        _run(fake_nki, lambda a: a, tile)

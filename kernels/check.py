@@ -3,8 +3,9 @@
 Step 1 always runs: every NumPy reference in :mod:`kernels.references` is compared
 with torch on random inputs (e.g. conv2d+bias+maxpool against
 ``torch.nn.functional.conv2d`` + ``max_pool2d``). Step 2 runs each NKI kernel against
-its reference, on the NKI simulator or a NeuronCore, only where a real ``nki`` is
-installed; otherwise it reports, loudly, that it skipped them.
+its reference, on the NKI simulator or a NeuronCore, at the runtime's LNC, only where a
+real ``nki`` is installed; otherwise it reports that it skipped them and the check fails
+(``--kernels-on none`` asks for the references only).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kernels import references
+from kernels.lnc import runtime_kernel_lnc
 from kernels.nki_launch import CheckResult, check_kernel, compare, default_runs, nki_status
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,17 @@ def _torch_checks(rng: np.random.Generator) -> list[CheckResult]:
         expected = (F.silu(t(x) @ t(wg)) * (t(x) @ t(wu))) @ t(wd)
         results.append(compare(f"gated_mlp T={tokens} H={hidden} I={inter}", "torch silu/matmul",
                                references.gated_mlp(x, wg, wu, wd), expected.numpy()))
+    x = rand(7, 96)
+    gamma, beta = 1.0 + 0.1 * rand(96), 0.1 * rand(96)
+    results.append(compare("layer_norm T=7 D=96", "torch layer_norm", references.layer_norm(x, gamma, beta, 1e-6),
+                           F.layer_norm(t(x), (96,), t(gamma), t(beta), 1e-6).numpy()))
+    w1, b1, w2, b2 = 0.1 * rand(96, 200), 0.1 * rand(200), 0.07 * rand(200, 96), 0.1 * rand(96)
+    expected = F.linear(F.gelu(F.linear(t(x), t(w1).T, t(b1)), approximate="tanh"), t(w2).T, t(b2))
+    results.append(compare("mlp_gelu T=7 D=96 I=200", "torch gelu(tanh)/linear",
+                           references.mlp_gelu(x, w1, b1, w2, b2), expected.numpy()))
+    scores = 4.0 * rand(5, 729)
+    results.append(compare("softmax rows=5 keys=729", "torch softmax", references.softmax(scores, 0.12),
+                           torch.softmax(t(scores) * 0.12, dim=-1).numpy(), 1e-6, 1e-9))
     return results
 
 
@@ -63,11 +76,16 @@ def _torch_checks(rng: np.random.Generator) -> list[CheckResult]:
 class CheckReport:
     references: list[CheckResult]
     kernels: list[CheckResult] = field(default_factory=list)
-    kernels_skipped_reason: str = ""
+    kernels_skipped_reason: str = ""  # set when kernels were asked for and could not run
+
+    @property
+    def mismatches(self) -> bool:
+        return not all(r.passed for r in self.references + self.kernels)
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.references + self.kernels)
+        """Everything asked for ran and matched: skipped kernels are not a pass."""
+        return not self.mismatches and not self.kernels_skipped_reason
 
     def as_dict(self) -> dict:
         return {
@@ -85,18 +103,32 @@ class CheckReport:
                          f"{'ok' if r.passed else 'MISMATCH'} {r.detail}".rstrip())
         if self.kernels_skipped_reason:
             lines.append(f"NKI kernels SKIPPED: {self.kernels_skipped_reason}")
-        lines.append("PASSED" if self.passed else "FAILED")
+        if self.passed:
+            lines.append("PASSED")
+        elif self.mismatches:
+            lines.append("FAILED")
+        else:
+            lines.append("FAILED: the NKI kernels were asked for but did not run "
+                         "(install the Neuron SDK's nki, or pass --kernels-on none to check the references only)")
         return "\n".join(lines)
 
 
 def run_checks(seed: int = 0, kernels_on: str = "simulator") -> CheckReport:
+    """``kernels_on``: simulator, neuron, or none (references only)."""
+    if kernels_on not in ("simulator", "neuron", "none"):
+        raise ValueError(f"kernels_on must be simulator, neuron or none, got {kernels_on!r}")
     report = CheckReport(references=_torch_checks(np.random.default_rng(seed)))
+    if kernels_on == "none":
+        return report
     usable, reason = nki_status()
     if not usable:
         report.kernels_skipped_reason = f"{reason}; only the references were checked"
         log.warning("NKI kernels skipped: %s", reason)
         return report
-    for run in default_runs(seed):
+    from kernels.siglip import small_runs
+
+    lnc = runtime_kernel_lnc()
+    for run in default_runs(seed, lnc) + small_runs(lnc, seed):
         try:
             report.kernels.append(check_kernel(run, on=kernels_on))
         except Exception as exc:  # a kernel that fails to build is a failed check, not a crash

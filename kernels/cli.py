@@ -1,4 +1,4 @@
-"""``siglip-serve kernels ...`` / ``python -m kernels ...``: matmul, mlp, profile-json, check.
+"""``siglip-serve kernels ...`` / ``python -m kernels ...``: matmul, mlp, siglip, profile-json, profile-neff, check.
 
 Heavy modules (torch, matplotlib) are imported inside each subcommand so that
 ``profile-json`` and ``--help`` work without them.
@@ -23,7 +23,8 @@ def _add_device_args(p: argparse.ArgumentParser, default_dtype: str) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed calls; the first one compiles")
     p.add_argument("--iterations", type=int, default=20, help="timed calls")
     p.add_argument("--lnc", type=int, default=None,
-                   help="physical NeuronCores per logical core (trn2 default 2; from NEURON_LOGICAL_NC_CONFIG if set)")
+                   help="physical NeuronCores per logical core; default and, on a NeuronCore, the only accepted "
+                        "value: the runtime's (NEURON_LOGICAL_NC_CONFIG, else the trn2 default 2)")
     p.add_argument("--json", type=Path, help="write results as JSON")
 
 
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     mlp.add_argument("--paths", default="compiler,nki", help="comma-separated: compiler,nki")
     _add_device_args(mlp, "bfloat16")
 
+    sg = sub.add_parser("siglip", help="SigLIP-SO400M kernels (LayerNorm, MLP+GELU, softmax@729) vs trn2 roofline")
+    _add_device_args(sg, "bfloat16")
+    sg.add_argument("--images", type=int, default=1, help="images per call (tokens = 729 x images)")
+
     pj = sub.add_parser("profile-json", help="parse neuron-profile JSON summaries and compare kernels")
     pj.add_argument("paths", nargs="+", type=Path)
     pj.add_argument("--kernel", action="append", default=[],
@@ -52,20 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
     pj.add_argument("--config", action="append", default=[], help="config label per file, in order")
     pj.add_argument("--json", type=Path, help="write the parsed summaries and comparisons as JSON")
 
+    pn = sub.add_parser("profile-neff", help="device time of saved NEFFs with neuron-explorer capture (trn2)")
+    pn.add_argument("neffs", nargs="+", type=Path,
+                    help="NEFF files, or directories a NEURON_FRAMEWORK_DEBUG=1 run saved them in")
+    pn.add_argument("--nth-exec", type=int, default=2, help="execution to profile (2 skips warm-up effects)")
+    pn.add_argument("--workdir", type=Path, default=Path("profiles"), help="where traces and JSON go")
+    pn.add_argument("--json", type=Path, help="write the device times as JSON")
+
     ck = sub.add_parser("check", help="golden references vs torch; NKI kernels vs references where nki exists")
     ck.add_argument("--seed", type=int, default=0)
-    ck.add_argument("--kernels-on", choices=("simulator", "neuron"), default="simulator")
+    ck.add_argument("--kernels-on", choices=("simulator", "neuron", "none"), default="simulator",
+                    help="where to run the NKI kernels; 'none' checks the references only. Kernels asked "
+                         "for but skipped (no real nki) fail the check with exit code 3")
     ck.add_argument("--json", type=Path)
     return parser
 
 
-def _lnc(args: argparse.Namespace, default: int) -> int:
-    import os
+def _lnc(args: argparse.Namespace, device) -> int:
+    from kernels.lnc import resolve_lnc
 
-    if args.lnc is not None:
-        return args.lnc
-    env = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-    return int(env) if env and env.isdigit() else default
+    return resolve_lnc(args.lnc, on_neuron=device.is_npu)
 
 
 def _dtype(args: argparse.Namespace, device, default: str) -> str:
@@ -89,9 +100,10 @@ def cmd_matmul(args: argparse.Namespace) -> int:
     shapes = mp.parse_shapes(args.shapes) if args.shapes else mp.shapes_for_mode(args.mode)
     device = resolve_device(args.device)
     dtype = _dtype(args, device, "bfloat16")
-    results = mp.profile_all(shapes, device, dtype=dtype, warmup=args.warmup,
-                             iterations=args.iterations, lnc=_lnc(args, 2))
-    title = f"matmul --mode {'custom' if args.shapes else args.mode} on {device.description}, {dtype}"
+    lnc = _lnc(args, device)
+    results = mp.profile_all(shapes, device, dtype=dtype, warmup=args.warmup, iterations=args.iterations, lnc=lnc)
+    title = (f"matmul --mode {'custom' if args.shapes else args.mode} on {device.description}, {dtype}, "
+             f"trn2 roofline at LNC={lnc}")
     if not device.is_npu:
         title += "\n(NOT NPU numbers: %trn2 roof compares this device's time with the trn2 lower bound)"
     print(mp.format_table(results, title))
@@ -102,7 +114,7 @@ def cmd_matmul(args: argparse.Namespace) -> int:
 
         print(f"wrote {plot_matmul(results, args.plot, title.splitlines()[0])}")
     if args.json:
-        print(f"wrote {mp.write_json(results, args.json, device, args.mode if not args.shapes else 'custom')}")
+        print(f"wrote {mp.write_json(results, args.json, device, args.mode if not args.shapes else 'custom', lnc)}")
     return 0
 
 
@@ -114,20 +126,44 @@ def cmd_mlp(args: argparse.Namespace) -> int:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     device = resolve_device(args.device)
     dtype = _dtype(args, device, "bfloat16")
-    lnc = _lnc(args, 1)
+    lnc = _lnc(args, device)
     results, skipped = [], []
     for cfg in configs:
         for path in paths:
-            reason = mlp.skip_reason(path, device, lnc)
+            reason = mlp.skip_reason(path, device)
             if reason:
                 skipped.append((path, cfg.label, reason))
                 continue
             results.append(mlp.benchmark_mlp(cfg, device, path, dtype, args.warmup, args.iterations, lnc))
-    print(f"gated MLP on {device.description}, {dtype}")
+    print(f"gated MLP on {device.description}, {dtype}, LNC={lnc}")
     print(mlp.format_mlp_table(results, skipped))
     _write_json(args.json, {"benchmark": "mlp", "device": device.kind, "device_description": device.description,
-                            "npu_numbers": device.is_npu, "results": [asdict(r) for r in results],
+                            "npu_numbers": device.is_npu, "lnc": lnc, "timing": device.timing,
+                            "results": [asdict(r) for r in results],
                             "skipped": [dict(zip(("path", "config", "reason"), s)) for s in skipped]})
+    return 0
+
+
+def cmd_siglip(args: argparse.Namespace) -> int:
+    from kernels import siglip
+    from kernels.device import resolve_device
+    from kernels.nki_launch import nki_status
+
+    device = resolve_device(args.device)
+    if not device.is_npu:
+        raise RuntimeError(f"the SigLIP kernel benchmark needs a NeuronCore (device is {device.kind}); "
+                           "`kernels check` runs these kernels on the NKI simulator against their goldens")
+    usable, reason = nki_status()
+    if not usable:
+        raise RuntimeError(f"the SigLIP kernel benchmark needs the Neuron SDK's nki: {reason}")
+    if args.images < 1:
+        raise ValueError("--images must be >= 1")
+    dtype = _dtype(args, device, "bfloat16")
+    runs = siglip.make_runs(_lnc(args, device), images=args.images, dtype=dtype)
+    results = siglip.benchmark(runs, device, dtype, args.warmup, args.iterations)
+    print(f"SigLIP-SO400M kernels on {device.description}, {args.images} image(s)")
+    print(siglip.format_table(results))
+    _write_json(args.json, siglip.as_json(results, device))
     return 0
 
 
@@ -147,16 +183,38 @@ def cmd_profile_json(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_neff(args: argparse.Namespace) -> int:
+    from kernels.device_timing import find_neffs, format_device_times, profile_neff
+
+    neffs = [n for p in args.neffs for n in (find_neffs(p) if p.is_dir() else [p])]
+    if not neffs:
+        raise SystemExit("error: no .neff files found; run the benchmark with NEURON_FRAMEWORK_DEBUG=1 first")
+    times = []
+    for i, neff in enumerate(neffs, 1):
+        print(f"[{i}/{len(neffs)}] capturing {neff}", file=sys.stderr)
+        times.append(profile_neff(neff, args.workdir, args.nth_exec))
+    print(format_device_times(times))
+    _write_json(args.json, {"timing": "device", "results": [t.as_dict() for t in times]})
+    return 0
+
+
+# check's exit codes: 0 passed, 1 a mismatch, 3 kernels asked for but skipped (2 is any usage error).
+EXIT_KERNELS_SKIPPED = 3
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from kernels.check import run_checks
 
     report = run_checks(seed=args.seed, kernels_on=args.kernels_on)
     print(report.format())
     _write_json(args.json, report.as_dict())
-    return 0 if report.passed else 1
+    if report.mismatches:
+        return 1
+    return EXIT_KERNELS_SKIPPED if report.kernels_skipped_reason else 0
 
 
-COMMANDS = {"matmul": cmd_matmul, "mlp": cmd_mlp, "profile-json": cmd_profile_json, "check": cmd_check}
+COMMANDS = {"matmul": cmd_matmul, "mlp": cmd_mlp, "siglip": cmd_siglip, "profile-json": cmd_profile_json,
+            "profile-neff": cmd_profile_neff, "check": cmd_check}
 
 
 def main(argv: list[str] | None = None) -> int:

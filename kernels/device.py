@@ -25,8 +25,17 @@ CPU_FALLBACK_WARNING = (
 )
 
 
+# The two values of the ``timing`` field in every benchmark table and JSON.
+WALL_CLOCK_TIMING = "wall_clock_including_dispatch"
+DEVICE_TIMING = "device"
+
+
 class DeviceUnavailableError(RuntimeError):
     """The requested device (neuron or cuda) cannot be used on this machine."""
+
+
+class ResultMismatch(RuntimeError):
+    """A timed call returned a wrong result: the timing measured something other than the work."""
 
 
 class RecompileError(RuntimeError):
@@ -79,6 +88,12 @@ class Device:
     def is_npu(self) -> bool:
         return self.kind == "neuron"
 
+    @property
+    def timing(self) -> str:
+        """What :meth:`time_calls` measures here: CUDA events time the device stream itself;
+        elsewhere it is host wall clock around call + sync, dispatch included."""
+        return DEVICE_TIMING if self.kind == "cuda" else WALL_CLOCK_TIMING
+
     def synchronize(self) -> None:
         self._sync()
 
@@ -86,34 +101,53 @@ class Device:
         """Graph compilations the backend has done so far, or None where it has no such counter."""
         return self._compile_count()
 
-    def time_calls(self, fn: Callable[[], Any], iterations: int) -> list[float]:
-        """Seconds per call, each call bracketed by device synchronisation."""
+    def run_synced(self, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` once and synchronise while its result is still referenced, then return it.
+
+        Lazy backends (torch-xla) only execute work whose tensors are alive at the sync; a
+        result dropped before the sync is never computed, so it must be held across it.
+        """
+        result = fn()
+        self.synchronize()
+        return result
+
+    def time_calls(self, fn: Callable[[], Any], iterations: int,
+                   check: Callable[[Any], None] | None = None) -> list[float]:
+        """Seconds per call, each call bracketed by device synchronisation.
+
+        Each result stays referenced across its sync (so lazy devices really run the timed
+        work) and ``check`` is called once, after the loop, on the last result: the timed
+        calls must have produced a usable answer, not just returned quickly.
+        """
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         if self.kind == "cuda":
-            return self._time_cuda(fn, iterations)
-        samples = []
-        self.synchronize()
-        for _ in range(iterations):
-            start = time.perf_counter()
-            fn()
+            samples, result = self._time_cuda(fn, iterations)
+        else:
+            samples, result = [], None
             self.synchronize()
-            samples.append(time.perf_counter() - start)
+            for _ in range(iterations):
+                start = time.perf_counter()
+                result = fn()
+                self.synchronize()
+                samples.append(time.perf_counter() - start)
+        if check is not None:
+            check(result)
         return samples
 
-    def _time_cuda(self, fn: Callable[[], Any], iterations: int) -> list[float]:
+    def _time_cuda(self, fn: Callable[[], Any], iterations: int) -> tuple[list[float], Any]:
         # CUDA events time the device stream itself, not host dispatch.
         torch = _torch()
-        samples = []
+        samples, result = [], None
         torch.cuda.synchronize()
         for _ in range(iterations):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            result = fn()
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end) / 1e3)
-        return samples
+        return samples, result
 
 
 def _neuron_device() -> Device:
@@ -143,8 +177,10 @@ def _neuron_device() -> Device:
         data = met.metric_data("CompileTime")
         return int(data[0]) if data else 0
 
-    lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "default")
-    return Device("neuron", xla_device, f"Neuron {xla_device} (NEURON_LOGICAL_NC_CONFIG={lnc})", sync, compile_count)
+    from kernels.lnc import runtime_kernel_lnc
+
+    return Device("neuron", xla_device, f"Neuron {xla_device} (runtime LNC={runtime_kernel_lnc()})", sync,
+                  compile_count)
 
 
 def _cuda_device() -> Device:

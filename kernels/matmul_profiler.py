@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from kernels.device import Device, LatencyStats, RecompileError, torch_dtype
+from kernels.device import Device, LatencyStats, RecompileError, ResultMismatch, torch_dtype
+from kernels.lnc import runtime_kernel_lnc
 from kernels.tiling import MatmulConfig, achieved_tflops, percent_of_roofline, roofline
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ CSV_COLUMNS = SEED_COLUMNS + (
     "first_call_ms",
     "iterations",
     "scenario",
+    "timing",
 )
 
 
@@ -117,6 +119,7 @@ class MatmulResult:
     first_call_ms: float  # first call incl. any compilation
     iterations: int
     scenario: str
+    timing: str  # device.WALL_CLOCK_TIMING or device.DEVICE_TIMING
 
     def row(self) -> dict:
         return {column: getattr(self, column) for column in CSV_COLUMNS}
@@ -128,11 +131,16 @@ def profile_matmul(
     dtype: str = "bfloat16",
     warmup: int = 3,
     iterations: int = 20,
-    lnc: int = 2,
+    lnc: int | None = None,
     seed: int = 0,
 ) -> MatmulResult:
-    """Time ``A @ B`` for one shape; the first warm-up call absorbs the compile."""
+    """Time ``A @ B`` for one shape; the first warm-up call absorbs the compile.
+
+    ``lnc`` (default: the Neuron runtime's) picks the trn2 roofline the time is compared with.
+    """
     import torch
+
+    lnc = runtime_kernel_lnc() if lnc is None else lnc
 
     if warmup < 1:
         raise ValueError("warmup must be >= 1: the first call compiles and must not be timed")
@@ -146,15 +154,13 @@ def profile_matmul(
         return torch.matmul(a, b)
 
     start = time.perf_counter()
-    call()
-    device.synchronize()
+    device.run_synced(call)
     first_call_ms = (time.perf_counter() - start) * 1e3
     for _ in range(warmup - 1):
-        call()
-        device.synchronize()
+        device.run_synced(call)
 
     compiles_before = device.compile_count()
-    samples = device.time_calls(call, iterations)
+    samples = device.time_calls(call, iterations, check=_matmul_check(a, b, cfg))
     compiles_after = device.compile_count()
     if compiles_before is not None and compiles_after != compiles_before:
         raise RecompileError(
@@ -183,7 +189,29 @@ def profile_matmul(
         first_call_ms=first_call_ms,
         iterations=stats.iterations,
         scenario=shape.scenario,
+        timing=device.timing,
     )
+
+
+def _matmul_check(a, b, cfg: MatmulConfig):
+    """Once per shape: the timed result has C's shape and its first row matches a float64 host
+    product (a row keeps the check cheap for the large shapes)."""
+    import torch
+
+    a0 = a[0:1].double().cpu()
+    b_host = b.double().cpu()
+    # Relative to the row's largest value: a bf16/fp16 result is rounded to 8/11 mantissa bits.
+    tol = 1e-4 if a.dtype == torch.float32 else 2e-2
+
+    def check(out) -> None:
+        if tuple(out.shape) != (cfg.M, cfg.N):
+            raise ResultMismatch(f"{cfg}: timed call returned shape {tuple(out.shape)}")
+        expected = a0 @ b_host
+        err = float((out[0:1].double().cpu() - expected).abs().max())
+        if not err <= tol * max(1.0, float(expected.abs().max())):
+            raise ResultMismatch(f"{cfg}: timed matmul's first row is off by {err:.3g} (tolerance {tol:.3g})")
+
+    return check
 
 
 def profile_all(shapes: Iterable[Shape], device: Device, **kwargs) -> list[MatmulResult]:
@@ -205,15 +233,18 @@ def write_csv(results: list[MatmulResult], path: str | Path) -> Path:
     return path
 
 
-def write_json(results: list[MatmulResult], path: str | Path, device: Device, mode: str) -> Path:
+def write_json(results: list[MatmulResult], path: str | Path, device: Device, mode: str,
+               lnc: int | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": "matmul",
         "mode": mode,
+        "lnc": runtime_kernel_lnc() if lnc is None else lnc,
         "device": device.kind,
         "device_description": device.description,
         "npu_numbers": device.is_npu,
+        "timing": device.timing,
         "results": [asdict(r) for r in results],
     }
     path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
@@ -226,6 +257,9 @@ def format_table(results: list[MatmulResult], title: str = "") -> str:
         f"{'p50 ms':>9} {'p99 ms':>9} {'TFLOP/s':>8} {'%trn2 roof':>10}  scenario"
     )
     lines = [title] if title else []
+    timings = sorted({r.timing for r in results})
+    if timings:
+        lines.append(f"timing: {', '.join(timings)}")
     lines += [header, "-" * len(header)]
     for r in results:
         tiles = f"{r.num_tiles_M}/{r.num_tiles_K}/{r.num_tiles_N}"

@@ -8,9 +8,11 @@
 
 Compile time is measured on the cache miss, apart from execution; the timed loop
 runs inside ``CompileCache.guard`` so any compile during it raises RecompileError.
-Latency here is framework time (includes dispatch and, for torch_neuronx.trace,
-host<->device copies); the kernel's own device time comes from neuron-profile
-(see :mod:`kernels.profile_json`).
+Both paths compile at the Neuron runtime's LNC and the kernel launches with the matching
+grid (:mod:`kernels.lnc`). Latency here is framework wall clock (``timing:
+wall_clock_including_dispatch``: dispatch and, for torch_neuronx.trace, host<->device copies
+included); the kernel's own device time comes from Neuron Explorer
+(:mod:`kernels.device_timing`).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import numpy as np
 
 from kernels import references
 from kernels.compile_cache import CacheKey, CompileCache
-from kernels.device import Device, LatencyStats, torch_dtype
+from kernels.device import Device, LatencyStats, ResultMismatch, torch_dtype
+from kernels.lnc import runtime_kernel_lnc
 from kernels.nki_launch import nki_status, validate_gated_mlp
 
 log = logging.getLogger(__name__)
@@ -81,7 +84,7 @@ def make_inputs(cfg: MLPConfig, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def _build_module(inputs: dict[str, np.ndarray], dtype: str, use_nki: bool):
+def _build_module(inputs: dict[str, np.ndarray], dtype: str, use_nki: bool, lnc: int):
     import torch
 
     class GatedMLP(torch.nn.Module):
@@ -94,7 +97,10 @@ def _build_module(inputs: dict[str, np.ndarray], dtype: str, use_nki: bool):
             if use_nki:
                 from kernels.nki_launch import jitted_kernel
 
-                out_t = jitted_kernel("gated_mlp_t")(x.t().contiguous(), self.w_gate, self.w_up, self.w_down)
+                kernel = jitted_kernel("gated_mlp_t")
+                # The kernel's LNC must equal the graph's (--lnc below): NCC_EVRF066 otherwise.
+                kernel = kernel[lnc] if lnc > 1 else kernel
+                out_t = kernel(x.t().contiguous(), self.w_gate, self.w_up, self.w_down)
                 return out_t.t()
             gate = torch.nn.functional.silu(x @ self.w_gate)
             return (gate * (x @ self.w_up)) @ self.w_down
@@ -108,7 +114,7 @@ def make_compile_fn(device: Device, inputs: dict[str, np.ndarray], lnc: int) -> 
 
     def compile_fn(key: CacheKey) -> Callable[..., Any]:
         use_nki = key.path == "nki"
-        module = _build_module(inputs, key.dtype, use_nki)
+        module = _build_module(inputs, key.dtype, use_nki, lnc)
         example = torch.from_numpy(inputs["x"]).to(torch_dtype(key.dtype))
         if device.kind == "neuron":
             import torch_neuronx
@@ -140,9 +146,11 @@ class MLPResult:
     max_abs_err: float
     iterations: int
     compilations: int
+    lnc: int
+    timing: str
 
 
-def skip_reason(path: str, device: Device, lnc: int) -> str | None:
+def skip_reason(path: str, device: Device) -> str | None:
     """Why a path cannot run here, or None."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -152,8 +160,6 @@ def skip_reason(path: str, device: Device, lnc: int) -> str | None:
         usable, reason = nki_status()
         if not usable:
             return reason
-        if lnc != 1:
-            return "the gated-MLP NKI kernel is single-core: run with --lnc 1 and NEURON_LOGICAL_NC_CONFIG=1"
     return None
 
 
@@ -164,7 +170,7 @@ def benchmark_mlp(
     dtype: str = "float32",
     warmup: int = 3,
     iterations: int = 20,
-    lnc: int = 1,
+    lnc: int | None = None,
     cache: CompileCache | None = None,
     seed: int = 0,
 ) -> MLPResult:
@@ -172,9 +178,10 @@ def benchmark_mlp(
 
     if path == "nki":
         validate_gated_mlp(cfg.tokens, cfg.hidden, cfg.intermediate, 4 if dtype == "float32" else 2)
-    reason = skip_reason(path, device, lnc)
+    reason = skip_reason(path, device)
     if reason:
         raise RuntimeError(f"cannot run the {path} path: {reason}")
+    lnc = runtime_kernel_lnc() if lnc is None else lnc
     inputs = make_inputs(cfg, seed)
     if cache is None:
         cache = CompileCache(make_compile_fn(device, inputs, lnc), device.compile_count)
@@ -186,16 +193,23 @@ def benchmark_mlp(
     # torch_neuronx-traced models take host tensors and copy them in themselves.
     target = "cpu" if device.kind == "neuron" else device.torch_device
     x = torch.from_numpy(inputs["x"]).to(torch_dtype(dtype)).to(target)
-    with torch.no_grad():
-        out = None
-        for _ in range(max(1, warmup)):
-            out = compiled.fn(x)
-        device.synchronize()
-        with cache.guard(f"{path} {cfg.label} timed loop"):
-            samples = device.time_calls(lambda: compiled.fn(x), iterations)
-    stats = LatencyStats.from_seconds(samples)
     expected = references.gated_mlp(inputs["x"], inputs["w_gate"], inputs["w_up"], inputs["w_down"])
-    err = float(np.max(np.abs(out.float().cpu().numpy() - expected)))
+    errors: list[float] = []
+
+    def check(out) -> None:
+        # Once, on the last timed result: the error reported is that of the work that was timed.
+        actual = out.float().cpu().numpy()
+        if actual.shape != expected.shape:
+            raise ResultMismatch(f"{path} {cfg.label}: timed call returned shape {actual.shape}")
+        errors.append(float(np.max(np.abs(actual - expected))))
+
+    with torch.no_grad():
+        for _ in range(max(1, warmup)):
+            device.run_synced(lambda: compiled.fn(x))
+        with cache.guard(f"{path} {cfg.label} timed loop"):
+            samples = device.time_calls(lambda: compiled.fn(x), iterations, check=check)
+    stats = LatencyStats.from_seconds(samples)
+    err = errors[0]
     return MLPResult(
         kernel="neuronxcc" if (path == "compiler" and device.kind == "neuron") else
         ("nki" if path == "nki" else f"torch-{device.kind}"),
@@ -210,16 +224,18 @@ def benchmark_mlp(
         max_abs_err=err,
         iterations=stats.iterations,
         compilations=cache.compilations,
+        lnc=lnc,
+        timing=device.timing,
     )
 
 
 def format_mlp_table(results: list[MLPResult], skipped: list[tuple[str, str, str]] = ()) -> str:
     header = (f"{'Kernel':<12} {'Config':<30} {'Compile (ms)':>12} {'p50 (ms)':>9} {'p99 (ms)':>9} "
-              f"{'TFLOP/s':>8} {'max|err|':>9}")
+              f"{'TFLOP/s':>8} {'max|err|':>9} {'LNC':>3}  timing")
     lines = [header, "-" * len(header)]
     for r in results:
         lines.append(f"{r.kernel:<12} {r.config:<30} {r.compile_ms:>12.1f} {r.latency_p50_ms:>9.3f} "
-                     f"{r.latency_p99_ms:>9.3f} {r.tflops_at_p50:>8.3f} {r.max_abs_err:>9.2e}")
+                     f"{r.latency_p99_ms:>9.3f} {r.tflops_at_p50:>8.3f} {r.max_abs_err:>9.2e} {r.lnc:>3}  {r.timing}")
     for path, config, reason in skipped:
         lines.append(f"{path:<12} {config:<30} skipped: {reason}")
     return "\n".join(lines)

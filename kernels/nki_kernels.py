@@ -14,17 +14,28 @@ Layout conventions (what the launcher prepares on the host):
 * vector_add_stream: vectors as ``[128, N/128]`` streamed FREE_DIM columns at a time.
 * conv2d_bias_maxpool: weights pre-arranged as ``[C_in, FH*FW*C_out]`` (stationary layout).
 * gated_mlp_t: activations transposed, ``xT [hidden, tokens]``; returns ``outT``.
+
+LNC: every kernel is launched at the Neuron runtime's LNC (``kernel[2]`` on a default trn2) and
+splits its outermost independent loop between the programs of the launch with
+:func:`_my_share`: program k of n takes steps k, k+n, k+2n, ... (``nl.program_id(0)`` /
+``nl.num_programs(0)`` are plain ints while a kernel is traced, as nki-library's LNC kernels use
+them). At LNC=1 the single program takes every step.
 """
 import nki  # noqa: F401  (the launcher applies nki.jit; kept so the module documents its API)
 import nki.isa as nisa
 import nki.language as nl
 
 
+def _my_share(steps):
+    """The steps of an outer loop that this program of the LNC launch owns (interleaved)."""
+    return range(nl.program_id(0), steps, nl.num_programs(0))
+
+
 def vector_add_tiled(a, b, row_chunk):
     """c = a + b, ROW_CHUNK elements per step, one element per partition (seed 003 step 1)."""
     n = a.shape[0]
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    for i in nl.affine_range(n // row_chunk):
+    for i in _my_share(n // row_chunk):
         a_t = nl.ndarray((row_chunk, 1), dtype=a.dtype, buffer=nl.sbuf)
         b_t = nl.ndarray((row_chunk, 1), dtype=b.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=a_t, src=a[i * row_chunk:(i + 1) * row_chunk, 0:1])
@@ -39,7 +50,7 @@ def vector_add_stream(a, b, free_dim):
     """c = a + b on [128, M] views, FREE_DIM columns per DMA so loads overlap the adds (step 2)."""
     parts, cols = a.shape
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    for i in nl.affine_range(cols // free_dim):
+    for i in _my_share(cols // free_dim):
         a_t = nl.ndarray((parts, free_dim), dtype=a.dtype, buffer=nl.sbuf)
         b_t = nl.ndarray((parts, free_dim), dtype=b.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=a_t, src=a[0:parts, i * free_dim:(i + 1) * free_dim])
@@ -55,7 +66,7 @@ def transpose2d(x):
     rows, cols = x.shape
     pmax = nl.tile_size.pmax
     out = nl.ndarray((cols, rows), dtype=x.dtype, buffer=nl.shared_hbm)
-    for i in range((rows + pmax - 1) // pmax):
+    for i in _my_share((rows + pmax - 1) // pmax):
         r0 = i * pmax
         r1 = min(rows, r0 + pmax)
         for j in range((cols + pmax - 1) // pmax):
@@ -102,67 +113,68 @@ def conv2d_bias_maxpool(x, w_t, bias, fh, fw, pool):
     for co in range(n_co):
         co0 = co * pmax
         co1 = min(c_out, co0 + pmax)
-        b_tile = nl.ndarray((co1 - co0, 1), dtype=bias.dtype, buffer=nl.sbuf)
+        # tensor_scalar's per-partition operand must be float32; the DMA casts the bias to it.
+        b_tile = nl.ndarray((co1 - co0, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=b_tile, src=bias[co0:co1, 0:1])
         bias_tiles.append(b_tile)
 
-    for b in range(batch):
-        for py in range(pooled_h):
-            # The pool+fh-1 input rows that feed this band of `pool` conv rows.
-            rows = []
-            for ci in range(n_ci):
-                ci0 = ci * pmax
-                ci1 = min(c_in, ci0 + pmax)
-                ci_rows = []
-                for r in range(pool + fh - 1):
-                    row = nl.ndarray((ci1 - ci0, width), dtype=x.dtype, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=row, src=x[b, ci0:ci1, py * pool + r, 0:width])
-                    ci_rows.append(row)
-                rows.append(ci_rows)
-            for co in range(n_co):
-                co0 = co * pmax
-                co1 = min(c_out, co0 + pmax)
-                band_max = nl.ndarray((co1 - co0, conv_w), dtype=nl.float32, buffer=nl.sbuf)
-                for r in range(pool):
-                    acc = nl.ndarray((co1 - co0, conv_w), dtype=nl.float32, buffer=nl.psum)
-                    for ci in range(n_ci):
-                        ci_len = min(c_in, ci * pmax + pmax) - ci * pmax
-                        for i in range(fh):
-                            for j in range(fw):
-                                tap = (i * fw + j) * c_out
-                                nisa.nc_matmul(
-                                    dst=acc,
-                                    stationary=w_tiles[ci][0:ci_len, tap + co0:tap + co1],
-                                    moving=rows[ci][r + i][0:ci_len, j:j + conv_w],
-                                )
-                    if r == 0:
-                        nisa.tensor_copy(dst=band_max, src=acc)
-                    else:
-                        nisa.tensor_tensor(dst=band_max, data1=band_max, data2=acc, op=nl.maximum)
-                # Horizontal pooling: max over the `pool` interleaved column phases.
-                pooled = nl.ndarray((co1 - co0, pooled_w), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=pooled, src=band_max[0:co1 - co0, 0:conv_w:pool])
-                for q in range(1, pool):
-                    nisa.tensor_tensor(dst=pooled, data1=pooled,
-                                       data2=band_max[0:co1 - co0, q:conv_w:pool], op=nl.maximum)
-                res = nl.ndarray((co1 - co0, pooled_w), dtype=x.dtype, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=res, data=pooled, op0=nl.add, operand0=bias_tiles[co])
-                nisa.dma_copy(dst=out[b, co0:co1, py, 0:pooled_w], src=res)
+    for job in _my_share(batch * pooled_h):
+        b, py = divmod(job, pooled_h)
+        # The pool+fh-1 input rows that feed this band of `pool` conv rows.
+        rows = []
+        for ci in range(n_ci):
+            ci0 = ci * pmax
+            ci1 = min(c_in, ci0 + pmax)
+            ci_rows = []
+            for r in range(pool + fh - 1):
+                row = nl.ndarray((ci1 - ci0, width), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=row, src=x[b, ci0:ci1, py * pool + r, 0:width])
+                ci_rows.append(row)
+            rows.append(ci_rows)
+        for co in range(n_co):
+            co0 = co * pmax
+            co1 = min(c_out, co0 + pmax)
+            band_max = nl.ndarray((co1 - co0, conv_w), dtype=nl.float32, buffer=nl.sbuf)
+            for r in range(pool):
+                acc = nl.ndarray((co1 - co0, conv_w), dtype=nl.float32, buffer=nl.psum)
+                for ci in range(n_ci):
+                    ci_len = min(c_in, ci * pmax + pmax) - ci * pmax
+                    for i in range(fh):
+                        for j in range(fw):
+                            tap = (i * fw + j) * c_out
+                            nisa.nc_matmul(
+                                dst=acc,
+                                stationary=w_tiles[ci][0:ci_len, tap + co0:tap + co1],
+                                moving=rows[ci][r + i][0:ci_len, j:j + conv_w],
+                            )
+                if r == 0:
+                    nisa.tensor_copy(dst=band_max, src=acc)
+                else:
+                    nisa.tensor_tensor(dst=band_max, data1=band_max, data2=acc, op=nl.maximum)
+            # Horizontal pooling: max over the `pool` interleaved column phases.
+            pooled = nl.ndarray((co1 - co0, pooled_w), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=pooled, src=band_max[0:co1 - co0, 0:conv_w:pool])
+            for q in range(1, pool):
+                nisa.tensor_tensor(dst=pooled, data1=pooled,
+                                   data2=band_max[0:co1 - co0, q:conv_w:pool], op=nl.maximum)
+            res = nl.ndarray((co1 - co0, pooled_w), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=res, data=pooled, op0=nl.add, operand0=bias_tiles[co])
+            nisa.dma_copy(dst=out[b, co0:co1, py, 0:pooled_w], src=res)
     return out
 
 
 def tensor_add_spmd(a, b):
     """c = a + b with rows split across the programs of an LNC launch (seed 004).
 
-    Launched as ``kernel[2]`` on trn2, program k of n owns rows [k*R/n, (k+1)*R/n),
-    in [128, 512] tiles; the current-API equivalent of
+    Launched at the runtime's LNC (``kernel[2]`` on a default trn2), program k of n owns the
+    contiguous rows [k*R/n, (k+1)*R/n), in [128, 512] tiles; the current-API equivalent of
     ``kernel[nl.spmd_dim(grid_x, nl.nc(2)), grid_y]``. Both cores write the same
-    shared-HBM output.
+    shared-HBM output. At LNC=1 one program owns every row.
     """
     rows, cols = a.shape
     pmax = nl.tile_size.pmax
     fmax = 512
-    n_prog = nl.num_programs()
+    n_prog = nl.num_programs(0)
     rows_per_prog = rows // n_prog
     row_base = nl.program_id(0) * rows_per_prog
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
@@ -196,8 +208,11 @@ def gated_mlp_t(x_t, w_gate, w_up, w_down):
     n_h = hidden // pmax
     n_i = inter // pmax
     out_t = nl.ndarray((hidden, tokens), dtype=x_t.dtype, buffer=nl.shared_hbm)
+    my_token_tiles = list(_my_share((tokens + tmax - 1) // tmax))
+    if not my_token_tiles:  # more programs than token tiles: this one has nothing to do
+        return out_t
 
-    # Weights stay resident for all token tiles.
+    # Weights stay resident for all of this program's token tiles.
     wg_tiles = []
     wu_tiles = []
     for k in range(n_h):
@@ -213,7 +228,7 @@ def gated_mlp_t(x_t, w_gate, w_up, w_down):
         nisa.dma_copy(dst=wd, src=w_down[k * pmax:(k + 1) * pmax, 0:hidden])
         wd_tiles.append(wd)
 
-    for n in range((tokens + tmax - 1) // tmax):
+    for n in my_token_tiles:
         t0 = n * tmax
         t1 = min(tokens, t0 + tmax)
         x_tiles = []

@@ -6,11 +6,16 @@ compiler's "number of partitions 256 exceed architecture limitation of 128")
 instead of deep inside a compile. Only then is ``nki`` imported, lazily.
 
 Runs go to the NKI CPU simulator (``nki.simulate``; ``nki.simulate_kernel`` on
-older SDKs) or to a NeuronCore (``nki.benchmark`` when the SDK has it, else
-torch-xla with the recompile guard).
+older SDKs) or to a NeuronCore through torch-xla with the recompile guard. Every
+launch uses the Neuron runtime's LNC (:mod:`kernels.lnc`): ``kernel[2](...)`` on a
+default trn2, plain ``kernel(...)`` at LNC=1. The current ``nki`` package has no
+``nki.benchmark``, so hardware latencies here are wall clock including dispatch
+(labelled ``timing: wall_clock_including_dispatch``); device time comes from
+Neuron Explorer (:mod:`kernels.device_timing`).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from dataclasses import dataclass
@@ -22,15 +27,15 @@ from kernels import references
 from kernels.hardware import (
     GEMM_MOVING_FMAX,
     PMAX,
-    TileSizeError,
     check_free,
     check_partitions,
     check_sbuf_budget,
 )
+from kernels.device import WALL_CLOCK_TIMING
+from kernels.lnc import require_kernel_lnc, runtime_kernel_lnc
 
 log = logging.getLogger(__name__)
 
-SPMD_CORES = 2  # trn2 pairs two physical NeuronCores that share HBM
 
 
 # --- nki availability -----------------------------------------------------------------------
@@ -106,12 +111,13 @@ def validate_conv2d(x_shape: tuple[int, ...], w_shape: tuple[int, ...], pool: in
     check_sbuf_budget(per_partition, "conv2d weights + row band")
 
 
-def validate_tensor_add_spmd(shape: tuple[int, ...], cores: int = SPMD_CORES) -> None:
+def validate_tensor_add_spmd(shape: tuple[int, ...], cores: int) -> None:
     if len(shape) != 2:
         raise ValueError(f"tensor_add_spmd expects a 2-D tensor, got shape {shape}")
     if shape[0] % (PMAX * cores):
         raise ValueError(
-            f"tensor_add_spmd: {shape[0]} rows do not split into {cores} cores x {PMAX}-row tiles"
+            f"tensor_add_spmd: {shape[0]} rows do not split into {cores} program(s) (LNC={cores}) "
+            f"x {PMAX}-row tiles"
         )
 
 
@@ -132,7 +138,11 @@ def validate_gated_mlp(tokens: int, hidden: int, inter: int, itemsize: int) -> N
 
 @dataclass(frozen=True)
 class KernelRun:
-    """One ready-to-launch kernel call: device args plus how to read the result back."""
+    """One ready-to-launch kernel call: device args plus how to read the result back.
+
+    ``lnc`` is the LNC it launches at (the runtime's unless a test asks otherwise);
+    ``supported_lnc`` the degrees the kernel is written for.
+    """
 
     name: str
     kernel: str  # function name in kernels.nki_kernels
@@ -140,6 +150,8 @@ class KernelRun:
     expected: np.ndarray
     postprocess: Callable[[np.ndarray], np.ndarray]
     lnc: int = 1
+    supported_lnc: tuple[int, ...] = (1, 2)
+    module: str = "kernels.nki_kernels"  # where the kernel function lives
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -178,10 +190,10 @@ def prepare_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pool: int) ->
                      references.conv2d_bias_maxpool(x, w, bias, pool), _identity)
 
 
-def prepare_tensor_add_spmd(a: np.ndarray, b: np.ndarray) -> KernelRun:
-    validate_tensor_add_spmd(a.shape)
+def prepare_tensor_add_spmd(a: np.ndarray, b: np.ndarray, lnc: int) -> KernelRun:
+    validate_tensor_add_spmd(a.shape, lnc)
     return KernelRun("tensor_add_spmd", "tensor_add_spmd", (a, b), references.tensor_add(a, b),
-                     _identity, lnc=SPMD_CORES)
+                     _identity, lnc=lnc)
 
 
 def prepare_gated_mlp(x: np.ndarray, wg: np.ndarray, wu: np.ndarray, wd: np.ndarray) -> KernelRun:
@@ -190,22 +202,30 @@ def prepare_gated_mlp(x: np.ndarray, wg: np.ndarray, wu: np.ndarray, wd: np.ndar
                      references.gated_mlp(x, wg, wu, wd), lambda out: np.asarray(out).T)
 
 
-def default_runs(seed: int = 0) -> list[KernelRun]:
-    """Small random problems covering every kernel, including ragged tiles."""
+def at_lnc(run: KernelRun, lnc: int) -> KernelRun:
+    """``run`` launched at ``lnc``."""
+    return dataclasses.replace(run, lnc=lnc)
+
+
+def default_runs(seed: int = 0, lnc: int | None = None) -> list[KernelRun]:
+    """Small random problems covering every kernel, including ragged tiles, at ``lnc``
+    (default: the Neuron runtime's LNC)."""
+    lnc = runtime_kernel_lnc() if lnc is None else lnc
     rng = np.random.default_rng(seed)
 
     def rand(*shape):
         return rng.standard_normal(shape).astype(np.float32)
 
-    return [
+    runs = [
         prepare_vector_add_tiled(rand(25600), rand(25600), row_chunk=128),
         prepare_vector_add_stream(rand(25600), rand(25600), free_dim=100),
         prepare_transpose2d(rand(200, 300)),
         prepare_conv2d(rand(1, 3, 12, 14), rand(8, 3, 3, 3), rand(8), pool=2),
         prepare_conv2d(rand(1, 130, 6, 7), rand(130, 130, 2, 2), rand(130), pool=1),
-        prepare_tensor_add_spmd(rand(512, 700), rand(512, 700)),
+        prepare_tensor_add_spmd(rand(512, 700), rand(512, 700), lnc),
         prepare_gated_mlp(rand(64, 256) * 0.5, rand(256, 384) * 0.06, rand(256, 384) * 0.06, rand(384, 256) * 0.05),
     ]
+    return [at_lnc(run, lnc) for run in runs]
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -213,23 +233,30 @@ def default_runs(seed: int = 0) -> list[KernelRun]:
 _JITTED: dict[str, Any] = {}
 
 
-def jitted_kernel(name: str):
+def jitted_kernel(name: str, module: str = "kernels.nki_kernels"):
     """``nki.jit`` applied once per kernel; the jit object caches compiled NEFFs per input signature."""
-    if name not in _JITTED:
+    key = f"{module}:{name}"
+    if key not in _JITTED:
         nki = _nki()
-        nki_kernels = importlib.import_module("kernels.nki_kernels")
-        _JITTED[name] = nki.jit(getattr(nki_kernels, name))
-    return _JITTED[name]
+        _JITTED[key] = nki.jit(getattr(importlib.import_module(module), name))
+    return _JITTED[key]
 
 
-def _with_grid(kernel, lnc: int):
-    return kernel[lnc] if lnc > 1 else kernel
+def launchable(run: KernelRun):
+    """The jitted kernel with the launch grid of ``run.lnc``; a kernel not written for it raises.
+
+    The bracket grid is how the NKI docs launch at LNC=2 (its size must equal the LNC);
+    at LNC=1 the plain call is the documented form.
+    """
+    require_kernel_lnc(run.name, run.supported_lnc, run.lnc)
+    kernel = jitted_kernel(run.kernel, run.module)
+    return kernel[run.lnc] if run.lnc > 1 else kernel
 
 
 def simulate(run: KernelRun) -> np.ndarray:
     """Run on the NKI CPU simulator and return the host-layout result."""
     nki = _nki()
-    kernel = _with_grid(jitted_kernel(run.kernel), run.lnc)
+    kernel = launchable(run)
     if hasattr(nki, "simulate"):
         out = nki.simulate(kernel)(*run.args)
     elif hasattr(nki, "simulate_kernel"):
@@ -246,43 +273,55 @@ class KernelTiming:
     latency_p99_us: float
     iterations: int
     method: str
+    timing: str  # WALL_CLOCK_TIMING here; "device" only for profiler-measured times
 
 
-def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20) -> tuple[np.ndarray, KernelTiming]:
-    """Run on a NeuronCore: result plus device latency percentiles in microseconds."""
-    nki = _nki()
-    kernel = _with_grid(jitted_kernel(run.kernel), run.lnc)
-    if hasattr(nki, "benchmark") and run.lnc == 1:
-        # neuron-bench times the NEFF on the device itself, without framework dispatch; it
-        # benchmarks a single NeuronCore, so LNC=2 kernels go through torch-xla instead.
-        bench = nki.benchmark(warmup=warmup, iters=iterations)(kernel)
-        out = bench(*run.args)
-        latency = bench.benchmark_result.nc_latency
-        timing = KernelTiming(run.name, float(latency.get_latency_percentile(50)),
-                              float(latency.get_latency_percentile(99)), iterations, "nki.benchmark")
-        return run.postprocess(np.asarray(out)), timing
-    return _run_via_torch_xla(run, kernel, warmup, iterations)
+def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20,
+                  device: Any = None) -> tuple[np.ndarray, KernelTiming]:
+    """Run on a NeuronCore through torch-xla: the result plus wall-clock percentiles in microseconds."""
+    from kernels.device import resolve_device
+
+    kernel = launchable(run)
+    return time_kernel(run, kernel, device or resolve_device("neuron"), warmup, iterations)
 
 
-def _run_via_torch_xla(run: KernelRun, kernel, warmup: int, iterations: int) -> tuple[np.ndarray, KernelTiming]:
+def time_kernel(run: KernelRun, kernel: Callable[..., Any], device: Any, warmup: int,
+                iterations: int, rtol: float = 2e-3, atol: float = 2e-3,
+                dtype: str | None = None) -> tuple[np.ndarray, KernelTiming]:
+    """Warm up (the first call compiles), then time ``kernel(*args)`` with every result kept alive
+    across its sync, and check the last timed result against the reference once.
+    ``dtype`` (e.g. bfloat16) casts the floating-point inputs on the way to the device."""
     import torch
 
     from kernels.compile_cache import CompileCache
-    from kernels.device import LatencyStats, resolve_device
+    from kernels.device import LatencyStats, ResultMismatch, torch_dtype
 
-    device = resolve_device("neuron")
-    args = [torch.from_numpy(np.asarray(a)).to(device.torch_device) if isinstance(a, np.ndarray) else a
-            for a in run.args]
-    cache = CompileCache(lambda key: kernel, device.compile_count)
+    def to_device(a: np.ndarray):
+        t = torch.from_numpy(np.asarray(a))
+        if dtype is not None and t.is_floating_point():
+            t = t.to(torch_dtype(dtype))
+        return t.to(device.torch_device)
+
+    args = [to_device(a) if isinstance(a, np.ndarray) else a for a in run.args]
     for _ in range(max(1, warmup)):
-        out = kernel(*args)
-        device.synchronize()
+        device.run_synced(lambda: kernel(*args))
+    checked: list[np.ndarray] = []
+
+    def check(out) -> None:
+        actual = run.postprocess(out.float().cpu().numpy() if hasattr(out, "cpu") else np.asarray(out))
+        result = compare(run.name, "timed kernel calls", actual, run.expected, rtol, atol)
+        if not result.passed:
+            raise ResultMismatch(f"{run.name}: the timed calls returned a wrong result "
+                                       f"(max |err| {result.max_abs_err:.3g}) {result.detail}".rstrip())
+        checked.append(actual)
+
+    cache = CompileCache(lambda key: kernel, device.compile_count)
     with cache.guard(f"{run.name} timed loop"):
-        samples = device.time_calls(lambda: kernel(*args), iterations)
+        samples = device.time_calls(lambda: kernel(*args), iterations, check=check)
     stats = LatencyStats.from_seconds(samples)
     timing = KernelTiming(run.name, stats.latency_p50_ms * 1e3, stats.latency_p99_ms * 1e3, iterations,
-                          "torch-xla wall clock (includes dispatch)")
-    return run.postprocess(out.cpu().numpy()), timing
+                          f"torch-xla at LNC={run.lnc}", WALL_CLOCK_TIMING)
+    return checked[0], timing
 
 
 @dataclass(frozen=True)

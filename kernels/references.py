@@ -81,3 +81,34 @@ def conv2d_bias_maxpool(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pool: in
         raise ValueError(f"bias must have shape ({w.shape[0]},), got {bias.shape}")
     pooled = maxpool2d(conv2d_valid(x, w), pool) if pool > 1 else conv2d_valid(x, w)
     return pooled + bias[None, :, None, None]
+
+
+# --- SigLIP-SO400M/14-384 blocks (width 1152, MLP 4304, 16 heads, 729 patch tokens) ---------
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """LayerNorm over the last axis (biased variance, as torch.nn.LayerNorm)."""
+    if gamma.shape != (x.shape[-1],) or beta.shape != gamma.shape:
+        raise ValueError(f"gamma/beta must have shape ({x.shape[-1]},), got {gamma.shape} / {beta.shape}")
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (SigLIP's activation; torch's approximate='tanh')."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def mlp_gelu(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray) -> np.ndarray:
+    """``gelu_tanh(x @ w1 + b1) @ w2 + b2`` for x [tokens, width]; w1 [width, inter]; w2 [inter, width]."""
+    if (w1.shape[0] != x.shape[-1] or w2.shape != w1.shape[::-1] or b1.shape != (w1.shape[1],)
+            or b2.shape != (w2.shape[1],)):
+        raise ValueError(f"incompatible shapes x{x.shape} w1{w1.shape} b1{b1.shape} w2{w2.shape} b2{b2.shape}")
+    return gelu_tanh(x @ w1 + b1) @ w2 + b2
+
+
+def softmax(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """softmax(scale * x) over the last axis, max-subtracted."""
+    z = scale * x
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

@@ -120,10 +120,20 @@ def roofline(
     ``lnc`` physical cores make one logical core (2 is the trn2 default), and both
     peak compute and the HBM share scale with it.
     """
+    return workload_roofline(config.flops, config.min_bytes(dtype), dtype, lnc, peak)
+
+
+def workload_roofline(flops: float, min_bytes: float, dtype: str, lnc: int = TRN2_DEFAULT_LNC,
+                      peak: PeakFigures = TRN2_CORE) -> Roofline:
+    """The same lower bound for any kernel given its FLOPs and least HBM traffic.
+
+    For element-wise and normalisation kernels the FLOPs run on the Vector/Scalar engines,
+    not the Tensor Engine, but their HBM time is so much larger that the bound is memory.
+    """
     if lnc < 1:
         raise ValueError(f"lnc must be >= 1, got {lnc}")
-    compute_s = config.flops / (peak.tflops(dtype) * 1e12 * lnc)
-    memory_s = config.min_bytes(dtype) / (peak.hbm_gbytes_per_s * 1e9 * lnc)
+    compute_s = flops / (peak.tflops(dtype) * 1e12 * lnc)
+    memory_s = min_bytes / (peak.hbm_gbytes_per_s * 1e9 * lnc)
     return Roofline(compute_s=compute_s, memory_s=memory_s)
 
 

@@ -1,7 +1,10 @@
 """Skip hardware-marked tests where the hardware or SDK is missing, saying why."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,3 +59,42 @@ def neuron_device():
 @pytest.fixture
 def data_dir():
     return HERE / "data"
+
+
+KERNEL_MODULES = ("nki_kernels", "nki_siglip")  # import nki at load time
+
+
+def _load_fake_nki():
+    # Loaded by path so it works under any pytest --import-mode.
+    spec = importlib.util.spec_from_file_location("kernels_fake_nki", HERE / "kernels_fake_nki.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def fake_nki(monkeypatch):
+    """The NumPy NKI model of kernels_fake_nki installed as ``nki``; kernels.nki_kernels reloads on it.
+
+    Yields ``state`` (instruction counts, launch grids), the ``nki``/``nl``/``nisa`` modules and
+    ``lib`` (the model module: NkiRuleError, hbm_input, round_to_bf16).
+    """
+    import kernels
+    from kernels import nki_launch
+
+    lib = _load_fake_nki()
+    state = lib.FakeNkiState()
+    modules = lib.build(state)
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    for name in KERNEL_MODULES:
+        monkeypatch.delitem(sys.modules, f"kernels.{name}", raising=False)
+        monkeypatch.delattr(kernels, name, raising=False)
+    monkeypatch.setattr(nki_launch, "_JITTED", {})
+    yield SimpleNamespace(state=state, nki=modules["nki"], nl=modules["nki.language"],
+                          nisa=modules["nki.isa"], lib=lib)
+    # Never leave the fake-bound modules behind for later tests.
+    for name in KERNEL_MODULES:
+        sys.modules.pop(f"kernels.{name}", None)
+        if hasattr(kernels, name):
+            delattr(kernels, name)

@@ -1,11 +1,30 @@
 """Test-only NumPy model of the slice of the NKI 0.2+ API that kernels/nki_kernels.py uses.
 
-It is NOT the NKI simulator and proves nothing about the real compiler. It runs the
-kernel bodies as Python on NumPy arrays with the documented semantics
-(``nc_matmul``: dst += stationary.T @ moving, PSUM accumulation; ``dma_copy`` shape-exact
-copies; LNC programs sharing one shared-HBM output) and enforces the documented tile
-limits, so indexing, tiling and ragged-edge mistakes in the kernels fail here, on any
-machine. The real simulator/hardware runs are the ``neuron``-marked tests.
+It is NOT the NKI simulator and proves nothing about the real compiler or about
+performance. It runs the kernel bodies as Python on NumPy arrays and enforces the rules
+the NKI docs state (SDK 2.33 API pages; the NKI CPU Simulator guide), so a kernel that
+breaks one fails here, on any machine:
+
+* buffers: every tensor lives in HBM, SBUF or PSUM. ``nc_matmul`` reads ``stationary`` and
+  ``moving`` from SBUF and writes ``dst`` to PSUM; ``dma_copy`` moves data between HBM and
+  SBUF only; ``tensor_copy`` / ``tensor_tensor`` / ``tensor_scalar`` / ``activation`` work on
+  on-chip memory (SBUF, PSUM), and ``tensor_tensor``'s two inputs cannot both be in PSUM;
+  a kernel's top-level inputs and outputs are HBM tensors;
+* dtypes: float32, float16, int32 and bfloat16 (bf16 values are float32 rounded to
+  nearest-even on every write, through ml_dtypes when it is installed); ``nc_matmul``'s
+  ``dst`` must be float32 (NeuronCore-v2/v3), a float32 operand needs a float32 partner,
+  and ``tensor_scalar``'s per-partition tile operand must be float32 (issue 12's review of the
+  API; the SDK 2.33 page excerpt read here states only its shape, (P, 1), and SBUF/PSUM);
+* ``tensor_reduce`` reduces free axes only (across partitions is ``tensor_partition_reduce``);
+* ``nc_matmul(accumulate=...)``: True adds to ``dst``, False overwrites it, None (default)
+  overwrites a PSUM location on its first write and adds on later ones;
+* new tensors are filled with NaN (ints with 4), as the simulator does, so reading memory
+  that was never written poisons the result;
+* tile limits: 128 partitions, a 2 KiB PSUM bank per partition, matmul tiles
+  stationary <= 128x128 and moving <= 128x512.
+
+LNC launches (``kernel[n]``) run the programs one after another, sharing ``shared_hbm``.
+The real simulator and hardware runs are the ``neuron``-marked tests.
 """
 from __future__ import annotations
 
@@ -17,20 +36,130 @@ from types import SimpleNamespace
 import numpy as np
 
 PMAX, STATIONARY_FMAX, MOVING_FMAX, PSUM_BANK_BYTES = 128, 128, 512, 2048
+HBM_KINDS = ("hbm", "shared_hbm")
+ON_CHIP = ("sbuf", "psum")
+# Storage per dtype name; bfloat16 is stored as float32 holding bf16-representable values.
+STORAGE = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "int32": np.int32}
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
+
+
+class NkiRuleError(ValueError):
+    """The kernel broke a documented NKI rule (buffer, dtype, accumulation or tile limit)."""
+
+
+def round_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 (ties to even), returned as float32."""
+    values = np.asarray(values, dtype=np.float32)
+    try:
+        import ml_dtypes
+
+        return values.astype(ml_dtypes.bfloat16).astype(np.float32)
+    except ImportError:
+        bits = values.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+        return np.where(np.isnan(values), values, rounded)
+
+
+def dtype_name(dtype) -> str:
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in STORAGE:
+        raise NkiRuleError(f"dtype {name} is not modelled (have {sorted(STORAGE)})")
+    return name
+
+
+def _cast(values: np.ndarray, name: str) -> np.ndarray:
+    if name == "bfloat16":
+        return round_to_bf16(values)
+    return np.asarray(values).astype(STORAGE[name])
+
+
+class Buffer:
+    """One allocation: its memory kind, dtype, storage, and which elements were ever written."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, kind: str, data: np.ndarray | None = None):
+        self.kind, self.dtype = kind, dtype
+        fill = 4 if dtype == "int32" else np.nan
+        self.data = np.full(shape, fill, dtype=STORAGE[dtype]) if data is None else data
+        self.written = np.zeros(shape, dtype=bool) if data is None else np.ones(shape, dtype=bool)
+
+
+class FakeTensor:
+    """A view of a Buffer; basic indexing (ints, slices) gives views, as NKI tiles do."""
+
+    def __init__(self, buf: Buffer, data: np.ndarray, written: np.ndarray):
+        self.buf, self.values, self.written = buf, data, written
+
+    @classmethod
+    def whole(cls, buf: Buffer) -> "FakeTensor":
+        return cls(buf, buf.data, buf.written)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.buf.dtype
+
+    @property
+    def buffer(self) -> str:
+        return self.buf.kind
+
+    def __getitem__(self, key) -> "FakeTensor":
+        parts = key if isinstance(key, tuple) else (key,)
+        if not all(isinstance(k, (int, np.integer, slice)) for k in parts):
+            raise NkiRuleError(f"index {key!r}: only ints and slices are modelled")
+        return FakeTensor(self.buf, self.values[key], self.written[key])
+
+    def __repr__(self) -> str:
+        return f"FakeTensor({self.buffer}, {self.dtype}, {self.shape})"
 
 
 class FakeNkiState:
     def __init__(self) -> None:
         self.program_id = 0
         self.num_programs = 1
-        self.shared: list[np.ndarray] = []
+        self.shared: list[Buffer] = []
         self.alloc_index = 0
         self.instructions: Counter[str] = Counter()
+        self.grids: list[int] = []  # launch grid of every kernel call, in order
 
 
 def _check_tile(shape: tuple[int, ...], what: str) -> None:
+    if len(shape) < 2:
+        raise NkiRuleError(f"{what}: an SBUF/PSUM tile needs at least 2 dimensions, got {shape}")
     if shape[0] > PMAX:
-        raise ValueError(f"{what}: number of partitions {shape[0]} exceed architecture limitation of {PMAX}")
+        raise NkiRuleError(f"{what}: number of partitions {shape[0]} exceed architecture limitation of {PMAX}")
+
+
+def _tensor(t, op: str, role: str) -> FakeTensor:
+    if not isinstance(t, FakeTensor):
+        raise NkiRuleError(f"{op}: {role} must be an NKI tensor, got {type(t).__name__}")
+    return t
+
+
+def _read(t, op: str, role: str, allowed: tuple[str, ...]) -> np.ndarray:
+    t = _tensor(t, op, role)
+    if t.buffer not in allowed:
+        raise NkiRuleError(f"{op}: {role} is in {t.buffer}; {op} reads {role} only from {'/'.join(allowed)}")
+    return t.values.astype(np.float64 if t.dtype != "int32" else np.int64)
+
+
+def _write(t, values: np.ndarray, op: str, allowed: tuple[str, ...]) -> None:
+    t = _tensor(t, op, "dst")
+    if t.buffer not in allowed:
+        raise NkiRuleError(f"{op}: dst is in {t.buffer}; {op} writes only to {'/'.join(allowed)}")
+    if t.shape != np.shape(values):
+        raise NkiRuleError(f"{op}: dst {t.shape} != result {np.shape(values)}")
+    t.values[...] = _cast(values, t.dtype)
+    t.written[...] = True
+
+
+def hbm_input(array: np.ndarray, dtype: str) -> FakeTensor:
+    """A kernel input in HBM of ``dtype`` (how a test passes bfloat16 without ml_dtypes)."""
+    name = dtype_name(dtype)
+    values = _cast(np.asarray(array, dtype=np.float32), name)
+    return FakeTensor.whole(Buffer(values.shape, name, "hbm", values))
 
 
 def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
@@ -40,83 +169,150 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
     nki.language, nki.isa, nki.__version__ = nl, nisa, "fake-for-tests"
 
     nl.sbuf, nl.psum, nl.shared_hbm, nl.hbm = "sbuf", "psum", "shared_hbm", "hbm"
-    nl.float32 = np.float32
-    nl.add, nl.multiply, nl.maximum = np.add, np.multiply, np.maximum
+    nl.float32, nl.bfloat16, nl.float16, nl.int32 = "float32", "bfloat16", "float16", "int32"
+    nl.add, nl.subtract, nl.multiply, nl.maximum = np.add, np.subtract, np.multiply, np.maximum
+    nl.max = np.maximum  # as a reduction operator (tensor_reduce); nl.maximum elementwise
+    nl.exp, nl.rsqrt, nl.reciprocal = np.exp, lambda x: 1.0 / np.sqrt(x), lambda x: 1.0 / x
     nl.silu = lambda x: x / (1.0 + np.exp(-x))
+    nl.gelu_apprx_tanh = lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
     nl.tile_size = SimpleNamespace(pmax=PMAX, gemm_stationary_fmax=STATIONARY_FMAX, gemm_moving_fmax=MOVING_FMAX)
     nl.affine_range = range
-    nl.program_id = lambda axis: state.program_id
+    nl.program_id = lambda axis=0: state.program_id
     nl.num_programs = lambda axis=None: state.num_programs
 
     def ndarray(shape, dtype, buffer=None):
         shape = tuple(int(s) for s in shape)
-        if buffer in ("sbuf", "psum"):
-            _check_tile(shape, f"nl.ndarray({buffer})")
-        if buffer == "psum" and math.prod(shape[1:]) * 4 > PSUM_BANK_BYTES:
-            raise ValueError(f"PSUM tile {shape} exceeds one 2 KiB bank per partition")
-        if buffer == "shared_hbm":
+        name = dtype_name(dtype)
+        kind = buffer or "sbuf"
+        if kind not in ON_CHIP + HBM_KINDS:
+            raise NkiRuleError(f"nl.ndarray: unknown buffer {buffer!r}")
+        if kind in ON_CHIP:
+            _check_tile(shape, f"nl.ndarray({kind})")
+        if kind == "psum" and math.prod(shape[1:]) * ITEMSIZE[name] > PSUM_BANK_BYTES:
+            raise NkiRuleError(f"PSUM tile {shape} of {name} exceeds one 2 KiB bank per partition")
+        if kind == "shared_hbm":
             # Every program of an LNC launch sees the same shared-HBM allocation.
             index = state.alloc_index
             state.alloc_index += 1
             if state.program_id > 0:
-                return state.shared[index]
-            state.shared.append(np.zeros(shape, dtype=np.dtype(dtype)))
-            return state.shared[index]
-        return np.zeros(shape, dtype=np.dtype(dtype))
+                return FakeTensor.whole(state.shared[index])
+            state.shared.append(Buffer(shape, name, kind))
+            return FakeTensor.whole(state.shared[index])
+        return FakeTensor.whole(Buffer(shape, name, kind))
 
     nl.ndarray = ndarray
 
-    def same_shape(dst, src, what):
-        if dst.shape != src.shape:
-            raise ValueError(f"{what}: dst {dst.shape} != src {src.shape}")
+    def same_shape(a, b, what):
+        if a.shape != b.shape:
+            raise NkiRuleError(f"{what}: {a.shape} != {b.shape}")
 
-    def dma_copy(dst, src):
+    def dma_copy(dst, src, **_):
+        # "data movement between memory locations (SBUF or HBM)": PSUM is not a DMA endpoint.
         state.instructions["dma_copy"] += 1
-        same_shape(dst, src, "dma_copy")
-        dst[...] = src
+        dma_kinds = HBM_KINDS + ("sbuf",)
+        values = _read(src, "dma_copy", "src", dma_kinds)
+        same_shape(_tensor(dst, "dma_copy", "dst"), src, "dma_copy dst/src")
+        _write(dst, values, "dma_copy", dma_kinds)
 
-    def tensor_copy(dst, src, dtype=None):
+    def tensor_copy(dst, src, **_):
         state.instructions["tensor_copy"] += 1
-        same_shape(dst, src, "tensor_copy")
-        dst[...] = src
+        values = _read(src, "tensor_copy", "src", ON_CHIP)
+        _write(dst, values, "tensor_copy", ON_CHIP)
 
-    def tensor_tensor(dst, data1, data2, op):
+    def tensor_tensor(dst, data1, data2, op, **_):
         state.instructions["tensor_tensor"] += 1
+        a = _read(data1, "tensor_tensor", "data1", ON_CHIP)
+        b = _read(data2, "tensor_tensor", "data2", ON_CHIP)
+        if data1.buffer == "psum" and data2.buffer == "psum":
+            raise NkiRuleError("tensor_tensor: data1 and data2 cannot both reside in PSUM")
         same_shape(data1, data2, "tensor_tensor inputs")
-        same_shape(dst, data1, "tensor_tensor")
-        dst[...] = op(data1, data2)
+        _write(dst, op(a.astype(np.float32), b.astype(np.float32)), "tensor_tensor", ON_CHIP)
 
-    def tensor_scalar(dst, data, op0, operand0, **_):
+    def _operand(value, data: np.ndarray, op: str):
+        if isinstance(value, FakeTensor):
+            if value.dtype != "float32":
+                raise NkiRuleError(f"{op}: a tile operand must be float32, got {value.dtype}")
+            operand = _read(value, op, "operand", ON_CHIP)
+            if operand.shape != (data.shape[0], 1):
+                raise NkiRuleError(f"{op}: operand {operand.shape} is not ({data.shape[0]}, 1)")
+            return operand
+        return value
+
+    def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, **_):
         state.instructions["tensor_scalar"] += 1
-        if isinstance(operand0, np.ndarray) and operand0.shape != (data.shape[0], 1):
-            raise ValueError(f"tensor_scalar operand {operand0.shape} is not ({data.shape[0]}, 1)")
-        same_shape(dst, data, "tensor_scalar")
-        dst[...] = op0(data, operand0)
+        values = _read(data, "tensor_scalar", "data", ON_CHIP).astype(np.float32)
+        first = _operand(operand0, values, "tensor_scalar")
+        values = op0(first, values) if reverse0 else op0(values, first)
+        if op1 is not None:
+            second = _operand(operand1, values, "tensor_scalar")
+            values = op1(second, values) if reverse1 else op1(values, second)
+        _write(dst, values, "tensor_scalar", ON_CHIP)
 
-    def activation(dst, op, data, bias=None, scale=1.0):
+    def activation(dst, op, data, bias=None, scale=1.0, **_):
         state.instructions["activation"] += 1
-        same_shape(dst, data, "activation")
-        dst[...] = op(data * scale + (0 if bias is None else bias))
+        values = _read(data, "activation", "data", ON_CHIP).astype(np.float32)
+        shift = 0.0 if bias is None else _operand(bias, values, "activation")
+        _write(dst, op(values * scale + shift), "activation", ON_CHIP)
 
-    def nc_matmul(dst, stationary, moving, **_):
+    def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, **_):
+        state.instructions["tensor_reduce"] += 1
+        values = _read(data, "tensor_reduce", "data", ON_CHIP).astype(np.float32)
+        if axis in (0, [0], (0,)):
+            raise NkiRuleError("tensor_reduce reduces free axes only; use tensor_partition_reduce across partitions")
+        reduced = op.reduce(values, axis=tuple(np.atleast_1d(axis)), keepdims=keepdims)
+        _write(dst, -reduced if negate else reduced, "tensor_reduce", ON_CHIP)
+
+    def memset(dst, value, **_):
+        state.instructions["memset"] += 1
+        _write(dst, np.full(_tensor(dst, "memset", "dst").shape, value, dtype=np.float32), "memset", ON_CHIP)
+
+    def nc_matmul(dst, stationary, moving, accumulate=None, **_):
         state.instructions["nc_matmul"] += 1
-        k, m = stationary.shape
-        k2, n = moving.shape
+        st = _read(stationary, "nc_matmul", "stationary", ("sbuf",))
+        mv = _read(moving, "nc_matmul", "moving", ("sbuf",))
+        out = _tensor(dst, "nc_matmul", "dst")
+        if out.buffer != "psum":
+            raise NkiRuleError(f"nc_matmul: dst is in {out.buffer}; nc_matmul writes dst only to psum")
+        if out.dtype != "float32":
+            raise NkiRuleError(f"nc_matmul: dst must be a float32 PSUM tile on NeuronCore-v3, got {out.dtype}")
+        if ("float32" in (stationary.dtype, moving.dtype)) and stationary.dtype != moving.dtype:
+            raise NkiRuleError(f"nc_matmul: a float32 operand needs a float32 partner, got "
+                               f"{stationary.dtype} x {moving.dtype}")
+        (k, m), (k2, n) = st.shape, mv.shape
         if k != k2 or k > PMAX or m > STATIONARY_FMAX or n > MOVING_FMAX:
-            raise ValueError(f"nc_matmul: stationary {stationary.shape} / moving {moving.shape} break tile limits")
-        if dst.shape != (m, n):
-            raise ValueError(f"nc_matmul: dst {dst.shape} != {(m, n)}")
-        dst += (stationary.astype(np.float64).T @ moving.astype(np.float64)).astype(dst.dtype)
+            raise NkiRuleError(f"nc_matmul: stationary {st.shape} / moving {mv.shape} break tile limits")
+        if out.shape != (m, n):
+            raise NkiRuleError(f"nc_matmul: dst {out.shape} != {(m, n)}")
+        product = (st.T @ mv).astype(np.float32)
+        if accumulate is None:  # first write to a PSUM location overwrites, later writes add
+            add = out.written
+        else:
+            add = np.full(out.shape, bool(accumulate))
+        out.values[...] = np.where(add, out.values + product, product)
+        out.written[...] = True
 
     def nc_transpose(dst, data, **_):
+        # On the Tensor Engine: data is the stationary operand (SBUF), the result lands in PSUM.
         state.instructions["nc_transpose"] += 1
-        if max(data.shape) > PMAX:
-            raise ValueError(f"nc_transpose: {data.shape} exceeds {PMAX}x{PMAX}")
-        same_shape(dst, data.T, "nc_transpose")
-        dst[...] = data.T
+        values = _read(data, "nc_transpose", "data", ("sbuf",))
+        if max(values.shape) > PMAX:
+            raise NkiRuleError(f"nc_transpose: {values.shape} exceeds {PMAX}x{PMAX}")
+        _write(dst, values.T, "nc_transpose", ("psum",))
 
-    for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, activation, nc_matmul, nc_transpose):
+    for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, activation, tensor_reduce, memset,
+               nc_matmul, nc_transpose):
         setattr(nisa, fn.__name__, fn)
+
+    def as_input(arg, kind: str):
+        if hasattr(arg, "detach") and hasattr(arg, "numpy"):  # a torch tensor, as nki.simulate accepts
+            arg = arg.detach().float().cpu().numpy()
+        if isinstance(arg, np.ndarray):
+            data = np.ascontiguousarray(arg)
+            name = dtype_name(data.dtype)
+            return FakeTensor.whole(Buffer(data.shape, name, kind, data.astype(STORAGE[name]).copy()))
+        if isinstance(arg, FakeTensor) and arg.buffer not in HBM_KINDS:
+            raise NkiRuleError(f"kernel input {arg} must be in HBM (top-level tensors live in HBM)")
+        return arg
 
     class Kernel:
         def __init__(self, fn, grid=1):
@@ -126,12 +322,17 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             return Kernel(self.fn, grid)
 
         def __call__(self, *args):
+            state.grids.append(self.grid)
+            kind = "shared_hbm" if self.grid > 1 else "hbm"
+            inputs = [as_input(a, kind) for a in args]
             state.shared, result = [], None
             for pid in range(self.grid):
                 state.program_id, state.num_programs, state.alloc_index = pid, self.grid, 0
-                result = self.fn(*args)
+                result = self.fn(*inputs)
             state.program_id, state.num_programs = 0, 1
-            return result
+            if not isinstance(result, FakeTensor) or result.buffer not in HBM_KINDS:
+                raise NkiRuleError(f"kernel output {result!r} must be an HBM tensor")
+            return result.values.copy()
 
     nki.jit = lambda fn: Kernel(fn)
     nki.simulate = lambda kernel: kernel

@@ -53,15 +53,32 @@ def test_profile_json_command(data_dir, tmp_path, capsys):
     assert isinstance(doc["summaries"][0]["total_us"], float)
 
 
-def test_check_command_exit_code(tmp_path, capsys):
-    path = tmp_path / "check.json"
-    assert main(["check", "--json", str(path)]) == 0
-    doc = json.loads(path.read_text())
-    assert doc["passed"] is True and doc["references"]
+def test_check_command_exit_codes(tmp_path, capsys):
     from kernels.nki_launch import nki_status
 
+    path = tmp_path / "check.json"
+    rc = main(["check", "--json", str(path)])
+    doc = json.loads(path.read_text())
+    assert doc["references"] and all(r["passed"] for r in doc["references"])
     if not nki_status()[0]:
-        assert "NKI kernels SKIPPED" in capsys.readouterr().out
+        # The kernels were asked for (default --kernels-on simulator) and skipped: not a pass.
+        assert rc == 3 and doc["passed"] is False and doc["kernels_skipped_reason"]
+        out = capsys.readouterr().out
+        assert "NKI kernels SKIPPED" in out and "--kernels-on none" in out and "PASSED" not in out
+    else:
+        assert rc == 0 and doc["passed"] is True
+    assert main(["check", "--kernels-on", "none"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASSED")
+
+
+def test_check_command_exit_code_through_python_dash_m():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("NEURON_LOGICAL_NC_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "kernels", "check"], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=300)
+    from kernels.nki_launch import nki_status
+
+    assert proc.returncode == (0 if nki_status()[0] else 3), proc.stdout[-500:]
 
 
 def test_check_command_fails_on_mismatch(monkeypatch):

@@ -40,12 +40,12 @@ def test_cpu_compiler_path_measures_compile_apart_and_matches_reference():
 
 def test_nki_path_is_skipped_off_neuron_with_a_reason():
     device = resolve_device("cpu")
-    assert "NeuronCore" in skip_reason("nki", device, lnc=1)
-    assert skip_reason("compiler", device, lnc=1) is None
+    assert "NeuronCore" in skip_reason("nki", device)
+    assert skip_reason("compiler", device) is None
     with pytest.raises(RuntimeError, match="cannot run the nki path"):
         benchmark_mlp(MLPConfig(1, 4, 128, 128), device, "nki")
     with pytest.raises(ValueError):
-        skip_reason("xla", device, lnc=1)
+        skip_reason("xla", device)
 
 
 def test_nki_path_rejects_bad_shapes_before_compiling():

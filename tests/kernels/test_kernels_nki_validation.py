@@ -49,20 +49,21 @@ def test_conv_moving_operand_limit_and_layout():
 
 
 def test_spmd_and_mlp_validation():
-    nl_.validate_tensor_add_spmd((512, 700))
-    with pytest.raises(ValueError, match="2 cores"):
-        nl_.validate_tensor_add_spmd((384, 512))
+    nl_.validate_tensor_add_spmd((512, 700), 2)
+    with pytest.raises(ValueError, match=r"2 program\(s\) \(LNC=2\)"):
+        nl_.validate_tensor_add_spmd((384, 512), 2)
+    nl_.validate_tensor_add_spmd((384, 512), 1)
     nl_.validate_gated_mlp(256, 2048, 1024, 2)  # seed 002's larger config fits SBUF
     with pytest.raises(TileSizeError, match="SBUF"):
         nl_.validate_gated_mlp(128, 8192, 8192, 4)
 
 
 def test_default_runs_validate_and_carry_references():
-    runs = nl_.default_runs(seed=1)
+    runs = nl_.default_runs(seed=1, lnc=2)
     assert {r.name for r in runs} == {"vector_add_tiled", "vector_add_stream", "transpose2d",
                                       "conv2d_bias_maxpool", "tensor_add_spmd", "gated_mlp"}
     spmd = next(r for r in runs if r.name == "tensor_add_spmd")
-    assert spmd.lnc == 2
+    assert {r.lnc for r in runs} == {2}  # every kernel launches at the LNC asked for
     np.testing.assert_array_equal(spmd.expected, spmd.args[0] + spmd.args[1])
 
 

@@ -1,0 +1,113 @@
+"""Device-side kernel time from Neuron Explorer, the profiler that replaced neuron-profile.
+
+Every timed loop in this package measures host wall clock around call + sync
+(``timing: wall_clock_including_dispatch``; seed 002 saw ~1.4 ms of that per call for a
+~40 us kernel). The current ``nki`` package has ``jit`` and ``simulate`` but no
+``benchmark``, so the device's own time comes from the profiler, as the NKI guide
+"Profile a NKI Kernel" (SDK 2.33) describes:
+
+1. run the benchmark with ``NEURON_FRAMEWORK_DEBUG=1`` (plus ``XLA_IR_DEBUG=1``,
+   ``XLA_HLO_DEBUG=1``) so the compiler saves each NEFF;
+2. ``neuron-explorer capture -n X.neff -s profile.ntff --profile-nth-exec=2`` executes
+   it on the device and records the 2nd execution (skipping warm-up effects) to
+   ``profile_exec_2.ntff``;
+3. ``neuron-explorer view -n X.neff -s profile_exec_2.ntff --output-format json`` writes the
+   summary that :mod:`kernels.profile_json` reads (``total_time`` in seconds). SDK 2.33 is the
+   last release with that JSON; later ones write Parquet (not read here yet).
+
+Results carry ``timing: device``. Capturing needs the NeuronCore to itself (seed 002).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from kernels.device import DEVICE_TIMING
+from kernels.profile_json import FRAMEWORK_DEBUG_ENV, ProfileSummary, explorer_capture_command, load_summary
+
+EXPLORER = "neuron-explorer"
+
+
+class DeviceTimingUnavailable(RuntimeError):
+    """Neuron Explorer is missing or did not produce a profile."""
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    neff: str
+    summary: ProfileSummary
+    nth_exec: int
+    timing: str = DEVICE_TIMING
+
+    @property
+    def total_us(self) -> float:
+        return self.summary.total_us
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"neff": self.neff, "nth_exec": self.nth_exec, "timing": self.timing,
+                "method": f"{EXPLORER} capture --profile-nth-exec={self.nth_exec}",
+                "total_us": self.total_us, "summary": self.summary.as_dict()}
+
+
+def explorer_view_json_command(neff: str | Path, session: str | Path, output: str | Path) -> list[str]:
+    """``neuron-explorer view`` writing the JSON summary (the renamed ``neuron-profile view``)."""
+    return [EXPLORER, "view", "-n", str(neff), "-s", str(session), "--output-format", "json",
+            "--output-file", str(output)]
+
+
+def captured_session(session: Path, nth_exec: int) -> Path:
+    """Where capture wrote the trace: ``<stem>_exec_<n>.ntff`` per the guide, else the name given."""
+    numbered = session.with_name(f"{session.stem}_exec_{nth_exec}{session.suffix}")
+    if numbered.exists():
+        return numbered
+    if session.exists():
+        return session
+    raise DeviceTimingUnavailable(f"{EXPLORER} capture wrote neither {numbered} nor {session}")
+
+
+def find_neffs(directory: str | Path) -> list[Path]:
+    """NEFFs a NEURON_FRAMEWORK_DEBUG=1 run left in ``directory``, oldest first."""
+    return sorted(Path(directory).rglob("*.neff"), key=lambda p: p.stat().st_mtime)
+
+
+def profile_neff(neff: str | Path, workdir: str | Path, nth_exec: int = 2,
+                 run: Callable[..., Any] = subprocess.run,
+                 which: Callable[[str], str | None] = shutil.which) -> DeviceTime:
+    """Capture one NEFF on the device and return its device-side time."""
+    if nth_exec < 1:
+        raise ValueError(f"nth_exec must be >= 1, got {nth_exec}")
+    if which(EXPLORER) is None:
+        raise DeviceTimingUnavailable(
+            f"{EXPLORER} is not on PATH; it ships with aws-neuronx-tools (preinstalled on the Neuron DLAMI)")
+    neff = Path(neff)
+    if not neff.is_file():
+        raise DeviceTimingUnavailable(f"{neff}: no such NEFF; run the benchmark with "
+                                      + " ".join(f"{k}={v}" for k, v in FRAMEWORK_DEBUG_ENV.items()))
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    session = workdir / f"{neff.stem}.ntff"
+    _run_tool(run, explorer_capture_command(neff, session, nth_exec))
+    output = workdir / f"{neff.stem}.json"
+    _run_tool(run, explorer_view_json_command(neff, captured_session(session, nth_exec), output))
+    return DeviceTime(str(neff), load_summary(output, neff.stem), nth_exec)
+
+
+def _run_tool(run: Callable[..., Any], cmd: list[str]) -> None:
+    proc = run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        raise DeviceTimingUnavailable(f"{' '.join(cmd[:2])} failed (exit {proc.returncode}): {tail[0]}")
+
+
+def format_device_times(times: list[DeviceTime]) -> str:
+    header = f"{'NEFF':<40} {'device us':>10} {'tensor us':>10} {'DMA us':>9}  timing"
+    lines = [header, "-" * len(header)]
+    for t in times:
+        tensor, dma = t.summary.engine_active_us("tensor"), t.summary.engine_active_us("dma")
+        lines.append(f"{Path(t.neff).name:<40} {t.total_us:>10.2f} "
+                     f"{tensor if tensor is not None else float('nan'):>10.2f} "
+                     f"{dma if dma is not None else float('nan'):>9.2f}  {t.timing}")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""The one LNC the kernels use: the Neuron runtime's, read through ``models.neuron_sdk.runtime_lnc``.
+
+The Neuron docs (NKI "Using Logical NeuronCores", SDK 2.33; compiler error NCC_EVRF066) say an
+NKI kernel compiled into a graph must use the graph's LNC degree, and the runtime refuses a NEFF
+whose LNC differs from ``NEURON_LOGICAL_NC_CONFIG``. So every kernel launch, every traced graph
+and every roofline here uses the runtime's LNC; a different ``--lnc`` on a NeuronCore is an error,
+not a silent second setting. ``models.neuron_sdk`` imports torch, hence the lazy imports.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class KernelLncError(RuntimeError):
+    """A kernel or benchmark was asked to run at an LNC the Neuron runtime here does not use."""
+
+
+def _how(explicit: bool, lnc: int) -> str:
+    from models.neuron_sdk import LNC_ENV
+
+    return f"{LNC_ENV}={lnc}" if explicit else f"{LNC_ENV} unset, so the trn2 default LNC={lnc}"
+
+
+def runtime_kernel_lnc(env: Mapping[str, str] | None = None) -> int:
+    """The LNC the runtime will launch kernels at (1 or 2); an invalid setting raises LncMismatch."""
+    from models.neuron_sdk import runtime_lnc
+
+    return runtime_lnc(env)[0]
+
+
+def resolve_lnc(requested: int | None, on_neuron: bool, env: Mapping[str, str] | None = None) -> int:
+    """``--lnc`` if given, else the runtime's. On a NeuronCore the two must agree.
+
+    Off Neuron (cpu/cuda) ``--lnc`` only chooses the trn2 roofline the numbers are compared with.
+    """
+    from models.neuron_sdk import LNC_ENV, VALID_LNC, runtime_lnc
+
+    lnc, explicit = runtime_lnc(env)
+    if requested is None:
+        return lnc
+    if requested not in VALID_LNC:
+        raise ValueError(f"--lnc must be one of {VALID_LNC}, got {requested}")
+    if on_neuron and requested != lnc:
+        raise KernelLncError(
+            f"--lnc {requested} differs from the Neuron runtime's LNC={lnc} ({_how(explicit, lnc)}); kernels "
+            f"and graphs must use the runtime's LNC. Fix: export {LNC_ENV}={requested}, or drop --lnc"
+        )
+    return requested
+
+
+def require_kernel_lnc(kernel: str, supported: tuple[int, ...], lnc: int,
+                       env: Mapping[str, str] | None = None) -> None:
+    """Raise KernelLncError naming the fix when ``kernel`` cannot launch at ``lnc``."""
+    if lnc in supported:
+        return
+    from models.neuron_sdk import LNC_ENV, runtime_lnc
+
+    runtime, explicit = runtime_lnc(env)
+    where = _how(explicit, runtime) if lnc == runtime else f"requested LNC={lnc}"
+    wanted = " or ".join(str(v) for v in supported)
+    raise KernelLncError(
+        f"kernel {kernel} runs only at LNC={wanted}, but it would launch at LNC={lnc} ({where}). "
+        f"Fix: export {LNC_ENV}={supported[0]} before running it"
+    )

@@ -1,0 +1,175 @@
+"""NKI kernels for the three SigLIP-SO400M/14-384 hot spots: LayerNorm, the MLP, the attention softmax.
+
+Like :mod:`kernels.nki_kernels` this imports ``nki`` at load time and is only imported lazily
+by the launcher. Shapes are validated by :mod:`kernels.siglip` before anything compiles.
+Each kernel splits its outer loop between the programs of an LNC launch (``_my_share``).
+
+* ``layer_norm``: tokens on partitions, 128 per tile, the 1152 features on the free axis;
+  mean and variance by free-axis reductions; gamma/beta broadcast to all partitions once with
+  a K=1 matmul (ones[1, 128].T @ row), so they are read from HBM once.
+* ``mlp_gelu_t``: ``fc2(gelu_tanh(fc1(x) + b1)) + b2`` in the transposed layout of
+  ``gated_mlp_t`` (features on partitions, tokens streaming 512 at a time). The intermediate
+  4304 = 33 x 128 + 80, so the last hidden tile has 80 partitions; bias + GELU are one
+  Scalar-Engine ``activation`` reading PSUM, and fc2 contracts over the ragged tile too.
+* ``softmax_rows``: ``softmax(scale * s)`` over the last axis of attention scores [rows, 729],
+  128 rows per tile: row max, ``exp(scale*s - scale*max)`` fused in one ``activation``, row sum,
+  reciprocal, multiply.
+"""
+import nki  # noqa: F401  (the launcher applies nki.jit)
+import nki.isa as nisa
+import nki.language as nl
+
+
+def _my_share(steps):
+    """The steps of an outer loop that this program of the LNC launch owns (interleaved)."""
+    return range(nl.program_id(0), steps, nl.num_programs(0))
+
+
+def _broadcast_row(row, width, ones):
+    """A [1, width] float32 SBUF row copied onto all 128 partitions (ones.T @ row, 512 columns at a time)."""
+    pmax = nl.tile_size.pmax
+    fmax = nl.tile_size.gemm_moving_fmax
+    out = nl.ndarray((pmax, width), dtype=nl.float32, buffer=nl.sbuf)
+    for c in range((width + fmax - 1) // fmax):
+        c0 = c * fmax
+        c1 = min(width, c0 + fmax)
+        acc = nl.ndarray((pmax, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=ones, moving=row[0:1, c0:c1])
+        nisa.tensor_copy(dst=out[0:pmax, c0:c1], src=acc)
+    return out
+
+
+def layer_norm(x, gamma, beta, eps):
+    """y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis; x [T, D], gamma/beta [1, D]."""
+    tokens, width = x.shape
+    pmax = nl.tile_size.pmax
+    out = nl.ndarray((tokens, width), dtype=x.dtype, buffer=nl.shared_hbm)
+    my_tiles = list(_my_share((tokens + pmax - 1) // pmax))
+    if not my_tiles:
+        return out
+
+    ones = nl.ndarray((1, pmax), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    rows_f32 = []
+    for vec in (gamma, beta):
+        row = nl.ndarray((1, width), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=row, src=vec[0:1, 0:width])
+        rows_f32.append(_broadcast_row(row, width, ones))
+    gamma_b, beta_b = rows_f32
+
+    for t in my_tiles:
+        r0 = t * pmax
+        rows = min(tokens, r0 + pmax) - r0
+        xt = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xt, src=x[r0:r0 + rows, 0:width])
+        total = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=total, op=nl.add, data=xt, axis=1, keepdims=True)
+        mean = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=mean, data=total, op0=nl.multiply, operand0=1.0 / width)
+        xc = nl.ndarray((rows, width), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=xc, data=xt, op0=nl.subtract, operand0=mean)
+        sq = nl.ndarray((rows, width), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sq, data1=xc, data2=xc, op=nl.multiply)
+        var = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=var, op=nl.add, data=sq, axis=1, keepdims=True)
+        nisa.tensor_scalar(dst=var, data=var, op0=nl.multiply, operand0=1.0 / width, op1=nl.add, operand1=eps)
+        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=rstd, op=nl.rsqrt, data=var)
+        y = nl.ndarray((rows, width), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=xc, op0=nl.multiply, operand0=rstd)
+        nisa.tensor_tensor(dst=y, data1=y, data2=gamma_b[0:rows, 0:width], op=nl.multiply)
+        res = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=res, data1=y, data2=beta_b[0:rows, 0:width], op=nl.add)
+        nisa.dma_copy(dst=out[r0:r0 + rows, 0:width], src=res)
+    return out
+
+
+def mlp_gelu_t(x_t, w1, b1, w2, b2):
+    """outT = (gelu_tanh(x @ w1 + b1) @ w2 + b2).T from xT [D, T]; w1 [D, I], w2 [I, D]; b1 [I, 1], b2 [D, 1].
+
+    D must be a multiple of 128 (1152 = 9 x 128); I may be ragged (4304 = 33 x 128 + 80).
+    """
+    width, tokens = x_t.shape
+    inter = w1.shape[1]
+    pmax = nl.tile_size.pmax
+    tmax = nl.tile_size.gemm_moving_fmax
+    n_d = width // pmax
+    n_i = (inter + pmax - 1) // pmax
+    out_t = nl.ndarray((width, tokens), dtype=x_t.dtype, buffer=nl.shared_hbm)
+    my_token_tiles = list(_my_share((tokens + tmax - 1) // tmax))
+    if not my_token_tiles:
+        return out_t
+
+    # Weights and biases stay resident for all of this program's token tiles.
+    w1_tiles, w2_tiles, b1_tiles, b2_tiles = [], [], [], []
+    for k in range(n_d):
+        w = nl.ndarray((pmax, inter), dtype=w1.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w, src=w1[k * pmax:(k + 1) * pmax, 0:inter])
+        w1_tiles.append(w)
+        b = nl.ndarray((pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=b, src=b2[k * pmax:(k + 1) * pmax, 0:1])
+        b2_tiles.append(b)
+    for m in range(n_i):
+        i0 = m * pmax
+        i1 = min(inter, i0 + pmax)
+        w = nl.ndarray((i1 - i0, width), dtype=w2.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w, src=w2[i0:i1, 0:width])
+        w2_tiles.append(w)
+        b = nl.ndarray((i1 - i0, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=b, src=b1[i0:i1, 0:1])
+        b1_tiles.append(b)
+
+    for n in my_token_tiles:
+        t0 = n * tmax
+        t1 = min(tokens, t0 + tmax)
+        x_tiles = []
+        for k in range(n_d):
+            xt = nl.ndarray((pmax, t1 - t0), dtype=x_t.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=xt, src=x_t[k * pmax:(k + 1) * pmax, t0:t1])
+            x_tiles.append(xt)
+        h_tiles = []
+        for m in range(n_i):
+            i0 = m * pmax
+            i1 = min(inter, i0 + pmax)
+            acc = nl.ndarray((i1 - i0, t1 - t0), dtype=nl.float32, buffer=nl.psum)
+            for k in range(n_d):
+                nisa.nc_matmul(dst=acc, stationary=w1_tiles[k][0:pmax, i0:i1], moving=x_tiles[k])
+            h = nl.ndarray((i1 - i0, t1 - t0), dtype=x_t.dtype, buffer=nl.sbuf)
+            nisa.activation(dst=h, op=nl.gelu_apprx_tanh, data=acc, bias=b1_tiles[m])
+            h_tiles.append(h)
+        for d in range(n_d):
+            acc = nl.ndarray((pmax, t1 - t0), dtype=nl.float32, buffer=nl.psum)
+            for m in range(n_i):
+                rows = min(inter, m * pmax + pmax) - m * pmax
+                nisa.nc_matmul(dst=acc, stationary=w2_tiles[m][0:rows, d * pmax:(d + 1) * pmax],
+                               moving=h_tiles[m])
+            o = nl.ndarray((pmax, t1 - t0), dtype=x_t.dtype, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=o, data=acc, op0=nl.add, operand0=b2_tiles[d])
+            nisa.dma_copy(dst=out_t[d * pmax:(d + 1) * pmax, t0:t1], src=o)
+    return out_t
+
+
+def softmax_rows(scores, scale):
+    """softmax(scale * scores) over the last axis; scores [rows, keys] (keys = 729 for SigLIP-384)."""
+    n_rows, keys = scores.shape
+    pmax = nl.tile_size.pmax
+    out = nl.ndarray((n_rows, keys), dtype=scores.dtype, buffer=nl.shared_hbm)
+    for t in _my_share((n_rows + pmax - 1) // pmax):
+        r0 = t * pmax
+        rows = min(n_rows, r0 + pmax) - r0
+        s = nl.ndarray((rows, keys), dtype=scores.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=s, src=scores[r0:r0 + rows, 0:keys])
+        row_max = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=row_max, op=nl.max, data=s, axis=1, keepdims=True)
+        shift = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=shift, data=row_max, op0=nl.multiply, operand0=-scale)
+        e = nl.ndarray((rows, keys), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=s, bias=shift, scale=scale)
+        total = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=total, op=nl.add, data=e, axis=1, keepdims=True)
+        inv = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=inv, op=nl.reciprocal, data=total)
+        p = nl.ndarray((rows, keys), dtype=scores.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=p, data=e, op0=nl.multiply, operand0=inv)
+        nisa.dma_copy(dst=out[r0:r0 + rows, 0:keys], src=p)
+    return out

@@ -13,8 +13,7 @@ listed are ignored; a missing key or file leaves its measurement out of the repo
     (the total is summed from per_core when absent)
 (c) `siglip-serve loadtest --out DIR` -> DIR/summary.json (loadtest/summary.py): saturation, steps,
     server, metrics_check.
-Seed 000's reference rows come from `models.multicore_bench.SEED_REFERENCE` when that module is
-installed, else from SEED_000 below (the seed's own table).
+Seed 000's reference rows come from `models.multicore_bench.SEED_REFERENCE`.
 """
 
 from __future__ import annotations
@@ -22,13 +21,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-
-# Seed 000 (trn2.3xlarge, SigLIP-SO400M-14-384, --auto-cast matmult, batch 1): the fallback when
-# models.multicore_bench is not importable.
-SEED_000 = {
-    2: {"cores": 4, "per_core": 35.43, "instance": 141.1, "latency_ms": 28.23},
-    1: {"cores": 8, "per_core": 14.38, "instance": 115.0, "latency_ms": 69.56},
-}
 
 _ALIASES = {
     "cores": ("cores", "logical_cores", "num_cores", "workers"),
@@ -53,23 +45,14 @@ def read_json(path: str | Path | None) -> dict[str, Any] | None:
 
 
 def seed_reference() -> dict[int, dict[str, Any]]:
-    """{lnc: {cores, per_core, instance, latency_ms}} from the multi-core bench module, else the seed table."""
-    try:
-        from models.multicore_bench import SEED_REFERENCE  # type: ignore[import-not-found]
-    except Exception:  # noqa: BLE001 - not installed yet, or fails to import off Neuron: use the seed table
-        return SEED_000
-    rows: dict[int, dict[str, Any]] = {}
-    items = SEED_REFERENCE.items() if isinstance(SEED_REFERENCE, dict) else \
-        ((r.get("lnc"), r) for r in SEED_REFERENCE if isinstance(r, dict))
-    for key, row in items:
-        try:
-            lnc = int(str(row.get("lnc", key)).lower().replace("lnc", "").strip("=_ "))
-        except (ValueError, AttributeError):
-            continue
-        normal = {name: _first(row, aliases) for name, aliases in _ALIASES.items()}
-        if normal["per_core"] is not None or normal["instance"] is not None:
-            rows[lnc] = normal
-    return rows or SEED_000
+    """{lnc: {cores, per_core, instance, latency_ms, auto_cast, label}}: seed 000's multi-core rows
+    from models.multicore_bench.SEED_REFERENCE (the LNC=1 row is the un-cast fp32 compile)."""
+    from models.multicore_bench import SEED_REFERENCE
+
+    return {row["lnc"]: {"cores": row["cores"], "per_core": row["per_core_images_per_second"],
+                         "instance": row["instance_images_per_second"], "latency_ms": row["latency_ms"],
+                         "auto_cast": row["auto_cast"], "label": row["label"]}
+            for row in SEED_REFERENCE if row["cores"] > 1}
 
 
 def _settings(data: dict[str, Any]) -> dict[str, Any]:

@@ -117,7 +117,8 @@ def _wait(proc: subprocess.Popen, timeout_s: float, began: float, echo: Callable
     next_beat = began + HEARTBEAT_S
     while True:
         try:
-            return "done", proc.wait(timeout=min(5.0, max(0.05, began + timeout_s - time.monotonic())))
+            until = min(began + timeout_s, next_beat)
+            return "done", proc.wait(timeout=max(0.05, until - time.monotonic()))
         except subprocess.TimeoutExpired:
             now = time.monotonic()
             if now - began >= timeout_s:

@@ -2,7 +2,7 @@
 
 Three measurements, each read from a recorded JSON or run here:
   (a) single core, bare encoder       --bench-json FILE      | --run-bench "ARGS for siglip-serve bench"
-  (b) one worker per logical core     --multicore-json FILE  | --run-multicore KEY=VALUE ... (run_multicore)
+  (b) one worker per logical core     --multicore-json FILE  | --run-multicore cores=N KEY=VALUE ... (run_multicore)
   (c) served at saturation            --loadtest-summary FILE | --run-loadtest "ARGS for siglip-serve loadtest"
 Serving efficiency = (c) / (b). Writes OUT/report.md, OUT/report.json and PNG figures; the JSON
 shapes read are documented in loadtest/inputs.py and docs/loadtest.md.

@@ -165,7 +165,7 @@ def test_report_builds_from_recorded_results(tmp_path: Path) -> None:
     assert code == 0
     summary = json.loads((DATA / "loadtest_summary.json").read_text())
     multicore = json.loads((DATA / "multicore.json").read_text())
-    total = sum(w["images_per_second"] for w in multicore["per_core"])
+    total = sum(w["images_per_second"] for w in multicore["workers"])
     result = json.loads((tmp_path / "report.json").read_text())
     assert result["missing"] == []
     assert result["serving_efficiency"] == pytest.approx(summary["saturation"]["images_per_second"] / total)

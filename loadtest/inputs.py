@@ -6,15 +6,13 @@ listed are ignored; a missing key or file leaves its measurement out of the repo
 (a) `siglip-serve bench --json FILE` (serve/bench.py):
     {"encoder": [{"bucket": 1, "images_per_second": 35.4, "latency_mean_ms": 28.2, ...}, ...],
      "model", "backend", "buckets", "machine": {...}}   (or model/backend/lnc under "config"/"settings")
-(b) `models.multicore_bench.run_multicore(...)`, one worker per logical core, summed:
-    {"lnc": 2, "cores" | "logical_cores": 4, "bucket" | "batch_size": 1, "model", "backend", "machine",
-     "per_core" | "workers": [{"core": 0, "images_per_second": 35.4, "latency_ms": 28.2}, ...],
-     "total_images_per_second" | "instance_images_per_second" | "images_per_second": 141.1}
-    (the total is summed from per_core when absent)
+(b) `models.multicore_bench.run_multicore(...)` (`python -m models.multicore_bench --json FILE`):
+    {"lnc": 2, "cores": 4, "bucket": 1, "model", "backend", "machine",
+     "workers": [{"core": "0", "images_per_second": 35.4, "latency_ms": 28.2, ...}, ...],
+     "instance_images_per_second": 141.1, ...}
 (c) `siglip-serve loadtest --out DIR` -> DIR/summary.json (loadtest/summary.py): saturation, steps,
     server, metrics_check.
-Seed 000's reference rows come from `models.multicore_bench.SEED_REFERENCE` when that module is
-installed, else from SEED_000 below (the seed's own table).
+Seed 000's reference rows come from `models.multicore_bench.SEED_REFERENCE`.
 """
 
 from __future__ import annotations
@@ -23,19 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-# Seed 000 (trn2.3xlarge, SigLIP-SO400M-14-384, --auto-cast matmult, batch 1): the fallback when
-# models.multicore_bench is not importable.
-SEED_000 = {
-    2: {"cores": 4, "per_core": 35.43, "instance": 141.1, "latency_ms": 28.23},
-    1: {"cores": 8, "per_core": 14.38, "instance": 115.0, "latency_ms": 69.56},
-}
-
-_ALIASES = {
-    "cores": ("cores", "logical_cores", "num_cores", "workers"),
-    "per_core": ("per_core", "per_core_images_per_second", "images_per_second_per_core"),
-    "instance": ("instance", "instance_images_per_second", "total_images_per_second", "images_per_second"),
-    "latency_ms": ("latency_ms", "latency_mean_ms", "mean_latency_ms"),
-}
+_ALIASES = {"latency_ms": ("latency_ms", "latency_mean_ms", "mean_latency_ms")}
 
 
 def _first(mapping: dict[str, Any], keys: tuple[str, ...]) -> Any:
@@ -53,23 +39,14 @@ def read_json(path: str | Path | None) -> dict[str, Any] | None:
 
 
 def seed_reference() -> dict[int, dict[str, Any]]:
-    """{lnc: {cores, per_core, instance, latency_ms}} from the multi-core bench module, else the seed table."""
-    try:
-        from models.multicore_bench import SEED_REFERENCE  # type: ignore[import-not-found]
-    except Exception:  # noqa: BLE001 - not installed yet, or fails to import off Neuron: use the seed table
-        return SEED_000
-    rows: dict[int, dict[str, Any]] = {}
-    items = SEED_REFERENCE.items() if isinstance(SEED_REFERENCE, dict) else \
-        ((r.get("lnc"), r) for r in SEED_REFERENCE if isinstance(r, dict))
-    for key, row in items:
-        try:
-            lnc = int(str(row.get("lnc", key)).lower().replace("lnc", "").strip("=_ "))
-        except (ValueError, AttributeError):
-            continue
-        normal = {name: _first(row, aliases) for name, aliases in _ALIASES.items()}
-        if normal["per_core"] is not None or normal["instance"] is not None:
-            rows[lnc] = normal
-    return rows or SEED_000
+    """{lnc: {cores, per_core, instance, latency_ms, auto_cast, label}}: seed 000's multi-core rows
+    from models.multicore_bench.SEED_REFERENCE (the LNC=1 row is the un-cast fp32 compile)."""
+    from models.multicore_bench import SEED_REFERENCE
+
+    return {row["lnc"]: {"cores": row["cores"], "per_core": row["per_core_images_per_second"],
+                         "instance": row["instance_images_per_second"], "latency_ms": row["latency_ms"],
+                         "auto_cast": row["auto_cast"], "label": row["label"]}
+            for row in SEED_REFERENCE if row["cores"] > 1}
 
 
 def _settings(data: dict[str, Any]) -> dict[str, Any]:
@@ -101,24 +78,15 @@ def single_core(bench: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def multi_core(data: dict[str, Any] | None) -> dict[str, Any] | None:
-    """(b): one worker per logical core, summed."""
-    if not data:
+    """(b): run_multicore's result (python -m models.multicore_bench --json): one worker per logical
+    core, summed."""
+    if not data or not isinstance(data.get("instance_images_per_second"), (int, float)):
         return None
-    workers = next((data[k] for k in ("per_core", "workers", "cores") if isinstance(data.get(k), list)), [])
-    per_core = [{"core": w.get("core", w.get("index", i)), "images_per_second": float(w["images_per_second"]),
-                 "latency_ms": _first(w, _ALIASES["latency_ms"])}
-                for i, w in enumerate(workers) if isinstance(w, dict)
-                and isinstance(w.get("images_per_second"), (int, float))]
-    total = _first(data, ("total_images_per_second", "instance_images_per_second", "images_per_second"))
-    if total is None and per_core:
-        total = sum(w["images_per_second"] for w in per_core)
-    if total is None:
-        return None
-    settings = _settings(data)
-    cores = _first(data, ("cores", "logical_cores", "num_cores")) or (len(per_core) or None)
-    return {"images_per_second": float(total), "cores": cores, "per_core": per_core,
-            "lnc": data.get("lnc", settings.get("lnc")), "bucket": _first(data, ("bucket", "batch_size", "batch")),
-            "model": settings.get("model"), "backend": settings.get("backend"), "machine": data.get("machine")}
+    per_core = [{"core": w["core"], "images_per_second": float(w["images_per_second"]),
+                 "latency_ms": w.get("latency_ms")} for w in data.get("workers") or []]
+    return {"images_per_second": float(data["instance_images_per_second"]), "cores": data.get("cores"),
+            "per_core": per_core, "lnc": data.get("lnc"), "bucket": data.get("bucket"), "model": data.get("model"),
+            "backend": data.get("backend"), "machine": data.get("machine")}
 
 
 def served(summary: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -213,7 +213,9 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
              settings.model, plan.weights.source, options.lnc, options.auto_cast, list(plan.buckets), plan.artifact_dir)
     began = time.monotonic()
     try:
-        with runtime_lnc_as(options.lnc), torch.inference_mode():
+        # no_grad, not inference_mode: torch_neuronx.trace runs the model on XLA tensors, which fail
+        # under inference mode; seed 000 traced with no grad context at all.
+        with runtime_lnc_as(options.lnc), torch.no_grad():
             seconds = _trace_buckets(neuronx, embedder, plan, work)
         shutil.rmtree(work / "workdir", ignore_errors=True)
         manifest = Manifest(

@@ -18,8 +18,9 @@ from models.encoder import BackendUnavailable
 NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
 INSTALL_HINT = (
-    f"on a trn2 use the Neuron DLAMI venv (source {DLAMI_VENV}/bin/activate) or install it from the "
-    f"Neuron pip repository: pip install torch-neuronx neuronx-cc --extra-index-url {NEURON_PIP_REPOSITORY}"
+    f"on a trn2 use the Neuron 2.31 DLAMI's venv (source {DLAMI_VENV}/bin/activate; docs/trn2.md step 1) "
+    f"or install the pinned set from the Neuron pip repository: pip install -e '.[neuron]' "
+    f"-c constraints-neuron-2.31.txt --extra-index-url {NEURON_PIP_REPOSITORY}"
 )
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"

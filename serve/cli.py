@@ -17,6 +17,8 @@ DELEGATED = {
     "compile": ("models.neuron_compile", "compile the image tower for Trainium2, one artifact per input set"),
     "accuracy": ("models.accuracy", "compare two encoders' embeddings on a folder of images"),
     "loadtest": ("loadtest.cli", "Locust load test (summary.json, CSV, HTML); 'loadtest report': instance throughput"),
+    "trn2-check": ("serve.trn2_check", "first run on a fresh trn2: versions, neuron-ls, compile, accuracy, serve, "
+                                       "bench, report into one folder with a summary"),
 }
 
 

@@ -1,9 +1,8 @@
-"""The trn2 Serve configs and the KubeRay RayService: valid for Ray Serve, valid for our config,
-and consistent (LNC everywhere the same, one replica per declared logical NeuronCore)."""
+"""The trn2 Serve configs: valid for Ray Serve, valid for our config, and consistent (LNC everywhere
+the same, one replica per declared logical NeuronCore). The KubeRay RayService: test_kuberay_manifest.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -39,19 +38,3 @@ def test_trn2_serve_configs(lnc: int, cores: int) -> None:
     # The CPUs the config asks for fit a trn2.3xlarge's 12 vCPUs.
     cpus = cores * service.encoder_num_cpus + service.ingress_replicas * service.ingress_num_cpus
     assert cpus <= 12
-
-
-def test_kuberay_rayservice() -> None:
-    service = yaml.safe_load((DEPLOY / "kuberay" / "rayservice.yaml").read_text())
-    assert service["kind"] == "RayService" and service["apiVersion"] == "ray.io/v1"
-    args = app_args(yaml.safe_load(service["spec"]["serveConfigV2"]))
-    config = ServiceConfig.from_args(args)
-    (group,) = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-    declared = json.loads(json.loads(group["rayStartParams"]["resources"]))["neuron_cores"]
-    container = group["template"]["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    lnc = int(env["NEURON_LOGICAL_NC_CONFIG"])
-    assert config.env_vars["NEURON_LOGICAL_NC_CONFIG"] == str(lnc)
-    assert container["resources"]["limits"]["aws.amazon.com/neuroncore"] == declared * lnc  # physical cores
-    assert config.replicas == declared * group["replicas"]
-    assert service["spec"]["rayClusterConfig"]["rayVersion"] == "2.60.0"

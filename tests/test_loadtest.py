@@ -10,8 +10,6 @@ import base64
 import csv
 import io
 import json
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +165,7 @@ def test_report_builds_from_recorded_results(tmp_path: Path) -> None:
     assert code == 0
     summary = json.loads((DATA / "loadtest_summary.json").read_text())
     multicore = json.loads((DATA / "multicore.json").read_text())
-    total = sum(w["images_per_second"] for w in multicore["per_core"])
+    total = sum(w["images_per_second"] for w in multicore["workers"])
     result = json.loads((tmp_path / "report.json").read_text())
     assert result["missing"] == []
     assert result["serving_efficiency"] == pytest.approx(summary["saturation"]["images_per_second"] / total)
@@ -194,14 +192,37 @@ def test_report_tolerates_missing_parts(tmp_path: Path) -> None:
     assert report.main(["--bench-json", str(tmp_path / "absent.json"), "--out", str(tmp_path)]) == 2
 
 
-def test_seed_reference_read_from_the_multicore_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("models.multicore_bench")
-    fake.SEED_REFERENCE = {"lnc2": {"logical_cores": 4, "per_core_images_per_second": 1.5,
-                                    "instance_images_per_second": 6.0, "latency_ms": 9.0}}
-    monkeypatch.setitem(sys.modules, "models.multicore_bench", fake)
-    assert inputs.seed_reference() == {2: {"cores": 4, "per_core": 1.5, "instance": 6.0, "latency_ms": 9.0}}
-    fake.SEED_REFERENCE = [{"lnc": 1, "cores": 8, "per_core": 2.0, "instance": 16.0}]
-    assert inputs.seed_reference()[1]["instance"] == 16.0
+def test_seed_reference_is_the_multicore_modules_table() -> None:
+    seed = inputs.seed_reference()
+    assert seed[2] == {"cores": 4, "per_core": 35.43, "instance": 141.1, "latency_ms": 28.23, "auto_cast": "matmult",
+                       "label": "seed LNC=2, 4 cores, matmult"}
+    assert seed[1]["instance"] == 115.0 and seed[1]["auto_cast"] == "none" and "fp32" in seed[1]["label"]
+
+
+def test_report_runs_the_real_multicore_bench_on_cpu(tmp_path: Path) -> None:
+    """--run-multicore calls models.multicore_bench.run_multicore for real: two pinned CPU workers."""
+    code = report.main(["--run-multicore", "cores=2", "model=tiny-siglip", "bucket=2", "warmup=1", "iterations=5",
+                        "--out", str(tmp_path)])
+    assert code == 0
+    recorded = json.loads((tmp_path / "multicore.json").read_text())
+    assert recorded["backend"] == "cpu" and recorded["cores"] == 2 and recorded["bucket"] == 2
+    assert sorted(w["core"] for w in recorded["workers"]) == ["0", "1"]
+    assert all(w["images"] == 2 * 5 for w in recorded["workers"])
+    result = json.loads((tmp_path / "report.json").read_text())
+    assert result["multi_core"]["images_per_second"] == pytest.approx(
+        sum(w["images_per_second"] for w in recorded["workers"]))
+    assert result["context"]["model"] == "tiny-siglip" and result["context"]["backend"] == "cpu"
+    (row,) = (r for r in result["rows"] if r["source"] == "(b) this run")
+    assert row["cores"] == 2 and "batch 2" in row["what"]
+    md = (tmp_path / "report.md").read_text()
+    assert "un-cast fp32" in md and "not comparable" in md
+
+
+def test_run_multicore_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="cores=N"):
+        report.main(["--run-multicore", "model=tiny-siglip", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="could not run"):
+        report.main(["--run-multicore", "cores=1", "backend=nonsense", "--out", str(tmp_path)])
 
 
 # -- end to end against the real app -------------------------------------------------------
@@ -292,31 +313,21 @@ def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
     assert cli.main(["--images", str(_empty(tmp_path)), "--out", str(tmp_path)]) == 2
 
 
-def test_report_runs_the_measurements_it_is_not_given(tmp_path: Path, lt_app: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """(a) by the real `siglip-serve bench`, (b) through run_multicore (a stand-in module: the real
-    one needs Neuron cores), (c) by a real load test."""
-    calls: list[dict] = []
-    fake = types.ModuleType("models.multicore_bench")
-
-    def run_multicore(**kwargs: object) -> dict:
-        calls.append(kwargs)
-        return {"lnc": kwargs["lnc"], "per_core": [{"core": i, "images_per_second": 10.0 + i} for i in range(4)]}
-
-    fake.run_multicore = run_multicore
-    monkeypatch.setitem(sys.modules, "models.multicore_bench", fake)
+def test_report_runs_the_measurements_it_is_not_given(tmp_path: Path, lt_app: str) -> None:
+    """(a) by the real `siglip-serve bench`, (b) by the real run_multicore (CPU workers), (c) by a real
+    load test."""
     code = report.main(["--run-bench=--model tiny-siglip --torch-threads 1 --warmup 2 --iterations 5",
-                        "--run-multicore", "lnc=2", "cores=4", "backend=neuron",
+                        "--run-multicore", "cores=2", "model=tiny-siglip", "warmup=1", "iterations=5",
                         f"--run-loadtest=--host {lt_app} --api-key {API_KEY} --users 1 --run-time 3s",
                         "--out", str(tmp_path)])
     assert code == 0
-    assert calls == [{"lnc": 2, "cores": 4, "backend": "neuron"}]
     result = json.loads((tmp_path / "report.json").read_text())
     bench = json.loads((tmp_path / "bench.json").read_text())
     assert "preprocess" not in bench and "served" not in bench
     assert result["single_core"]["batch1_images_per_second"] == next(
         r["images_per_second"] for r in bench["encoder"] if r["bucket"] == 1)
-    assert result["multi_core"]["images_per_second"] == sum(10.0 + i for i in range(4))
+    multicore = json.loads((tmp_path / "multicore.json").read_text())
+    assert result["multi_core"]["images_per_second"] == pytest.approx(multicore["instance_images_per_second"])
     served = json.loads((tmp_path / "loadtest" / "summary.json").read_text())
     assert served["requests"] > 0 and result["served"]["images"] == served["images"]
     assert result["serving_efficiency"] == pytest.approx(

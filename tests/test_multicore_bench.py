@@ -44,7 +44,7 @@ def test_neuron_workers_get_the_artifacts_lnc(tmp_path: Path, monkeypatch: pytes
                            warmup=1, iterations=5)
     check_run(result, cores=2, bucket=1, iterations=5)
     assert result["lnc"] == 1 and all(w["lnc_env"] == "1" for w in result["workers"])
-    assert "seed LNC=1, 8 cores" in format_comparison(result)
+    assert "seed LNC=1, 8 cores, un-cast fp32" in format_comparison(result)
 
 
 def figures(row: dict) -> tuple:
@@ -53,11 +53,11 @@ def figures(row: dict) -> tuple:
 
 def test_seed_reference_rows() -> None:
     by_label = {row["label"]: row for row in SEED_REFERENCE}
-    assert figures(by_label["seed LNC=2, 4 cores"]) == (4, 35.43, 28.23, 141.1)
-    assert figures(by_label["seed LNC=1, 8 cores"]) == (8, 14.38, 69.56, 115.0)
+    assert figures(by_label["seed LNC=2, 4 cores, matmult"]) == (4, 35.43, 28.23, 141.1)
+    assert figures(by_label["seed LNC=1, 8 cores, un-cast fp32"]) == (8, 14.38, 69.56, 115.0)
     singles = {row["auto_cast"]: row["per_core_images_per_second"] for row in SEED_REFERENCE if row["cores"] == 1}
     assert singles == {"none": 21.6, "matmult": 36.1}
-    assert [r["label"] for r in seed_rows_for({"lnc": 2, "cores": 4})] == ["seed LNC=2, 4 cores"]
+    assert [r["label"] for r in seed_rows_for({"lnc": 2, "cores": 4})] == ["seed LNC=2, 4 cores, matmult"]
     assert {r["auto_cast"] for r in seed_rows_for({"lnc": 2, "cores": 1})} == {"none", "matmult"}
     assert len(seed_rows_for({"lnc": None, "cores": 2})) == len(SEED_REFERENCE)
 

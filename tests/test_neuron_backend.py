@@ -73,7 +73,7 @@ def test_missing_sdk_and_pypi_placeholder_are_told_apart() -> None:
     for err in (missing, placeholder):
         text = str(err.value)
         assert "\n" not in text
-        assert "pip install torch-neuronx neuronx-cc" in text and "https://pip.repos.neuron.amazonaws.com" in text
+        assert "constraints-neuron-2.31.txt" in text and "https://pip.repos.neuron.amazonaws.com" in text
     assert "placeholder" in str(placeholder.value) and "pip uninstall torch-neuronx" in str(placeholder.value)
 
 
@@ -88,7 +88,7 @@ def test_run_without_the_sdk_exits_with_one_line_before_ray(tmp_path: Path) -> N
     assert proc.returncode != 0
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert "pip install torch-neuronx neuronx-cc" in lines[0]
+    assert "constraints-neuron-2.31.txt" in lines[0]
     assert "https://pip.repos.neuron.amazonaws.com" in lines[0]
 
 

@@ -212,3 +212,13 @@ def test_lnc_defaults_to_the_runtimes(env: str | None, expected: int, tmp_path: 
 def test_invalid_runtime_lnc_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
     assert main(["--model", "tiny-siglip", "--dry-run", "--cache-root", str(tmp_path)]) == 2
+
+
+def test_trace_runs_under_no_grad_not_inference_mode(tmp_path: Path) -> None:
+    """torch_neuronx.trace moves the model to XLA tensors, which fail under inference_mode: the
+    compile must trace under no_grad (the double records the mode it was called in)."""
+    with neuronx_double() as double:
+        compile_artifact(tiny_settings(), CompileOptions(lnc=2), tmp_path)
+        calls = list(double.CALLS)
+    assert len(calls) == 2
+    assert all(c["grad_enabled"] is False and c["inference_mode"] is False for c in calls)

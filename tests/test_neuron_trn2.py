@@ -1,8 +1,9 @@
 """The real Neuron path on a trn2: compile tiny-siglip with neuronx-cc, check it against the CPU,
 serve it, and run the multi-core bench. Skipped (with the reason) where there is no Neuron SDK.
 
-NeuronCores are reserved per process, so every process here gets its own core explicitly:
-accuracy runs in subprocesses on core 1, the served replica on core 0, and the bench afterwards.
+NeuronCores are reserved per process, so nothing Neuron runs in the pytest process: the compile
+runs as `siglip-serve compile` in a subprocess, accuracy in subprocesses on core 1, the served
+replica on core 0 (its own Ray worker), and the bench's workers afterwards.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from models.neuron_compile import CompileOptions, CompileResult, compile_artifact
+from models.manifest import Manifest, read_manifest
 from models.neuron_sdk import LNC_ENV, runtime_lnc
 from tests.conftest import ServeCluster, TinyReference, deploy
 from tests.neuron_helpers import REPO, tiny_settings
@@ -30,11 +32,26 @@ def lnc() -> int:
     return runtime_lnc()[0]
 
 
+@dataclass
+class Compiled:
+    artifact_dir: Path
+    manifest: Manifest
+
+
+def compile_in_subprocess(root: Path, lnc: int, auto_cast: str) -> Compiled:
+    """`siglip-serve compile` in its own process, so the pytest process never holds a NeuronCore."""
+    proc = subprocess.run([sys.executable, "-m", "serve.cli", "compile", "--model", "tiny-siglip", "--buckets", "1,2",
+                           "--lnc", str(lnc), "--auto-cast", auto_cast, "--cache-root", str(root)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    directory = Path(proc.stdout.strip().splitlines()[-1])
+    return Compiled(directory, read_manifest(directory))
+
+
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory, lnc: int) -> dict[str, CompileResult]:
+def compiled(tmp_path_factory: pytest.TempPathFactory, lnc: int) -> dict[str, Compiled]:
     root = tmp_path_factory.mktemp("trn2-artifacts")
-    return {cast: compile_artifact(tiny_settings(), CompileOptions(lnc=lnc, auto_cast=cast), root)
-            for cast in ("matmult", "none")}
+    return {cast: compile_in_subprocess(root, lnc, cast) for cast in ("matmult", "none")}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +71,7 @@ def accuracy(a: str, b: str, folder: Path, out: Path) -> tuple[int, dict]:
     return proc.returncode, json.loads(out.read_text())
 
 
-def test_real_compile_records_the_sdk(compiled: dict[str, CompileResult], lnc: int) -> None:
+def test_real_compile_records_the_sdk(compiled: dict[str, Compiled], lnc: int) -> None:
     for cast, result in compiled.items():
         manifest = result.manifest
         assert manifest.lnc == lnc and manifest.auto_cast == cast
@@ -63,7 +80,7 @@ def test_real_compile_records_the_sdk(compiled: dict[str, CompileResult], lnc: i
         assert all(seconds > 0 for seconds in manifest.compile_seconds.values())
 
 
-def test_matmult_and_neuron_vs_cpu_meet_the_bar(compiled: dict[str, CompileResult], image_folder: Path,
+def test_matmult_and_neuron_vs_cpu_meet_the_bar(compiled: dict[str, Compiled], image_folder: Path,
                                                tmp_path: Path) -> None:
     matmult, none = (str(compiled[c].artifact_dir) for c in ("matmult", "none"))
     code, vs_cpu = accuracy("backend=cpu", f"backend=neuron,artifact_dir={matmult},buckets=1,2",
@@ -74,7 +91,7 @@ def test_matmult_and_neuron_vs_cpu_meet_the_bar(compiled: dict[str, CompileResul
     assert code == 0 and casts["cosine_min"] >= 0.999, casts
 
 
-def test_real_artifact_serves_over_http(serve_cluster: ServeCluster, compiled: dict[str, CompileResult], lnc: int,
+def test_real_artifact_serves_over_http(serve_cluster: ServeCluster, compiled: dict[str, Compiled], lnc: int,
                                         photo_jpegs: list[bytes], tiny_reference: TinyReference) -> None:
     from ray import serve
 
@@ -95,10 +112,11 @@ def test_real_artifact_serves_over_http(serve_cluster: ServeCluster, compiled: d
         serve.delete("trn2")
 
 
-def test_multicore_bench_on_two_cores(compiled: dict[str, CompileResult]) -> None:
+def test_multicore_bench_on_two_cores(compiled: dict[str, Compiled]) -> None:
     from models.multicore_bench import format_comparison, run_multicore
 
     result = run_multicore(tiny_settings(backend="neuron", artifact_dir=compiled["matmult"].artifact_dir),
                            cores=2, bucket=1, warmup=5, iterations=20)
     assert sorted(w["core"] for w in result["workers"]) == ["0", "1"]
-    assert result["instance_img_s"] > 0 and "ours: neuron" in format_comparison(result)
+    assert result["instance_images_per_second"] > 0 and result["lnc"] == compiled["matmult"].manifest.lnc
+    assert "ours: neuron" in format_comparison(result)

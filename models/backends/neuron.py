@@ -56,7 +56,9 @@ class NeuronEncoder(Encoder):
         self.visible_cores = os.environ.get(VISIBLE_CORES_ENV)
 
     def _forward(self, batch: torch.Tensor) -> torch.Tensor:
-        return self.models[int(batch.shape[0])](batch)
+        # no_grad as at trace time; inference_mode is what the Neuron (XLA) graphs do not accept.
+        with torch.no_grad():
+            return self.models[int(batch.shape[0])](batch)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -8,6 +8,9 @@ What it proves: our code calls `torch_neuronx.trace` once per bucket with the ui
 bucket's shape and exactly the compiler arguments we meant, saves and reloads the result with
 `torch.jit.save`/`torch.jit.load`, and serves it end to end.
 
+It also records the caller's grad mode (`grad_enabled`, `inference_mode`); it does not fail
+under inference mode as the real trace does, so a test must check the recorded mode.
+
 What it does NOT prove: that neuronx-cc accepts these arguments or compiles this graph (no
 compiler runs), that a NEFF is produced or loads (no NEFF exists), bf16 auto-cast numerics (this
 runs float32), compile times, or placement on a NeuronCore (no Neuron runtime: NEURON_RT_VISIBLE_CORES
@@ -36,6 +39,10 @@ def trace(func: torch.nn.Module, example_inputs: torch.Tensor, *_: Any, compiler
         "compiler_workdir": compiler_workdir,
         "lnc_env": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
         "kwargs": sorted(kwargs),
+        # The grad mode the caller traced under: the real trace fails under inference_mode (XLA
+        # tensors are not inference tensors), so the double records it for the tests to check.
+        "grad_enabled": torch.is_grad_enabled(),
+        "inference_mode": torch.is_inference_mode_enabled(),
     }
     CALLS.append(call)
     log_path = os.environ.get("TORCH_NEURONX_DOUBLE_LOG")

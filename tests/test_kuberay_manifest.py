@@ -1,0 +1,127 @@
+"""deploy/kuberay/rayservice.yaml against KubeRay's RayService CRD and the trn2 LNC arithmetic.
+
+The schema is the CRD's own (KubeRay v1.7.0, vendored in tests/data with its source), validated
+strictly: an unknown field fails here, as `kubectl apply` (strict field validation) would refuse it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from serve.config import ServiceConfig
+from tests.neuron_helpers import REPO
+
+MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"
+SCHEMA = REPO / "tests" / "data" / "kuberay-v1.7.0-rayservice-v1.schema.json"
+
+# trn2.3xlarge: one Trainium2 chip of 8 physical NeuronCores (the Neuron docs, "Logical NeuronCore
+# configuration": LNC=2 groups them into 4 logical cores, LNC=1 shows 8).
+CHIPS_PER_NODE = {"trn2.3xlarge": 1}
+PHYSICAL_CORES_PER_CHIP = 8
+# KubeRay's upgrade types (ray-operator/apis/ray/v1/rayservice_types.go, v1.7.0); only None makes no
+# second RayCluster, so it is the one a fixed set of trn2 nodes can run.
+UPGRADE_TYPES = {"NewClusterWithIncrementalUpgrade", "NewCluster", "None"}
+
+
+def logical_cores(chips: int, lnc: int) -> int:
+    return chips * PHYSICAL_CORES_PER_CHIP // lnc
+
+
+def strict(schema: Any) -> Any:
+    """The CRD schema with unknown object fields refused (where the CRD does not preserve them)."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if ("properties" in schema and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft7Validator:
+    schema = strict(json.loads(SCHEMA.read_text()))
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.fixture()
+def manifest() -> dict[str, Any]:
+    return yaml.safe_load(MANIFEST.read_text())
+
+
+def errors(validator: jsonschema.Draft7Validator, document: dict[str, Any]) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def test_the_manifest_is_a_valid_rayservice(validator: jsonschema.Draft7Validator, manifest: dict) -> None:
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
+    assert errors(validator, manifest) == []
+
+
+def test_the_strict_schema_catches_what_kubernetes_would_refuse(validator: jsonschema.Draft7Validator,
+                                                                  manifest: dict) -> None:
+    typo = copy.deepcopy(manifest)
+    typo["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replica"] = 2
+    assert any("'replica' was unexpected" in e for e in errors(validator, typo))
+    wrong_type = copy.deepcopy(manifest)
+    wrong_type["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = "two"
+    assert any("replicas" in e and "integer" in e for e in errors(validator, wrong_type))
+
+
+def test_upgrades_need_no_second_set_of_trn2_nodes(manifest: dict) -> None:
+    strategy = manifest["spec"]["upgradeStrategy"]["type"]
+    assert strategy in UPGRADE_TYPES and strategy == "None"
+
+
+def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict) -> None:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    args = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"]
+    config = ServiceConfig.from_args(args)
+    total_cores = 0
+    for group in cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        assert "schedulerName" not in pod  # no chart creates a neuron-scheduler; whole chips need none
+        (container,) = pod["containers"]
+        limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+        # Whole devices only: a neuroncore request is counted at the node's LNC by the device plugin.
+        assert "aws.amazon.com/neuroncore" not in limits and "aws.amazon.com/neuroncore" not in requests
+        chips = limits["aws.amazon.com/neuron"]
+        assert requests["aws.amazon.com/neuron"] == chips
+        assert chips == CHIPS_PER_NODE[pod["nodeSelector"]["node.kubernetes.io/instance-type"]]
+        assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        lnc = int(env["NEURON_LOGICAL_NC_CONFIG"])
+        declared = json.loads(json.loads(group["rayStartParams"]["resources"]))["neuron_cores"]
+        assert declared == logical_cores(chips, lnc)
+        assert config.env_vars["NEURON_LOGICAL_NC_CONFIG"] == str(lnc) and f"lnc{lnc}" in args["artifact_dir"]
+        assert group["minReplicas"] == group["replicas"] == group["maxReplicas"]
+        total_cores += declared * group["replicas"]
+    assert config.backend == "neuron" and config.cores_per_replica == 1
+    assert config.replicas == total_cores // config.cores_per_replica
+    assert cluster["rayVersion"] == "2.60.0"
+
+
+@pytest.mark.parametrize("lnc,cores", [(2, 4), (1, 8)])
+def test_lnc_arithmetic_of_a_trn2_3xlarge(lnc: int, cores: int) -> None:
+    assert logical_cores(CHIPS_PER_NODE["trn2.3xlarge"], lnc) == cores
+
+
+def test_the_head_stays_off_trn2_nodes(manifest: dict) -> None:
+    head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]
+    terms = head["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for term in terms:  # every term must exclude trn2 (terms are ORed)
+        (expression,) = [e for e in term["matchExpressions"] if e["key"] == "node.kubernetes.io/instance-type"]
+        assert expression["operator"] == "NotIn" and "trn2.3xlarge" in expression["values"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    (container,) = head["template"]["spec"]["containers"]
+    assert not any(k.startswith("aws.amazon.com/") for k in container["resources"]["limits"])

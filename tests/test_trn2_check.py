@@ -1,0 +1,138 @@
+"""`siglip-serve trn2-check`: the first-contact command, its steps, summary and failure handling.
+
+Here there is no Neuron SDK: the trace line runs through the torch_neuronx test double
+(tests/doubles), which proves the orchestration (each step a real subprocess of the real command,
+what is skipped and why, the summary, what a failure does to the steps after it) but not that the
+Neuron compiler, runtime or a NeuronCore do anything. `test_trn2_check_on_a_real_trn2` does that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from serve import trn2_check
+from serve.trn2_check import Run, Step, run_step, write_summary
+from tests.neuron_helpers import DOUBLES, PLACEHOLDER, REPO
+
+PY = sys.executable
+
+
+def statuses(summary: dict) -> dict[str, tuple[str, str | None]]:
+    return {s["name"]: (s["status"], s["reason"]) for s in summary["steps"]}
+
+
+def test_without_the_sdk_every_neuron_step_is_skipped_with_its_reason(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # PyPI's placeholder first on the path: "no SDK" here and on a trn2 alike.
+    monkeypatch.setenv("PYTHONPATH", str(PLACEHOLDER))
+    assert trn2_check.main(["--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    got = statuses(summary)
+    assert got["versions"] == ("passed", None)
+    versions = json.loads((tmp_path / "versions.json").read_text())
+    assert "WRONG PACKAGE" in versions["sdk_import_error"] and versions["line"] is None
+    assert versions["versions"]["torch"] and versions["lnc"] in (1, 2)
+    for line in ("trace", "native"):
+        status, reason = got[f"compile-{line}"]
+        assert status == "skipped" and f"the {line} line" in reason and "not installed" in reason
+        for step in ("accuracy", "serve", "multicore"):
+            assert got[f"{step}-{line}"] == ("skipped", f"needs compile-{line}, which was skipped")
+        assert got[f"report-{line}"] == ("skipped", f"needs multicore-{line}, which was skipped")
+    assert summary["ok"] and summary["lines"] == {}
+    md = (tmp_path / "summary.md").read_text()
+    assert "## What to send back" in md and "- `versions.json`" in md and "- `logs/versions.log`" in md
+    assert "SKIPPED" in md and "images/" not in md
+
+
+def test_steps_fail_time_out_and_skip_what_needs_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trn2_check, "HEARTBEAT_S", 0.3)
+    run = Run(tmp_path, [PY])
+    steps = [
+        Step("ok", "prints", lambda r: [PY, "-c", "print('hello')"], 60, outputs=("absent.json",)),
+        Step("boom", "fails", lambda r: [PY, "-c", "import sys; print('the thing broke', file=sys.stderr); "
+                                             "sys.exit(3)"], 60),
+        Step("slow", "hangs", lambda r: [PY, "-c", "import time; print('pid', flush=True); time.sleep(120)"], 1.5),
+        Step("after-boom", "needs boom", lambda r: [PY, "-c", "pass"], 60, needs=("boom",)),
+        Step("after-slow", "needs slow", lambda r: [PY, "-c", "pass"], 60, needs=("slow",)),
+        Step("checked", "runs but its output is wrong", lambda r: [PY, "-c", "print('42')"], 60,
+             after=lambda r, stdout: None if stdout.read_text().strip() == "43" else "printed the wrong answer"),
+    ]
+    echoed: list[str] = []
+    for i, step in enumerate(steps, start=1):
+        run.results[step.name] = run_step(step, run, i, len(steps), echoed.append)
+    got = {name: (r.status, r.returncode, r.reason) for name, r in run.results.items()}
+    assert got["ok"] == ("passed", 0, None) and run.results["ok"].outputs == []
+    assert (tmp_path / "logs" / "ok.stdout").read_text() == "hello\n"
+    assert got["boom"][:2] == ("failed", 3) and "exit code 3" in got["boom"][2] and "the thing broke" in got["boom"][2]
+    assert got["slow"] == ("timeout", None, "no result within 2 s; stopped")
+    assert got["after-boom"] == ("skipped", None, "needs boom, which failed")
+    assert got["after-slow"] == ("skipped", None, "needs slow, which timed out")
+    assert got["checked"] == ("failed", 0, "printed the wrong answer")
+    # Progress: one line per step, a heartbeat while the slow one ran, and each outcome.
+    assert echoed[0].startswith("[1/6] prints (timeout 60 s; log logs/ok.log)")
+    assert any("still running" in line for line in echoed) and any("timeout in" in line for line in echoed)
+    summary = write_summary(run, "start")
+    assert not summary["ok"] and summary["counts"] == {"passed": 1, "failed": 2, "timeout": 1, "skipped": 2}
+    md = (tmp_path / "summary.md").read_text()
+    assert "| fails | FAILED |" in md and "| hangs | TIMEOUT |" in md and "`logs/boom.log`" in md
+
+
+def test_the_trace_line_end_to_end_through_the_double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step of the trace line runs its real command (compile, accuracy, `siglip-serve run` under
+    its own Ray, the multi-core bench, the report), on the trace double instead of the SDK."""
+    monkeypatch.setenv("PYTHONPATH", f"{DOUBLES}{os.pathsep}{REPO}")
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    assert trn2_check.main(["--out", str(tmp_path), "--cores", "2", "--iterations", "5"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    got = statuses(summary)
+    for step in ("versions", "compile-trace", "accuracy-trace", "serve-trace", "multicore-trace", "report-trace"):
+        assert got[step] == ("passed", None), (step, got[step])
+    assert got["compile-native"][0] == "skipped" and summary["lines"] == {"trace": PY}
+    accuracy = json.loads((tmp_path / "accuracy-trace.json").read_text())
+    assert accuracy["passed"] and accuracy["b"]["backend"] == "neuron" and accuracy["images"] == 4
+    served = json.loads((tmp_path / "serve-trace.json").read_text())
+    assert served["embedding_dim"] == 64 and served["embedding_norm"] == pytest.approx(1.0, abs=1e-4)
+    multicore = json.loads((tmp_path / "multicore-trace.json").read_text())
+    assert multicore["backend"] == "neuron" and multicore["lnc"] == 2 and len(multicore["workers"]) == 2
+    assert "Instance throughput" in (tmp_path / "report-trace" / "report.md").read_text()
+    sent = (tmp_path / "summary.md").read_text()
+    assert "`multicore-trace.json`" in sent and "`report-trace/report.md`" in sent and "artifacts-trace/" not in sent
+
+
+def test_a_refused_lnc_fails_the_steps_that_load_and_the_rest_go_on(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An invalid NEURON_LOGICAL_NC_CONFIG: the compile (given --lnc) still runs, every step that loads
+    the artifact fails with the runtime's refusal, and the run goes on to the end."""
+    monkeypatch.setenv("PYTHONPATH", f"{DOUBLES}{os.pathsep}{REPO}")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
+    assert trn2_check.main(["--out", str(tmp_path), "--skip", "multicore-trace"]) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    got = statuses(summary)
+    assert got["versions"][0] == "failed" and "not a valid LNC" in got["versions"][1]
+    assert got["compile-trace"] == ("passed", None)
+    for step in ("accuracy-trace", "serve-trace"):
+        assert got[step][0] == "failed" and "exit code" in got[step][1], got[step]
+    assert "not a valid LNC" in (tmp_path / "logs" / "accuracy-trace.log").read_text()
+    assert got["report-trace"] == ("skipped", "needs multicore-trace, which was skipped")
+    assert not summary["ok"] and summary["counts"]["failed"] == 3
+    assert "| serve it and embed a photo (trace line) | FAILED |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.neuron
+def test_trn2_check_on_a_real_trn2(tmp_path: Path) -> None:
+    """The whole first contact on the hardware: every installed line compiles, matches the CPU,
+    serves, and runs the multi-core bench on every logical core."""
+    code = trn2_check.main(["--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert code == 0 and summary["ok"], (tmp_path / "summary.md").read_text()
+    got = statuses(summary)
+    assert got["neuron-ls"][0] == got["neuron-ls-json"][0] == "passed"
+    assert summary["logical_cores"] == 8 // summary["lnc"]
+    for line in summary["lines"]:
+        for step in ("compile", "accuracy", "serve", "multicore", "report"):
+            assert got[f"{step}-{line}"][0] == "passed", (step, line, got[f"{step}-{line}"])

@@ -82,6 +82,7 @@ def test_steps_fail_time_out_and_skip_what_needs_them(tmp_path: Path, monkeypatc
     assert "| fails | FAILED |" in md and "| hangs | TIMEOUT |" in md and "`logs/boom.log`" in md
 
 
+@pytest.mark.timeout(900)  # six subprocesses, each importing torch, one starting Ray: minutes on 2 cores
 def test_the_trace_line_end_to_end_through_the_double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step of the trace line runs its real command (compile, accuracy, `siglip-serve run` under
     its own Ray, the multi-core bench, the report), on the trace double instead of the SDK."""

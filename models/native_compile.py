@@ -48,11 +48,13 @@ class NativePlan:
 
     def as_json(self) -> dict[str, Any]:
         artifact = self.artifact_dir
+        weights: dict[str, str | None] = {"source": self.settings.weights_source, "sha256": None}
+        if self.weights is not None:
+            weights = dict(self.weights.as_dict())
         return {
             "line": "neuron-native",
             "model": self.settings.model,
-            "weights": self.weights.as_dict() if self.weights else {"source": self.settings.weights_source,
-                                                                     "sha256": None},
+            "weights": weights,
             "lnc": self.options.lnc,
             "env": environment(self.options.recipe_env(), artifact) if artifact else
             {**self.options.recipe_env(), NEFF_CACHE_ENV: "<artifact_dir>/neff"},

@@ -6,7 +6,6 @@ compile -> manifest -> restart from the cache -> encode, and every start-up refu
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from models.torchneuron_env import (CC_FLAGS_ENV, LNC_ENV, NEFF_CACHE_ENV, OPT_L
                                     NativeOptions, TorchNeuronRefusal, environment, sdk_tag)
 from models.torchneuron_runtime import TorchNeuronRuntime, compile_buckets, read_native_manifest
 from tests.doubles.torchneuron_runtime import DOUBLE_VERSIONS, RecordingRuntime
-from tests.neuron_helpers import tiny_settings
+from tests.neuron_helpers import neuron_env, tiny_settings
 
 ENV_KEYS = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV, VISIBLE_CORES_ENV)
 
@@ -264,10 +263,23 @@ def test_compile_cli_without_the_sdk_writes_nothing_and_says_what_to_install(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from serve.cli import main
 
-    before = dict(os.environ)
+    before = neuron_env()
     code = main(["compile", "--backend", "neuron-native", "--model", "tiny-siglip", "--cache-root", str(tmp_path),
                  "--log-level", "ERROR"])
-    assert code == 2 and dict(os.environ) == before  # the compile environment does not leak
+    assert code == 2 and neuron_env() == before  # the compile environment does not leak
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "pip install -c constraints-neuron-native.txt" in errors[0]
     assert not any(tmp_path.rglob("*"))
+
+
+def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+
+    from models.torchneuron_env import NEURONX_CC_VERSION, TORCH_NEURONX_FAMILY, TORCH_SERIES
+    from tests.neuron_helpers import REPO
+
+    expected = {f"torch-neuronx=={TORCH_NEURONX_FAMILY}.*", f"neuronx-cc=={NEURONX_CC_VERSION}", f"torch=={TORCH_SERIES}.*"}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert set(project["optional-dependencies"]["neuron-native"]) == expected
+    lines = (REPO / "constraints-neuron-native.txt").read_text().splitlines()
+    assert {line.strip() for line in lines if line.strip() and not line.startswith("#")} == expected

@@ -115,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     known, rest = probe.parse_known_args(argv)
     if known.backend == "neuron-native":
         return native_main(argv)
+    if {"-h", "--help"} & set(rest):
+        print("(the trace line's options follow; for TorchNeuron: siglip-serve compile --backend neuron-native --help)")
     return int(importlib.import_module("models.neuron_compile").main(rest) or 0)
 
 

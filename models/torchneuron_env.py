@@ -22,7 +22,6 @@ a trn2 (tests/test_neuron_native_trn2.py compares embeddings against the CPU mod
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -183,7 +182,3 @@ def check_versions(expected: Mapping[str, str | None], versions: Mapping[str, st
                 f"artifact {artifact} was compiled with {name} {expected.get(name)} but this venv has "
                 f"{versions.get(name)}; its graphs do not apply here. Install the artifact's set "
                 f"(constraints-neuron-native.txt) or compile again here: siglip-serve compile --backend neuron-native")
-
-
-def current_env() -> dict[str, str]:
-    return dict(os.environ)

@@ -259,6 +259,40 @@ def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> 
     assert options["resources"] == {"neuron_cores": 1}  # Ray then sets NEURON_RT_VISIBLE_CORES to one core
 
 
+def test_served_through_the_real_app_with_the_artifacts_environment(
+        serve_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, photo_jpegs: list[bytes],
+        tiny_reference) -> None:
+    """The real application on Ray; each replica starts from runtime_env alone and uses the double."""
+    import httpx
+    from ray import serve
+
+    from models.backends.neuron_native import RUNTIME_ENV
+    from tests.conftest import deploy
+    from tests.neuron_helpers import REPO
+
+    artifact, _ = compile_tiny(tmp_path / "cache", monkeypatch)
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)  # the replica must get them from the deployment, not from here
+    # No neuron_cores: the session's main app holds all four, so this replica names its one core itself.
+    deploy("native", "/native", backend="neuron-native", artifact_dir=str(artifact), buckets=[1, 2], replicas=1,
+           neuron_cores_per_replica=0, encoder_num_cpus=0.5, ingress_num_cpus=0.25, batch_wait_timeout_s=0.01,
+           env_vars={"PYTHONPATH": str(REPO), RUNTIME_ENV: "tests.doubles.torchneuron_runtime:RecordingRuntime",
+                     VISIBLE_CORES_ENV: "0"})
+    try:
+        with httpx.Client(base_url=f"{serve_cluster.base_url}/native", timeout=60) as client:
+            reply = client.post("/v1/embeddings/image", content=photo_jpegs[0], headers={"Content-Type": "image/jpeg"})
+            assert reply.status_code == 200, reply.text
+            got = np.array(reply.json()["data"][0]["embedding"], dtype=np.float32)
+            want = tiny_reference.embed(photo_jpegs[0])
+            assert float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want))) >= 0.9999
+            (replica,) = client.get("/v1/models").json()["data"][0]["replicas"]
+    finally:
+        serve.delete("native")
+    assert replica["backend"] == "neuron-native" and replica["runtime"] == "recording-double"
+    assert replica["neuron_logical_nc_config"] == "2" and replica["neuron_rt_visible_cores"] == "0"
+    assert replica["manifest"]["recipe_env"][CC_FLAGS_ENV].startswith("--target trn2 --lnc 2")
+
+
 def test_compile_cli_without_the_sdk_writes_nothing_and_says_what_to_install(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from serve.cli import main

@@ -11,6 +11,7 @@ and forbid recompiles for the rest of its life (`torch.compiler.set_stance("fail
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Mapping
@@ -30,6 +31,20 @@ from models.torchneuron_runtime import (NativeManifest, NativeRuntime, TorchNeur
                                         compile_buckets, missing_graphs, read_native_manifest)
 
 log = logging.getLogger(__name__)
+
+# "module:Class" of another NativeRuntime for replicas; the tests put the recording double here to
+# serve through the real application on a CPU. Unset (always, in production): TorchNeuron.
+RUNTIME_ENV = "SIGLIP_SERVE_TORCHNEURON_RUNTIME"
+
+
+def runtime_from_env() -> NativeRuntime:
+    spec = os.environ.get(RUNTIME_ENV, "")
+    if not spec:
+        return TorchNeuronRuntime()
+    module, _, name = spec.partition(":")
+    runtime: NativeRuntime = getattr(importlib.import_module(module), name)()
+    log.warning("neuron-native runs on %s (%s=%s), not TorchNeuron", runtime.name, RUNTIME_ENV, spec)
+    return runtime
 
 
 def native_artifact(settings: ModelSettings) -> tuple[Path, NativeManifest]:
@@ -90,7 +105,7 @@ class NativeNeuronEncoder(Encoder):
 
 def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
                         env: Mapping[str, str] | None = None) -> NativeNeuronEncoder:
-    runtime = runtime or TorchNeuronRuntime()
+    runtime = runtime or runtime_from_env()
     env = os.environ if env is None else env
     runtime.check_sdk()
     directory, manifest = native_artifact(settings)

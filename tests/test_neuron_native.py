@@ -243,6 +243,18 @@ def test_the_real_runtime_and_the_serving_check_refuse_without_torchneuron(artif
     assert "\n" not in str(err.value)
 
 
+def test_the_serving_check_refuses_a_shell_lnc_other_than_the_artifacts(
+        artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import models.backends.neuron_native as native
+
+    monkeypatch.setattr(native, "installed_versions", lambda: dict(DOUBLE_VERSIONS))  # as if TorchNeuron were here
+    settings = tiny_settings(backend="neuron-native", artifact_dir=artifact)
+    check_available(settings, {LNC_ENV: "2"})
+    check_available(settings, None)  # joining a cluster started elsewhere: nothing to compare
+    with pytest.raises(BackendUnavailable, match="NEURON_LOGICAL_NC_CONFIG=1 here but artifact .* compiled for LNC=2"):
+        check_available(settings, {LNC_ENV: "1"})
+
+
 # -- the serving wiring -----------------------------------------------------------------------------
 
 def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> None:

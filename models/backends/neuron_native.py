@@ -25,7 +25,7 @@ from models.encoder import BackendUnavailable, Encoder, register_backend
 from models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
 from models.manifest import sha256_file
 from models.settings import ModelSettings
-from models.torchneuron_env import (TorchNeuronRefusal, check_environment, check_native_sdk, check_one_core,
+from models.torchneuron_env import (LNC_ENV, TorchNeuronRefusal, check_environment, check_native_sdk, check_one_core,
                                     check_versions, environment, installed_versions)
 from models.torchneuron_runtime import (NativeManifest, NativeRuntime, TorchNeuronRuntime, artifact_neff_dir,
                                         compile_buckets, missing_graphs, read_native_manifest)
@@ -148,6 +148,14 @@ def check_available(settings: ModelSettings, env: Mapping[str, str] | None = Non
         check_native_sdk(versions)
         directory, manifest = native_artifact(settings)
         check_versions(manifest.versions, versions, str(directory))
+        # Replicas get the artifact's LNC from runtime_env, but the Ray node counted its NeuronCores
+        # (and hands out their indices) under the LNC of the environment it was started in.
+        here, compiled = (env or {}).get(LNC_ENV), manifest.recipe_env.get(LNC_ENV)
+        if env is not None and here is not None and here != compiled:
+            raise TorchNeuronRefusal(f"{LNC_ENV}={here} here but artifact {directory} was compiled for LNC={compiled}: "
+                                     f"Ray would count this node's NeuronCores at LNC={here} while the replicas run "
+                                     f"LNC={compiled}. Fix: export {LNC_ENV}={compiled} (before `ray start` too), or "
+                                     f"compile for this LNC: siglip-serve compile --backend neuron-native --lnc {here}")
     except TorchNeuronRefusal as exc:
         raise BackendUnavailable(str(exc)) from None
 

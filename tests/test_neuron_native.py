@@ -6,6 +6,7 @@ compile -> manifest -> restart from the cache -> encode, and every start-up refu
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,10 +195,22 @@ def test_refuses_a_recipe_other_than_the_manifests(artifact: Path, monkeypatch: 
     assert shown in text and f"{key}=" in text and "export" in text
 
 
-def test_refuses_a_recipe_variable_left_unset(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_standalone_process_takes_unset_recipe_variables_from_the_manifest(
+        artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     as_replica(artifact, monkeypatch)
     monkeypatch.delenv(LNC_ENV)
-    assert "NEURON_LOGICAL_NC_CONFIG is None here" in refusal(artifact)
+    monkeypatch.delenv(CC_FLAGS_ENV)
+    runtime = RecordingRuntime()
+    load(artifact, runtime)  # e.g. `siglip-serve accuracy` with only NEURON_RT_VISIBLE_CORES exported
+    assert os.environ[LNC_ENV] == "2" and os.environ[CC_FLAGS_ENV].startswith("--target trn2 --lnc 2")
+    assert runtime.compiles == [] and len(runtime.hits) == 2
+    # An explicit environment (not this process's) is only checked, never changed.
+    torch._dynamo.reset()
+    torch.compiler.set_stance("default")
+    replica = {**os.environ}
+    del replica[LNC_ENV]
+    with pytest.raises(TorchNeuronRefusal, match="NEURON_LOGICAL_NC_CONFIG is None here"):
+        load_native_encoder(tiny_settings(backend="neuron-native", artifact_dir=artifact), RecordingRuntime(), replica)
 
 
 @pytest.mark.parametrize("cores, shown", [("0-1", "gives this replica 2 NeuronCores"), ("0,2", "2 NeuronCores"),
@@ -329,3 +342,18 @@ def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
     assert set(project["optional-dependencies"]["neuron-native"]) == expected
     lines = (REPO / "constraints-neuron-native.txt").read_text().splitlines()
     assert {line.strip() for line in lines if line.strip() and not line.startswith("#")} == expected
+
+
+def test_multicore_bench_workers_start_with_the_artifacts_environment(
+        artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from models.backends.neuron_native import RUNTIME_ENV
+    from models.multicore_bench import run_multicore
+
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)  # the workers must get them from the bench, not inherit them
+    monkeypatch.setenv(RUNTIME_ENV, "tests.doubles.torchneuron_runtime:RecordingRuntime")
+    result = run_multicore(tiny_settings(backend="neuron-native", artifact_dir=artifact), cores=1, bucket=1,
+                           warmup=1, iterations=3)
+    (worker,) = result["workers"]
+    assert result["backend"] == "neuron-native" and worker["lnc_env"] == "2"  # from the manifest, not inherited
+    assert worker["core"] == "0" and worker["images"] == 3

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,17 @@ def replica_env(settings: ModelSettings) -> dict[str, str]:
     return environment(manifest.recipe_env, directory)
 
 
+def adopt_unset(expected: Mapping[str, str], env: MutableMapping[str, str]) -> None:
+    """A standalone process (accuracy, a bench worker) may leave the recipe unset: take the
+    artifact's. Set this late, after torch is imported, TorchNeuron may have read some values
+    already (the docs do not say when it reads them); replicas and bench workers get them earlier."""
+    adopted = {k: v for k, v in expected.items() if k not in env}
+    if adopted:
+        env.update(adopted)
+        log.warning("took %s from the artifact's manifest in-process; export them before starting Python to be "
+                    "sure TorchNeuron reads them (docs/torchneuron.md, step 4)", sorted(adopted))
+
+
 def _build_embedder(manifest: NativeManifest, weights_path: Path) -> ImageEmbedder:
     _register_tiny()
     model = open_clip.create_model(manifest.model, pretrained=None)  # architecture only; weights follow
@@ -111,7 +122,10 @@ def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None =
     directory, manifest = native_artifact(settings)
     check_versions(manifest.versions, runtime.versions(), str(directory))
     neff_dir = artifact_neff_dir(directory)
-    check_environment(environment(manifest.recipe_env, directory), env, str(directory))
+    expected = environment(manifest.recipe_env, directory)
+    if env is os.environ:
+        adopt_unset(expected, os.environ)
+    check_environment(expected, env, str(directory))
     cores = check_one_core(env)
     absent = missing_graphs(manifest, runtime.graph_files(neff_dir))
     if absent:

@@ -31,7 +31,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, backend: bool = True) -
     group.add_argument("--seed", type=int, help="seed of random weights (default 0)")
     group.add_argument("--buckets", help="batch sizes, e.g. 1,2,4,8")
     if backend:
-        group.add_argument("--backend", choices=["cpu", "cuda", "neuron"], help="default cpu")
+        group.add_argument("--backend", choices=["cpu", "cuda", "neuron", "neuron-native"], help="default cpu")
         group.add_argument("--artifact-dir", help="neuron: compiled artifact directory")
         group.add_argument("--torch-threads", type=int, help="cpu: torch threads")
         group.add_argument("--cuda-dtype", choices=["bf16", "fp16", "fp32"], help="cuda: autocast dtype")

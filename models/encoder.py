@@ -137,6 +137,7 @@ _BACKEND_MODULES = {
     "cpu": "models.backends.cpu",
     "cuda": "models.backends.cuda",
     "neuron": "models.backends.neuron",
+    "neuron-native": "models.backends.neuron_native",
 }
 _FACTORIES: dict[str, EncoderFactory] = {}
 
@@ -177,3 +178,12 @@ def check_backend_available(settings: ModelSettings, env: Mapping[str, str] | No
     check = getattr(_backend_module(settings.backend), "check_available", None)
     if check is not None:
         check(settings, env)
+
+
+def backend_replica_env(settings: ModelSettings) -> dict[str, str]:
+    """Environment a backend needs set before its replica process imports torch (Ray runtime_env).
+
+    A backend module opts in by defining `replica_env(settings)`.
+    """
+    hook = getattr(_backend_module(settings.backend), "replica_env", None)
+    return dict(hook(settings)) if hook is not None else {}

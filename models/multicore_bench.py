@@ -184,7 +184,11 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
     messages: "queue.Queue[tuple[int, str, Any]]" = queue.Queue()
     log.info("starting %d %s workers (bucket %d, warm-up %d, iterations %d)", cores, plain.backend, bucket,
              warmup, iterations)
-    workers = [_Worker(i, _worker_env(i, spec, plain.backend, lnc), messages) for i in range(cores)]
+    from models.encoder import backend_replica_env
+
+    # neuron-native: the artifact's recipe, in each worker's environment before it imports torch.
+    backend_env = backend_replica_env(plain)
+    workers = [_Worker(i, {**_worker_env(i, spec, plain.backend, lnc), **backend_env}, messages) for i in range(cores)]
     try:
         _collect(workers, messages, "READY", ready_timeout_s)
         log.info("all %d workers ready; measuring", cores)

@@ -15,7 +15,7 @@ DEFAULT_PRETRAINED = "webli"
 TINY_MODEL = "tiny-siglip"
 MAX_BUCKET = 256
 
-Backend = Literal["cpu", "cuda", "neuron"]
+Backend = Literal["cpu", "cuda", "neuron", "neuron-native"]
 
 
 class ModelSettings(BaseModel):

@@ -14,7 +14,7 @@ from models.cli_args import LOG_FORMAT
 # Subcommands owned by other packages: name -> (module with main(argv) -> int, help).
 DELEGATED = {
     "kernels": ("kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
-    "compile": ("models.neuron_compile", "compile the image tower for Trainium2, one artifact per input set"),
+    "compile": ("models.compile_cli", "compile the image tower for Trainium2 (--backend neuron | neuron-native)"),
     "accuracy": ("models.accuracy", "compare two encoders' embeddings on a folder of images"),
     "loadtest": ("loadtest.cli", "Locust load test (summary.json, CSV, HTML); 'loadtest report': instance throughput"),
     "trn2-check": ("serve.trn2_check", "first run on a fresh trn2: versions, neuron-ls, compile, accuracy, serve, "
@@ -25,7 +25,7 @@ DELEGATED = {
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", help="open_clip SigLIP config (default ViT-SO400M-14-SigLIP-384; tiny-siglip for tests)")
-    group.add_argument("--backend", choices=["cpu", "cuda", "neuron"], help="default cpu")
+    group.add_argument("--backend", choices=["cpu", "cuda", "neuron", "neuron-native"], help="default cpu")
     weights = group.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", help="open_clip pretrained tag (default webli), downloaded once")
     weights.add_argument("--checkpoint", help="state dict saved with torch.save(model.state_dict())")

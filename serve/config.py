@@ -63,7 +63,7 @@ class ServiceConfig(ModelSettings):
     def cores_per_replica(self) -> int:
         if self.neuron_cores_per_replica is not None:
             return self.neuron_cores_per_replica
-        return 1 if self.backend == "neuron" else 0
+        return 1 if self.backend in ("neuron", "neuron-native") else 0
 
     @property
     def image_limits(self) -> ImageLimits:

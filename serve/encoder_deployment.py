@@ -17,7 +17,7 @@ import numpy as np
 import ray
 from ray import serve
 
-from models.encoder import EncoderInputError, create_encoder
+from models.encoder import EncoderInputError, backend_replica_env, create_encoder
 from serve import registry
 from serve.config import ServiceConfig
 from serve.metrics import EncoderMetrics
@@ -120,8 +120,11 @@ def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment
         actor_options["resources"] = resources
     if config.backend == "cuda":
         actor_options["num_gpus"] = 1
-    if config.env_vars:
-        actor_options["runtime_env"] = {"env_vars": dict(config.env_vars)}
+    # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
+    # at import); a config env_var that contradicts it is refused by the replica, naming both.
+    env_vars = {**backend_replica_env(config.model_settings()), **config.env_vars}
+    if env_vars:
+        actor_options["runtime_env"] = {"env_vars": env_vars}
     return serve.deployment(
         EncoderReplica,
         name="Encoder",

@@ -27,9 +27,12 @@ API_KEY = "test-key"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     neuron_ok = _neuron_sdk_present()
+    native_problem = _torchneuron_problem()
     for item in items:
         if "neuron" in item.keywords and not neuron_ok:
             item.add_marker(pytest.mark.skip(reason="needs a Trainium2 with the Neuron SDK (torch-neuronx); none here"))
+        if "neuron_native" in item.keywords and native_problem:
+            item.add_marker(pytest.mark.skip(reason=f"needs a Trainium2 with TorchNeuron: {native_problem}"))
         if "cuda" in item.keywords and not _cuda_present():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none here"))
 
@@ -40,6 +43,18 @@ def _neuron_sdk_present() -> bool:
     except Exception:  # noqa: BLE001 - PyPI's placeholder or nothing: either way no SDK
         return False
     return hasattr(torch_neuronx, "trace")
+
+
+def _torchneuron_problem() -> str | None:
+    """Why the TorchNeuron line (torch-neuronx 2.14) cannot run here, or None. The trace line's
+    check above cannot tell: both lines are the distribution torch-neuronx."""
+    from models.torchneuron_env import TorchNeuronRefusal, check_native_sdk, installed_versions
+
+    try:
+        check_native_sdk(installed_versions())
+    except TorchNeuronRefusal as exc:
+        return str(exc).split(";")[0]
+    return None
 
 
 def _cuda_present() -> bool:

@@ -54,3 +54,10 @@ def tiny_settings(**overrides: Any) -> Any:
 def worker_pythonpath() -> str:
     """PYTHONPATH that lets Ray workers and subprocesses import the double and this checkout."""
     return f"{DOUBLES}:{REPO}"
+
+
+def neuron_env() -> dict[str, str]:
+    """The Neuron part of this process's environment (imports may set other variables themselves)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith(("NEURON_", "TORCH_NEURONX_"))}

@@ -1,0 +1,182 @@
+"""The neuron-native backend: TorchNeuron (torch 2.14, `torch.compile(backend="neuron")`) on one
+logical NeuronCore, from an artifact of `siglip-serve compile --backend neuron-native`.
+
+A replica gets the artifact's environment from Ray's runtime_env (see `replica_env`), so it is set
+before torch is imported. It then refuses to start, in one line, unless: the SDK is TorchNeuron;
+the versions, LNC, NEURON_CC_FLAGS, opt level and NEFF cache are the manifest's; it sees exactly
+one NeuronCore; every bucket's compiled graph is in the cache. Only then does it load the weights,
+compile and warm each bucket (cache hits: no neuronx-cc run), check that nothing new was compiled,
+and forbid recompiles for the rest of its life (`torch.compiler.set_stance("fail_on_recompile")`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import open_clip
+import torch
+
+from models.encoder import BackendUnavailable, Encoder, register_backend
+from models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
+from models.manifest import sha256_file
+from models.settings import ModelSettings
+from models.torchneuron_env import (LNC_ENV, TorchNeuronRefusal, check_environment, check_native_sdk, check_one_core,
+                                    check_versions, environment, installed_versions)
+from models.torchneuron_runtime import (NativeManifest, NativeRuntime, TorchNeuronRuntime, artifact_neff_dir,
+                                        compile_buckets, missing_graphs, read_native_manifest)
+
+log = logging.getLogger(__name__)
+
+# "module:Class" of another NativeRuntime for replicas; the tests put the recording double here to
+# serve through the real application on a CPU. Unset (always, in production): TorchNeuron.
+RUNTIME_ENV = "SIGLIP_SERVE_TORCHNEURON_RUNTIME"
+
+
+def runtime_from_env() -> NativeRuntime:
+    spec = os.environ.get(RUNTIME_ENV, "")
+    if not spec:
+        return TorchNeuronRuntime()
+    module, _, name = spec.partition(":")
+    runtime: NativeRuntime = getattr(importlib.import_module(module), name)()
+    log.warning("neuron-native runs on %s (%s=%s), not TorchNeuron", runtime.name, RUNTIME_ENV, spec)
+    return runtime
+
+
+def native_artifact(settings: ModelSettings) -> tuple[Path, NativeManifest]:
+    if settings.artifact_dir is None:
+        raise TorchNeuronRefusal("the neuron-native backend needs artifact_dir (--artifact-dir): a directory written "
+                                 "by `siglip-serve compile --backend neuron-native`")
+    directory = Path(settings.artifact_dir).expanduser().resolve()
+    manifest = read_native_manifest(directory)
+    if manifest.model != settings.model:
+        raise TorchNeuronRefusal(f"artifact {directory} holds {manifest.model} but the config asks for {settings.model}; "
+                                 f"set model: {manifest.model} or compile {settings.model}")
+    absent = [b for b in settings.buckets if b not in manifest.buckets]
+    if absent:
+        raise TorchNeuronRefusal(f"buckets {absent} are not in artifact {directory} (compiled: {manifest.buckets}); "
+                                 f"serve a subset of them or compile with --buckets "
+                                 f"{','.join(map(str, settings.buckets))}")
+    return directory, manifest
+
+
+def replica_env(settings: ModelSettings) -> dict[str, str]:
+    """The environment every replica starts with (Ray runtime_env env_vars): the artifact's recipe
+    and NEFF cache, so TorchNeuron reads them before torch is imported."""
+    directory, manifest = native_artifact(settings)
+    return environment(manifest.recipe_env, directory)
+
+
+def adopt_unset(expected: Mapping[str, str], env: MutableMapping[str, str]) -> None:
+    """A standalone process (accuracy, a bench worker) may leave the recipe unset: take the
+    artifact's. Set this late, after torch is imported, TorchNeuron may have read some values
+    already (the docs do not say when it reads them); replicas and bench workers get them earlier."""
+    adopted = {k: v for k, v in expected.items() if k not in env}
+    if adopted:
+        env.update(adopted)
+        log.warning("took %s from the artifact's manifest in-process; export them before starting Python to be "
+                    "sure TorchNeuron reads them (docs/torchneuron.md, step 4)", sorted(adopted))
+
+
+def _build_embedder(manifest: NativeManifest, weights_path: Path) -> ImageEmbedder:
+    _register_tiny()
+    model = open_clip.create_model(manifest.model, pretrained=None)  # architecture only; weights follow
+    embedder = ImageEmbedder(model.visual, SIGLIP_MEAN, SIGLIP_STD).eval()
+    state = torch.load(weights_path, map_location="cpu", weights_only=True)
+    embedder.load_state_dict(state, strict=True)
+    embedder.requires_grad_(False)
+    return embedder
+
+
+class NativeNeuronEncoder(Encoder):
+    backend = "neuron-native"
+
+    def __init__(self, compiled: Any, runtime: NativeRuntime, info: ModelInfo, buckets: tuple[int, ...],
+                 directory: Path, manifest: NativeManifest, visible_cores: str) -> None:
+        super().__init__(info, buckets)
+        self.compiled = compiled
+        self.runtime = runtime
+        self.directory = directory
+        self.manifest = manifest
+        self.visible_cores = visible_cores
+
+    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.runtime.to_host(self.compiled(self.runtime.to_device(batch)))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "lnc": self.manifest.lnc, "artifact_dir": str(self.directory),
+                "neuron_rt_visible_cores": self.visible_cores, "runtime": self.runtime.name,
+                "manifest": self.manifest.summary()}
+
+
+def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
+                        env: Mapping[str, str] | None = None) -> NativeNeuronEncoder:
+    runtime = runtime or runtime_from_env()
+    env = os.environ if env is None else env
+    runtime.check_sdk()
+    directory, manifest = native_artifact(settings)
+    check_versions(manifest.versions, runtime.versions(), str(directory))
+    neff_dir = artifact_neff_dir(directory)
+    expected = environment(manifest.recipe_env, directory)
+    if env is os.environ:
+        adopt_unset(expected, os.environ)
+    check_environment(expected, env, str(directory))
+    cores = check_one_core(env)
+    absent = missing_graphs(manifest, runtime.graph_files(neff_dir))
+    if absent:
+        raise TorchNeuronRefusal(f"the compiled graphs of buckets {sorted(absent)} are not in {neff_dir} (missing: "
+                                 f"{absent}); a replica would compile them for minutes. Compile again: siglip-serve "
+                                 f"compile --backend neuron-native --buckets {','.join(map(str, manifest.buckets))}")
+    weights_path = directory / manifest.weights_file
+    if sha256_file(weights_path) != manifest.weights_file_sha256:
+        raise TorchNeuronRefusal(f"{weights_path} is not the file the artifact was compiled with (sha256 differs); "
+                                 f"compile the artifact again")
+    embedder = _build_embedder(manifest, weights_path).to(runtime.device)
+    buckets = tuple(sorted(settings.buckets))
+    compiled, warmed = compile_buckets(embedder, buckets, (manifest.image_size[0], manifest.image_size[1]),
+                                       runtime, neff_dir)
+    compiled_here = {w.bucket: w.new_graphs for w in warmed if w.new_graphs}
+    if compiled_here:
+        raise TorchNeuronRefusal(f"buckets {sorted(compiled_here)} were compiled at start instead of found in {neff_dir}: "
+                                 f"this replica's graphs differ from the artifact's (another torch/open_clip build?). "
+                                 f"Compile again in this venv: siglip-serve compile --backend neuron-native")
+    # Every bucket has its graph now; any other shape is a bug that must fail, not compile for minutes.
+    torch.compiler.set_stance("fail_on_recompile")
+    log.info("neuron-native: buckets %s warm on NeuronCore %s (%s)", list(buckets), cores,
+             {w.bucket: f"{w.seconds:.1f} s" for w in warmed})
+    info = ModelInfo(manifest.model, manifest.embed_dim, (manifest.image_size[0], manifest.image_size[1]),
+                     str(manifest.weights.get("source")))
+    return NativeNeuronEncoder(compiled, runtime, info, buckets, directory, manifest, cores)
+
+
+def check_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
+    """The serving CLI's check before Ray starts: the SDK line (from package metadata, without
+    initialising the Neuron runtime in the driver), the artifact and its versions."""
+    try:
+        versions = installed_versions()
+        check_native_sdk(versions)
+        directory, manifest = native_artifact(settings)
+        check_versions(manifest.versions, versions, str(directory))
+        # Replicas get the artifact's LNC from runtime_env, but the Ray node counted its NeuronCores
+        # (and hands out their indices) under the LNC of the environment it was started in.
+        here, compiled = (env or {}).get(LNC_ENV), manifest.recipe_env.get(LNC_ENV)
+        if env is not None and here is not None and here != compiled:
+            raise TorchNeuronRefusal(f"{LNC_ENV}={here} here but artifact {directory} was compiled for LNC={compiled}: "
+                                     f"Ray would count this node's NeuronCores at LNC={here} while the replicas run "
+                                     f"LNC={compiled}. Fix: export {LNC_ENV}={compiled} (before `ray start` too), or "
+                                     f"compile for this LNC: siglip-serve compile --backend neuron-native --lnc {here}")
+    except TorchNeuronRefusal as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+@register_backend("neuron-native")
+def create_native_encoder(settings: ModelSettings) -> NativeNeuronEncoder:
+    try:
+        return load_native_encoder(settings)
+    except TorchNeuronRefusal as exc:
+        raise BackendUnavailable(str(exc)) from None

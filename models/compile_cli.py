@@ -1,0 +1,124 @@
+"""`siglip-serve compile [--backend neuron|neuron-native] ...`: one command, both Neuron lines.
+
+--backend neuron (the default) is the trace line (models.neuron_compile). --backend neuron-native is
+TorchNeuron: this module parses its options and sets the compile environment before torch is
+imported (torch autoloads torch-neuronx), then hands over to models.native_compile. It imports
+nothing that imports torch until then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import shlex
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from models.cli_args import LOG_FORMAT, SettingsError, add_model_arguments, settings_from_args
+from models.torchneuron_env import (LNC_ENV, TRN2_DEFAULT_LNC, NativeOptions, TorchNeuronRefusal, environment,
+                                    installed_versions, sdk_tag)
+
+LINES = ("neuron", "neuron-native")
+DEFAULT_CACHE_ROOT = Path("artifacts")
+log = logging.getLogger("siglip_serve.compile")
+
+
+def build_native_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="siglip-serve compile --backend neuron-native",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=LINES, default="neuron",
+                        help="neuron: the trace line (torch-neuronx 2.9); neuron-native: TorchNeuron (2.14)")
+    add_model_arguments(parser, backend=False)
+    recipe = parser.add_argument_group("TorchNeuron recipe (NEURON_CC_FLAGS, NEURON_COMPILER_OPT_LEVEL, LNC)")
+    recipe.add_argument("--lnc", type=int, choices=(1, 2), help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
+    recipe.add_argument("--optlevel", type=int, choices=(1, 2, 3), default=3)
+    recipe.add_argument("--auto-cast", choices=("none", "matmult", "all"), default="matmult")
+    recipe.add_argument("--auto-cast-type", choices=("bf16", "fp16", "tf32", "fp8_e4m3"), default="bf16")
+    recipe.add_argument("--model-type", default="transformer")
+    recipe.add_argument("--target", default="trn2")
+    recipe.add_argument("--compiler-arg", action="append", default=[], metavar="ARG",
+                        help="one more compiler argument, repeatable (write --compiler-arg=--flag)")
+    parser.add_argument("--cache-root", type=Path, default=DEFAULT_CACHE_ROOT,
+                        help="artifacts go to CACHE_ROOT/<SDK tag>/<model>-lnc<N>-<key>/")
+    parser.add_argument("--link", type=Path, help="also point this symlink at the artifact (stable path for configs)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON; needs no SDK and reads no weights")
+    parser.add_argument("--force", action="store_true", help="recompile even if a complete artifact exists")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def native_options(args: argparse.Namespace) -> NativeOptions:
+    lnc = args.lnc
+    if lnc is None:
+        raw = (os.environ.get(LNC_ENV) or "").strip()
+        if raw and raw not in ("1", "2"):
+            raise ValueError(f"{LNC_ENV}={raw!r} is not a valid LNC; the Neuron runtime accepts 1 or 2")
+        lnc = int(raw) if raw else TRN2_DEFAULT_LNC
+    return NativeOptions(lnc=lnc, optlevel=args.optlevel, auto_cast=args.auto_cast, auto_cast_type=args.auto_cast_type,
+                         model_type=args.model_type, target=args.target, extra_args=tuple(args.compiler_arg))
+
+
+def native_main(argv: Sequence[str]) -> int:
+    args = build_native_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    saved = dict(os.environ)
+    try:
+        settings = settings_from_args(args)
+        options = native_options(args)
+        versions = installed_versions()
+        if not args.dry_run:
+            staging = args.cache_root / sdk_tag(versions) / f".partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            env = environment(options.recipe_env(), staging)
+            if "torch" in sys.modules:
+                log.warning("torch was imported before the TorchNeuron environment was set; values it read at import "
+                            "time are not this plan's")
+            os.environ.update(env)
+            log.info("TorchNeuron environment: %s", " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+        native = importlib.import_module("models.native_compile")  # torch is imported from here on
+        if args.dry_run:
+            print(json.dumps(native.dry_run_plan(settings, options, args.cache_root, versions).as_json(), indent=2))
+            return 0
+        from models.torchneuron_runtime import TorchNeuronRuntime
+
+        result = native.compile_native_artifact(settings, options, args.cache_root, staging, TorchNeuronRuntime(),
+                                                force=args.force)
+        if args.link is not None:
+            importlib.import_module("models.neuron_compile").point_link(args.link, result.artifact_dir)
+    except (SettingsError, ValueError, TorchNeuronRefusal) as exc:
+        log.error("%s", exc)
+        return 2
+    except RuntimeError as exc:
+        from models.loading import ModelLoadError  # torch is loaded by now
+        from models.manifest import ArtifactError
+
+        if not isinstance(exc, (ModelLoadError, ArtifactError)):
+            raise
+        log.error("%s", exc)
+        return 2
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    print(result.artifact_dir)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--backend", choices=LINES, default="neuron")
+    known, rest = probe.parse_known_args(argv)
+    if known.backend == "neuron-native":
+        return native_main(argv)
+    if {"-h", "--help"} & set(rest):
+        print("(the trace line's options follow; for TorchNeuron: siglip-serve compile --backend neuron-native --help)")
+    return int(importlib.import_module("models.neuron_compile").main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

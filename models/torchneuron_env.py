@@ -1,0 +1,184 @@
+"""TorchNeuron (the native PyTorch backend of Neuron 2.33): its package set, the environment that
+carries the compile recipe, and every start-up refusal of the `neuron-native` backend.
+
+This module imports neither torch nor the SDK: the environment must be chosen before `import torch`,
+because torch >= 2.9 autoloads torch-neuronx through its `torch.backends` entry point (Neuron docs,
+"What is TorchNeuron?" FAQ), so whatever the SDK reads at load time is read then.
+
+Sources (Neuron docs, awsdocs-neuron.readthedocs-hosted.com):
+- release-notes/components/torchneuron (2.33.0): torch-neuronx 2.14.3.0.* is the family for
+  PyTorch 2.14.0, Python 3.12-3.14; standalone wheels for Ubuntu 26.04 only; on 24.04 use the DLAMI.
+- v2.33.0 release-notes/components/index: Neuron Compiler 2.28.7631.0, NKI 0.7.0.
+- v2.33.0 setup/pytorch/update-dlami: the DLAMI venv /opt/aws_neuronx_venv_torch_neuronx_2_14_0.
+- torch/compile/reference-torch-compile: fullgraph=True recommended; dynamic=True rejected.
+- torch/reference/env-vars: the TorchNeuron environment variables page.
+The docs pages found do not spell out how NEURON_CC_FLAGS and NEURON_COMPILER_OPT_LEVEL reach
+neuronx-cc on the torch.compile path; the torch-neuronx source appends NEURON_CC_FLAGS after its
+own defaults ("--model-type transformer --auto-cast=none") and reads NEURON_COMPILER_OPT_LEVEL
+("-O1" when unset). That later flags win is neuronx-cc's command-line behaviour, to be confirmed on
+a trn2 (tests/test_neuron_native_trn2.py compares embeddings against the CPU model).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SDK_RELEASE = "2.33.1"
+# The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
+TORCH_NEURONX_FAMILY = "2.14.3.0"
+NEURONX_CC_VERSION = "2.28.7631.0"
+TORCH_SERIES = "2.14"
+NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
+DLAMI_VENV = "/opt/aws_neuronx_venv_torch_neuronx_2_14_0"
+INSTALL_HINT = (
+    f"on a trn2 use the TorchNeuron DLAMI venv (source {DLAMI_VENV}/bin/activate) or, on Ubuntu 26.04, a "
+    f"fresh venv: pip install -c constraints-neuron-native.txt -e '.[neuron-native]' --extra-index-url "
+    f"{NEURON_PIP_REPOSITORY} --extra-index-url https://download.pytorch.org/whl/cpu (docs/torchneuron.md)"
+)
+
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+CC_FLAGS_ENV = "NEURON_CC_FLAGS"
+OPT_LEVEL_ENV = "NEURON_COMPILER_OPT_LEVEL"
+NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+# Every variable that decides what is compiled, or where the compiled graphs are looked up.
+RECIPE_ENV = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV)
+TRN2_DEFAULT_LNC = 2  # Logical NeuronCore configuration page: LNC=2 is trn2's default
+NEFF_DIR = "neff"
+
+
+class TorchNeuronRefusal(RuntimeError):
+    """The neuron-native backend will not start here; the message is one line with the fix."""
+
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """Seed 000's recipe (LNC, -O3, matmult auto-cast to bf16, transformer) as TorchNeuron sees it."""
+
+    lnc: int = TRN2_DEFAULT_LNC
+    optlevel: int = 3
+    auto_cast: str = "matmult"
+    auto_cast_type: str = "bf16"
+    model_type: str = "transformer"
+    target: str = "trn2"
+    extra_args: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.lnc not in (1, 2):
+            raise ValueError(f"--lnc must be 1 or 2, got {self.lnc}")
+        if self.optlevel not in (1, 2, 3):
+            raise ValueError(f"--optlevel must be 1, 2 or 3, got {self.optlevel}")
+
+    def cc_flags(self) -> str:
+        flags = ["--target", self.target, "--lnc", str(self.lnc), f"--auto-cast={self.auto_cast}"]
+        if self.auto_cast != "none":
+            flags.append(f"--auto-cast-type={self.auto_cast_type}")
+        flags += ["--model-type", self.model_type, *self.extra_args]
+        return shlex.join(flags)
+
+    def recipe_env(self) -> dict[str, str]:
+        """The environment that decides the compiled graphs (the NEFF cache location comes apart)."""
+        return {LNC_ENV: str(self.lnc), CC_FLAGS_ENV: self.cc_flags(), OPT_LEVEL_ENV: f"-O{self.optlevel}"}
+
+
+def environment(recipe: Mapping[str, str], artifact_dir: Path) -> dict[str, str]:
+    """What a compile or a replica runs with: the recipe, and the artifact's own NEFF cache."""
+    return {**recipe, NEFF_CACHE_ENV: str(Path(artifact_dir).resolve() / NEFF_DIR)}
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Versions of the packages that make the compiled graphs, from package metadata (no import)."""
+    return {"torch": _version("torch"), "torch_neuronx": _version("torch-neuronx"),
+            "neuronx_cc": _version("neuronx-cc")}
+
+
+def sdk_tag(versions: Mapping[str, str | None]) -> str:
+    """The directory name for everything compiled with this SDK: a new SDK never reads old graphs."""
+    return f"torchneuron-{versions.get('torch_neuronx') or 'none'}-cc{versions.get('neuronx_cc') or 'none'}"
+
+
+def check_native_sdk(versions: Mapping[str, str | None]) -> None:
+    """Refuse unless the TorchNeuron line (torch-neuronx 2.14.3.0.*, torch 2.14) is installed."""
+    neuronx, torch_version = versions.get("torch_neuronx"), versions.get("torch") or "?"
+    if neuronx is None:
+        raise TorchNeuronRefusal(f"the neuron-native backend needs TorchNeuron (torch-neuronx {TORCH_NEURONX_FAMILY}.*, "
+                                 f"torch {TORCH_SERIES}, neuronx-cc {NEURONX_CC_VERSION}), which is not installed "
+                                 f"here; {INSTALL_HINT}")
+    if neuronx == "1.0":
+        raise TorchNeuronRefusal(f"the torch-neuronx installed here is PyPI's empty placeholder 1.0, not TorchNeuron; "
+                                 f"pip uninstall torch-neuronx, then {INSTALL_HINT}")
+    if neuronx.startswith("2.9."):
+        raise TorchNeuronRefusal(f"this venv has the trace line (torch-neuronx {neuronx}, torch {torch_version}), not "
+                                 f"TorchNeuron: serve it with --backend neuron, or make a separate venv for "
+                                 f"--backend neuron-native (the two lines share the package name and cannot share a "
+                                 f"venv); {INSTALL_HINT}")
+    if not neuronx.startswith(TORCH_NEURONX_FAMILY + ".") or not torch_version.startswith(TORCH_SERIES + "."):
+        raise TorchNeuronRefusal(f"neuron-native is pinned to torch-neuronx {TORCH_NEURONX_FAMILY}.* with torch "
+                                 f"{TORCH_SERIES}.*, but this venv has torch-neuronx {neuronx} with torch "
+                                 f"{torch_version}; {INSTALL_HINT}")
+    if versions.get("neuronx_cc") is None:
+        raise TorchNeuronRefusal(f"TorchNeuron compiles with neuronx-cc, which is not installed here; pip install "
+                                 f"neuronx-cc=={NEURONX_CC_VERSION} --extra-index-url {NEURON_PIP_REPOSITORY}")
+
+
+def visible_core_count(raw: str | None) -> int | None:
+    """How many NeuronCores NEURON_RT_VISIBLE_CORES names ("3", "0-3", "0,2"); None when unset."""
+    if raw is None or not raw.strip():
+        return None
+    count = 0
+    for part in raw.replace(" ", "").split(","):
+        low, dash, high = part.partition("-")
+        try:
+            count += (int(high) - int(low) + 1) if dash else (1 if int(low) >= 0 else 0)
+        except ValueError:
+            raise TorchNeuronRefusal(f"{VISIBLE_CORES_ENV}={raw!r} is not a core index or range") from None
+    return count
+
+
+def check_one_core(env: Mapping[str, str]) -> str:
+    """One replica, one logical NeuronCore: refuse a replica that would hold more (or all) of them."""
+    raw = env.get(VISIBLE_CORES_ENV)
+    count = visible_core_count(raw)
+    if count is None:
+        raise TorchNeuronRefusal(f"{VISIBLE_CORES_ENV} is unset, so the Neuron runtime would reserve every NeuronCore "
+                                 f"for this one replica; give each replica one core (neuron_cores_per_replica: 1, Ray "
+                                 f"then sets it) or export {VISIBLE_CORES_ENV}=<core index>")
+    if count != 1:
+        raise TorchNeuronRefusal(f"{VISIBLE_CORES_ENV}={raw} gives this replica {count} NeuronCores; a neuron-native "
+                                 f"replica runs on exactly one (neuron_cores_per_replica: 1, or export "
+                                 f"{VISIBLE_CORES_ENV}=<one core index>)")
+    return str(raw)
+
+
+def check_environment(expected: Mapping[str, str], env: Mapping[str, str], artifact: str) -> None:
+    """Refuse unless the compile recipe and NEFF cache in `env` are the artifact's, value for value."""
+    for name in RECIPE_ENV:
+        # Unset is refused too, even for LNC (trn2 defaults to 2): the replica gets the artifact's
+        # environment from Ray, so a missing value means it did not come from there.
+        want, have = expected.get(name), env.get(name)
+        if have != want:
+            raise TorchNeuronRefusal(
+                f"{name} is {have!r} here but artifact {artifact} was compiled with {name}={want!r}; TorchNeuron would "
+                f"look for (or compile) other graphs. Fix: run with the artifact's environment (siglip-serve run sets "
+                f"it from the manifest; by hand: export {name}={shlex.quote(want or '')}), or compile for this one: "
+                f"siglip-serve compile --backend neuron-native")
+
+
+def check_versions(expected: Mapping[str, str | None], versions: Mapping[str, str | None], artifact: str) -> None:
+    for name in ("torch", "torch_neuronx", "neuronx_cc"):
+        if expected.get(name) != versions.get(name):
+            raise TorchNeuronRefusal(
+                f"artifact {artifact} was compiled with {name} {expected.get(name)} but this venv has "
+                f"{versions.get(name)}; its graphs do not apply here. Install the artifact's set "
+                f"(constraints-neuron-native.txt) or compile again here: siglip-serve compile --backend neuron-native")

@@ -1,0 +1,201 @@
+"""The seam between the neuron-native backend and TorchNeuron, the compile-and-warm loop both the
+compile command and a replica run, and the artifact's manifest.
+
+`NativeRuntime` is everything the backend asks of the SDK: how to compile (a `torch.compile`
+backend), where the device is, how tensors move, which compiled graphs the NEFF cache holds.
+`TorchNeuronRuntime` is the real one; tests/doubles/torchneuron_runtime.py runs the real
+`torch.compile` on the CPU with a recording backend in its place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from models.torchneuron_env import NEFF_DIR, TorchNeuronRefusal, check_native_sdk, installed_versions
+
+log = logging.getLogger(__name__)
+
+LINE = "neuron-native"
+MANIFEST_NAME = "manifest.json"
+WEIGHTS_NAME = "weights.pt"
+
+
+class NativeRuntime(Protocol):
+    name: str
+
+    @property
+    def compile_backend(self) -> str | Callable[..., Any]: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def check_sdk(self) -> None:
+        """Raise TorchNeuronRefusal unless this runtime's SDK is present and is the native line."""
+
+    def versions(self) -> dict[str, str | None]: ...
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def graph_files(self, neff_dir: Path) -> dict[str, int]:
+        """Compiled graphs the persistent NEFF cache in `neff_dir` holds: relative path -> bytes."""
+
+
+def neff_files(neff_dir: Path) -> dict[str, int]:
+    root = Path(neff_dir)
+    if not root.is_dir():
+        return {}
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*.neff") if p.is_file()}
+
+
+class TorchNeuronRuntime:
+    """TorchNeuron: `torch.compile(backend="neuron")` on the `neuron` device (a PrivateUse1 device).
+
+    The persistent cache writes one `<key>.neff` per compiled graph under TORCH_NEURONX_NEFF_CACHE_DIR
+    (sharded into two directory levels), keyed by the graph's IR, the compiler arguments and the
+    compiler version: the same graph with the same flags is found again after a restart.
+    """
+
+    name = "torchneuron"
+    compile_backend = "neuron"
+
+    def check_sdk(self) -> None:
+        check_native_sdk(self.versions())
+        # torch autoloads torch-neuronx; the PrivateUse1 device is then named "neuron".
+        if torch._C._get_privateuse1_backend_name() != "neuron":
+            import torch_neuronx  # noqa: F401 - registers the device where autoload is off
+
+        if torch._C._get_privateuse1_backend_name() != "neuron":
+            raise TorchNeuronRefusal("torch-neuronx is installed but registered no 'neuron' device; check `neuron-ls` "
+                                     "and that this is a trn2 with the Neuron driver (docs/torchneuron.md step 1)")
+
+    @property
+    def device(self) -> torch.device:
+        # With NEURON_RT_VISIBLE_CORES naming one core, the process sees it as device 0.
+        return torch.device("neuron", 0)
+
+    def versions(self) -> dict[str, str | None]:
+        return installed_versions()
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device)
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.cpu()
+
+    def graph_files(self, neff_dir: Path) -> dict[str, int]:
+        return neff_files(neff_dir)
+
+
+@dataclass
+class BucketCompile:
+    bucket: int
+    seconds: float
+    new_graphs: list[str]
+
+
+def compile_buckets(model: torch.nn.Module, buckets: Sequence[int], image_size: tuple[int, int],
+                    runtime: NativeRuntime, neff_dir: Path,
+                    progress: Callable[[int, int, int, BucketCompile | None], None] | None = None,
+                    ) -> tuple[Any, list[BucketCompile]]:
+    """`torch.compile` the model once, then run each bucket once: one static graph per bucket.
+
+    Returns the compiled callable and, per bucket, which graph files appeared in the NEFF cache
+    while it ran (none when the cache already held it).
+    """
+    # dynamic=False gives every bucket its own guarded entry on the same code object; Dynamo's
+    # default limit (8) would send bucket 9 and on to eager execution without a word.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(buckets) + 1)
+    compiled = torch.compile(model, backend=runtime.compile_backend, fullgraph=True, dynamic=False)
+    results = []
+    for i, bucket in enumerate(buckets, start=1):
+        if progress is not None:
+            progress(i, len(buckets), bucket, None)
+        before = set(runtime.graph_files(neff_dir))
+        began = time.monotonic()
+        example = torch.zeros((bucket, 3, *image_size), dtype=torch.uint8)
+        with torch.no_grad():
+            runtime.to_host(compiled(runtime.to_device(example)))
+        new = sorted(set(runtime.graph_files(neff_dir)) - before)
+        results.append(BucketCompile(bucket, round(time.monotonic() - began, 3), new))
+        if progress is not None:
+            progress(i, len(buckets), bucket, results[-1])
+    return compiled, results
+
+
+@dataclass
+class NativeManifest:
+    model: str
+    weights: dict[str, str]
+    weights_file: str
+    weights_file_sha256: str
+    image_size: list[int]
+    embed_dim: int
+    buckets: list[int]
+    lnc: int
+    recipe_env: dict[str, str]
+    versions: dict[str, str | None]
+    cache_key: str
+    # bucket -> graph files (relative to neff/) its compile wrote into the NEFF cache
+    graphs: dict[str, list[str]]
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    created_at: str = ""
+    line: str = LINE
+    input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
+
+    def write(self, directory: Path) -> None:
+        (Path(directory) / MANIFEST_NAME).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        return {"line": self.line, "model": self.model, "weights": self.weights.get("source"),
+                "weights_sha256": self.weights.get("sha256", "")[:16], "buckets": self.buckets, "lnc": self.lnc,
+                "recipe_env": self.recipe_env, "versions": self.versions, "cache_key": self.cache_key[:12],
+                "created_at": self.created_at}
+
+
+def read_native_manifest(directory: Path) -> NativeManifest:
+    """The manifest of a complete neuron-native artifact, or TorchNeuronRefusal saying what to do."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise TorchNeuronRefusal(f"{directory} holds no {MANIFEST_NAME}: not a neuron-native artifact; build one with "
+                                 f"siglip-serve compile --backend neuron-native")
+    try:
+        data: Mapping[str, Any] = json.loads(path.read_text())
+    except ValueError as exc:
+        raise TorchNeuronRefusal(f"{path} is not valid JSON ({exc}); compile the artifact again") from None
+    if data.get("line") != LINE:
+        raise TorchNeuronRefusal(f"{directory} is an artifact of the trace line (--backend neuron), not of "
+                                 f"neuron-native; serve it with --backend neuron or compile with --backend neuron-native")
+    known = set(NativeManifest.__dataclass_fields__)
+    try:
+        manifest = NativeManifest(**{k: v for k, v in data.items() if k in known})
+    except TypeError as exc:
+        raise TorchNeuronRefusal(f"{path} lacks fields ({exc}); compile the artifact again") from None
+    if not (directory / manifest.weights_file).is_file():
+        raise TorchNeuronRefusal(f"artifact {directory} lacks its weights file {manifest.weights_file}; compile it again")
+    return manifest
+
+
+def missing_graphs(manifest: NativeManifest, present: Mapping[str, int]) -> dict[int, list[str]]:
+    """Buckets whose compiled graphs are not in the NEFF cache (or that recorded none at all)."""
+    missing = {}
+    for bucket in manifest.buckets:
+        files = manifest.graphs.get(str(bucket), [])
+        absent = [f for f in files if f not in present] or ([] if files else ["<no graph recorded>"])
+        if absent:
+            missing[bucket] = absent
+    return missing
+
+
+def artifact_neff_dir(directory: Path) -> Path:
+    return Path(directory).resolve() / NEFF_DIR

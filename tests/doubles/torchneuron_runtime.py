@@ -1,0 +1,88 @@
+"""A test double of the TorchNeuron runtime (models.torchneuron_runtime.NativeRuntime) for machines
+without Trainium.
+
+It keeps the real seam's signatures and runs the REAL `torch.compile` (Dynamo, guards, fullgraph,
+dynamic=False, recompiles, `set_stance`) on the CPU. Its compile backend is a recording function
+that stands in for TorchNeuron's persistent NEFF cache: it keys each graph by its code, input
+shapes/dtypes and the recipe environment (NEURON_CC_FLAGS, NEURON_COMPILER_OPT_LEVEL,
+NEURON_LOGICAL_NC_CONFIG), looks for `<key>.neff` under TORCH_NEURONX_NEFF_CACHE_DIR (two shard
+levels, like the real cache), records a compile and writes the file on a miss, records a hit
+otherwise, and returns `gm.forward` (eager CPU execution of the captured graph).
+
+What it proves: our code compiles the whole model as one graph per bucket with fullgraph and static
+shapes, finds those graphs again after a restart without compiling, refuses to start on each wrong
+input, and forbids recompiles after warm-up.
+
+What it does NOT prove: that TorchNeuron lowers this graph (StableHLO, neuronx-cc), that the flags
+reach neuronx-cc or that later flags override its defaults, TorchNeuron's real cache key and layout,
+bf16 auto-cast numerics (this runs float32), the `neuron` device, NeuronCore placement or LNC in the
+runtime, compile times, or throughput. tests/test_neuron_native_trn2.py does those on a trn2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.torchneuron_env import (CC_FLAGS_ENV, LNC_ENV, NEFF_CACHE_ENV, NEURONX_CC_VERSION, OPT_LEVEL_ENV,
+                                    check_native_sdk)
+from models.torchneuron_runtime import neff_files
+
+DOUBLE_VERSIONS = {"torch": torch.__version__, "torch_neuronx": "2.14.3.0.0+recording-double",
+                   "neuronx_cc": NEURONX_CC_VERSION}
+
+
+@dataclass
+class RecordingRuntime:
+    """The seam's double. `compiles` and `hits` list (input shapes, cache file) per backend call."""
+
+    sdk_versions: dict[str, str | None] = field(default_factory=lambda: dict(DOUBLE_VERSIONS))
+    compiles: list[dict[str, Any]] = field(default_factory=list)
+    hits: list[dict[str, Any]] = field(default_factory=list)
+    name: str = "recording-double"
+
+    def check_sdk(self) -> None:
+        check_native_sdk(self.sdk_versions)
+
+    def versions(self) -> dict[str, str | None]:
+        return dict(self.sdk_versions)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def graph_files(self, neff_dir: Path) -> dict[str, int]:
+        return neff_files(neff_dir)
+
+    @property
+    def compile_backend(self) -> Any:
+        def recording_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+            tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+            recipe = "|".join(os.environ.get(k, "") for k in (CC_FLAGS_ENV, OPT_LEVEL_ENV, LNC_ENV))
+            signature = f"{gm.code}|{[(list(t.shape), str(t.dtype)) for t in tensors]}|{recipe}"
+            key = hashlib.sha256(signature.encode()).hexdigest()
+            cache = Path(os.environ[NEFF_CACHE_ENV])
+            path = cache / key[:2] / key[2:4] / f"{key}.neff"
+            # The images are the graph's one uint8 input (parameters may be lifted to inputs too).
+            images = [list(t.shape) for t in tensors if t.dtype == torch.uint8]
+            record = {"image_shapes": images, "file": str(path.relative_to(cache)), "graph": gm}
+            if path.is_file():
+                self.hits.append(record)
+            else:
+                self.compiles.append(record)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(b"recorded graph " + key.encode())
+            return gm.forward
+
+        return recording_backend

@@ -34,6 +34,7 @@ class ErrorType(str, Enum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     NOT_READY = "not_ready"
     OVERLOADED = "overloaded"
+    REPLICA_UNAVAILABLE = "replica_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INTERNAL = "internal_error"
 

@@ -168,6 +168,7 @@ class Ingress:
         # restart shows in /readyz's counts while the remaining replicas keep serving.
         self._accepting = False
         self._draining = False
+        self._ready_check: asyncio.Future[list[dict[str, Any]]] | None = None
         self._drain_watch: asyncio.Task[None] | None = None
         self.requests_in_handler = 0
         # The bounded queue: encoder calls admitted requests will make, at most what the replicas
@@ -206,7 +207,11 @@ class Ingress:
         return await asyncio.to_thread(registry.live_replicas, self.app_name)
 
     async def _ready(self) -> tuple[bool, int]:
-        live = len(await self._replicas())
+        # One look at the replica registry at a time, shared by every request that waits for it:
+        # a burst on a fresh ingress must not queue a GCS call per request.
+        if self._ready_check is None or self._ready_check.done():
+            self._ready_check = asyncio.ensure_future(self._replicas())
+        live = len(await asyncio.shield(self._ready_check))
         ready = live >= self.min_ready
         self._accepting = self._accepting or ready
         return ready, live

@@ -9,14 +9,12 @@ moment the request arrives here, covers all of it.
 
 # No `from __future__ import annotations`: FastAPI resolves route parameter types at runtime.
 import asyncio
-import base64
 import hmac
 import json
 import logging
 import math
 import os
 import time
-import unicodedata
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -29,8 +27,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 
 from models.preprocess import (
     ImageHeader, ImageRejected, decode_base64_image, media_type_supported, preprocess_image, probe_image,
@@ -40,6 +36,7 @@ from serve.config import ServiceConfig
 from serve.decode_queue import FairDecodeQueue
 from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
 from serve.errors import ApiError, ErrorType, describe_validation, error_response, install_error_handlers
+from serve.http_body import multipart_files, read_body, render_embeddings, safe_filename
 from serve.metrics import IngressMetrics
 from serve.replica_logging import configure_replica_logging
 
@@ -48,10 +45,6 @@ log = logging.getLogger("siglip_serve.ingress")
 # /docs and /openapi.json are routes of the deployment below, behind the API key like the rest.
 app = FastAPI(title="siglip-serve", version="1", docs_url=None, redoc_url=None, openapi_url=None)
 
-# A body over max_body_bytes is read and thrown away up to this much more before the 413 is sent:
-# clients that send the whole body before reading (urllib, requests) then see the 413 instead of
-# a connection reset. Past it the connection is closed.
-OVERSIZE_DISCARD_BYTES = 64 * 1024 * 1024
 # How often an ingress replica looks for the drain mark that `siglip-serve run` sets on SIGTERM.
 DRAIN_POLL_S = 0.25
 
@@ -77,75 +70,6 @@ class EmbeddingsRequest(BaseModel):
     input: str | list[str]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    declared_size = int(declared) if declared is not None and declared.isdigit() else None
-    over = declared_size is not None and declared_size > limit
-    body = bytearray()
-    received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if over or received > limit:
-            over = True
-            body.clear()  # read and thrown away, so the client gets to read the 413
-            if received > limit + OVERSIZE_DISCARD_BYTES:
-                break
-            continue
-        body += chunk
-    if over:
-        size = f"{declared_size} bytes" if declared_size is not None else "over that"
-        raise ApiError(413, ErrorType.PAYLOAD_TOO_LARGE, f"body is {size}, over the {limit}-byte limit")
-    if not body:
-        raise ApiError(400, ErrorType.EMPTY_BODY, "request body is empty")
-    return bytes(body)
-
-
-async def multipart_files(request: Request, body: bytes) -> list[tuple[str, bytes]]:
-    """(filename, bytes) of every file part, in order, from an already size-checked body."""
-
-    async def replay() -> Any:
-        yield body
-
-    parser = MultiPartParser(request.headers, replay())
-    # The body is already in memory and bounded by max_body_bytes: no spooling of parts to disk.
-    parser.spool_max_size = len(body) + 1
-    try:
-        form = await parser.parse()
-    except MultiPartException as exc:
-        raise ApiError(400, ErrorType.INVALID_REQUEST, f"malformed multipart body: {exc.message}") from None
-    files = []
-    try:
-        for _, value in form.multi_items():
-            if isinstance(value, UploadFile):
-                files.append((safe_filename(value.filename or ""), await value.read()))
-    finally:
-        await form.close()
-    if not files:
-        raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
-    return files
-
-
-def safe_filename(name: str, limit: int = 64) -> str:
-    """A client's filename as it may appear in a message: no control, format (bidi) or separator characters."""
-    cleaned = "".join("?" if unicodedata.category(c)[0] in "CZ" and c != " " else c for c in name)
-    return cleaned if len(cleaned) <= limit else cleaned[:limit] + "..."
-
-
-def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) -> Response:
-    rows: Sequence[Any]
-    if encoding_format == "base64":
-        rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
-    else:
-        rows = embeddings.astype(np.float32).tolist()
-    body = {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
-        "model": model,
-        "usage": {"images": len(rows), "prompt_tokens": 0, "total_tokens": 0},
-    }
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
 class Ingress:

@@ -126,6 +126,9 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
+        from serve import registry
+
+        registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
         serve.start(http_options={"host": host, "port": port})
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)

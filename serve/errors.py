@@ -36,6 +36,7 @@ class ErrorType(str, Enum):
     OVERLOADED = "overloaded"
     REPLICA_UNAVAILABLE = "replica_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    HEADERS_TOO_LARGE = "headers_too_large"
     INTERNAL = "internal_error"
 
 

@@ -7,7 +7,7 @@ costs and when; nothing here knows Ray.
 import base64
 import json
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,12 +15,38 @@ from fastapi import Request, Response
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from serve.errors import ApiError, ErrorType
+from serve.errors import ApiError, ErrorType, error_response
+
+# Ray Serve's proxy parses headers with httptools and no limits (docs/http-api.md, Front-end
+# limits); the application refuses what no client needs: nginx's default buffers hold 32 KiB.
+MAX_HEADER_COUNT = 100
+MAX_HEADER_BYTES = 64 * 1024
 
 # A body over max_body_bytes is read and thrown away up to this much more before the 413 is sent:
 # clients that send the whole body before reading (urllib, requests) then see the 413 instead of
 # a connection reset. Past it the connection is closed.
 OVERSIZE_DISCARD_BYTES = 64 * 1024 * 1024
+class HeaderLimits:
+    """ASGI middleware: 431 for a request with more than MAX_HEADER_COUNT headers or MAX_HEADER_BYTES of them."""
+
+    def __init__(self, app: Any, on_error: Callable[[ApiError], None]) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = scope.get("headers") or []
+            size = sum(len(name) + len(value) + 4 for name, value in headers)
+            if len(headers) > MAX_HEADER_COUNT or size > MAX_HEADER_BYTES:
+                error = ApiError(431, ErrorType.HEADERS_TOO_LARGE,
+                                 f"{len(headers)} headers of {size} bytes; the limits are {MAX_HEADER_COUNT} "
+                                 f"headers and {MAX_HEADER_BYTES} bytes")
+                self.on_error(error)
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     declared_size = int(declared) if declared is not None and declared.isdigit() else None

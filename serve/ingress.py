@@ -36,7 +36,7 @@ from serve.config import ServiceConfig
 from serve.decode_queue import FairDecodeQueue
 from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
 from serve.errors import ApiError, ErrorType, describe_validation, error_response, install_error_handlers
-from serve.http_body import multipart_files, read_body, render_embeddings, safe_filename
+from serve.http_body import HeaderLimits, multipart_files, read_body, render_embeddings, safe_filename
 from serve.metrics import IngressMetrics
 from serve.replica_logging import configure_replica_logging
 
@@ -60,6 +60,7 @@ def _on_error(error: ApiError) -> None:
 
 
 install_error_handlers(app, _on_error)
+app.add_middleware(HeaderLimits, on_error=_on_error)
 
 
 class EmbeddingsRequest(BaseModel):

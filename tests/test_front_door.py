@@ -226,3 +226,27 @@ def test_a_killed_replica_costs_no_500_and_readiness_holds(pair_app: str, small_
     assert statuses and 500 not in statuses and set(statuses) <= {200, 503}, statuses
     assert statuses.count(200) > len(statuses) // 2
     assert ready and set(ready) == {200}, ready
+
+
+def _raw_request(port: int, head: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        return reply
+
+
+@pytest.mark.parametrize("headers", [
+    b"".join(b"X-Flood-%d: 1\r\n" % i for i in range(10_000)),
+    b"X-Big: " + b"a" * (1024 * 1024) + b"\r\n",
+], ids=["10000-headers", "1MiB-header"])
+def test_header_floods_are_431(serve_cluster: ServeCluster, main_app: str, headers: bytes) -> None:
+    # Before: answered 200. The proxy still parses them (no limit there); the app refuses them.
+    head = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() + b"\r\n"
+            + headers + b"Connection: close\r\n\r\n")
+    reply = _raw_request(serve_cluster.http_port, head)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:200]

@@ -113,9 +113,9 @@ def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app
     for response, seconds in shed:
         assert_error(response, 503, "overloaded")
         assert response.headers["retry-after"] == "2"
-    assert max(s for _, s in shed) < 1.5, sorted(s for _, s in shed)
+    assert max(s for _, s in shed) < 2.0, sorted(s for _, s in shed)  # before: none, or after up to 18 s
     # Admitted requests end by their 1.5 s deadline (plus the proxy's and the client's share).
-    assert max(s for r, s in results if r.status_code != 503) < 1.5 + 1.0
+    assert max(s for r, s in results if r.status_code != 503) < 1.5 + 1.5
 
 
 def test_the_deadline_covers_decoding_and_queueing(front_app: str) -> None:
@@ -131,7 +131,7 @@ def test_the_deadline_covers_decoding_and_queueing(front_app: str) -> None:
     for response, seconds in results:
         if response.status_code == 504:
             assert "1.5" in assert_error(response, 504, "deadline_exceeded")["message"]
-        assert seconds < 1.5 + 1.0, seconds
+        assert seconds < 1.5 + 1.5, seconds
 
 
 def test_a_stalled_body_is_answered_at_the_deadline(serve_cluster: ServeCluster, front_app: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 __all__ = [
     "ImageRejected",
     "ImageLimits",
+    "ImageHeader",
+    "probe_image",
     "SUPPORTED_FORMATS",
     "decode_image",
     "resize_to_array",
@@ -45,6 +48,37 @@ class ImageRejected(Exception):
 class ImageLimits:
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
+    # Longest side, from the header. Bounds the extreme shapes (1 x 39,000,000) whose resample
+    # tables alone cost gigabytes; 16384 is also WebP's and most GPUs' texture limit.
+    max_side: int = 16384
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What the header says, before any pixel is decoded."""
+
+    width: int
+    height: int
+    mode: str
+    format: str
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    @property
+    def decode_bytes(self) -> int:
+        """Peak bytes a decode of this image holds: the decoded frame plus its 8-bit copy on the way to RGB."""
+        return self.pixels * (_storage_bytes(self.mode) + 4)
+
+
+def _storage_bytes(mode: str) -> int:
+    # Pillow keeps 1-band 8-bit modes in one byte per pixel, 16-bit in two, every other mode in four.
+    if mode in ("1", "L", "P"):
+        return 1
+    if mode.startswith("I;16"):
+        return 2
+    return 4
 
 
 # MPO is how Pillow names JPEGs carrying extra (e.g. depth/stereo) frames; frame 0 is
@@ -77,6 +111,12 @@ def _too_many_pixels(limits: ImageLimits, width: int | None = None, height: int 
     else:
         what = f"image is {width}x{height} = {_mp(width * height)} megapixels,"
     return ImageRejected(413, "image_too_large", f"{what} over the {_mp(limits.max_pixels)} megapixel limit")
+
+
+def _side_too_long(limits: ImageLimits, width: int, height: int) -> ImageRejected:
+    return ImageRejected(
+        413, "image_too_large", f"image is {width}x{height}, over the {limits.max_side}-pixel side length limit"
+    )
 
 
 def _too_many_bytes(size: int, limits: ImageLimits) -> ImageRejected:
@@ -132,6 +172,21 @@ def _tiff_integer_range(img: Image.Image) -> tuple[int, bool]:
     return first(258, 32), first(339, 1) == 2
 
 
+# Rows converted at a time for 32-bit and float images: the int64/float64 temporaries stay a few
+# MB instead of 8 bytes per pixel of the whole image.
+_CHUNK_PIXELS = 1 << 20
+# round(v / 257) for every 16-bit value: one table lookup per pixel, no wide temporaries.
+_LUT_16_TO_8 = ((np.arange(65536, dtype=np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+
+
+def _scale_rows(raw: np.ndarray, to_uint8: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    grey = np.empty(raw.shape, dtype=np.uint8)
+    rows = max(1, _CHUNK_PIXELS // max(raw.shape[1], 1))
+    for start in range(0, raw.shape[0], rows):
+        grey[start: start + rows] = to_uint8(raw[start: start + rows])
+    return grey
+
+
 def _high_depth_to_l(img: Image.Image) -> Image.Image:
     """16/32-bit integer or float greyscale -> 8-bit "L" (or "LA"), scaled over the type's range.
 
@@ -140,22 +195,29 @@ def _high_depth_to_l(img: Image.Image) -> Image.Image:
     raw = np.asarray(img)
     if img.mode == "F":
         # Float images have no type range; [0.0, 1.0] is the universal convention.
-        values = np.nan_to_num(raw.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
-        grey = np.rint(np.clip(values, 0.0, 1.0) * 255.0).astype(np.uint8)
+        def float_to_uint8(part: np.ndarray) -> np.ndarray:
+            values = np.nan_to_num(part.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+            return np.rint(np.clip(values, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+        grey = _scale_rows(raw, float_to_uint8)
+    elif img.mode.startswith("I;16"):
+        grey = _LUT_16_TO_8[raw]  # np.asarray already gives native-order uint16
     else:
-        if img.mode.startswith("I;16"):
-            ints, top = raw.astype(np.int64), 65535  # -> round(v / 257)
-        else:
-            bits, signed = _tiff_integer_range(img)
-            bits = min(max(bits, 1), 32)
-            if not signed and bits == 32:
-                raw = raw.view(np.uint32)  # Pillow stores uint32 in int32 storage
-            # Signed data is almost always non-negative intensities written by a tool
-            # that happened to pick a signed type: keep 0 black and scale by the
-            # positive range rather than turning 0 into mid-grey.
-            ints, top = raw.astype(np.int64), (1 << (bits - 1 if signed else bits)) - 1
-        grey = ((np.clip(ints, 0, top) * 255 + top // 2) // top).astype(np.uint8)
+        bits, signed = _tiff_integer_range(img)
+        bits = min(max(bits, 1), 32)
+        if not signed and bits == 32:
+            raw = raw.view(np.uint32)  # Pillow stores uint32 in int32 storage
+        # Signed data is almost always non-negative intensities written by a tool
+        # that happened to pick a signed type: keep 0 black and scale by the
+        # positive range rather than turning 0 into mid-grey.
+        top = (1 << (bits - 1 if signed else bits)) - 1
+
+        def int_to_uint8(part: np.ndarray) -> np.ndarray:
+            return ((np.clip(part.astype(np.int64), 0, top) * 255 + top // 2) // top).astype(np.uint8)
+
+        grey = _scale_rows(raw, int_to_uint8)
     out = Image.fromarray(np.ascontiguousarray(grey))
+    del grey
     transparent = img.info.get("transparency")
     if isinstance(transparent, int) and not isinstance(transparent, bool):
         alpha = Image.fromarray(np.where(raw == transparent, 0, 255).astype(np.uint8))
@@ -163,8 +225,12 @@ def _high_depth_to_l(img: Image.Image) -> Image.Image:
     return out
 
 
-def _to_rgb(img: Image.Image) -> Image.Image:
-    """Any decoded mode -> a new "RGB" image, as a person viewing the file would see it."""
+def _to_rgb(img: Image.Image, keep_grey: bool = False) -> Image.Image:
+    """Any decoded mode -> a new "RGB" image, as a person viewing the file would see it.
+
+    With `keep_grey`, an opaque greyscale image stays "L": resizing it before the RGB conversion
+    gives the same pixels (bicubic works per band) for a quarter of the memory.
+    """
     if img.mode in ("I", "F") or img.mode.startswith("I;16"):
         img = _high_depth_to_l(img)
     try:
@@ -175,17 +241,15 @@ def _to_rgb(img: Image.Image) -> Image.Image:
             out = Image.new("RGB", rgba.size, _WHITE)
             out.paste(rgba, (0, 0), rgba)
             return out
+        if keep_grey and img.mode in ("L", "1"):
+            return img.convert("L") if img.mode == "1" else img.copy()
         return img.convert("RGB")
     except ValueError:  # a mode Pillow cannot convert (none of our decoders should yield one)
         raise ImageRejected(415, "unsupported_media_type", f"unsupported pixel mode '{img.mode}'") from None
 
 
-def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: tuple[int, int] | None = None) -> Image.Image:
-    """bytes -> RGB PIL image (EXIF applied, first frame, alpha on white, 16-bit scaled). Raises ImageRejected.
-
-    With `draft_size` (W, H), a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 DCT scale that is
-    still at least that large; other formats are decoded whole.
-    """
+def _open(data: bytes, limits: ImageLimits) -> Image.Image:
+    """The lazily opened image (header read, no pixel decoded), every header-level limit checked."""
     if not data:
         raise ImageRejected(400, "empty_body", "image data is empty")
     if len(data) > limits.max_bytes:
@@ -202,8 +266,7 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: t
         raise
     except Exception:  # a plugin choked on a malformed header
         raise _invalid() from None
-
-    with img:
+    try:
         if img.format not in SUPPORTED_FORMATS:
             raise ImageRejected(
                 415, "unsupported_media_type", f"unsupported image format '{img.format}'; supported: {_FORMATS_TEXT}"
@@ -214,6 +277,22 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: t
             raise _invalid(f"image has no pixels ({width}x{height})")
         if width * height > limits.max_pixels:
             raise _too_many_pixels(limits, width, height)
+        if max(width, height) > limits.max_side:
+            raise _side_too_long(limits, width, height)
+    except BaseException:
+        img.close()
+        raise
+    return img
+
+
+def probe_image(data: bytes, limits: ImageLimits = ImageLimits()) -> ImageHeader:
+    """The header's size and mode, every header-level limit checked; no pixel decoded. Raises ImageRejected."""
+    with _open(data, limits) as img:
+        return ImageHeader(img.size[0], img.size[1], img.mode, str(img.format))
+
+
+def _decode(data: bytes, limits: ImageLimits, draft_size: tuple[int, int] | None, keep_grey: bool) -> Image.Image:
+    with _open(data, limits) as img:
         if draft_size is not None and img.format in ("JPEG", "MPO"):
             img.draft(None, draft_size)  # None: keep the file's mode (CMYK stays CMYK)
         try:
@@ -226,17 +305,44 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: t
             ImageOps.exif_transpose(img, in_place=True)
         except Exception:
             pass  # unreadable EXIF: show the pixels as stored, like most viewers do
-        return _to_rgb(img)
+        return _to_rgb(img, keep_grey)
+
+
+def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: tuple[int, int] | None = None) -> Image.Image:
+    """bytes -> RGB PIL image (EXIF applied, first frame, alpha on white, 16-bit scaled). Raises ImageRejected.
+
+    With `draft_size` (W, H), a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 DCT scale that is
+    still at least that large; other formats are decoded whole.
+    """
+    return _decode(data, limits, draft_size, keep_grey=False)
+
+
+# Past this much shrinking on an axis, a box reduce() first brings the image down to DRAFT_MARGIN x
+# the target, then bicubic finishes: the resampler's coefficient tables grow with the shrink
+# factor (a 39,000,000 -> 64 squash needs ~1.6 GB of them) and reduce() needs none.
+REDUCE_ABOVE = 16
+
+
+def _reduce_factors(src: tuple[int, int], dst: tuple[int, int]) -> tuple[int, int]:
+    return tuple(  # type: ignore[return-value]
+        max(1, s // (DRAFT_MARGIN * d)) if s > REDUCE_ABOVE * d else 1 for s, d in zip(src, dst)
+    )
 
 
 def resize_to_array(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
-    """RGB image -> uint8 [3, H, W], bicubic squash resize to size=(H, W)."""
-    if img.mode != "RGB":
-        raise ValueError(f"resize_to_array expects an RGB image, got mode {img.mode!r}")
+    """RGB (or opaque "L") image -> uint8 [3, H, W], bicubic squash resize to size=(H, W)."""
+    if img.mode not in ("RGB", "L"):
+        raise ValueError(f"resize_to_array expects an RGB or L image, got mode {img.mode!r}")
     height, width = size
+    factors = _reduce_factors(img.size, (width, height))
+    if factors != (1, 1):
+        img = img.reduce(factors)
     # Exactly what torchvision's Resize((H, W), BICUBIC) does to a PIL image, so the
-    # result matches open_clip's preprocessing bit for bit (before normalisation).
+    # result matches open_clip's preprocessing bit for bit (before normalisation), for every
+    # image that needs no reduce() first (REDUCE_ABOVE).
     resized = img.resize((width, height), Image.Resampling.BICUBIC)
+    if resized.mode == "L":
+        resized = resized.convert("RGB")  # per-band resampling: the same pixels as resizing RGB
     return np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
 
 
@@ -248,13 +354,13 @@ DRAFT_MARGIN = 2
 
 def preprocess_image(data: bytes, size: tuple[int, int], limits: ImageLimits = ImageLimits(),
                      fast_jpeg: bool = False) -> np.ndarray:
-    """decode_image + resize_to_array. `fast_jpeg` allows a reduced-scale JPEG decode (see DRAFT_MARGIN)."""
+    """decode + resize_to_array. `fast_jpeg` allows a reduced-scale JPEG decode (see DRAFT_MARGIN)."""
     draft = None
     if fast_jpeg:
         # Square and on the longer side: the draft happens before EXIF rotation.
         side = DRAFT_MARGIN * max(size)
         draft = (side, side)
-    return resize_to_array(decode_image(data, limits, draft), size)
+    return resize_to_array(_decode(data, limits, draft, keep_grey=True), size)
 
 
 def _short(text: str, limit: int = 64) -> str:

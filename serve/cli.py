@@ -65,10 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--host", default="127.0.0.1")
     run.add_argument("--port", type=int, default=8000)
     run.add_argument("--metrics-port", type=int, default=8080, help="Ray's Prometheus export port")
+    run.add_argument("--metrics-host", default="127.0.0.1",
+                     help="where Prometheus scrapes from: 127.0.0.1 (default) keeps Ray's metrics port on "
+                          "loopback; any other value makes Ray listen on every interface")
     run.add_argument("--address", help="join this Ray cluster instead of starting a local one")
     run.add_argument("--neuron-cores", type=int,
                      help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
-    run.add_argument("--api-key", help="require Authorization: Bearer KEY")
+    run.add_argument("--api-key", help="require Authorization: Bearer KEY (shows in ps: prefer the "
+                                       "SIGLIP_API_KEY environment variable or --api-key-file)")
+    run.add_argument("--api-key-file", help="require the key on this file's first line")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="any config field, as in the Serve YAML args (repeatable)")
 
@@ -110,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                 settings["replicas"] = args.replicas if args.replicas == "auto" else int(args.replicas)
             if args.api_key:
                 settings["api_key"] = args.api_key
+            if args.api_key_file:
+                settings["api_key_file"] = os.path.abspath(args.api_key_file)
             config = ServiceConfig.from_args(settings)
+            config.resolve_api_key(os.environ)  # an unreadable key file stops us here, not in a replica
             from models.encoder import check_backend_available
             from serve.runner import preflight_weights, run_service
 
@@ -118,7 +126,14 @@ def main(argv: list[str] | None = None) -> int:
             env = None if args.address else {**os.environ, **config.env_vars}
             check_backend_available(config.model_settings(), env)
             preflight_weights(config)
-            return run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores)
+            code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
+                               args.metrics_host)
+            # Ray is stopped and every log flushed; the interpreter's own teardown would then wait
+            # ~7-10 s in Ray's native threads before the process ends (measured on SIGTERM).
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         if args.command == "bench":
             from serve.bench import run_bench
 

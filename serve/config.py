@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -11,6 +12,8 @@ from models.cli_args import model_settings_of
 from models.settings import ModelSettings
 
 MiB = 1024 * 1024
+# The environment variable the ingress reads the API key from when the config names none.
+API_KEY_ENV = "SIGLIP_API_KEY"
 
 
 class ConfigError(ValueError):
@@ -36,16 +39,33 @@ class ServiceConfig(ModelSettings):
     # Encoder calls (each up to the largest bucket's images) each ingress may hold beyond what the
     # replicas run at once; past it a request is answered 503 at once (Ingress._encode).
     max_queued_requests: int = Field(default=256, ge=1)
+    # One deadline per request, from the moment the ingress receives it: reading the body,
+    # decoding, queueing and encoding all count. Past it the request is answered 504 and its
+    # remaining work is dropped.
     request_timeout_s: float = Field(default=30.0, gt=0)
     retry_after_s: int = Field(default=1, ge=1)
+    # /readyz answers 200 while at least this many encoder replicas are warm (capped at `replicas`).
+    min_ready_replicas: int = Field(default=1, ge=1)
+    # `siglip-serve run` on SIGTERM: /readyz turns 503, new requests get 503, and accepted ones get
+    # this long to finish before Serve and Ray stop.
+    drain_timeout_s: float = Field(default=30.0, ge=0)
 
     # Decode large JPEGs at a reduced DCT scale (>= 2x the model's input), then resize: a deliberate,
     # documented difference from open_clip (cosine >= 0.9999 kept); false gives its exact pixels.
     fast_jpeg_decode: bool = True
     max_body_bytes: int = Field(default=20 * MiB, ge=1024)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
+    # Longest side of one image, from its header (a 1 x 39,000,000 PNG is 76 KB).
+    max_image_side: int = Field(default=16384, ge=1)
+    # Pixels of all images of one request together, from their headers, before any is decoded.
+    max_request_pixels: int = Field(default=160_000_000, ge=1)
+    # Bytes the decodes running at once in one ingress may hold (header-declared cost); past it a
+    # decode waits its turn (serve/decode_queue.py).
+    decode_memory_budget_bytes: int = Field(default=1024 * MiB, ge=MiB)
     max_images_per_request: int = Field(default=64, ge=1)
+    # Prefer SIGLIP_API_KEY (environment) or api_key_file: a key in args shows in the Serve config.
     api_key: SecretStr | None = None
+    api_key_file: str | None = None
     # Environment variables of every encoder replica (Ray runtime_env), e.g. NEURON_LOGICAL_NC_CONFIG
     # or NEURON_RT_* settings on trn2. Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
     env_vars: dict[str, str] = Field(default_factory=dict)
@@ -67,7 +87,23 @@ class ServiceConfig(ModelSettings):
 
     @property
     def image_limits(self) -> ImageLimits:
-        return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels)
+        return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels,
+                           max_side=self.max_image_side)
+
+    def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
+        """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            try:
+                with open(self.api_key_file, encoding="utf-8") as handle:
+                    key = handle.readline().strip()
+            except OSError as exc:
+                raise ConfigError(f"api_key_file: cannot read {self.api_key_file}: {exc.strerror}") from None
+            if not key:
+                raise ConfigError(f"api_key_file: {self.api_key_file} is empty")
+            return key
+        return environ.get(API_KEY_ENV) or None
 
     def model_settings(self) -> ModelSettings:
         return model_settings_of(self)

@@ -34,7 +34,9 @@ class ErrorType(str, Enum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     NOT_READY = "not_ready"
     OVERLOADED = "overloaded"
+    REPLICA_UNAVAILABLE = "replica_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    HEADERS_TOO_LARGE = "headers_too_large"
     INTERNAL = "internal_error"
 
 

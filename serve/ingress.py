@@ -1,40 +1,52 @@
 """The ingress deployment: the HTTP contract (docs/http-api.md), on FastAPI.
 
-It reads and limits the body, decodes and validates every image (a bad image fails only its own
-request, before it can join a batch), sends uint8 chunks to the encoder deployment and turns the
-result, or any failure, into the contract's JSON.
+It reads and limits the body, admits the request to the bounded queue, reads every image's header
+and checks the decode budget, decodes and validates every image (a bad image fails only its own
+request, before it can join a batch) fairly across requests, sends uint8 chunks to the encoder
+deployment and turns the result, or any failure, into the contract's JSON. One deadline, from the
+moment the request arrives here, covers all of it.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves route parameter types at runtime.
 import asyncio
-import base64
 import hmac
 import json
 import logging
+import math
+import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
+from fastapi.openapi.docs import get_swagger_ui_html
 from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 
-from models.preprocess import ImageRejected, decode_base64_image, media_type_supported, preprocess_image
+from models.preprocess import (
+    ImageHeader, ImageRejected, decode_base64_image, media_type_supported, preprocess_image, probe_image,
+)
 from serve import registry
 from serve.config import ServiceConfig
+from serve.decode_queue import FairDecodeQueue
 from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
-from serve.errors import ApiError, ErrorType, describe_validation, install_error_handlers
+from serve.errors import ApiError, ErrorType, describe_validation, error_response, install_error_handlers
+from serve.http_body import HeaderLimits, multipart_files, read_body, render_embeddings, safe_filename
 from serve.metrics import IngressMetrics
 from serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.ingress")
 
-app = FastAPI(title="siglip-serve", version="1", docs_url="/docs", redoc_url=None)
+# /docs and /openapi.json are routes of the deployment below, behind the API key like the rest.
+app = FastAPI(title="siglip-serve", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+
+# How often an ingress replica looks for the drain mark that `siglip-serve run` sets on SIGTERM.
+DRAIN_POLL_S = 0.25
 
 # The replica in this process counts every error answer. `@serve.ingress` freezes the app with a
 # cloudpickle round trip, which copies a closure's or lambda's globals, so the handlers reach the
@@ -48,6 +60,7 @@ def _on_error(error: ApiError) -> None:
 
 
 install_error_handlers(app, _on_error)
+app.add_middleware(HeaderLimits, on_error=_on_error)
 
 
 class EmbeddingsRequest(BaseModel):
@@ -60,78 +73,32 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, ErrorType.PAYLOAD_TOO_LARGE, f"body is {int(declared)} bytes, over the {limit}-byte limit")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, ErrorType.PAYLOAD_TOO_LARGE, f"body is over the {limit}-byte limit")
-    if not body:
-        raise ApiError(400, ErrorType.EMPTY_BODY, "request body is empty")
-    return bytes(body)
-
-
-async def multipart_files(request: Request, body: bytes) -> list[tuple[str, bytes]]:
-    """(filename, bytes) of every file part, in order, from an already size-checked body."""
-
-    async def replay() -> Any:
-        yield body
-
-    parser = MultiPartParser(request.headers, replay())
-    # The body is already in memory and bounded by max_body_bytes: no spooling of parts to disk.
-    parser.spool_max_size = len(body) + 1
-    try:
-        form = await parser.parse()
-    except MultiPartException as exc:
-        raise ApiError(400, ErrorType.INVALID_REQUEST, f"malformed multipart body: {exc.message}") from None
-    files = []
-    try:
-        for _, value in form.multi_items():
-            if isinstance(value, UploadFile):
-                files.append((value.filename or "", await value.read()))
-    finally:
-        await form.close()
-    if not files:
-        raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
-    return files
-
-
-def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) -> Response:
-    rows: Sequence[Any]
-    if encoding_format == "base64":
-        rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
-    else:
-        rows = embeddings.astype(np.float32).tolist()
-    body = {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
-        "model": model,
-        "usage": {"images": len(rows), "prompt_tokens": 0, "total_tokens": 0},
-    }
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
-
-
 class Ingress:
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any]) -> None:
         configure_replica_logging(config.log_level)
         self.encoder = encoder
         self.config = config
         self.expected_replicas = replicas
+        self.min_ready = min(config.min_ready_replicas, replicas)
         self.model = model
         self.image_size = (int(model["image_size"][0]), int(model["image_size"][1]))
         self.limits = config.image_limits
-        self.pool = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="decode")
+        self.api_key = config.resolve_api_key(os.environ)
+        self.decoder = FairDecodeQueue(config.decode_threads, config.decode_memory_budget_bytes)
         self.metrics = IngressMetrics()
-        self.app_name = serve.get_replica_context().app_name
-        # Requests are accepted once every replica has been up once: a later replica restart makes
-        # /readyz report 503 to probes, while the remaining replicas keep serving.
+        context = serve.get_replica_context()
+        self.app_name = context.app_name
+        self.replica_name = context.replica_id.unique_id
+        # Requests are accepted once `min_ready` replicas have been up once: a later replica
+        # restart shows in /readyz's counts while the remaining replicas keep serving.
         self._accepting = False
-        # The bounded queue: encoder calls this ingress has in flight, at most what the replicas
-        # run at once plus `max_queued_requests` waiting. Past it a request is answered 503 at
-        # once instead of queueing without bound.
+        self._draining = False
+        self._ready_check: asyncio.Future[list[dict[str, Any]]] | None = None
+        self._drain_watch: asyncio.Task[None] | None = None
+        self.requests_in_handler = 0
+        # The bounded queue: encoder calls admitted requests will make, at most what the replicas
+        # run at once plus `max_queued_requests` waiting. Checked when a request arrives, before
+        # any decoding: past it the request is answered 503 at once.
         self.inflight_calls = 0
         self.max_inflight_calls = replicas * encoder_max_ongoing(config) + config.max_queued_requests
         # Chunks of concurrent requests travel to the encoder together: one Serve call per group
@@ -153,83 +120,151 @@ class Ingress:
         log.log(level, "%d %s: %s", error.status, error.error_type.value, error.message)
 
     def _check_auth(self, request: Request) -> None:
-        if self.config.api_key is None:
+        if self.api_key is None:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        expected = self.config.api_key.get_secret_value()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
             raise ApiError(401, ErrorType.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer ...)",
                            {"WWW-Authenticate": "Bearer"})
 
     async def _replicas(self) -> list[dict[str, Any]]:
         return await asyncio.to_thread(registry.live_replicas, self.app_name)
 
-    async def _all_ready(self) -> tuple[bool, int]:
-        live = len(await self._replicas())
-        ready = live >= self.expected_replicas
+    async def _ready(self) -> tuple[bool, int]:
+        # One look at the replica registry at a time, shared by every request that waits for it:
+        # a burst on a fresh ingress must not queue a GCS call per request.
+        if self._ready_check is None or self._ready_check.done():
+            self._ready_check = asyncio.ensure_future(self._replicas())
+        live = len(await asyncio.shield(self._ready_check))
+        ready = live >= self.min_ready
         self._accepting = self._accepting or ready
         return ready, live
 
     def _retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.config.retry_after_s)}
 
+    def _watch_for_drain(self) -> None:
+        if self._drain_watch is None:
+            self._drain_watch = asyncio.get_running_loop().create_task(self._drain_loop())
+
+    async def _drain_loop(self) -> None:
+        while True:
+            try:
+                draining = await asyncio.to_thread(registry.is_draining, self.app_name)
+                if draining:
+                    self._draining = True
+                    await asyncio.to_thread(registry.publish_in_flight, self.app_name, self.replica_name,
+                                            self.requests_in_handler, time.time())
+            except Exception:  # noqa: BLE001 - the GCS briefly unreachable: try again next period
+                log.debug("drain poll failed", exc_info=True)
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    @asynccontextmanager
+    async def _deadline(self) -> AsyncIterator[float]:
+        """The request's one deadline, from its arrival here; yields it as time.monotonic()."""
+        self._watch_for_drain()
+        timeout = self.config.request_timeout_s
+        deadline = time.monotonic() + timeout
+        self.requests_in_handler += 1
+        try:
+            async with asyncio.timeout(timeout):
+                yield deadline
+        except TimeoutError:
+            raise ApiError(504, ErrorType.DEADLINE_EXCEEDED, f"request did not finish within {timeout:g} s") from None
+        finally:
+            self.requests_in_handler -= 1
+
+    @asynccontextmanager
+    async def _admitted(self, images: int) -> AsyncIterator[None]:
+        """A place in the bounded queue for this request's encoder calls, or 503 now."""
+        if self._draining:
+            raise ApiError(503, ErrorType.NOT_READY, "server is shutting down; retry", self._retry_after())
+        if not self._accepting:
+            await self._ready()
+            if not self._accepting:
+                raise ApiError(503, ErrorType.NOT_READY, "encoder replicas are still loading; retry later",
+                               self._retry_after())
+        calls = math.ceil(images / self.config.max_batch_size)
+        if self.inflight_calls + calls > self.max_inflight_calls:
+            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after())
+        self.inflight_calls += calls
+        try:
+            yield
+        finally:
+            self.inflight_calls -= calls
+
     # -- the embedding path -----------------------------------------------------------------
 
-    def _prepare(self, data: bytes | str) -> np.ndarray:
+    def _probe(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[tuple[bytes, ImageHeader]]:
+        """Every item's bytes and header, every header-level limit checked; no pixel decoded."""
+        out = []
+        for item, label in zip(items, labels):
+            try:
+                raw = decode_base64_image(item, self.limits) if isinstance(item, str) else item
+                out.append((raw, probe_image(raw, self.limits)))
+            except ImageRejected as exc:
+                raise ApiError(exc.status, exc.error_type, f"{label}: {exc.message}") from None
+        total = sum(header.pixels for _, header in out)
+        if total > self.config.max_request_pixels:
+            raise ApiError(413, ErrorType.IMAGE_TOO_LARGE,
+                           f"the request's {len(out)} images hold {total / 1e6:.1f} megapixels together, over the "
+                           f"{self.config.max_request_pixels / 1e6:g} megapixel per-request limit; send fewer per request")
+        return out
+
+    def _prepare(self, raw: bytes) -> np.ndarray:
         began = time.perf_counter()
-        raw = decode_base64_image(data, self.limits) if isinstance(data, str) else data
         array = preprocess_image(raw, self.image_size, self.limits, self.config.fast_jpeg_decode)
         self.metrics.preprocess_seconds.observe(time.perf_counter() - began)
         return array
 
     async def _prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str]) -> np.ndarray:
-        loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(self.pool, self._prepare, item) for item in items]
+        probed = await asyncio.to_thread(self._probe, items, labels)
+        turn = object()  # this request's queue in the fair decode queue
+        tasks = [asyncio.ensure_future(self.decoder.run(turn, partial(self._prepare, raw), header.decode_bytes))
+                 for raw, header in probed]
         arrays = []
         try:
-            for future, label in zip(futures, labels):
+            for task, label in zip(tasks, labels):
                 try:
-                    arrays.append(await future)
+                    arrays.append(await task)
                 except ImageRejected as exc:
                     raise ApiError(exc.status, exc.error_type, f"{label}: {exc.message}") from None
         finally:
-            # A rejected image, an error or a client gone: the request's other decodes are not needed.
-            for future in futures:
-                future.cancel()
+            # A rejected image, an error, the deadline or a client gone: the other decodes are not needed.
+            for task in tasks:
+                task.cancel()
         return np.stack(arrays)
 
-    async def _encode(self, images: np.ndarray) -> np.ndarray:
+    async def _encode(self, images: np.ndarray, deadline: float) -> np.ndarray:
         step = self.config.max_batch_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
-        if self.inflight_calls + len(chunks) > self.max_inflight_calls:
-            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after())
-        self.inflight_calls += len(chunks)
-        deadline = time.time() + self.config.request_timeout_s
+        wall_deadline = time.time() + (deadline - time.monotonic())
         try:
-            results = await asyncio.wait_for(
-                asyncio.gather(*(self._coalesced_embed(chunk, deadline) for chunk in chunks)),
-                timeout=self.config.request_timeout_s,
-            )
-        except (asyncio.TimeoutError, DeadlineExceeded):
-            timed_out = True
-        else:
-            timed_out = False
-        finally:
-            self.inflight_calls -= len(chunks)
-        if timed_out:
+            results = await asyncio.gather(*(self._coalesced_embed(chunk, wall_deadline) for chunk in chunks))
+        except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
-                           f"request did not finish within {self.config.request_timeout_s:g} s")
+                           f"request did not finish within {self.config.request_timeout_s:g} s") from None
         return np.concatenate(results)
 
     async def _send_group(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+        batch = np.concatenate(chunks)
         # The latest deadline: a group is not dropped while any of its requests still waits.
-        response = self.encoder.embed.remote(np.concatenate(chunks), max(deadlines))
-        try:
-            embeddings = await _awaited(response)
-        except asyncio.CancelledError:
-            response.cancel()
-            raise
+        for attempt in (1, 2):
+            response = self.encoder.embed.remote(batch, max(deadlines))
+            try:
+                embeddings = await _awaited(response)
+                break
+            except asyncio.CancelledError:
+                response.cancel()
+                raise
+            except RayActorError:
+                # The replica died under this call: once more on whichever replica Serve picks now.
+                log.warning("an encoder replica stopped during a call (attempt %d of 2)", attempt)
+                if attempt == 2:
+                    raise ApiError(503, ErrorType.REPLICA_UNAVAILABLE,
+                                   "an encoder replica stopped while running this request; retry",
+                                   self._retry_after()) from None
         # Any other error: Serve's batcher sets it on every waiting request of the group.
         out, offset = [], 0
         for chunk in chunks:
@@ -238,20 +273,16 @@ class Ingress:
         return out
 
     async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
-                            labels: Sequence[str], encoding_format: str = "float") -> Response:
+                            labels: Sequence[str], deadline: float, encoding_format: str = "float") -> Response:
         began = time.perf_counter()
         status = "200"
         try:
             if len(items) > self.config.max_images_per_request:
                 raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
                                f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
-            if not self._accepting:
-                await self._all_ready()
-                if not self._accepting:
-                    raise ApiError(503, ErrorType.NOT_READY, "encoder replicas are still loading; retry later",
-                                   self._retry_after())
-            images = await self._prepare_all(items, labels)
-            embeddings = await self._encode(images)
+            async with self._admitted(len(items)):
+                images = await self._prepare_all(items, labels)
+                embeddings = await self._encode(images, deadline)
             response = render_embeddings(embeddings, self.model["name"], encoding_format)
             self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
             return response
@@ -259,7 +290,9 @@ class Ingress:
             status = str(exc.status)
             raise
         except asyncio.CancelledError:
-            status = "499"  # the client went away; nginx's and Ray Serve's code for it
+            # The deadline (answered 504 by _deadline) or the client went away (499: nginx's and
+            # Ray Serve's code for it).
+            status = "504" if time.monotonic() >= deadline else "499"
             raise
         except Exception:
             status = "500"
@@ -272,9 +305,12 @@ class Ingress:
 async def _awaited(response: DeploymentResponse) -> np.ndarray:
     try:
         return await response
-    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the one we answer
-        if isinstance(exc, DeadlineExceeded) or isinstance(getattr(exc, "cause", None), DeadlineExceeded):
+    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the ones we answer
+        cause = getattr(exc, "cause", None)
+        if isinstance(exc, DeadlineExceeded) or isinstance(cause, DeadlineExceeded):
             raise DeadlineExceeded(str(exc)) from None
+        if isinstance(cause, RayActorError):
+            raise cause from None
         raise
 
 
@@ -287,20 +323,21 @@ class IngressDeployment(Ingress):
     @app.post("/v1/embeddings")
     async def embeddings(self, request: Request) -> Response:
         self._check_auth(request)
-        body = await read_body(request, self.config.max_body_bytes)
-        try:
-            parsed = EmbeddingsRequest.model_validate_json(body)
-        except ValidationError as exc:
-            raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
-        if parsed.model is not None and parsed.model != self.model["name"]:
-            raise ApiError(422, ErrorType.INVALID_REQUEST,
-                           f"model {parsed.model!r} is not served here; this service serves {self.model['name']!r}")
-        single = isinstance(parsed.input, str)
-        items = [parsed.input] if single else list(parsed.input)
-        if not items:
-            raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image is needed")
-        return await self._serve_images(request, "embeddings", items, _json_labels(len(items), single),
-                                        parsed.encoding_format)
+        async with self._deadline() as deadline:
+            body = await read_body(request, self.config.max_body_bytes)
+            try:
+                parsed = EmbeddingsRequest.model_validate_json(body)
+            except ValidationError as exc:
+                raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
+            if parsed.model is not None and parsed.model != self.model["name"]:
+                raise ApiError(422, ErrorType.INVALID_REQUEST,
+                               f"model {parsed.model!r} is not served here; this service serves {self.model['name']!r}")
+            single = isinstance(parsed.input, str)
+            items = [parsed.input] if single else list(parsed.input)
+            if not items:
+                raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image is needed")
+            return await self._serve_images(request, "embeddings", items, _json_labels(len(items), single),
+                                            deadline, parsed.encoding_format)
 
     @app.post("/v1/embeddings/image")
     async def embeddings_image(self, request: Request) -> Response:
@@ -309,13 +346,14 @@ class IngressDeployment(Ingress):
         is_multipart = (content_type or "").lower().startswith("multipart/form-data")
         if not is_multipart and not media_type_supported(content_type):
             raise ApiError(415, ErrorType.UNSUPPORTED_MEDIA_TYPE,
-                           f"content type {content_type!r} is not a supported image type")
-        body = await read_body(request, self.config.max_body_bytes)
-        if not is_multipart:
-            return await self._serve_images(request, "image", [body], ["image"])
-        files = await multipart_files(request, body)
-        labels = [f"file[{i}]" + (f" ({name})" if name else "") for i, (name, _) in enumerate(files)]
-        return await self._serve_images(request, "multipart", [data for _, data in files], labels)
+                           f"content type {safe_filename(content_type or '')!r} is not a supported image type")
+        async with self._deadline() as deadline:
+            body = await read_body(request, self.config.max_body_bytes)
+            if not is_multipart:
+                return await self._serve_images(request, "image", [body], ["image"], deadline)
+            files = await multipart_files(request, body)
+            labels = [f"file[{i}]" + (f" ({name})" if name else "") for i, (name, _) in enumerate(files)]
+            return await self._serve_images(request, "multipart", [data for _, data in files], labels, deadline)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:
@@ -334,6 +372,7 @@ class IngressDeployment(Ingress):
             "lnc": int(lnc) if lnc is not None else None,
             "buckets": list(self.config.buckets),
             "replicas_expected": self.expected_replicas,
+            "replicas_min_ready": self.min_ready,
             "replicas": replicas,
         }
         return {"object": "list", "data": [entry]}
@@ -344,8 +383,26 @@ class IngressDeployment(Ingress):
 
     @app.get("/readyz")
     async def readyz(self) -> Response:
-        ready, live = await self._all_ready()
+        # Probe answers are not counted as rejections: a 503 here is a state, not a refused request.
+        self._watch_for_drain()
+        ready, live = await self._ready()
+        counts = {"replicas": live, "replicas_expected": self.expected_replicas, "replicas_min_ready": self.min_ready}
+        if self._draining or await asyncio.to_thread(registry.is_draining, self.app_name):
+            self._draining = True
+            return error_response(ApiError(503, ErrorType.NOT_READY, "server is shutting down", self._retry_after()))
         if not ready:
-            raise ApiError(503, ErrorType.NOT_READY,
-                           f"{live} of {self.expected_replicas} encoder replicas ready", self._retry_after())
-        return Response(json.dumps({"status": "ready", "replicas": live}), media_type="application/json")
+            message = f"{live} of {self.expected_replicas} encoder replicas ready; {self.min_ready} needed"
+            return error_response(ApiError(503, ErrorType.NOT_READY, message, self._retry_after()))
+        return Response(json.dumps({"status": "ready", **counts}), media_type="application/json")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(self, request: Request) -> Response:
+        self._check_auth(request)
+        return Response(json.dumps(app.openapi()), media_type="application/json")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(self, request: Request) -> Response:
+        # With an API key the browser's fetch of /openapi.json needs the header too (docs/http-api.md).
+        self._check_auth(request)
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title="siglip-serve")

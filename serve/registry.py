@@ -46,3 +46,38 @@ def live_replicas(app_name: str) -> list[dict[str, Any]]:
         if raw is not None:
             records.append(json.loads(raw))
     return sorted(records, key=lambda r: str(r.get("replica_id")))
+
+
+# Graceful shutdown: `siglip-serve run` marks an application draining on SIGTERM; each ingress
+# replica sees the mark within a poll period, answers /readyz and new requests with 503, and
+# publishes how many accepted requests it still holds, so the runner can stop Serve once all are 0.
+_DRAIN = "drain/"
+
+
+def set_draining(app_name: str) -> None:
+    internal_kv._internal_kv_put(f"{_DRAIN}{app_name}", "1", overwrite=True, namespace=_NAMESPACE)
+
+
+def clear_draining(app_name: str) -> None:
+    internal_kv._internal_kv_del(f"{_DRAIN}{app_name}", namespace=_NAMESPACE)
+    for key in internal_kv._internal_kv_list(f"{_DRAIN}{app_name}/", namespace=_NAMESPACE):
+        internal_kv._internal_kv_del(key, namespace=_NAMESPACE)
+
+
+def is_draining(app_name: str) -> bool:
+    return internal_kv._internal_kv_get(f"{_DRAIN}{app_name}", namespace=_NAMESPACE) is not None
+
+
+def publish_in_flight(app_name: str, replica: str, requests: int, at: float) -> None:
+    internal_kv._internal_kv_put(f"{_DRAIN}{app_name}/{replica}", json.dumps({"requests": requests, "at": at}),
+                                 overwrite=True, namespace=_NAMESPACE)
+
+
+def in_flight(app_name: str) -> list[dict[str, float]]:
+    """What each draining ingress replica last published: {"requests": n, "at": time.time()}."""
+    out = []
+    for key in internal_kv._internal_kv_list(f"{_DRAIN}{app_name}/", namespace=_NAMESPACE):
+        raw = internal_kv._internal_kv_get(key, namespace=_NAMESPACE)
+        if raw is not None:
+            out.append(json.loads(raw))
+    return out

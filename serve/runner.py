@@ -1,7 +1,8 @@
 """`siglip-serve run`: start a local Ray, deploy the application, wait for a signal, tear down.
 
-SIGTERM or Ctrl-C shuts Serve and the Ray processes this command started down, so nothing is
-left behind. With `--address` it joins an existing cluster instead and leaves that cluster up.
+SIGTERM or Ctrl-C drains first (/readyz and new requests 503, accepted requests finish within
+`drain_timeout_s`), then shuts Serve and the Ray processes this command started down, so nothing
+is left behind. With `--address` it joins an existing cluster instead and leaves that cluster up.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from serve.config import ServiceConfig
 log = logging.getLogger("siglip_serve")
 
 APP_NAME = "siglip"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Ray 2.60 rewrites a loopback `_node_ip_address` to the machine's address (resolve_ip_for_localhost
+# in ray/_private/worker.py), and its metrics agent listens on every interface unless the node IP
+# is loopback (reporter_agent.py). With this variable false, Ray takes 127.0.0.1 as the node IP, so
+# the metrics port, GCS and raylet listen on loopback only. Read when `ray` is imported.
+RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -59,8 +66,37 @@ def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]
     return {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed))}
 
 
+def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
+    """Mark the application draining and wait until its ingress replicas hold no accepted request.
+
+    True when every request finished, False when `timeout_s` ran out first.
+    """
+    from serve import registry
+
+    began = time.time()
+    registry.set_draining(app_name)
+    log.info("draining: /readyz answers 503; waiting up to %.0f s for accepted requests", timeout_s)
+    time.sleep(min(4 * poll_s, timeout_s))  # every ingress replica polls the mark within poll_s
+    while True:
+        states = registry.in_flight(app_name)
+        fresh = [state for state in states if state["at"] >= began]
+        busy = sum(int(state["requests"]) for state in fresh)
+        if len(fresh) == len(states) and busy == 0:
+            return True
+        if time.time() - began >= timeout_s:
+            log.warning("drain timeout: %d request(s) still in flight after %.0f s", busy, timeout_s)
+            return False
+        time.sleep(poll_s)
+
+
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
-                address: str | None, neuron_cores: int | None) -> int:
+                address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1") -> int:
+    if address is None:
+        if metrics_host in LOOPBACK:
+            os.environ[RAY_LOCAL_ONLY_ENV] = "0"
+        else:
+            log.warning("metrics host %s: Ray 2.60 binds its metrics port on every interface, not one address; "
+                        "restrict it with a firewall or network policy", metrics_host)
     import ray
     from ray import serve
 
@@ -90,6 +126,9 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
+        from serve import registry
+
+        registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
         serve.start(http_options={"host": host, "port": port})
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
@@ -99,10 +138,16 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                  time.monotonic() - began, host, port)
         while not stop.wait(1.0):
             pass
+        drain(APP_NAME, config.drain_timeout_s)
         return 0
     finally:
-        log.info("stopping Serve and Ray")
+        stopping = time.monotonic()
         try:
-            serve.shutdown()
+            log.info("stopping Serve and Ray")
+            if not started_ray:
+                serve.shutdown()
+            # Else drained: nothing is in flight and every Serve actor dies with this Ray; Serve's
+            # own shutdown would first stop each replica gracefully, seconds per deployment.
         finally:
             ray.shutdown()
+            log.info("stopped in %.1f s", time.monotonic() - stopping)

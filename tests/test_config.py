@@ -71,3 +71,26 @@ def test_shipped_serve_configs_validate(path: Path) -> None:
         args = dict(app["args"])
         args.pop("checkpoint", None)  # a path on the target machine
         ServiceConfig.from_args(args)
+
+
+def test_api_key_comes_from_args_then_file_then_environment(tmp_path) -> None:
+    from serve.config import API_KEY_ENV, ConfigError
+
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    env = {API_KEY_ENV: "from-env"}
+    assert ServiceConfig.from_args({"api_key": "from-args", "api_key_file": str(key_file)}).resolve_api_key(env) == "from-args"
+    assert ServiceConfig.from_args({"api_key_file": str(key_file)}).resolve_api_key(env) == "from-file"
+    assert ServiceConfig.from_args({}).resolve_api_key(env) == "from-env"
+    assert ServiceConfig.from_args({}).resolve_api_key({}) is None
+    with pytest.raises(ConfigError, match="cannot read"):
+        ServiceConfig.from_args({"api_key_file": str(tmp_path / "missing")}).resolve_api_key({})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        ServiceConfig.from_args({"api_key_file": str(tmp_path / "empty")}).resolve_api_key({})
+
+
+def test_decode_limits_reach_the_image_limits() -> None:
+    config = ServiceConfig.from_args({"max_image_side": 4096, "max_image_pixels": 1000})
+    assert config.image_limits.max_side == 4096 and config.image_limits.max_pixels == 1000
+    assert config.max_request_pixels == 160_000_000 and config.min_ready_replicas == 1

@@ -17,7 +17,6 @@ import numpy as np
 import ray
 from ray import serve
 
-from models.encoder import EncoderInputError, create_encoder
 from serve import registry
 from serve.config import ServiceConfig
 from serve.metrics import EncoderMetrics
@@ -40,6 +39,10 @@ class EncoderReplica:
     """Loads and warms the model in the constructor, so a replica is RUNNING only once warm."""
 
     def __init__(self, config: ServiceConfig) -> None:
+        # Imported here, not at module level: the ingress imports this module too, and torch would
+        # add seconds to its start (during which Serve's proxy holds requests to it unanswered).
+        from models.encoder import create_encoder
+
         configure_replica_logging(config.log_level)
         self.config = config
         self.encoder = create_encoder(config.model_settings())
@@ -73,6 +76,8 @@ class EncoderReplica:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=count_images)
     async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+        from models.encoder import EncoderInputError  # loaded by __init__ already
+
         # Each chunk is answered on its own: a bad or late chunk gets its own error, the rest run.
         results: list[Any] = [None] * len(chunks)
         now = time.time()

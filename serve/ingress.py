@@ -149,7 +149,14 @@ class Ingress:
 
     def _count_error(self, error: ApiError) -> None:
         self.metrics.rejected(error.error_type.value)
-        level = logging.ERROR if error.status == 500 else logging.WARNING if error.status > 500 else logging.INFO
+        # Quiet by default: client errors, not-ready (every probe during start-up) and overload
+        # (every shed request) are counted by siglip_requests_rejected_total, logged at DEBUG.
+        if error.status == 500:
+            level = logging.ERROR
+        elif error.status > 500 and error.error_type not in (ErrorType.NOT_READY, ErrorType.OVERLOADED):
+            level = logging.WARNING
+        else:
+            level = logging.DEBUG
         log.log(level, "%d %s: %s", error.status, error.error_type.value, error.message)
 
     def _check_auth(self, request: Request) -> None:

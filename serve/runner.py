@@ -16,6 +16,8 @@ import time
 from typing import Any
 
 from serve.config import ServiceConfig
+from serve.preflight import RAY_HOST
+from serve.startup import Placeholder, replica_progress, wait_with_progress
 
 log = logging.getLogger("siglip_serve")
 
@@ -29,11 +31,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def preflight_weights(config: ServiceConfig) -> None:
-    """Fetch pretrained weights once, here, before any replica starts; fail with one clear message."""
+    """Fetch pretrained weights once, here, before any replica starts; fail with one clear message.
+
+    Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the
+    hub client's minute of retries."""
     if config.uses_random_weights or config.checkpoint is not None:
         return
     import open_clip
 
+    from models.hub import OFFLINE_HINT, HubUnreachable, check_weights_reachable
     from models.loading import ModelLoadError, _register_tiny
 
     _register_tiny()
@@ -41,14 +47,18 @@ def preflight_weights(config: ServiceConfig) -> None:
     if not cfg:
         tags = open_clip.list_pretrained_tags_by_model(config.model)
         raise ModelLoadError(f"no pretrained tag {config.pretrained!r} for {config.model}; known tags: {tags}")
+    try:
+        if check_weights_reachable(cfg, config.model, config.pretrained) is not None:
+            return
+    except HubUnreachable as exc:
+        raise ModelLoadError(str(exc)) from None
     log.info("fetching pretrained weights %s/%s (cached after the first time)", config.model, config.pretrained)
     try:
         open_clip.download_pretrained(cfg)
     except Exception as exc:  # noqa: BLE001 - hub clients raise many kinds; all mean "no weights"
         raise ModelLoadError(
             f"could not download pretrained weights {config.pretrained!r} for {config.model} "
-            f"({type(exc).__name__}: no network?). Either pass --checkpoint PATH (a state dict saved "
-            "with torch.save(model.state_dict())) or --random-weights (embeddings then mean nothing)."
+            f"({type(exc).__name__}: no network?). {OFFLINE_HINT}"
         ) from None
 
 
@@ -60,7 +70,13 @@ def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]
 
 
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
-                address: str | None, neuron_cores: int | None) -> int:
+                address: str | None, neuron_cores: int | None, placeholder: Placeholder | None = None,
+                began: float | None = None) -> int:
+    """`placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
+    `began` (time.monotonic()) is when the command started, for the "ready in" line."""
+    began = time.monotonic() if began is None else began
+    if placeholder is not None:
+        placeholder.set_stage("starting Ray")
     import ray
     from ray import serve
 
@@ -77,7 +93,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     if started_ray:
         replicas = config.replicas if isinstance(config.replicas, int) else None
         init_args.update(ray_resources(config, replicas))
-        init_args["_node_ip_address"] = "127.0.0.1"
+        init_args["_node_ip_address"] = RAY_HOST
         if neuron_cores:
             init_args["resources"] = {"neuron_cores": neuron_cores}
         if metrics_port:
@@ -90,17 +106,27 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
-        serve.start(http_options={"host": host, "port": port})
+        log.info("Ray started in %.0f s", time.monotonic() - began)
+        app = build(config)
+        quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
+        if placeholder is not None:
+            placeholder.release()
+        serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
-        began = time.monotonic()
-        serve.run(build(config), name=APP_NAME, route_prefix="/", blocking=False)
-        log.info("ready in %.1f s: http://%s:%d (POST /v1/embeddings, /v1/embeddings/image)",
-                 time.monotonic() - began, host, port)
+        replicas = config.replicas if isinstance(config.replicas, int) else None
+        deployed = wait_with_progress(
+            lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
+            APP_NAME, replicas, stop, began)
+        if deployed:
+            log.info("ready in %.1f s (%s): http://%s:%d (POST /v1/embeddings, /v1/embeddings/image)",
+                     time.monotonic() - began, replica_progress(APP_NAME, replicas), host, port)
         while not stop.wait(1.0):
             pass
         return 0
     finally:
+        if placeholder is not None:
+            placeholder.release()
         log.info("stopping Serve and Ray")
         try:
             serve.shutdown()

@@ -1,0 +1,158 @@
+"""The first minutes of `siglip-serve run`: refusals before Ray starts, quick 503s, progress lines.
+
+Every test runs the real command in a subprocess on loopback; only the last one starts Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from serve.preflight import port_in_use
+from serve.runner import free_port
+from serve.startup import Placeholder
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+# Imports (torch, open_clip) alone take several seconds on a busy 2-core machine; the hub's
+# retries it replaces took about 60 s.
+FAST_S = 30
+
+
+def siglip_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    began = time.monotonic()
+    out = subprocess.run([str(BIN / "siglip-serve"), *args], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})}, cwd=REPO)
+    return out, time.monotonic() - began
+
+
+def one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, stderr[-3000:]
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+def test_taken_http_port_is_refused_in_one_line_before_ray() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out, seconds = siglip_serve("run", "--model", "tiny-siglip", "--port", str(port),
+                                    "--metrics-port", str(free_port()))
+    assert out.returncode == 2
+    line = one_error_line(out.stderr)
+    assert f"port {port} on 127.0.0.1 is already in use" in line and "--port" in line
+    assert "starting Ray" not in out.stderr and seconds < FAST_S
+
+
+def test_taken_metrics_port_is_refused_in_one_line_before_ray() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        metrics_port = holder.getsockname()[1]
+        out, seconds = siglip_serve("run", "--model", "tiny-siglip", "--port", str(free_port()),
+                                    "--metrics-port", str(metrics_port))
+    assert out.returncode == 2
+    line = one_error_line(out.stderr)
+    assert f"metrics port {metrics_port}" in line and "METRICS_PORT" in line
+    assert "starting Ray" not in out.stderr and seconds < FAST_S
+
+
+def test_a_listener_sharing_its_port_still_blocks_the_check() -> None:
+    """Another Serve proxy listens with SO_REUSEPORT; the check binds without it, so it sees the port taken."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        assert port_in_use("127.0.0.1", holder.getsockname()[1])
+
+
+def test_offline_hub_fails_in_seconds_naming_the_make_command() -> None:
+    out, seconds = siglip_serve("run", "--model", "ViT-B-16-SigLIP", "--port", str(free_port()),
+                                env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 2 and seconds < FAST_S, (seconds, out.stderr[-2000:])
+    line = one_error_line(out.stderr)
+    assert "HF_HUB_OFFLINE" in line
+    assert "make serve MODEL=tiny-siglip" in line and "--checkpoint PATH" in line and "--random-weights" in line
+
+
+def test_unreachable_hub_fails_in_seconds() -> None:
+    # A hub endpoint on a loopback port nobody listens on: refused at once, like a host without network.
+    out, seconds = siglip_serve("run", "--model", "ViT-B-16-SigLIP", "--port", str(free_port()),
+                                env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "0"})
+    assert out.returncode == 2 and seconds < FAST_S, (seconds, out.stderr[-2000:])
+    line = one_error_line(out.stderr)
+    assert "unreachable" in line and "make serve MODEL=tiny-siglip" in line
+
+
+def test_compile_dry_run_needs_no_weights(tmp_path: Path) -> None:
+    out, seconds = siglip_serve("compile", "--model", "ViT-B-16-SigLIP", "--dry-run", "--cache-root", str(tmp_path),
+                                "--log-level", "ERROR", env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    plan = json.loads(out.stdout)
+    assert plan["weights"]["sha256"] == "unknown" and "provisional" in plan["weights"]["sha256_of"]
+    assert seconds < FAST_S
+
+
+def test_placeholder_answers_503_then_hands_the_port_over() -> None:
+    port = free_port()
+    placeholder = Placeholder("127.0.0.1", port)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.headers["retry-after"] == "1"
+            assert ready.json()["error"]["type"] == "not_ready" and ready.json()["error"]["code"] == 503
+            assert client.post("/v1/embeddings/image", content=b"x").status_code == 503
+            assert client.get("/healthz").status_code == 200
+    finally:
+        placeholder.release()
+    # Serve's proxy binds without SO_REUSEADDR once port sharing is off: the port must be free now.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> None:
+    port = free_port()
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
+         "--metrics-port", str(free_port()), "--set", "torch_threads=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    first_503 = None
+    try:
+        while time.monotonic() - began < 150 and not any("ready in" in line for line in lines):
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=15)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            if response.status_code == 503 and first_503 is None:
+                first_503 = time.monotonic() - began
+                assert response.json()["error"]["type"] == "not_ready"
+            time.sleep(0.5)
+        assert first_503 is not None and first_503 < FAST_S, first_503
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=15).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines)
+    assert "encoder replicas warm" in output and "ready in" in output, output[-3000:]
+    assert "503 not_ready" not in output  # no line per probe answered 503 during start-up

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from serve.preflight import port_in_use
 from serve.runner import free_port
@@ -147,6 +148,11 @@ def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> N
             time.sleep(0.5)
         assert first_503 is not None and first_503 < FAST_S, first_503
         assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=15).status_code == 200
+        # Serve's proxy holds the port without SO_REUSEPORT: a second listener that asks to share it is refused.
+        with socket.socket() as second:
+            second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            with pytest.raises(OSError):
+                second.bind(("127.0.0.1", port))
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)
         reader.join(timeout=10)

@@ -30,11 +30,13 @@ from serve.config import ServiceConfig
 from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
 from serve.errors import ApiError, ErrorType, describe_validation, install_error_handlers
 from serve.metrics import IngressMetrics
+from serve.openapi import install_openapi
 from serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.ingress")
 
 app = FastAPI(title="siglip-serve", version="1", docs_url="/docs", redoc_url=None)
+install_openapi(app)  # real request bodies and error responses (serve/openapi.py)
 
 # The replica in this process counts every error answer. `@serve.ingress` freezes the app with a
 # cloudpickle round trip, which copies a closure's or lambda's globals, so the handlers reach the
@@ -215,7 +217,7 @@ class Ingress:
         deadline = time.time() + self.config.request_timeout_s
         try:
             results = await asyncio.wait_for(
-                asyncio.gather(*(self._coalesced_embed(chunk, deadline) for chunk in chunks)),
+                _gathered(self._coalesced_embed(chunk, deadline) for chunk in chunks),
                 timeout=self.config.request_timeout_s,
             )
         except (asyncio.TimeoutError, DeadlineExceeded):
@@ -274,6 +276,14 @@ class Ingress:
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - began,
                                                  tags={"endpoint": endpoint, "status": status})
+
+
+def _gathered(awaitables: Any) -> "asyncio.Future[list[Any]]":
+    """asyncio.gather whose outcome is always retrieved: when a client goes away mid-request, the
+    cancelled gather would otherwise log "exception was never retrieved" with a traceback."""
+    group = asyncio.gather(*awaitables)
+    group.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return group
 
 
 async def _awaited(response: DeploymentResponse) -> np.ndarray:

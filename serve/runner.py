@@ -109,9 +109,13 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         log.info("Ray started in %.0f s", time.monotonic() - began)
         app = build(config)
         quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
+        # Serve's controller and proxy log every replica change and every client that goes away
+        # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
+        system_level = "WARNING" if config.log_level == "INFO" and not config.access_log else config.log_level
         if placeholder is not None:
             placeholder.release()
-        serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
+        serve.start(http_options={"host": host, "port": port},
+                    logging_config={**quiet, "log_level": system_level})
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
         replicas = config.replicas if isinstance(config.replicas, int) else None

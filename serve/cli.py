@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
-    from serve.preflight import RAY_HOST, PortUnavailable, check_ports, disable_port_sharing
+    from serve.preflight import METRICS_CHECK_HOST, PortUnavailable, check_ports, disable_port_sharing
     from serve.startup import Placeholder
 
     placeholder = None
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run" and not args.address:
             # First, before the heavy imports: a taken port is one line now, not a second instance
             # sharing it or a Ray traceback later; then probes get a quick 503 until Serve is up.
-            check_ports(args.host, args.port, RAY_HOST, args.metrics_port)
+            check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port)
             disable_port_sharing()
             placeholder = Placeholder(args.host, args.port)
         return _command(args, began, placeholder)

@@ -16,9 +16,11 @@ import socket
 # Read by Ray Serve's proxy at import (ray/serve/_private/proxy.py, Ray 2.60; default "1"). Set in
 # this process before ray.init, so the local raylet, and the proxy actor it starts, inherit it.
 REUSE_PORT_ENV = "SERVE_SOCKET_REUSE_PORT_ENABLED"
-# The address a local Ray started by `siglip-serve run` binds (its node IP; Ray's metrics exporter
-# listens on it: ray/dashboard/modules/reporter/reporter_agent.py binds localhost for a localhost node).
+# The node IP of a local Ray started by `siglip-serve run`. Its ports do not all stay on it: with
+# Ray 2.60 the metrics exporter, GCS, raylet and worker gRPC ports listen on every interface (seen
+# with `ss -ltnp`), so the metrics port is checked on all of them.
 RAY_HOST = "127.0.0.1"
+METRICS_CHECK_HOST = "0.0.0.0"
 
 class PortUnavailable(RuntimeError):
     """A port `siglip-serve run` needs is taken or not allowed; the message says which and what to do."""
@@ -47,7 +49,7 @@ def check_ports(host: str, port: int, metrics_host: str, metrics_port: int | Non
         if metrics_port == port:
             raise PortUnavailable(f"--metrics-port {metrics_port} is the HTTP port; pick another")
         if port_in_use(metrics_host, metrics_port):
-            raise PortUnavailable(f"metrics port {metrics_port} on {metrics_host} is already in use; "
+            raise PortUnavailable(f"metrics port {metrics_port} is already in use on this host; "
                                   f"pass --metrics-port N (make serve METRICS_PORT=N)")
 
 

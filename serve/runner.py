@@ -101,12 +101,16 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     else:
         init_args["address"] = address
     log.info("starting Ray (%s)", "local" if started_ray else address)
-    ray.init(**init_args)
+    context = ray.init(**init_args)
     # After ray.init: Ray's core worker installs a SIGTERM handler that aborts the process.
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
         log.info("Ray started in %.0f s", time.monotonic() - began)
+        if started_ray and getattr(context, "dashboard_url", ""):
+            # Ray's own CLI defaults to localhost:8265, which may be another cluster on a shared host.
+            log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
+                     context.dashboard_url)
         app = build(config)
         quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
         # Serve's controller and proxy log every replica change and every client that goes away

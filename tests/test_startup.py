@@ -153,6 +153,13 @@ def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> N
             second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             with pytest.raises(OSError):
                 second.bind(("127.0.0.1", port))
+        # Ray's own CLI, as the log line says (token auth on; this cluster's dashboard, not localhost:8265).
+        hint = next(line for line in lines if "Ray's CLI for this cluster" in line)
+        command = hint.split("Ray's CLI for this cluster: ", 1)[1].split()
+        assert command[0] == "RAY_AUTH_MODE=token"
+        status = subprocess.run([str(BIN / command[1]), *command[2:]], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "RAY_AUTH_MODE": "token"})
+        assert status.returncode == 0 and "siglip" in status.stdout and "RUNNING" in status.stdout, status
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)
         reader.join(timeout=10)
@@ -162,3 +169,28 @@ def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> N
     output = "".join(lines)
     assert "encoder replicas warm" in output and "ready in" in output, output[-3000:]
     assert "503 not_ready" not in output  # no line per probe answered 503 during start-up
+
+
+# -- the application builder (`serve run deploy/serve-cpu.yaml`), in the test session's Ray ---------
+
+def test_builder_refuses_an_app_the_cluster_cannot_hold_once_without_retry(serve_cluster) -> None:
+    from ray.serve.exceptions import RayServeException
+
+    from serve.app import build_app
+
+    # 20 encoders x 1 CPU + the ingress on the test cluster's 8 CPUs: could never all be scheduled.
+    with pytest.raises(RayServeException, match=r"needs 20.5 CPUs .* the Ray cluster has 8") as refused:
+        build_app({"model": "tiny-siglip", "replicas": 20})
+    assert "encoder_num_cpus" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_builder_refuses_unreachable_weights_in_seconds(serve_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray.serve.exceptions import RayServeException
+
+    from serve.app import build_app
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    began = time.monotonic()
+    with pytest.raises(RayServeException, match="make serve MODEL=tiny-siglip"):
+        build_app({"model": "ViT-B-16-SigLIP", "pretrained": "webli"})
+    assert time.monotonic() - began < 5

@@ -80,7 +80,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     import ray
     from ray import serve
 
-    from serve.app import build
+    from serve.app import build, resolve_replicas
 
     stop = threading.Event()
 
@@ -122,7 +122,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                     logging_config={**quiet, "log_level": system_level})
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
-        replicas = config.replicas if isinstance(config.replicas, int) else None
+        replicas = resolve_replicas(config)
         deployed = wait_with_progress(
             lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
             APP_NAME, replicas, stop, began)

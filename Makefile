@@ -9,6 +9,7 @@ WEIGHTS ?= --pretrained webli
 BACKEND ?= cpu
 HOST ?= 127.0.0.1
 PORT ?= 8000
+METRICS_PORT ?= 8080
 REPLICAS ?= 1
 PYTEST_ARGS ?=
 
@@ -23,7 +24,7 @@ install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/siglip-serve run --backend $(BACKEND) --model $(MODEL) $(if $(filter tiny-siglip,$(MODEL)),,$(WEIGHTS)) \
-		--replicas $(REPLICAS) --host $(HOST) --port $(PORT)
+		--replicas $(REPLICAS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -179,7 +179,8 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     args.host = args.host.rstrip("/")
-    out = Path(args.out)
+    # Absolute before Locust starts: it runs with cwd=PROJECT_ROOT, this process in the user's cwd.
+    out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results_path.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the headless backend
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def _finish(fig: Any, ax: Any, title: str, context: str, path: Path) -> Path:
@@ -39,6 +40,7 @@ def throughput_vs_users(steps: list[dict[str, Any]], saturation: dict[str, Any] 
     if seed_instance:
         ax.axhline(seed_instance, color="gray", linestyle=":", label=f"seed 000 instance {seed_instance:g}")
     ax.set_xlabel("concurrent users")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # users are whole: no 1.5-user ticks
     ax.set_ylabel("images / s")
     ax.set_ylim(bottom=0)
     return _finish(fig, ax, "Throughput vs users", context, path)
@@ -56,6 +58,7 @@ def latency_vs_users(steps: list[dict[str, Any]], p99_target_ms: float | None, c
     if p99_target_ms:
         ax.axhline(p99_target_ms, color="red", linestyle="--", label=f"p99 target {p99_target_ms:g} ms")
     ax.set_xlabel("concurrent users")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # users are whole: no 1.5-user ticks
     ax.set_ylabel("request latency (ms)")
     ax.set_ylim(bottom=0)
     return _finish(fig, ax, "Latency percentiles vs users", context, path)

@@ -34,6 +34,7 @@ class Recorder:
         self.interval_s = interval_s
         self.progress_every_s = progress_every_s
         self.timeline: list[Snapshot] = []
+        self.closed_windows: list[dict[str, Any]] = []
         self.model: dict[str, Any] | None = None
         self.started: float | None = None
         self.started_wall: float | None = None
@@ -63,6 +64,7 @@ class Recorder:
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.timeline.clear()
+        self.closed_windows.clear()
         self._loop = gevent.spawn(self._run)
 
     def stop(self) -> None:
@@ -91,7 +93,20 @@ class Recorder:
                  f"{p99:.0f}" if p99 is not None else "-", failures, now["failures"], now["requests"])
 
     def windows(self) -> list[dict[str, Any]]:
-        return win.windows(self.timeline, self.images_per_request)
+        """Every step's window. A step closed by the step shape keeps the window it was judged on
+        (and printed), so the live step line and summary.json give the same img/s."""
+        closed = {w["users"] for w in self.closed_windows}
+        later = [w for w in win.windows(self.timeline, self.images_per_request) if w["users"] not in closed]
+        return sorted(self.closed_windows + later, key=lambda w: w["t_start"])
+
+    def close_window(self, users: int) -> dict[str, Any] | None:
+        """The window of the step at `users` as of now, frozen: later snapshots no longer change it."""
+        self.snapshot()
+        mine = [w for w in win.windows(self.timeline, self.images_per_request) if w["users"] == users]
+        if not mine:
+            return None
+        self.closed_windows = [w for w in self.closed_windows if w["users"] != users] + [mine[-1]]
+        return mine[-1]
 
     # -- results ---------------------------------------------------------------------------
 

@@ -40,11 +40,10 @@ class StepLoadShape(LoadTestShape):
         recorder = getattr(self.runner.environment, "siglip_recorder", None)  # type: ignore[union-attr]
         if recorder is None:
             return None
-        recorder.snapshot()
-        mine = [w for w in recorder.windows() if w["users"] == users]
-        if not mine:
+        window = recorder.close_window(users)
+        if window is None:
             return None
-        window, options = mine[-1], self._options()
+        options = self._options()
         p99 = window["latency_ms"]["p99"]
         log.info("step at %d users: %.1f img/s, p99 %s ms, fail ratio %.3f", users, window["images_per_second"],
                  f"{p99:.0f}" if p99 is not None else "-", window["fail_ratio"])

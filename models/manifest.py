@@ -63,16 +63,26 @@ def sha256_state_dict(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def pretrained_weights_file(settings: ModelSettings) -> Path:
-    """The local file open_clip loads for a pretrained tag, downloaded once into its cache."""
+def pretrained_weights_file(settings: ModelSettings, download: bool = True) -> Path | None:
+    """The local file open_clip loads for a pretrained tag, downloaded once into its cache.
+    With download=False: the cached file, or None when it is not on disk (no network used)."""
     import open_clip
 
+    from models.hub import HubUnreachable, cached_weights, check_weights_reachable
     from models.loading import ModelLoadError, _register_tiny
 
     _register_tiny()
     cfg = open_clip.get_pretrained_cfg(settings.model, settings.pretrained or "")
     if not cfg:
         raise ModelLoadError(f"no pretrained tag {settings.pretrained!r} for {settings.model}")
+    if not download:
+        return cached_weights(cfg)
+    try:
+        cached = check_weights_reachable(cfg, settings.model, settings.pretrained)
+    except HubUnreachable as exc:
+        raise ModelLoadError(str(exc)) from None
+    if cached is not None:
+        return cached
     try:
         return Path(open_clip.download_pretrained(cfg))
     except Exception as exc:  # noqa: BLE001 - hub clients raise many kinds; all mean "no weights"
@@ -82,7 +92,7 @@ def pretrained_weights_file(settings: ModelSettings) -> Path:
         ) from None
 
 
-def digest_weights(settings: ModelSettings, embedder: nn.Module | None = None) -> WeightsDigest:
+def digest_weights(settings: ModelSettings, embedder: nn.Module | None = None, download: bool = True) -> WeightsDigest:
     """sha256 of the weights: the checkpoint file, the cached pretrained file, or the seeded tensors.
 
     Random weights need the built model (`embedder`, an ImageEmbedder): its image tower is hashed.
@@ -95,7 +105,11 @@ def digest_weights(settings: ModelSettings, embedder: nn.Module | None = None) -
                              "image-tower state dict tensors (seeded random weights)")
     if settings.checkpoint is not None:
         return WeightsDigest(settings.weights_source, sha256_file(settings.checkpoint), "checkpoint file")
-    path = pretrained_weights_file(settings)
+    path = pretrained_weights_file(settings, download)
+    if path is None:
+        return WeightsDigest(settings.weights_source, "unknown",
+                             "nothing: the pretrained file is not in the local cache and a dry run downloads "
+                             "nothing, so this plan's cache key and artifact path are provisional")
     return WeightsDigest(settings.weights_source, sha256_file(path), f"cached pretrained file {path.name}")
 
 

@@ -113,9 +113,10 @@ class CompileResult:
 
 
 def make_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path,
-              versions: dict[str, str | None], embedder: ImageEmbedder | None = None) -> CompilePlan:
+              versions: dict[str, str | None], embedder: ImageEmbedder | None = None,
+              download: bool = True) -> CompilePlan:
     image_size, _ = model_geometry(settings.model)
-    weights = digest_weights(settings, embedder)
+    weights = digest_weights(settings, embedder, download)
     key = cache_key({
         "model": settings.model,
         "weights_sha256": weights.sha256,
@@ -131,13 +132,14 @@ def make_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path
 
 def dry_run_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path) -> CompilePlan:
     """The plan without the SDK. Random weights are built (and hashed) on the CPU; the versions are
-    this environment's, so the artifact path is the one a compile here would write."""
+    this environment's, so the artifact path is the one a compile here would write. Pretrained
+    weights are hashed only if already cached: a dry run downloads nothing."""
     embedder = load_embedder(settings)[0] if settings.uses_random_weights else None
     try:
         neuronx: ModuleType | None = require_torch_neuronx()
     except BackendUnavailable:
         neuronx = None
-    return make_plan(settings, options, cache_root, sdk_versions(neuronx), embedder)
+    return make_plan(settings, options, cache_root, sdk_versions(neuronx), embedder, download=False)
 
 
 @contextlib.contextmanager

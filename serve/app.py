@@ -8,6 +8,7 @@ from typing import Any
 import ray
 from ray import serve
 from ray.serve import Application
+from ray.serve.exceptions import RayServeException
 
 from models.loading import model_geometry
 from serve.config import ConfigError, ServiceConfig
@@ -52,6 +53,51 @@ def build(config: ServiceConfig) -> Application:
     return ingress.bind(encoder, config, replicas, model)
 
 
+class AppRefused(RayServeException):
+    """The builder refuses the application; Serve shows the message once and does not retry.
+
+    Serve runs the builder as a task with retries (ray/serve/_private/application_state.py,
+    build_serve_application: max_retries=3, retry_exceptions=True), so any other exception is
+    retried three times, with a traceback each; a RayServeException is reported as the
+    application's DEPLOY_FAILED message instead.
+    """
+
+
+def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
+    """Refuse an application the cluster can never schedule (e.g. 2 encoders + the ingress on 2 CPUs),
+    which would otherwise leave replicas pending and /readyz unanswered for ever. Totals, not what is
+    free now: a replica waiting for another application's resources is not refused."""
+    total = ray.cluster_resources()
+    cpus = replicas * config.encoder_num_cpus + config.ingress_replicas * config.ingress_num_cpus
+    if cpus > total.get("CPU", 0) + 1e-9:
+        raise ConfigError(
+            f"this application needs {cpus:g} CPUs ({replicas} encoder replica(s) x encoder_num_cpus "
+            f"{config.encoder_num_cpus:g} + {config.ingress_replicas} ingress x ingress_num_cpus "
+            f"{config.ingress_num_cpus:g}) but the Ray cluster has {total.get('CPU', 0):g}; lower "
+            "replicas or encoder_num_cpus (Ray's CPUs are logical, e.g. encoder_num_cpus: 0.5), or start "
+            "Ray with more: ray start --head --num-cpus N")
+    cores = replicas * config.cores_per_replica
+    if cores > total.get("neuron_cores", 0) + 1e-9:
+        raise ConfigError(
+            f"this application needs {cores} neuron_cores but the Ray cluster declares "
+            f"{total.get('neuron_cores', 0):g}; start Ray with --resources='{{\"neuron_cores\": N}}'")
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
-    """Serve's application builder: `args` is the YAML `args:` mapping."""
-    return build(ServiceConfig.from_args(args))
+    """Serve's application builder: `args` is the YAML `args:` mapping.
+
+    It checks, once, what it can before any replica starts: the config, that the cluster can hold
+    the replicas, and that the weights are on disk or the hub answers. It cannot see a replica's
+    own machine (an SDK or GPU missing there fails in the replica, which Serve retries)."""
+    from models.loading import ModelLoadError
+    from serve.runner import preflight_weights
+
+    try:
+        config = ServiceConfig.from_args(args)
+        if ray.is_initialized():
+            check_cluster_fits(config, resolve_replicas(config))
+        preflight_weights(config)
+        return build(config)
+    except (ConfigError, ModelLoadError) as exc:
+        log.error("%s", exc)
+        raise AppRefused(str(exc)) from None

@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 from models.cli_args import LOG_FORMAT
@@ -74,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api-key", help="require Authorization: Bearer KEY (shows in ps: prefer the "
                                        "SIGLIP_API_KEY environment variable or --api-key-file)")
     run.add_argument("--api-key-file", help="require the key on this file's first line")
+    run.add_argument("--access-log", action="store_true", default=None,
+                     help="Ray Serve's access log: one line per request (default off)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="any config field, as in the Serve YAML args (repeatable)")
 
@@ -102,8 +105,30 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         module = importlib.import_module(DELEGATED[argv[0]][0])
         return int(module.main(argv[1:]) or 0)
+    began = time.monotonic()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
+    from serve.preflight import METRICS_CHECK_HOST, PortUnavailable, check_ports, disable_port_sharing
+    from serve.startup import Placeholder
+
+    placeholder = None
+    try:
+        if args.command == "run" and not args.address:
+            # First, before the heavy imports: a taken port is one line now, not a second instance
+            # sharing it or a Ray traceback later; then probes get a quick 503 until Serve is up.
+            check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port)
+            disable_port_sharing()
+            placeholder = Placeholder(args.host, args.port)
+        return _command(args, began, placeholder)
+    except PortUnavailable as exc:
+        logging.getLogger("siglip_serve").error("%s", exc)
+        return 2
+    finally:
+        if placeholder is not None:
+            placeholder.release()
+
+
+def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
     from models.encoder import BackendUnavailable
     from models.loading import ModelLoadError
     from serve.config import ConfigError, ServiceConfig
@@ -117,17 +142,22 @@ def main(argv: list[str] | None = None) -> int:
                 settings["api_key"] = args.api_key
             if args.api_key_file:
                 settings["api_key_file"] = os.path.abspath(args.api_key_file)
+            if args.access_log:
+                settings["access_log"] = True
             config = ServiceConfig.from_args(settings)
             config.resolve_api_key(os.environ)  # an unreadable key file stops us here, not in a replica
             from models.encoder import check_backend_available
             from serve.runner import preflight_weights, run_service
 
-            # Before Ray starts: a missing SDK/GPU/artifact is one line now, not a replica crash later.
+            # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now,
+            # not a replica crash later.
             env = None if args.address else {**os.environ, **config.env_vars}
             check_backend_available(config.model_settings(), env)
+            if placeholder is not None:
+                placeholder.set_stage("checking the model weights")
             preflight_weights(config)
             code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
-                               args.metrics_host)
+                               args.metrics_host, placeholder, began)
             # Ray is stopped and every log flushed; the interpreter's own teardown would then wait
             # ~7-10 s in Ray's native threads before the process ends (measured on SIGTERM).
             logging.shutdown()

@@ -70,6 +70,8 @@ class ServiceConfig(ModelSettings):
     # or NEURON_RT_* settings on trn2. Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
     env_vars: dict[str, str] = Field(default_factory=dict)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Ray Serve's access log, one line per request from the proxy and every replica: opt-in.
+    access_log: bool = False
 
     @model_validator(mode="after")
     def _check_serving(self) -> "ServiceConfig":

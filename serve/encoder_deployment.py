@@ -17,7 +17,6 @@ import numpy as np
 import ray
 from ray import serve
 
-from models.encoder import EncoderInputError, backend_replica_env, create_encoder
 from serve import registry
 from serve.config import ServiceConfig
 from serve.metrics import EncoderMetrics
@@ -40,6 +39,10 @@ class EncoderReplica:
     """Loads and warms the model in the constructor, so a replica is RUNNING only once warm."""
 
     def __init__(self, config: ServiceConfig) -> None:
+        # Imported here, not at module level: the ingress imports this module too, and torch would
+        # add seconds to its start (during which Serve's proxy holds requests to it unanswered).
+        from models.encoder import create_encoder
+
         configure_replica_logging(config.log_level)
         self.config = config
         self.encoder = create_encoder(config.model_settings())
@@ -73,6 +76,8 @@ class EncoderReplica:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=count_images)
     async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+        from models.encoder import EncoderInputError  # loaded by __init__ already
+
         # Each chunk is answered on its own: a bad or late chunk gets its own error, the rest run.
         results: list[Any] = [None] * len(chunks)
         now = time.time()
@@ -122,6 +127,8 @@ def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment
         actor_options["num_gpus"] = 1
     # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
     # at import); a config env_var that contradicts it is refused by the replica, naming both.
+    from models.encoder import backend_replica_env  # here, not at import: the ingress imports this module
+
     env_vars = {**backend_replica_env(config.model_settings()), **config.env_vars}
     if env_vars:
         actor_options["runtime_env"] = {"env_vars": env_vars}

@@ -38,12 +38,14 @@ from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max
 from serve.errors import ApiError, ErrorType, describe_validation, error_response, install_error_handlers
 from serve.http_body import HeaderLimits, multipart_files, read_body, render_embeddings, safe_filename
 from serve.metrics import IngressMetrics
+from serve.openapi import install_openapi
 from serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.ingress")
 
 # /docs and /openapi.json are routes of the deployment below, behind the API key like the rest.
 app = FastAPI(title="siglip-serve", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+install_openapi(app)  # real request bodies and error responses (serve/openapi.py)
 
 # How often an ingress replica looks for the drain mark that `siglip-serve run` sets on SIGTERM.
 DRAIN_POLL_S = 0.25
@@ -116,7 +118,14 @@ class Ingress:
 
     def _count_error(self, error: ApiError) -> None:
         self.metrics.rejected(error.error_type.value)
-        level = logging.ERROR if error.status == 500 else logging.WARNING if error.status > 500 else logging.INFO
+        # Quiet by default: client errors, not-ready (every probe during start-up) and overload
+        # (every shed request) are counted by siglip_requests_rejected_total, logged at DEBUG.
+        if error.status == 500:
+            level = logging.ERROR
+        elif error.status > 500 and error.error_type not in (ErrorType.NOT_READY, ErrorType.OVERLOADED):
+            level = logging.WARNING
+        else:
+            level = logging.DEBUG
         log.log(level, "%d %s: %s", error.status, error.error_type.value, error.message)
 
     def _check_auth(self, request: Request) -> None:
@@ -241,7 +250,7 @@ class Ingress:
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
         wall_deadline = time.time() + (deadline - time.monotonic())
         try:
-            results = await asyncio.gather(*(self._coalesced_embed(chunk, wall_deadline) for chunk in chunks))
+            results = await _gathered(self._coalesced_embed(chunk, wall_deadline) for chunk in chunks)
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s") from None
@@ -300,6 +309,14 @@ class Ingress:
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - began,
                                                  tags={"endpoint": endpoint, "status": status})
+
+
+def _gathered(awaitables: Any) -> "asyncio.Future[list[Any]]":
+    """asyncio.gather whose outcome is always retrieved: when a client goes away mid-request, the
+    cancelled gather would otherwise log "exception was never retrieved" with a traceback."""
+    group = asyncio.gather(*awaitables)
+    group.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return group
 
 
 async def _awaited(response: DeploymentResponse) -> np.ndarray:

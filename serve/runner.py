@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 from serve.config import ServiceConfig
+from serve.preflight import RAY_HOST
+from serve.startup import Placeholder, replica_progress, wait_with_progress
 
 log = logging.getLogger("siglip_serve")
 
@@ -36,11 +38,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def preflight_weights(config: ServiceConfig) -> None:
-    """Fetch pretrained weights once, here, before any replica starts; fail with one clear message."""
+    """Fetch pretrained weights once, here, before any replica starts; fail with one clear message.
+
+    Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the
+    hub client's minute of retries."""
     if config.uses_random_weights or config.checkpoint is not None:
         return
     import open_clip
 
+    from models.hub import OFFLINE_HINT, HubUnreachable, check_weights_reachable
     from models.loading import ModelLoadError, _register_tiny
 
     _register_tiny()
@@ -48,14 +54,18 @@ def preflight_weights(config: ServiceConfig) -> None:
     if not cfg:
         tags = open_clip.list_pretrained_tags_by_model(config.model)
         raise ModelLoadError(f"no pretrained tag {config.pretrained!r} for {config.model}; known tags: {tags}")
+    try:
+        if check_weights_reachable(cfg, config.model, config.pretrained) is not None:
+            return
+    except HubUnreachable as exc:
+        raise ModelLoadError(str(exc)) from None
     log.info("fetching pretrained weights %s/%s (cached after the first time)", config.model, config.pretrained)
     try:
         open_clip.download_pretrained(cfg)
     except Exception as exc:  # noqa: BLE001 - hub clients raise many kinds; all mean "no weights"
         raise ModelLoadError(
             f"could not download pretrained weights {config.pretrained!r} for {config.model} "
-            f"({type(exc).__name__}: no network?). Either pass --checkpoint PATH (a state dict saved "
-            "with torch.save(model.state_dict())) or --random-weights (embeddings then mean nothing)."
+            f"({type(exc).__name__}: no network?). {OFFLINE_HINT}"
         ) from None
 
 
@@ -90,7 +100,13 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
 
 
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
-                address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1") -> int:
+                address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
+                placeholder: Placeholder | None = None, began: float | None = None) -> int:
+    """`placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
+    `began` (time.monotonic()) is when the command started, for the "ready in" line."""
+    began = time.monotonic() if began is None else began
+    if placeholder is not None:
+        placeholder.set_stage("starting Ray")
     if address is None:
         if metrics_host in LOOPBACK:
             os.environ[RAY_LOCAL_ONLY_ENV] = "0"
@@ -100,7 +116,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     import ray
     from ray import serve
 
-    from serve.app import build
+    from serve.app import build, resolve_replicas
 
     stop = threading.Event()
 
@@ -113,7 +129,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     if started_ray:
         replicas = config.replicas if isinstance(config.replicas, int) else None
         init_args.update(ray_resources(config, replicas))
-        init_args["_node_ip_address"] = "127.0.0.1"
+        init_args["_node_ip_address"] = RAY_HOST
         if neuron_cores:
             init_args["resources"] = {"neuron_cores": neuron_cores}
         if metrics_port:
@@ -121,7 +137,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     else:
         init_args["address"] = address
     log.info("starting Ray (%s)", "local" if started_ray else address)
-    ray.init(**init_args)
+    context = ray.init(**init_args)
     # After ray.init: Ray's core worker installs a SIGTERM handler that aborts the process.
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
@@ -129,19 +145,37 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         from serve import registry
 
         registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
-        serve.start(http_options={"host": host, "port": port})
+        log.info("Ray started in %.0f s", time.monotonic() - began)
+        if started_ray and getattr(context, "dashboard_url", ""):
+            # Ray's own CLI defaults to localhost:8265, which may be another cluster on a shared host.
+            log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
+                     context.dashboard_url)
+        app = build(config)
+        quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
+        # Serve's controller and proxy log every replica change and every client that goes away
+        # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
+        system_level = "WARNING" if config.log_level == "INFO" and not config.access_log else config.log_level
+        if placeholder is not None:
+            placeholder.release()
+        serve.start(http_options={"host": host, "port": port},
+                    logging_config={**quiet, "log_level": system_level})
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
-        began = time.monotonic()
-        serve.run(build(config), name=APP_NAME, route_prefix="/", blocking=False)
-        log.info("ready in %.1f s: http://%s:%d (POST /v1/embeddings, /v1/embeddings/image)",
-                 time.monotonic() - began, host, port)
+        replicas = resolve_replicas(config)
+        deployed = wait_with_progress(
+            lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
+            APP_NAME, replicas, stop, began)
+        if deployed:
+            log.info("ready in %.1f s (%s): http://%s:%d (POST /v1/embeddings, /v1/embeddings/image)",
+                     time.monotonic() - began, replica_progress(APP_NAME, replicas), host, port)
         while not stop.wait(1.0):
             pass
         drain(APP_NAME, config.drain_timeout_s)
         return 0
     finally:
         stopping = time.monotonic()
+        if placeholder is not None:
+            placeholder.release()
         try:
             log.info("stopping Serve and Ray")
             if not started_ray:

@@ -183,6 +183,55 @@ def test_report_builds_from_recorded_results(tmp_path: Path) -> None:
             assert image.format == "PNG" and image.width > 300
 
 
+def test_over_target_run_still_shows_its_measured_figure_marked(tmp_path: Path) -> None:
+    summary = json.loads((DATA / "loadtest_summary.json").read_text())
+    summary["saturation"] = None  # no step met a 50 ms p99 target
+    summary["settings"]["p99_target_ms"] = 50.0
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    assert report.main(["--loadtest-summary", str(path), "--out", str(tmp_path / "r")]) == 0
+    result = json.loads((tmp_path / "r" / "report.json").read_text())
+    row = next(r for r in result["rows"] if r["source"].startswith("(c)"))
+    best = max(summary["steps"], key=lambda w: w["images_per_second"])
+    assert row["instance"] == pytest.approx(best["images_per_second"]) and "OVER TARGET" in row["source"]
+    assert "p99 320 ms > target 50 ms" in row["what"] and result["serving_efficiency"] is None
+    assert "(c) served saturation" not in result["missing"]
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert f"{best['images_per_second']:.2f}" in md and "OVER the p99 target" in md
+
+
+def test_user_axes_have_integer_ticks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loadtest import plots
+
+    seen = []
+    real_finish = plots._finish
+
+    def keep_ticks(fig, ax, title, context, path):  # the real _finish, after noting the user-axis ticks
+        seen.append([t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]])
+        return real_finish(fig, ax, title, context, path)
+
+    monkeypatch.setattr(plots, "_finish", keep_ticks)
+    one_step = [{"users": 4, "images_per_second": 50.0, "latency_ms": {"p50": 10.0, "p95": 20.0, "p99": 30.0}}]
+    plots.throughput_vs_users(one_step, None, None, None, "ctx", tmp_path / "t.png")
+    plots.latency_vs_users(one_step, 100.0, "ctx", tmp_path / "l.png")
+    assert len(seen) == 2 and all(ticks and all(float(t).is_integer() for t in ticks) for ticks in seen), seen
+
+
+def test_a_closed_step_keeps_the_window_it_was_judged_on() -> None:
+    """The live step line prints close_window's figure; summary.json's steps come from windows()."""
+    from loadtest.recorder import Recorder
+
+    rec = Recorder(environment=None, request_name="r", method="POST", images_per_request=1)
+    rec.timeline = [{"t": float(t), "users": 2, "state": "running", "requests": 10 * t, "failures": 0,
+                     "hist": {"10": 10 * t}} for t in range(11)]
+    rec.snapshot = lambda: rec.timeline[-1]  # no Locust runner here: the timeline above is the run
+    live = rec.close_window(2)
+    # Snapshots taken after the step ended, while Locust still reports the old user count.
+    rec.timeline += [{"t": 11.0 + t, "users": 2, "state": "running", "requests": 100 + 50 * (t + 1), "failures": 0,
+                      "hist": {"10": 100 + 50 * (t + 1)}} for t in range(3)]
+    assert [w["images_per_second"] for w in rec.windows()] == [live["images_per_second"]] == [10.0]
+
+
 def test_report_tolerates_missing_parts(tmp_path: Path) -> None:
     assert report.main(["--loadtest-summary", str(DATA / "loadtest_summary.json"), "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "report.json").read_text())
@@ -302,6 +351,18 @@ def test_bad_responses_are_counted_as_failures(tmp_path: Path, lt_app: str, phot
     # The server embedded the good image every other request; the load test accepted none: the check sees it.
     check = summary["metrics_check"]
     assert check["server_images"] > 0 and check["client_images"] == 0 and check["agrees"] is False
+
+
+def test_relative_out_lands_in_the_callers_cwd(tmp_path: Path, lt_app: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # not the repository root, where Locust runs
+    code = cli.main(["--host", lt_app, "--api-key", API_KEY, "--out", "lt", "--users", "1", "--run-time", "2s",
+                     "--p99-target-ms", "60000"])
+    assert code == 0
+    summary = json.loads((elsewhere / "lt" / "summary.json").read_text())
+    assert summary["requests"] > 0 and summary["outputs"]["summary"] == str(elsewhere / "lt" / "summary.json")
 
 
 def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:

@@ -1,0 +1,173 @@
+"""The OpenAPI document of the HTTP contract (docs/http-api.md): real request bodies, every error.
+
+The routes read their bodies themselves (a byte limit comes before any parsing), so FastAPI sees
+no body parameters and would publish none. Here each route gets, through FastAPI's own
+`openapi_extra` and `responses`, the bodies it accepts (JSON, raw image bytes, multipart) and the
+contract's error shape for every status it can answer. `/docs` can then send an image, and
+schemathesis checks the live app against this document (tests/test_openapi.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+
+from serve.errors import ErrorType
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff",
+                     "application/octet-stream")
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "code"],
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string", "enum": [t.value for t in ErrorType]},
+            "code": {"type": "integer"},
+        },
+    }},
+}
+
+EMBEDDINGS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
+        "data": {"type": "array", "items": {
+            "type": "object",
+            "required": ["object", "index", "embedding"],
+            "properties": {
+                "object": {"type": "string", "enum": ["embedding"]},
+                "index": {"type": "integer", "minimum": 0},
+                "embedding": {"oneOf": [
+                    {"type": "array", "items": {"type": "number"}, "description": "encoding_format float"},
+                    {"type": "string", "description": "encoding_format base64: little-endian float32"},
+                ]},
+            },
+        }},
+        "model": {"type": "string"},
+        "usage": {"type": "object", "properties": {
+            "images": {"type": "integer"}, "prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+        }},
+    },
+}
+
+JSON_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "input": {"oneOf": [
+            {"type": "string", "description": "a data URI (data:image/png;base64,...) or bare base64 image"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        ]},
+        "model": {"type": "string", "description": "optional; must name the served model"},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+    },
+}
+
+_WHY = {
+    400: "empty body, malformed multipart, or an image that cannot be decoded",
+    401: "missing or wrong API key (only when the service has one)",
+    413: "body or image over the configured limit",
+    415: "content type that is not an image",
+    422: "JSON that does not match the request schema, or too many images",
+    500: "unexpected server error (the message never echoes its cause)",
+    503: "not ready yet, or at capacity (Retry-After says when to retry)",
+    504: "the request did not finish within its deadline",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        out[status] = {"description": _WHY[status], "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+        if status == 503:
+            out[status]["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+    return out
+
+
+def _ok(schema: dict[str, Any], description: str) -> dict[int | str, dict[str, Any]]:
+    return {200: {"description": description, "content": {"application/json": {"schema": schema}}}}
+
+
+_EMBED_ERRORS = (400, 401, 413, 415, 422, 500, 503, 504)
+
+ROUTES: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/v1/embeddings"): {
+        "summary": "Embed images sent as base64 in OpenAI's embeddings request shape",
+        "openapi_extra": {"requestBody": {"required": True, "content": {
+            "application/json": {"schema": JSON_REQUEST_SCHEMA}}}},
+        "responses": {**_ok(EMBEDDINGS_SCHEMA, "one embedding per input, in order"), **_errors(*_EMBED_ERRORS)},
+    },
+    ("POST", "/v1/embeddings/image"): {
+        "summary": "Embed raw image bytes, or the file parts of a multipart form",
+        "openapi_extra": {"requestBody": {"required": True, "content": {
+            **{media: {"schema": {"type": "string", "format": "binary"}} for media in IMAGE_MEDIA_TYPES},
+            "multipart/form-data": {"schema": {
+                "type": "object",
+                "properties": {"file": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                "description": "every file part is an image; the part names do not matter",
+            }},
+        }}},
+        "responses": {**_ok(EMBEDDINGS_SCHEMA, "one embedding per image, in order"), **_errors(*_EMBED_ERRORS)},
+    },
+    ("GET", "/v1/models"): {
+        "summary": "The served model and every encoder replica",
+        "responses": {**_ok({"type": "object", "required": ["object", "data"]}, "model list"),
+                      **_errors(401, 500)},
+    },
+    ("GET", "/healthz"): {
+        "summary": "200 while the process is up",
+        "responses": {**_ok({"type": "object", "properties": {"status": {"type": "string"}}}, "up"),
+                      **_errors(500)},
+    },
+    ("GET", "/readyz"): {
+        "summary": "200 once every encoder replica has loaded and warmed its model, 503 before",
+        "responses": {**_ok({"type": "object", "required": ["status", "replicas"],
+                             "properties": {"status": {"type": "string"}, "replicas": {"type": "integer"}}},
+                            "ready"), **_errors(500, 503)},
+    },
+}
+
+
+def _api_routes(routes: list[Any], prefix: str = "") -> list[tuple[APIRoute, str]]:
+    """Every APIRoute with its full path. Since FastAPI 0.137 included routers stay nested (an
+    `_IncludedRouter` node holding `original_router`), and `@serve.ingress` includes one."""
+    found = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            found.append((route, prefix + route.path))
+        elif hasattr(route, "original_router"):
+            context = getattr(route, "include_context", None)
+            found += _api_routes(route.original_router.routes, prefix + (getattr(context, "prefix", "") or ""))
+    return found
+
+
+def _document(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        for route, path in _api_routes(app.routes):
+            for method in route.methods:
+                doc = ROUTES.get((method, path))
+                if doc:
+                    route.summary = doc["summary"]
+                    route.openapi_extra = doc.get("openapi_extra")
+                    route.responses = doc["responses"]
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                             description="The siglip-serve HTTP contract; see docs/http-api.md.")
+        schema["components"] = {**schema.get("components", {}), "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "only when the service has an api_key"}}}
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve the contract's document at /openapi.json (and /docs) instead of FastAPI's bare one."""
+    app.openapi = partial(_document, app)  # type: ignore[method-assign]

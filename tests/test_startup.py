@@ -1,0 +1,217 @@
+"""The first minutes of `siglip-serve run`: refusals before Ray starts, quick 503s, progress lines.
+
+Every test runs the real command in a subprocess on loopback; only the last one starts Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve.preflight import port_in_use
+from serve.runner import free_port
+from serve.startup import Placeholder
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+# The port refusals come before the heavy imports (torch, open_clip), so they are quick even on a
+# busy 2-core machine; where imports come first, the tests time the check itself in-process.
+FAST_S = 30
+
+
+def siglip_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    began = time.monotonic()
+    out = subprocess.run([str(BIN / "siglip-serve"), *args], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})}, cwd=REPO)
+    return out, time.monotonic() - began
+
+
+def one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, stderr[-3000:]
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+def test_taken_http_port_is_refused_in_one_line_before_ray() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out, seconds = siglip_serve("run", "--model", "tiny-siglip", "--port", str(port),
+                                    "--metrics-port", str(free_port()))
+    assert out.returncode == 2
+    line = one_error_line(out.stderr)
+    assert f"port {port} on 127.0.0.1 is already in use" in line and "--port" in line
+    assert "starting Ray" not in out.stderr and seconds < FAST_S
+
+
+def test_taken_metrics_port_is_refused_in_one_line_before_ray() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        metrics_port = holder.getsockname()[1]
+        out, seconds = siglip_serve("run", "--model", "tiny-siglip", "--port", str(free_port()),
+                                    "--metrics-port", str(metrics_port))
+    assert out.returncode == 2
+    line = one_error_line(out.stderr)
+    assert f"metrics port {metrics_port}" in line and "METRICS_PORT" in line
+    assert "starting Ray" not in out.stderr and seconds < FAST_S
+
+
+def test_a_listener_sharing_its_port_still_blocks_the_check() -> None:
+    """Another Serve proxy listens with SO_REUSEPORT; the check binds without it, so it sees the port taken."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        assert port_in_use("127.0.0.1", holder.getsockname()[1])
+
+
+def _weights_check_seconds(monkeypatch: pytest.MonkeyPatch, **env: str) -> tuple[str, float]:
+    """The weights preflight in this process (imports already paid): its message and how long it took."""
+    from models.loading import ModelLoadError, _register_tiny
+    from serve.config import ServiceConfig
+    from serve.runner import preflight_weights
+
+    _register_tiny()  # pays open_clip's and timm's imports before the clock starts
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    config = ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "pretrained": "webli"})
+    began = time.monotonic()
+    with pytest.raises(ModelLoadError) as refused:
+        preflight_weights(config)
+    return str(refused.value), time.monotonic() - began
+
+
+def test_offline_hub_fails_in_seconds_naming_the_make_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    message, seconds = _weights_check_seconds(monkeypatch, HF_HUB_OFFLINE="1")
+    assert seconds < 1 and "HF_HUB_OFFLINE" in message
+    # The command as a user runs it: one line, exit 2 (its time is mostly imports on this busy VM).
+    out, _ = siglip_serve("run", "--model", "ViT-B-16-SigLIP", "--port", str(free_port()), env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 2
+    line = one_error_line(out.stderr)
+    assert "make serve MODEL=tiny-siglip" in line and "--checkpoint PATH" in line and "--random-weights" in line
+
+
+def test_unreachable_hub_fails_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A hub endpoint on a loopback port nobody listens on: refused at once, like a host without network.
+    message, seconds = _weights_check_seconds(monkeypatch, HF_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+                                              HF_HUB_OFFLINE="0")
+    assert seconds < 5 and "unreachable" in message and "make serve MODEL=tiny-siglip" in message
+
+
+def test_compile_dry_run_needs_no_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from models.neuron_compile import CompileOptions, dry_run_plan
+    from models.settings import ModelSettings
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    dry_run_plan(ModelSettings(model="tiny-siglip"), CompileOptions(), tmp_path)  # imports paid here
+    began = time.monotonic()
+    plan = dry_run_plan(ModelSettings(model="ViT-B-16-SigLIP"), CompileOptions(), tmp_path).as_json()
+    assert time.monotonic() - began < 5
+    assert plan["weights"]["sha256"] == "unknown" and "provisional" in plan["weights"]["sha256_of"]
+    out, _ = siglip_serve("compile", "--model", "ViT-B-16-SigLIP", "--dry-run", "--cache-root", str(tmp_path),
+                          "--log-level", "ERROR", env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0 and json.loads(out.stdout)["weights"]["sha256"] == "unknown", out.stderr[-2000:]
+
+
+def test_placeholder_answers_503_then_hands_the_port_over() -> None:
+    port = free_port()
+    placeholder = Placeholder("127.0.0.1", port)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.headers["retry-after"] == "1"
+            assert ready.json()["error"]["type"] == "not_ready" and ready.json()["error"]["code"] == 503
+            assert client.post("/v1/embeddings/image", content=b"x").status_code == 503
+            assert client.get("/healthz").status_code == 200
+    finally:
+        placeholder.release()
+    # Serve's proxy binds without SO_REUSEADDR once port sharing is off: the port must be free now.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> None:
+    port = free_port()
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
+         "--metrics-port", str(free_port()), "--set", "torch_threads=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    first_503 = None
+    try:
+        while time.monotonic() - began < 150 and not any("ready in" in line for line in lines):
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=15)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            if response.status_code == 503 and first_503 is None:
+                first_503 = time.monotonic() - began
+                assert response.json()["error"]["type"] == "not_ready"
+            time.sleep(0.5)
+        assert first_503 is not None and first_503 < FAST_S, first_503
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=15).status_code == 200
+        # Serve's proxy holds the port without SO_REUSEPORT: a second listener that asks to share it is refused.
+        with socket.socket() as second:
+            second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            with pytest.raises(OSError):
+                second.bind(("127.0.0.1", port))
+        # Ray's own CLI, as the log line says (token auth on; this cluster's dashboard, not localhost:8265).
+        hint = next(line for line in lines if "Ray's CLI for this cluster" in line)
+        command = hint.split("Ray's CLI for this cluster: ", 1)[1].split()
+        assert command[0] == "RAY_AUTH_MODE=token"
+        status = subprocess.run([str(BIN / command[1]), *command[2:]], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "RAY_AUTH_MODE": "token"})
+        assert status.returncode == 0 and "siglip" in status.stdout and "RUNNING" in status.stdout, status
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines)
+    assert "encoder replicas warm" in output and "ready in" in output, output[-3000:]
+    assert "503 not_ready" not in output  # no line per probe answered 503 during start-up
+
+
+# -- the application builder (`serve run deploy/serve-cpu.yaml`), in the test session's Ray ---------
+
+def test_builder_refuses_an_app_the_cluster_cannot_hold_once_without_retry(serve_cluster) -> None:
+    from ray.serve.exceptions import RayServeException
+
+    from serve.app import build_app
+
+    # 20 encoders x 1 CPU + the ingress on the test cluster's 8 CPUs: could never all be scheduled.
+    with pytest.raises(RayServeException, match=r"needs 20.5 CPUs .* the Ray cluster has 8") as refused:
+        build_app({"model": "tiny-siglip", "replicas": 20})
+    assert "encoder_num_cpus" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_builder_refuses_unreachable_weights_in_seconds(serve_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray.serve.exceptions import RayServeException
+
+    from serve.app import build_app
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    began = time.monotonic()
+    with pytest.raises(RayServeException, match="make serve MODEL=tiny-siglip"):
+        build_app({"model": "ViT-B-16-SigLIP", "pretrained": "webli"})
+    assert time.monotonic() - began < 5

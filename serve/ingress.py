@@ -31,6 +31,7 @@ from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max
 from serve.errors import ApiError, ErrorType, describe_validation, install_error_handlers
 from serve.metrics import IngressMetrics
 from serve.replica_logging import configure_replica_logging
+from serve.text_routes import TextRoutes, input_kind
 
 log = logging.getLogger("siglip_serve.ingress")
 
@@ -114,9 +115,11 @@ def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) 
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
-class Ingress:
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any]) -> None:
+class Ingress(TextRoutes):
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
+                 text_encoder: DeploymentHandle | None = None) -> None:
         configure_replica_logging(config.log_level)
+        self._init_text(text_encoder, config)
         self.encoder = encoder
         self.config = config
         self.expected_replicas = replicas
@@ -298,9 +301,15 @@ class IngressDeployment(Ingress):
         single = isinstance(parsed.input, str)
         items = [parsed.input] if single else list(parsed.input)
         if not items:
-            raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image is needed")
-        return await self._serve_images(request, "embeddings", items, _json_labels(len(items), single),
-                                        parsed.encoding_format)
+            raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image or text is needed")
+        labels = _json_labels(len(items), single)
+        if input_kind(items, labels) == "text":
+            return await self.serve_texts(items, labels, parsed.encoding_format)
+        return await self._serve_images(request, "embeddings", items, labels, parsed.encoding_format)
+
+    @app.post("/v1/classify")
+    async def classify(self, request: Request) -> Response:
+        return await self.classify_request(request)
 
     @app.post("/v1/embeddings/image")
     async def embeddings_image(self, request: Request) -> Response:
@@ -335,6 +344,8 @@ class IngressDeployment(Ingress):
             "buckets": list(self.config.buckets),
             "replicas_expected": self.expected_replicas,
             "replicas": replicas,
+            "modalities": self.modalities,
+            "text": await self.text_info(wait_s=5.0),
         }
         return {"object": "list", "data": [entry]}
 

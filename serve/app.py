@@ -13,7 +13,7 @@ from models.loading import model_geometry
 from serve.config import ConfigError, ServiceConfig
 from serve.encoder_deployment import encoder_deployment
 from serve.ingress import IngressDeployment
-from serve.text_deployment import text_deployment
+from serve.text_deployment import text_deployment, text_neuron_cores
 
 log = logging.getLogger("siglip_serve")
 
@@ -34,7 +34,7 @@ def resolve_replicas(config: ServiceConfig) -> int:
             "--resources='{\"neuron_cores\": N}' (N = logical cores: trn2.3xlarge LNC=2 -> 4, LNC=1 -> 8)"
         )
     # Text replicas (opt-in on neuron) take NeuronCores of their own.
-    return (cores - config.text_replica_count * config.cores_per_replica) // max(config.cores_per_replica, 1)
+    return (cores - config.text_replica_count * text_neuron_cores(config)) // max(config.cores_per_replica, 1)
 
 
 def build(config: ServiceConfig) -> Application:

@@ -83,10 +83,15 @@ def text_max_ongoing(config: ServiceConfig) -> int:
     return 2 * config.text_buckets[-1]
 
 
+def text_neuron_cores(config: ServiceConfig) -> int:
+    """NeuronCores one text replica holds: only the neuron backend runs text on a core."""
+    return config.cores_per_replica if config.backend == "neuron" else 0
+
+
 def text_deployment(config: ServiceConfig) -> serve.Deployment:
     actor_options: dict[str, Any] = {"num_cpus": config.text_num_cpus}
-    if config.cores_per_replica:
-        actor_options["resources"] = {"neuron_cores": config.cores_per_replica}
+    if text_neuron_cores(config):
+        actor_options["resources"] = {"neuron_cores": text_neuron_cores(config)}
     if config.backend == "cuda":
         # The image replica asks for a whole GPU, so a text replica needs one of its own.
         actor_options["num_gpus"] = 1

@@ -156,3 +156,24 @@ def test_classify_answer_forced_by_construction(forced_app: str, photo_jpegs: li
             assert ranked[0]["label"] == "cat" and ranked[0]["score"] == pytest.approx(0.9933, abs=1e-3)
             assert sorted(e["label"] for e in ranked[1:]) == ["car", "dog", "tree"]
             assert all(e["score"] < 0.01 for e in ranked[1:])
+
+
+def test_locust_text_and_classify_users_run_clean(main_app: str, tmp_path: Path) -> None:
+    """Both user classes, briefly, against the live tiny app: every checked answer a success."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SIGLIP_LOADTEST_API_KEY": API_KEY, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", "loadtest/text_locustfile.py", "--headless", "--host", main_app,
+         "-u", "2", "-r", "2", "-t", "6s", "--texts-per-request", "4", "--labels", "3", "--only-summary",
+         "--csv", str(tmp_path / "text"), "TextUser", "ClassifyUser"],
+        cwd=env["PYTHONPATH"], env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    with open(tmp_path / "text_stats.csv") as f:
+        rows = {row["Name"]: row for row in csv.DictReader(f)}
+    assert int(rows["text x4"]["Request Count"]) > 0 and int(rows["text x4"]["Failure Count"]) == 0
+    assert int(rows["classify x3"]["Request Count"]) > 0 and int(rows["classify x3"]["Failure Count"]) == 0

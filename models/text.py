@@ -97,8 +97,23 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
     return tokenizer, f"local:{directory}"
 
 
-def load_text_tower(settings: ModelSettings) -> tuple[TextEmbedder, Tokenizer, TextInfo]:
-    """The text tower, its tokenizer and the zero-shot scale/bias, float32 eval mode on the CPU."""
+def text_context_length(model: str) -> int:
+    """The text tower's fixed context length from open_clip's config, without building the model."""
+    import open_clip
+
+    from models.loading import _register_tiny
+
+    _register_tiny()
+    cfg = open_clip.get_model_config(model)
+    if cfg is None:
+        raise ModelLoadError(f"unknown model {model!r}")
+    return int(cfg.get("text_cfg", {}).get("context_length", 64))
+
+
+def load_text_tower(settings: ModelSettings, with_tokenizer: bool = True) -> tuple[TextEmbedder, Tokenizer | None, TextInfo]:
+    """The text tower, its tokenizer and the zero-shot scale/bias, float32 eval mode on the CPU.
+
+    with_tokenizer=False (compiling): no tokenizer is loaded; it runs at serving time only."""
     import open_clip
 
     model, text_loaded = load_clip(settings)
@@ -106,7 +121,7 @@ def load_text_tower(settings: ModelSettings) -> tuple[TextEmbedder, Tokenizer, T
         raise ModelLoadError(f"checkpoint {settings.checkpoint} has no text-tower weights (or no logit scale/bias); "
                              "serve text from a whole-model state dict, or set text_replicas: 0")
     cfg = open_clip.get_model_config(settings.model) or {}
-    tokenizer, source = load_tokenizer(settings, cfg.get("text_cfg", {}))
+    tokenizer, source = load_tokenizer(settings, cfg.get("text_cfg", {})) if with_tokenizer else (None, "none")
     bias = getattr(model, "logit_bias", None)
     info = TextInfo(
         model=settings.model, embed_dim=int(cfg["embed_dim"]), context_length=int(model.context_length),

@@ -150,3 +150,35 @@ def test_prompt_template_rules() -> None:
         with pytest.raises(ApiError) as error:
             prompts_of(labels, template)
         assert error.value.status == 422
+
+
+def test_text_config_defaults_and_limits() -> None:
+    from serve.config import ConfigError, ServiceConfig
+    from serve.text_deployment import text_neuron_cores
+
+    assert ServiceConfig.from_args({"model": "tiny-siglip"}).text_replica_count == 1
+    for backend in ("cuda", "neuron"):
+        assert ServiceConfig.from_args({"model": "tiny-siglip", "backend": backend}).text_replica_count == 0
+    neuron = ServiceConfig.from_args({"model": "tiny-siglip", "backend": "neuron", "text_replicas": 1})
+    assert neuron.text_replica_count == 1 and text_neuron_cores(neuron) == 1
+    simulated = ServiceConfig.from_args({"model": "tiny-siglip", "neuron_cores_per_replica": 1})
+    assert text_neuron_cores(simulated) == 0  # only the neuron backend puts text on a NeuronCore
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "text_buckets": "1,8", "max_text_chars": 10})
+    assert config.model_settings().text_buckets == (1, 8) and config.max_text_chars == 10
+    for bad in ({"text_replicas": -1}, {"max_texts_per_request": 0}, {"text_buckets": [0]}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            ServiceConfig.from_args({"model": "tiny-siglip", **bad})
+
+
+def test_text_off_answers_404_and_lists_only_images() -> None:
+    import asyncio
+
+    from serve.config import ServiceConfig
+    from serve.text_routes import TextRoutes
+
+    routes = TextRoutes()
+    routes._init_text(None, ServiceConfig.from_args({"model": "tiny-siglip", "text_replicas": 0}))
+    assert routes.modalities == ["image"] and asyncio.run(routes.text_info()) is None
+    with pytest.raises(ApiError) as error:
+        asyncio.run(routes.encode_texts(["cat"]))
+    assert error.value.status == 404 and "text_replicas: 0" in error.value.message

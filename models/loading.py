@@ -67,7 +67,10 @@ class ImageEmbedder(nn.Module):
 
 
 def _register_tiny() -> None:
-    """Teach timm and open_clip the tiny SigLIP-architecture model used by tests and quick runs."""
+    """Teach timm and open_clip the tiny SigLIP-architecture model used by tests and quick runs.
+
+    configs/ also holds tiny-siglip-checkpoint: the same architecture under a name that takes a
+    checkpoint (tiny-siglip is always random), for tests that build weights with a forced answer."""
     global _registered
     if _registered:
         return

@@ -110,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                 settings["api_key"] = args.api_key
             config = ServiceConfig.from_args(settings)
             from models.encoder import check_backend_available
-            from serve.runner import preflight_weights, run_service
+            from serve.runner import preflight_tokenizer, preflight_weights, run_service
 
             # Before Ray starts: a missing SDK/GPU/artifact is one line now, not a replica crash later.
             env = None if args.address else {**os.environ, **config.env_vars}
             check_backend_available(config.model_settings(), env)
             preflight_weights(config)
+            preflight_tokenizer(config)
             return run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores)
         if args.command == "bench":
             from serve.bench import run_bench

@@ -267,7 +267,10 @@ class TextRoutes:
             if not self._accepting:  # type: ignore[has-type]
                 raise ApiError(503, ErrorType.NOT_READY, "encoder replicas are still loading; retry later",
                                {"Retry-After": str(self.config.retry_after_s)})
-        info = await self.text_info()
+        info = await self.text_info(wait_s=self.config.request_timeout_s)
+        if info is None:
+            raise ApiError(503, ErrorType.NOT_READY, "the text encoder is still loading; retry later",
+                           {"Retry-After": str(self.config.retry_after_s)})
         images = await self._prepare_all(items, image_labels)  # type: ignore[attr-defined]
         image_embeddings, text_embeddings = await asyncio.gather(self._encode(images),  # type: ignore[attr-defined]
                                                                  self.encode_texts(prompts))

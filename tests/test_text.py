@@ -182,3 +182,15 @@ def test_text_off_answers_404_and_lists_only_images() -> None:
     with pytest.raises(ApiError) as error:
         asyncio.run(routes.encode_texts(["cat"]))
     assert error.value.status == 404 and "text_replicas: 0" in error.value.message
+
+
+def test_run_refuses_a_missing_tokenizer_before_ray(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    out = subprocess.run([str(Path(sys.executable).parent / "siglip-serve"), "run", "--model", "tiny-siglip", "--set",
+                          f"tokenizer={tmp_path / 'empty'}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "cannot load the tokenizer" in out.stderr and "set tokenizer: DIR" in out.stderr
+    assert "Started a local Ray" not in out.stderr

@@ -194,3 +194,12 @@ def test_run_refuses_a_missing_tokenizer_before_ray(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "cannot load the tokenizer" in out.stderr and "set tokenizer: DIR" in out.stderr
     assert "Started a local Ray" not in out.stderr
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype, bar", [("fp32", 0.9999), ("bf16", 0.999)])
+def test_cuda_text_encoder_matches_the_cpu_one(dtype: str, bar: float) -> None:
+    cpu = create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1)).encode(TEXTS)
+    cuda = create_text_encoder(ModelSettings(model="tiny-siglip", backend="cuda", cuda_dtype=dtype))
+    assert cuda.backend == "cuda"
+    assert np.min(np.sum(cuda.encode(TEXTS) * cpu, axis=1)) >= bar

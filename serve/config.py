@@ -55,6 +55,9 @@ class ServiceConfig(ModelSettings):
     # Texts (or classify labels) in one request, and characters in one text, checked before tokenizing.
     max_texts_per_request: int = Field(default=64, ge=1)
     max_text_chars: int = Field(default=1000, ge=1)
+    # Classify prompts (label in template) whose text embeddings each ingress keeps, least recently
+    # used out first: a fixed label set is embedded once, not per request. 0: no cache.
+    classify_cache_size: int = Field(default=4096, ge=0)
     # Environment variables of every encoder replica (Ray runtime_env), e.g. NEURON_LOGICAL_NC_CONFIG
     # or NEURON_RT_* settings on trn2. Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
     env_vars: dict[str, str] = Field(default_factory=dict)

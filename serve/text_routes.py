@@ -14,6 +14,7 @@ import base64
 import json
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -146,6 +147,7 @@ class TextRoutes:
         self.text_inflight_calls = 0
         self.max_text_inflight_calls = config.text_replica_count * text_max_ongoing(config) + config.max_queued_requests
         self._text_info: dict[str, Any] | None = None
+        self._prompt_cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @property
     def modalities(self) -> list[str]:
@@ -195,6 +197,24 @@ class TextRoutes:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s")
         return np.concatenate(results)
+
+    async def embed_prompts(self, prompts: Sequence[str]) -> np.ndarray:
+        """Text embeddings of classify prompts: cached ones from the LRU cache, the rest encoded once."""
+        found: dict[str, np.ndarray] = {}
+        for prompt in prompts:
+            if prompt in self._prompt_cache:
+                self._prompt_cache.move_to_end(prompt)
+                found[prompt] = self._prompt_cache[prompt]
+        # Snapshot before the await: a concurrent request may evict entries meanwhile.
+        missing = [p for p in dict.fromkeys(prompts) if p not in found]
+        if missing:
+            for prompt, row in zip(missing, await self.encode_texts(missing)):
+                found[prompt] = row
+                if self.config.classify_cache_size:
+                    self._prompt_cache[prompt] = row
+            while len(self._prompt_cache) > self.config.classify_cache_size:
+                self._prompt_cache.popitem(last=False)
+        return np.stack([found[p] for p in prompts])
 
     async def _timed(self, endpoint: str, work: Any) -> Response:
         began = time.perf_counter()
@@ -273,7 +293,7 @@ class TextRoutes:
                            {"Retry-After": str(self.config.retry_after_s)})
         images = await self._prepare_all(items, image_labels)  # type: ignore[attr-defined]
         image_embeddings, text_embeddings = await asyncio.gather(self._encode(images),  # type: ignore[attr-defined]
-                                                                 self.encode_texts(prompts))
+                                                                 self.embed_prompts(prompts))
         scores = zero_shot(image_embeddings, text_embeddings, float(info["logit_scale"]), float(info["logit_bias"]))
         self.metrics.images_embedded.inc(len(items), tags={"endpoint": "classify"})
         self.metrics.texts_embedded.inc(len(prompts), tags={"endpoint": "classify"})

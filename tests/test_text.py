@@ -203,3 +203,46 @@ def test_cuda_text_encoder_matches_the_cpu_one(dtype: str, bar: float) -> None:
     cuda = create_text_encoder(ModelSettings(model="tiny-siglip", backend="cuda", cuda_dtype=dtype))
     assert cuda.backend == "cuda"
     assert np.min(np.sum(cuda.encode(TEXTS) * cpu, axis=1)) >= bar
+
+
+class RecordingTextHandle:
+    """Stands in for the TextEncoder deployment handle (`embed.remote(texts, deadline)`, awaitable),
+    answering a fixed embedding per text and recording every call. It does not prove Serve's routing,
+    batching or deadlines (tests/test_text_http.py runs the real deployment)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.embed = self
+
+    def remote(self, texts: list[str], deadline: float) -> "asyncio.Future[np.ndarray]":
+        import asyncio
+        import zlib
+
+        self.calls.append(list(texts))
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        future.set_result(np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(4) for t in texts]))
+        return future
+
+
+def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
+    import asyncio
+
+    from serve.config import ServiceConfig
+    from serve.text_routes import TextRoutes
+
+    handle = RecordingTextHandle()
+    routes = TextRoutes()
+    routes.config = ServiceConfig.from_args({"model": "tiny-siglip", "classify_cache_size": 3})
+    routes._init_text(handle, routes.config)  # type: ignore[arg-type]
+
+    async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        first = await routes.embed_prompts(["cat", "dog"])
+        again = await routes.embed_prompts(["dog", "cat", "car"])
+        evicted = await routes.embed_prompts(["bird", "cat"])
+        return first, again, evicted
+
+    first, again, evicted = asyncio.run(scenario())
+    assert handle.calls == [["cat", "dog"], ["car"], ["bird"]]
+    np.testing.assert_array_equal(again[:2], first[::-1])
+    np.testing.assert_array_equal(evicted[1], first[0])
+    assert list(routes._prompt_cache) == ["car", "cat", "bird"]  # "dog", least recently used, went first

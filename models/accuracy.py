@@ -10,7 +10,9 @@ A value may itself hold commas (`buckets=1,2,4`): a piece without `=` continues 
 Images are preprocessed with models.preprocess, as the server does. It prints the cosine
 similarity (min and mean over images), the mean and max absolute error over all embedding values,
 and exits 1 when the minimum cosine is below --threshold (0.999, seed 000's bar between the
-`--auto-cast matmult` and uncast compiles), so one image that drifts fails the check.
+`--auto-cast matmult` and uncast compiles), so one image that drifts fails the check. With
+`--texts FILE` (one text per line) it compares the two sides' text towers the same way, and both
+must pass.
 """
 
 from __future__ import annotations
@@ -112,8 +114,18 @@ def describe_side(settings: ModelSettings, encoder: Encoder) -> dict[str, Any]:
     return side
 
 
+def compare_text(a: ModelSettings, b: ModelSettings, texts: Sequence[str]) -> dict[str, Any]:
+    """The text towers of both sides on the same texts: the same statistics, per text."""
+    from models.text import create_text_encoder
+
+    stats = compare_embeddings(create_text_encoder(a).encode(texts), create_text_encoder(b).encode(texts))
+    stats["texts"] = stats.pop("images")
+    stats["worst_text"] = texts[stats.pop("worst_index")]
+    return stats
+
+
 def run_accuracy(a: ModelSettings, b: ModelSettings, folder: Path, limit: int | None = None,
-                 threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+                 threshold: float = DEFAULT_THRESHOLD, texts: Sequence[str] | None = None) -> dict[str, Any]:
     encoder_a = create_encoder(a)
     encoder_b = create_encoder(b)
     if encoder_a.image_size != encoder_b.image_size:
@@ -122,14 +134,16 @@ def run_accuracy(a: ModelSettings, b: ModelSettings, folder: Path, limit: int | 
     log.info("embedding %d images with A (%s) and B (%s)", len(names), a.backend, b.backend)
     stats = compare_embeddings(encoder_a.encode(images), encoder_b.encode(images))
     stats["worst_image"] = names[stats.pop("worst_index")]
+    text = compare_text(a, b, texts) if texts else None
     return {
         "a": describe_side(a, encoder_a),
         "b": describe_side(b, encoder_b),
         **stats,
         "rejected_images": rejected,
+        "text": text,
         "threshold": threshold,
         "gate": "cosine_min",
-        "passed": stats["cosine_min"] >= threshold,
+        "passed": stats["cosine_min"] >= threshold and (text is None or text["cosine_min"] >= threshold),
     }
 
 
@@ -146,8 +160,11 @@ def format_report(result: dict[str, Any]) -> str:
         f"cosine mean    {result['cosine_mean']:.6f}",
         f"MAE            {result['mae']:.6g}",
         f"max abs error  {result['max_abs_error']:.6g}",
-        f"{verdict}: min cosine {result['cosine_min']:.6f} {'>=' if result['passed'] else '<'} "
-        f"threshold {result['threshold']}",
+        *([f"texts          {text['texts']}",
+           f"text cosine min {text['cosine_min']:.6f}   (worst: {text['worst_text']!r})",
+           f"text max abs error {text['max_abs_error']:.6g}"] if (text := result.get("text")) else []),
+        f"{verdict}: min cosine {min(result['cosine_min'], (text or {}).get('cosine_min', 1.0)):.6f} "
+        f"{'>=' if result['passed'] else '<'} threshold {result['threshold']}",
     ])
 
 
@@ -160,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", required=True, type=Path, help="folder of images (searched recursively)")
     parser.add_argument("--limit", type=int, help="use at most this many images")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="minimum cosine (default 0.999)")
+    parser.add_argument("--texts", type=Path,
+                        help="also compare the text towers on these texts (a file, one text per line)")
     parser.add_argument("--json", dest="json_out", type=Path, help="also write the results here")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -170,8 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
     defaults = {"model": args.model} if args.model else {}
     try:
+        texts = [line.strip() for line in args.texts.read_text().splitlines() if line.strip()] if args.texts else None
         result = run_accuracy(parse_spec(args.a, defaults), parse_spec(args.b, defaults), args.images,
-                              args.limit, args.threshold)
+                              args.limit, args.threshold, texts)
     except (SettingsError, ModelLoadError, BackendUnavailable, ArtifactError, LncMismatch,
             FileNotFoundError, ValueError) as exc:
         log.error("%s", exc)

@@ -67,7 +67,10 @@ class ImageEmbedder(nn.Module):
 
 
 def _register_tiny() -> None:
-    """Teach timm and open_clip the tiny SigLIP-architecture model used by tests and quick runs."""
+    """Teach timm and open_clip the tiny SigLIP-architecture model used by tests and quick runs.
+
+    configs/ also holds tiny-siglip-checkpoint: the same architecture under a name that takes a
+    checkpoint (tiny-siglip is always random), for tests that build weights with a forced answer."""
     global _registered
     if _registered:
         return
@@ -90,6 +93,19 @@ def available_models() -> list[str]:
     import open_clip
 
     return [name for name in open_clip.list_models() if "SigLIP" in name or name == TINY_MODEL]
+
+
+def load_clip(settings: ModelSettings) -> tuple[nn.Module, bool]:
+    """The whole open_clip model (both towers, logit scale and bias) in float32 eval mode on the CPU,
+    and whether its text tower has real weights (False: an image-tower-only checkpoint)."""
+    _register_tiny()
+    model = _create(settings)
+    text_loaded = getattr(model, _TEXT_MISSING, False) is False
+    return model.eval().requires_grad_(False), text_loaded
+
+
+# Set on a model whose checkpoint held no text-tower weights, so its text tower is never served.
+_TEXT_MISSING = "_siglip_serve_text_missing"
 
 
 def _create(settings: ModelSettings) -> nn.Module:
@@ -144,6 +160,8 @@ def _load_checkpoint(model: nn.Module, path: Path) -> None:
     if not any(k.startswith("visual.") for k in state):
         target = model.visual  # type: ignore[assignment]
     missing, unexpected = target.load_state_dict(state, strict=False)
+    if target is not model or any(k.startswith("text.") or k in ("logit_scale", "logit_bias") for k in missing):
+        setattr(model, _TEXT_MISSING, True)
     missing_visual = [k for k in missing if target is not model or k.startswith("visual.")]
     if missing_visual or unexpected:
         raise ModelLoadError(

@@ -151,6 +151,8 @@ class Manifest:
     compile_seconds: dict[str, float] = field(default_factory=dict)
     input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
     format_version: int = FORMAT_VERSION
+    # The text tower's graphs (models/text_neuron.py), or {} for an image-only artifact.
+    text: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -187,6 +189,7 @@ class Manifest:
             "compiler_args": self.compiler_args,
             "versions": self.versions,
             "cache_key": self.cache_key[:12],
+            "text_buckets": self.text.get("buckets", []),
             "created_at": self.created_at,
         }
 
@@ -204,7 +207,8 @@ def read_manifest(directory: Path) -> Manifest:
         manifest = Manifest.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError) as exc:
         raise ArtifactError(f"{path} is not a valid manifest: {exc}") from None
-    absent = [name for name in manifest.files.values() if not (directory / name).is_file()]
+    names = [*manifest.files.values(), *manifest.text.get("files", {}).values()]
+    absent = [name for name in names if not (directory / name).is_file()]
     if absent:
         raise ArtifactError(f"artifact {directory} is incomplete: {absent} missing; compile it again")
     return manifest

@@ -33,6 +33,8 @@ from models.manifest import (ArtifactError, Manifest, WeightsDigest, artifact_na
                              digest_weights, is_complete, read_manifest)
 from models.neuron_sdk import LNC_ENV, VALID_LNC, LncMismatch, require_torch_neuronx, runtime_lnc, sdk_versions
 from models.settings import ModelSettings
+from models.text import load_text_tower, text_context_length
+from models.text_neuron import text_cache_inputs, trace_text_buckets
 
 log = logging.getLogger("siglip_serve.compile")
 
@@ -114,10 +116,13 @@ class CompileResult:
 
 def make_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path,
               versions: dict[str, str | None], embedder: ImageEmbedder | None = None,
-              download: bool = True) -> CompilePlan:
+              download: bool = True, text: dict[str, Any] | None = None) -> CompilePlan:
     image_size, _ = model_geometry(settings.model)
     weights = digest_weights(settings, embedder, download)
+    # Text graphs (--text) join the key only when asked for: image-only artifacts keep their keys.
+    extra = {"text": text} if text else {}
     key = cache_key({
+        **extra,
         "model": settings.model,
         "weights_sha256": weights.sha256,
         "image_size": list(image_size),
@@ -193,14 +198,17 @@ def _publish(work: Path, final: Path, force: bool) -> bool:
 
 
 def compile_artifact(settings: ModelSettings, options: CompileOptions,
-                     cache_root: Path = DEFAULT_CACHE_ROOT, force: bool = False) -> CompileResult:
-    """Compile every bucket into `cache_root/<model>-lnc<N>-<key12>/`, or reuse it if complete."""
+                     cache_root: Path = DEFAULT_CACHE_ROOT, force: bool = False, text: bool = False) -> CompileResult:
+    """Compile every bucket into `cache_root/<model>-lnc<N>-<key12>/`, or reuse it if complete.
+
+    text: also one graph per text bucket (models/text_neuron.py), in the same directory and manifest."""
     neuronx = require_torch_neuronx()
     versions = sdk_versions(neuronx)
     # Random weights are hashed from the built model; file weights are hashed first, so a reused
     # artifact never pays for building the model.
     loaded = load_embedder(settings) if settings.uses_random_weights else None
-    plan = make_plan(settings, options, cache_root, versions, loaded[0] if loaded else None)
+    text_key = text_cache_inputs(settings, text_context_length(settings.model)) if text else None
+    plan = make_plan(settings, options, cache_root, versions, loaded[0] if loaded else None, text_key)
     if not force and is_complete(plan.artifact_dir):
         log.info("reusing %s: same model, weights, buckets, compiler args and versions (key %s)",
                  plan.artifact_dir, plan.key[:12])
@@ -219,6 +227,11 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
         # under inference mode; seed 000 traced with no grad context at all.
         with runtime_lnc_as(options.lnc), torch.no_grad():
             seconds = _trace_buckets(neuronx, embedder, plan, work)
+            text_entry = {}
+            if text:
+                text_embedder, _, text_info = load_text_tower(settings, with_tokenizer=False)
+                text_entry = trace_text_buckets(neuronx, text_embedder, text_info, settings.text_buckets,
+                                                options.compiler_args(), work)
         shutil.rmtree(work / "workdir", ignore_errors=True)
         manifest = Manifest(
             model=settings.model, weights=plan.weights.as_dict(), image_size=list(plan.image_size),
@@ -226,6 +239,7 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
             auto_cast_type=options.auto_cast_type if options.auto_cast != "none" else None,
             target=options.target, compiler_args=options.compiler_args(), versions=versions,
             cache_key=plan.key, files={str(b): bucket_file(b) for b in plan.buckets}, compile_seconds=seconds,
+            text=text_entry,
         )
         manifest.write(work)
     except BaseException:
@@ -268,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--link", type=Path, help="also point this symlink at the artifact (stable path for configs)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON; needs no Neuron SDK")
     parser.add_argument("--force", action="store_true", help="recompile even if a complete artifact exists")
+    parser.add_argument("--text", action="store_true",
+                        help="also compile the text tower, one graph per --text-buckets size (for /v1/classify and text)")
+    parser.add_argument("--text-buckets", help="text batch sizes, e.g. 1,2,4,8,16,32 (default)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -285,12 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args, **({"text_buckets": args.text_buckets} if args.text_buckets else {}))
         options = options_from_args(args)
         if args.dry_run:
             print(json.dumps(dry_run_plan(settings, options, args.cache_root).as_json(), indent=2))
             return 0
-        result = compile_artifact(settings, options, args.cache_root, force=args.force)
+        result = compile_artifact(settings, options, args.cache_root, force=args.force, text=args.text)
         if args.link is not None:
             point_link(args.link, result.artifact_dir)
             log.info("%s -> %s", args.link, result.artifact_dir)

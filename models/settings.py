@@ -39,15 +39,21 @@ class ModelSettings(BaseModel):
     cuda_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     # cuda: capture one CUDA graph per bucket. Off until measured on a GPU (see models/backends/cuda.py).
     cuda_graphs: bool = False
+    # The text tower's tokenizer: a local directory with the model's HF tokenizer files (tokenizer.json,
+    # tokenizer_config.json), optionally open_clip_config.json. None: tiny-siglip's bundled one, else
+    # open_clip's tokenizer for the model (from the Hugging Face cache or hub). See models/text.py.
+    tokenizer: Path | None = None
+    # Batch sizes of the text tower (texts per forward pass, at the model's fixed context length).
+    text_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
-    @field_validator("buckets", mode="before")
+    @field_validator("buckets", "text_buckets", mode="before")
     @classmethod
     def _parse_buckets(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(int(part) for part in value.replace(" ", "").split(",") if part)
         return value
 
-    @field_validator("buckets")
+    @field_validator("buckets", "text_buckets")
     @classmethod
     def _check_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
         if not value:
@@ -66,6 +72,8 @@ class ModelSettings(BaseModel):
             raise ValueError(f"{TINY_MODEL} always runs with random weights; --checkpoint is for real SigLIP models")
         if self.checkpoint is not None and not self.checkpoint.is_file():
             raise ValueError(f"checkpoint file not found: {self.checkpoint}")
+        if self.tokenizer is not None and not self.tokenizer.is_dir():
+            raise ValueError(f"tokenizer directory not found: {self.tokenizer}")
         return self
 
     @property

@@ -14,6 +14,7 @@ from models.loading import model_geometry
 from serve.config import ConfigError, ServiceConfig
 from serve.encoder_deployment import encoder_deployment
 from serve.ingress import IngressDeployment
+from serve.text_deployment import text_deployment, text_neuron_cores
 
 log = logging.getLogger("siglip_serve")
 
@@ -33,7 +34,8 @@ def resolve_replicas(config: ServiceConfig) -> int:
             "replicas: auto found no neuron_cores in the Ray cluster; start Ray with "
             "--resources='{\"neuron_cores\": N}' (N = logical cores: trn2.3xlarge LNC=2 -> 4, LNC=1 -> 8)"
         )
-    return cores // max(config.cores_per_replica, 1)
+    # Text replicas (opt-in on neuron) take NeuronCores of their own.
+    return (cores - config.text_replica_count * text_neuron_cores(config)) // max(config.cores_per_replica, 1)
 
 
 def build(config: ServiceConfig) -> Application:
@@ -48,9 +50,10 @@ def build(config: ServiceConfig) -> Application:
         ray_actor_options={"num_cpus": config.ingress_num_cpus},
         max_ongoing_requests=INGRESS_MAX_ONGOING,
     )
-    log.info("application: %s on %s, %d encoder replica(s), buckets %s",
-             config.model, config.backend, replicas, list(config.buckets))
-    return ingress.bind(encoder, config, replicas, model)
+    text = text_deployment(config).bind(config) if config.text_replica_count else None
+    log.info("application: %s on %s, %d encoder replica(s), buckets %s, %d text replica(s)",
+             config.model, config.backend, replicas, list(config.buckets), config.text_replica_count)
+    return ingress.bind(encoder, config, replicas, model, text)
 
 
 class AppRefused(RayServeException):

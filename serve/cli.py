@@ -147,7 +147,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
             config = ServiceConfig.from_args(settings)
             config.resolve_api_key(os.environ)  # an unreadable key file stops us here, not in a replica
             from models.encoder import check_backend_available
-            from serve.runner import preflight_weights, run_service
+            from serve.runner import preflight_tokenizer, preflight_weights, run_service
 
             # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now,
             # not a replica crash later.
@@ -156,6 +156,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
             if placeholder is not None:
                 placeholder.set_stage("checking the model weights")
             preflight_weights(config)
+            preflight_tokenizer(config)
             code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
                                args.metrics_host, placeholder, began)
             # Ray is stopped and every log flushed; the interpreter's own teardown would then wait

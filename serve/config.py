@@ -66,6 +66,18 @@ class ServiceConfig(ModelSettings):
     # Prefer SIGLIP_API_KEY (environment) or api_key_file: a key in args shows in the Serve config.
     api_key: SecretStr | None = None
     api_key_file: str | None = None
+    # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
+    # batcher, so texts never queue behind images nor images behind texts. None: 1 replica on cpu; 0
+    # (text off) on cuda and neuron, where a text replica needs a GPU / NeuronCore of its own (and on
+    # neuron an artifact compiled with --text). 0 turns the text routes off (404).
+    text_replicas: int | None = Field(default=None, ge=0)
+    text_num_cpus: float = Field(default=0.5, ge=0)
+    # Texts (or classify labels) in one request, and characters in one text, checked before tokenizing.
+    max_texts_per_request: int = Field(default=64, ge=1)
+    max_text_chars: int = Field(default=1000, ge=1)
+    # Classify prompts (label in template) whose text embeddings each ingress keeps, least recently
+    # used out first: a fixed label set is embedded once, not per request. 0: no cache.
+    classify_cache_size: int = Field(default=4096, ge=0)
     # Environment variables of every encoder replica (Ray runtime_env), e.g. NEURON_LOGICAL_NC_CONFIG
     # or NEURON_RT_* settings on trn2. Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
     env_vars: dict[str, str] = Field(default_factory=dict)
@@ -86,6 +98,12 @@ class ServiceConfig(ModelSettings):
         if self.neuron_cores_per_replica is not None:
             return self.neuron_cores_per_replica
         return 1 if self.backend in ("neuron", "neuron-native") else 0
+
+    @property
+    def text_replica_count(self) -> int:
+        if self.text_replicas is not None:
+            return self.text_replicas
+        return 1 if self.backend == "cpu" else 0
 
     @property
     def image_limits(self) -> ImageLimits:

@@ -30,6 +30,8 @@ class ErrorType(str, Enum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     INVALID_REQUEST = "invalid_request"
     TOO_MANY_IMAGES = "too_many_images"
+    TOO_MANY_TEXTS = "too_many_texts"
+    TEXT_TOO_LONG = "text_too_long"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     NOT_READY = "not_ready"

@@ -40,6 +40,7 @@ from serve.http_body import HeaderLimits, multipart_files, read_body, render_emb
 from serve.metrics import IngressMetrics
 from serve.openapi import install_openapi
 from serve.replica_logging import configure_replica_logging
+from serve.text_routes import TextRoutes, input_kind
 
 log = logging.getLogger("siglip_serve.ingress")
 
@@ -75,9 +76,11 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
 
 
-class Ingress:
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any]) -> None:
+class Ingress(TextRoutes):
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
+                 text_encoder: DeploymentHandle | None = None) -> None:
         configure_replica_logging(config.log_level)
+        self._init_text(text_encoder, config)
         self.encoder = encoder
         self.config = config
         self.expected_replicas = replicas
@@ -352,9 +355,17 @@ class IngressDeployment(Ingress):
             single = isinstance(parsed.input, str)
             items = [parsed.input] if single else list(parsed.input)
             if not items:
-                raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image is needed")
-            return await self._serve_images(request, "embeddings", items, _json_labels(len(items), single),
-                                            deadline, parsed.encoding_format)
+                raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image or text is needed")
+            labels = _json_labels(len(items), single)
+            if input_kind(items, labels) == "text":
+                return await self.serve_texts(items, labels, parsed.encoding_format)
+            return await self._serve_images(request, "embeddings", items, labels, deadline, parsed.encoding_format)
+
+    @app.post("/v1/classify")
+    async def classify(self, request: Request) -> Response:
+        self._check_auth(request)
+        async with self._deadline() as deadline:
+            return await self.classify_request(request, deadline)
 
     @app.post("/v1/embeddings/image")
     async def embeddings_image(self, request: Request) -> Response:
@@ -391,6 +402,8 @@ class IngressDeployment(Ingress):
             "replicas_expected": self.expected_replicas,
             "replicas_min_ready": self.min_ready,
             "replicas": replicas,
+            "modalities": self.modalities,
+            "text": await self.text_info(wait_s=5.0),
         }
         return {"object": "list", "data": [entry]}
 

@@ -31,9 +31,10 @@ REQUEST_SECONDS = "siglip_request_seconds"
 FORWARD_SECONDS = "siglip_encoder_forward_seconds"
 BATCH_FILL_RATIO = "siglip_batch_fill_ratio"
 ENCODER_IMAGES = "siglip_encoder_images_total"
+TEXTS_EMBEDDED = "siglip_texts_embedded_total"
 METRIC_NAMES = (
     IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS,
-    FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES,
+    FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES, TEXTS_EMBEDDED,
 )
 
 # Decode + validate + resize of one image on one thread: ~3-7 ms for a 512x512 JPEG, ~20 ms for
@@ -60,7 +61,12 @@ FILL_BUCKETS = [0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
 
 
 # The `endpoint` label of siglip_images_embedded_total and siglip_request_seconds.
-ENDPOINTS = ("image", "multipart", "embeddings")
+ENDPOINTS = ("image", "multipart", "embeddings", "classify")
+# The `endpoint` label of siglip_texts_embedded_total: text inputs and classify labels (and of
+# siglip_request_seconds for those requests: "text", "classify").
+TEXT_ENDPOINTS = ("embeddings", "classify")
+# The `tower` label of siglip_encoder_forward_seconds and siglip_batch_fill_ratio.
+TOWERS = ("image", "text")
 
 
 def start_at_zero(counter: metrics.Counter, tags: dict[str, str] | None = None) -> None:
@@ -102,42 +108,55 @@ class IngressMetrics:
             tag_keys=("endpoint", "status"),
         )
 
+        self.texts_embedded = metrics.Counter(
+            TEXTS_EMBEDDED,
+            description="Texts answered with an embedding, or classify labels scored (counted per request).",
+            tag_keys=("endpoint",),
+        )
+
         for reason in ErrorType:
             start_at_zero(self.requests_rejected, {"reason": reason.value})
         for endpoint in ENDPOINTS:
             start_at_zero(self.images_embedded, {"endpoint": endpoint})
+        for endpoint in TEXT_ENDPOINTS:
+            start_at_zero(self.texts_embedded, {"endpoint": endpoint})
 
     def rejected(self, reason: str) -> None:
         self.requests_rejected.inc(1, tags={"reason": reason})
 
 
 class EncoderMetrics:
-    def __init__(self) -> None:
+    """A replica's forward passes; `tower` is "image" (the Encoder) or "text" (the TextEncoder)."""
+
+    def __init__(self, tower: str = "image") -> None:
         core = replica_core_label()
+        self.tower = tower
         self.forward_seconds = metrics.Histogram(
             FORWARD_SECONDS,
-            description="One forward pass of a compiled batch bucket.",
+            description="One forward pass of a compiled batch bucket, by tower (image or text).",
             boundaries=FORWARD_BUCKETS_S,
-            tag_keys=("bucket", "neuron_core"),
+            tag_keys=("bucket", "neuron_core", "tower"),
         )
         self.batch_fill = metrics.Histogram(
             BATCH_FILL_RATIO,
-            description="Real images divided by the bucket size of each forward pass.",
+            description="Real inputs (images or texts) divided by the bucket size of each forward pass.",
             boundaries=FILL_BUCKETS,
-            tag_keys=("neuron_core",),
+            tag_keys=("neuron_core", "tower"),
         )
         self.images = metrics.Counter(
             ENCODER_IMAGES,
             description="Images run through this replica's model (per-replica throughput).",
             tag_keys=("neuron_core",),
         )
-        self.forward_seconds.set_default_tags({"neuron_core": core})
-        self.batch_fill.set_default_tags({"neuron_core": core})
+        self.forward_seconds.set_default_tags({"neuron_core": core, "tower": tower})
+        self.batch_fill.set_default_tags({"neuron_core": core, "tower": tower})
         self.images.set_default_tags({"neuron_core": core})
-        start_at_zero(self.images)
+        if tower == "image":
+            start_at_zero(self.images)
 
-    def forward(self, bucket: int, images: int, seconds: float) -> None:
+    def forward(self, bucket: int, items: int, seconds: float) -> None:
         """The encoder's `forward_observer`: called after every forward pass, warm-up excluded."""
         self.forward_seconds.observe(seconds, tags={"bucket": str(bucket)})
-        self.batch_fill.observe(images / bucket)
-        self.images.inc(images)
+        self.batch_fill.observe(items / bucket)
+        if self.tower == "image":
+            self.images.inc(items)

@@ -69,10 +69,26 @@ def preflight_weights(config: ServiceConfig) -> None:
         ) from None
 
 
+def preflight_tokenizer(config: ServiceConfig) -> None:
+    """Load the text tower's tokenizer once, here, so a missing one fails in a second with the fix,
+    not as a text replica that never starts. Nothing to do with text off."""
+    if config.text_replica_count == 0:
+        return
+    import open_clip
+
+    from models.loading import _register_tiny
+    from models.text import load_tokenizer
+
+    _register_tiny()
+    cfg = open_clip.get_model_config(config.model) or {}
+    load_tokenizer(config.model_settings(), cfg.get("text_cfg", {}))
+
+
 def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]:
     """CPUs to declare so every replica fits even on a 2-core machine (Ray's CPUs are logical)."""
     count = replicas if replicas is not None else 1
-    needed = count * config.encoder_num_cpus + config.ingress_replicas * config.ingress_num_cpus
+    needed = (count * config.encoder_num_cpus + config.ingress_replicas * config.ingress_num_cpus
+              + config.text_replica_count * config.text_num_cpus)
     return {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed))}
 
 

@@ -166,7 +166,8 @@ def test_body_over_byte_limit_is_413(client: httpx.Client) -> None:
 
 def test_json_errors_name_the_item(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
     good = base64.b64encode(photo_jpegs[0]).decode()
-    error = assert_error(client.post("/v1/embeddings", json={"input": [good, "not base64!!"]}), 400, "invalid_base64")
+    error = assert_error(client.post("/v1/embeddings", json={"input": [good, "data:image/jpeg;base64,not base64!!"]}),
+                         400, "invalid_base64")
     assert "input[1]" in error["message"]
     bad_image = base64.b64encode(b"\x00" * 100).decode()
     error = assert_error(client.post("/v1/embeddings", json={"input": [good, good, bad_image]}), 400, "invalid_image")

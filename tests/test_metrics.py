@@ -230,7 +230,7 @@ def _good_requests(jpegs: list[bytes]) -> list[tuple[str, Callable[[httpx.Client
 BAD_REQUESTS: list[tuple[str, int, Callable[[httpx.Client, list[bytes]], httpx.Response]]] = [
     ("invalid_image", 3, lambda c, j: c.post("/v1/embeddings/image", content=b"\x00\x01garbage" * 50,
                                              headers={"Content-Type": "image/jpeg"})),
-    ("invalid_base64", 2, lambda c, j: c.post("/v1/embeddings", json={"input": "not base64 at all!!"})),
+    ("invalid_base64", 2, lambda c, j: c.post("/v1/embeddings", json={"input": "data:image/png;base64,not base64 at all!!"})),
     ("too_many_images", 2, lambda c, j: c.post("/v1/embeddings", json={"input": [_b64(j[0])] * (MAX_IMAGES + 1)})),
     ("unsupported_media_type", 2, lambda c, j: c.post("/v1/embeddings/image", content=b"<html></html>",
                                                       headers={"Content-Type": "text/html"})),

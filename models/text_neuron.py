@@ -1,0 +1,93 @@
+"""The text tower on Neuron: one compiled graph per text bucket at the model's fixed context length,
+in the same artifact directory and manifest as the image tower (`siglip-serve compile --text`).
+
+SigLIP's text tower takes int64 token ids [bucket, context_length] with no padding mask (it pools
+the last position), so every bucket is one static shape, which is what neuronx-cc compiles best.
+The manifest's `text` entry holds the context length, buckets, files and the checkpoint's logit
+scale and bias; the tokenizer is not compiled: it loads from `tokenizer` (models/text.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from models.manifest import ArtifactError
+from models.settings import ModelSettings
+from models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def text_bucket_file(bucket: int) -> str:
+    return f"text-bucket-{bucket}.pt"
+
+
+def text_cache_inputs(settings: ModelSettings, context_length: int) -> dict[str, Any]:
+    """What the text graphs add to the artifact's cache key (absent for image-only artifacts)."""
+    return {"buckets": list(settings.text_buckets), "context_length": context_length, "input": {"dtype": "int64"}}
+
+
+def trace_text_buckets(neuronx: ModuleType, embedder: TextEmbedder, info: TextInfo, buckets: tuple[int, ...],
+                       compiler_args: list[str], work: Path) -> dict[str, Any]:
+    """Trace and save one graph per text bucket into `work`; returns the manifest's `text` entry."""
+    seconds: dict[str, float] = {}
+    for i, bucket in enumerate(buckets, start=1):
+        example = torch.zeros((bucket, info.context_length), dtype=torch.int64)
+        log.info("[text %d/%d] bucket %d: compiling %s", i, len(buckets), bucket, list(example.shape))
+        began = time.monotonic()
+        traced = neuronx.trace(embedder, example, compiler_args=list(compiler_args),
+                               compiler_workdir=str(work / "workdir" / f"text-bucket-{bucket}"))
+        seconds[str(bucket)] = round(time.monotonic() - began, 3)
+        torch.jit.save(traced, str(work / text_bucket_file(bucket)))
+    return {
+        "context_length": info.context_length, "vocab_size": info.vocab_size, "embed_dim": info.embed_dim,
+        "buckets": list(buckets), "files": {str(b): text_bucket_file(b) for b in buckets},
+        "logit_scale": info.logit_scale, "logit_bias": info.logit_bias, "input": {"dtype": "int64"},
+        "compile_seconds": seconds,
+    }
+
+
+class NeuronTextEncoder(TextEncoder):
+    backend = "neuron"
+
+    def __init__(self, models: dict[int, torch.nn.Module], tokenizer: Tokenizer, info: TextInfo) -> None:
+        super().__init__(tokenizer, info, sorted(models))
+        self.models = models
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.models[int(ids.shape[0])](ids)
+
+
+def load_neuron_text_encoder(settings: ModelSettings) -> NeuronTextEncoder:
+    import open_clip
+
+    from models.backends.neuron import artifact_for
+    from models.loading import _register_tiny
+    from models.neuron_sdk import check_lnc, require_torch_neuronx
+
+    require_torch_neuronx()
+    directory, manifest = artifact_for(settings)
+    check_lnc(manifest.lnc, str(directory), None, manifest.target)
+    text = manifest.text
+    if not text:
+        raise ArtifactError(f"artifact {directory} has no text graphs; compile it with `siglip-serve compile --text` "
+                            "or set text_replicas: 0")
+    missing = [b for b in settings.text_buckets if str(b) not in text["files"]]
+    if missing:
+        raise ArtifactError(f"text buckets {missing} are not in artifact {directory} (compiled: {text['buckets']}); "
+                            f"serve a subset or compile with --text-buckets {','.join(map(str, settings.text_buckets))}")
+    _register_tiny()
+    cfg = open_clip.get_model_config(settings.model) or {}
+    tokenizer, source = load_tokenizer(settings, {**cfg.get("text_cfg", {}), "context_length": text["context_length"]})
+    info = TextInfo(model=manifest.model, embed_dim=int(text["embed_dim"]), context_length=int(text["context_length"]),
+                    vocab_size=int(text["vocab_size"]), logit_scale=float(text["logit_scale"]),
+                    logit_bias=float(text["logit_bias"]), tokenizer=source)
+    models = {b: torch.jit.load(str(directory / text["files"][str(b)])) for b in settings.text_buckets}
+    log.info("loaded text buckets %s from %s", sorted(models), directory)
+    return NeuronTextEncoder(models, tokenizer, info)

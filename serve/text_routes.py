@@ -1,0 +1,307 @@
+"""The ingress's text half: text inputs on /v1/embeddings and zero-shot /v1/classify (docs/http-api.md).
+
+Which `input` items are text: an item is an image when it is a data URI (`data:...`), or when it is
+at least MIN_BARE_IMAGE_CHARS characters of nothing but the base64 alphabet (A-Z a-z 0-9 + / - _,
+`=` padding at the end; no spaces or punctuation), i.e. bare base64; every other string is text.
+Bare base64 that is no valid image then fails as an image (400), as it always has. One request holds images or texts,
+never both (422 naming the rule). Texts are checked (empty, too long, too many) before any
+tokenizing, then sent in chunks of at most the largest text bucket to the TextEncoder deployment.
+"""
+
+# No `from __future__ import annotations`: FastAPI-facing types are resolved at runtime.
+import asyncio
+import base64
+import json
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ray.serve.handle import DeploymentHandle
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from serve.config import ServiceConfig
+from serve.encoder_deployment import DeadlineExceeded
+from serve.errors import ApiError, ErrorType, describe_validation
+from serve.http_body import read_body, safe_filename
+from serve.text_deployment import text_max_ongoing
+
+# No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
+MIN_BARE_IMAGE_CHARS = 32
+_BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
+DEFAULT_TEMPLATE = "{}"
+RULE = ("an item is an image when it is a data URI, or 32+ characters of only base64 characters "
+        "(no spaces); anything else is text")
+
+
+def is_image_item(item: str) -> bool:
+    """The text/image rule for one `input` string (see the module docstring)."""
+    stripped = item.strip()
+    if stripped[:5].lower() == "data:":
+        return True
+    return len(stripped) >= MIN_BARE_IMAGE_CHARS and _BARE_BASE64.fullmatch(stripped) is not None
+
+
+def input_kind(items: Sequence[str], labels: Sequence[str]) -> Literal["image", "text"]:
+    kinds = [is_image_item(item) for item in items]
+    if all(kinds):
+        return "image"
+    if not any(kinds):
+        return "text"
+    first_image, first_text = kinds.index(True), kinds.index(False)
+    raise ApiError(422, ErrorType.INVALID_REQUEST,
+                   f"{labels[first_image]} is an image and {labels[first_text]} is text: one request embeds images "
+                   f"or texts, not both ({RULE}); send them in separate requests")
+
+
+def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConfig, what: str = "texts") -> None:
+    """Limits before any tokenizing: count (422), empty (422), characters per text (413)."""
+    if len(texts) > config.max_texts_per_request:
+        raise ApiError(422, ErrorType.TOO_MANY_TEXTS,
+                       f"{len(texts)} {what} in one request; the limit is {config.max_texts_per_request}")
+    for text, label in zip(texts, labels):
+        if not text.strip():
+            raise ApiError(422, ErrorType.INVALID_REQUEST, f"{label}: text is empty")
+        if len(text) > config.max_text_chars:
+            raise ApiError(413, ErrorType.TEXT_TOO_LONG,
+                           f"{label}: text is {len(text)} characters, over the {config.max_text_chars}-character limit")
+
+
+def render_text_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) -> Response:
+    if encoding_format == "base64":
+        rows: list[Any] = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
+    else:
+        rows = embeddings.astype(np.float32).tolist()
+    body = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
+        "model": model,
+        "usage": {"images": 0, "texts": len(rows), "prompt_tokens": 0, "total_tokens": 0},
+    }
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+class ClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str]
+    labels: list[str] = Field(min_length=1)
+    template: str = DEFAULT_TEMPLATE
+    model: str | None = None
+
+
+def zero_shot(images: np.ndarray, texts: np.ndarray, scale: float, bias: float) -> np.ndarray:
+    """SigLIP's per-pair probability: sigmoid(scale * cos + bias), [n_images, n_labels]."""
+    logits = scale * (images.astype(np.float64) @ texts.astype(np.float64).T) + bias
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
+def prompts_of(labels: Sequence[str], template: str) -> list[str]:
+    if template.count("{}") != 1:
+        raise ApiError(422, ErrorType.INVALID_REQUEST,
+                       "template must contain '{}' exactly once, where each label goes (e.g. \"a photo of {}\")")
+    if len(set(labels)) != len(labels):
+        raise ApiError(422, ErrorType.INVALID_REQUEST, "labels must be distinct")
+    # str.replace, not str.format: braces in a label are text, never a format field.
+    return [template.replace("{}", label) for label in labels]
+
+
+async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:
+    """File parts (filename, bytes) and text fields of an already size-checked multipart body."""
+
+    async def replay() -> Any:
+        yield body
+
+    parser = MultiPartParser(request.headers, replay())
+    parser.spool_max_size = len(body) + 1
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise ApiError(400, ErrorType.INVALID_REQUEST, f"malformed multipart body: {exc.message}") from None
+    files: list[tuple[str, bytes]] = []
+    fields: dict[str, list[str]] = {}
+    try:
+        for key, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                files.append((value.filename or "", await value.read()))
+            else:
+                fields.setdefault(key, []).append(value)
+    finally:
+        await form.close()
+    return files, fields
+
+
+class TextRoutes:
+    """Mixed into the ingress: uses its config, metrics, auth, readiness, image decode and encode."""
+
+    config: ServiceConfig
+    model: dict[str, Any]
+    metrics: Any
+
+    def _init_text(self, text_encoder: DeploymentHandle | None, config: ServiceConfig) -> None:
+        self.text_encoder = text_encoder
+        self.text_inflight_calls = 0
+        self.max_text_inflight_calls = config.text_replica_count * text_max_ongoing(config) + config.max_queued_requests
+        self._text_info: dict[str, Any] | None = None
+        self._prompt_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    @property
+    def modalities(self) -> list[str]:
+        return ["image", "text"] if self.text_encoder is not None else ["image"]
+
+    def _require_text(self) -> DeploymentHandle:
+        if self.text_encoder is None:
+            raise ApiError(404, ErrorType.NOT_FOUND,
+                           "this service serves no text tower (text_replicas: 0); send images, or enable text")
+        return self.text_encoder
+
+    async def text_info(self, wait_s: float | None = None) -> dict[str, Any] | None:
+        """The text replica's description (context length, tokenizer, logit scale and bias), cached."""
+        if self.text_encoder is None:
+            return None
+        if self._text_info is None:
+            try:
+                # Bounded: /v1/models must answer while a text replica is still loading.
+                self._text_info = await asyncio.wait_for(self.text_encoder.describe.remote(), timeout=wait_s)
+            except asyncio.TimeoutError:
+                return None
+        return self._text_info
+
+    async def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+        handle = self._require_text()
+        step = self.config.text_buckets[-1]
+        chunks = [list(texts[start: start + step]) for start in range(0, len(texts), step)]
+        if self.text_inflight_calls + len(chunks) > self.max_text_inflight_calls:
+            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later",
+                           {"Retry-After": str(self.config.retry_after_s)})
+        self.text_inflight_calls += len(chunks)
+        deadline = time.time() + self.config.request_timeout_s
+        responses = [handle.embed.remote(chunk, deadline) for chunk in chunks]
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*responses), timeout=self.config.request_timeout_s)
+        except (asyncio.TimeoutError, DeadlineExceeded):
+            results = None
+        except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the one we answer
+            if not isinstance(getattr(exc, "cause", None), DeadlineExceeded):
+                raise
+            results = None
+        finally:
+            self.text_inflight_calls -= len(chunks)
+        if results is None:
+            for response in responses:
+                response.cancel()
+            raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
+                           f"request did not finish within {self.config.request_timeout_s:g} s")
+        return np.concatenate(results)
+
+    async def embed_prompts(self, prompts: Sequence[str]) -> np.ndarray:
+        """Text embeddings of classify prompts: cached ones from the LRU cache, the rest encoded once."""
+        found: dict[str, np.ndarray] = {}
+        for prompt in prompts:
+            if prompt in self._prompt_cache:
+                self._prompt_cache.move_to_end(prompt)
+                found[prompt] = self._prompt_cache[prompt]
+        # Snapshot before the await: a concurrent request may evict entries meanwhile.
+        missing = [p for p in dict.fromkeys(prompts) if p not in found]
+        if missing:
+            for prompt, row in zip(missing, await self.encode_texts(missing)):
+                found[prompt] = row
+                if self.config.classify_cache_size:
+                    self._prompt_cache[prompt] = row
+            while len(self._prompt_cache) > self.config.classify_cache_size:
+                self._prompt_cache.popitem(last=False)
+        return np.stack([found[p] for p in prompts])
+
+    async def _timed(self, endpoint: str, work: Any) -> Response:
+        began = time.perf_counter()
+        status = "200"
+        try:
+            return await work
+        except ApiError as exc:
+            status = str(exc.status)
+            raise
+        except asyncio.CancelledError:
+            status = "499"
+            raise
+        except Exception:
+            status = "500"
+            raise
+        finally:
+            self.metrics.request_seconds.observe(time.perf_counter() - began,
+                                                 tags={"endpoint": endpoint, "status": status})
+
+    async def serve_texts(self, texts: Sequence[str], labels: Sequence[str], encoding_format: str) -> Response:
+        async def work() -> Response:
+            self._require_text()
+            check_texts(texts, labels, self.config)
+            embeddings = await self.encode_texts(texts)
+            self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": "embeddings"})
+            return render_text_embeddings(embeddings, self.model["name"], encoding_format)
+
+        return await self._timed("text", work())
+
+    async def classify_request(self, request: Request, deadline: float) -> Response:
+        """/v1/classify's body, under the ingress's auth check and deadline (`time.monotonic()`)."""
+        self._require_text()
+        body = await read_body(request, self.config.max_body_bytes)
+        content_type = (request.headers.get("content-type") or "").lower()
+        if content_type.startswith("multipart/form-data"):
+            files, fields = await multipart_form(request, body)
+            if not files:
+                raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
+            items: list[bytes | str] = [data for _, data in files]
+            image_labels = [f"file[{i}]" + (f" ({safe_filename(name)})" if name else "")
+                            for i, (name, _) in enumerate(files)]
+            labels = fields.get("labels", [])
+            template = (fields.get("template") or [DEFAULT_TEMPLATE])[-1]
+            if not labels:
+                raise ApiError(422, ErrorType.INVALID_REQUEST, "labels: give one or more `labels` form fields")
+        else:
+            try:
+                parsed = ClassifyRequest.model_validate_json(body)
+            except ValidationError as exc:
+                raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
+            if parsed.model is not None and parsed.model != self.model["name"]:
+                raise ApiError(422, ErrorType.INVALID_REQUEST,
+                               f"model {parsed.model!r} is not served here; this service serves {self.model['name']!r}")
+            single = isinstance(parsed.input, str)
+            items = [parsed.input] if single else list(parsed.input)  # type: ignore[list-item]
+            image_labels = ["input"] if single else [f"input[{i}]" for i in range(len(items))]
+            labels, template = parsed.labels, parsed.template
+        return await self._timed("classify", self._classify(items, image_labels, labels, template, deadline))
+
+    async def _classify(self, items: Sequence[bytes | str], image_labels: Sequence[str], labels: Sequence[str],
+                        template: str, deadline: float) -> Response:
+        if not items:
+            raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image is needed")
+        if len(items) > self.config.max_images_per_request:
+            raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
+                           f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
+        prompts = prompts_of(labels, template)
+        check_texts(prompts, [f"labels[{i}]" for i in range(len(prompts))], self.config, what="labels")
+        info = await self.text_info(wait_s=max(0.0, deadline - time.monotonic()))
+        if info is None:
+            raise ApiError(503, ErrorType.NOT_READY, "the text encoder is still loading; retry later",
+                           {"Retry-After": str(self.config.retry_after_s)})
+        # The image half takes its place in the bounded queue (503 now when full) before decoding.
+        async with self._admitted(len(items)):  # type: ignore[attr-defined]
+            images = await self._prepare_all(items, image_labels)  # type: ignore[attr-defined]
+            image_embeddings, text_embeddings = await asyncio.gather(
+                self._encode(images, deadline),  # type: ignore[attr-defined]
+                self.embed_prompts(prompts))
+        scores = zero_shot(image_embeddings, text_embeddings, float(info["logit_scale"]), float(info["logit_bias"]))
+        self.metrics.images_embedded.inc(len(items), tags={"endpoint": "classify"})
+        self.metrics.texts_embedded.inc(len(prompts), tags={"endpoint": "classify"})
+        data = []
+        for i, row in enumerate(scores):
+            order = sorted(range(len(labels)), key=lambda j: -row[j])  # stable: ties keep label order
+            data.append({"object": "classification", "index": i,
+                         "labels": [{"label": labels[j], "score": float(row[j])} for j in order]})
+        body = {"object": "list", "data": data, "model": self.model["name"], "template": template,
+                "usage": {"images": len(items), "texts": len(prompts)}}
+        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")

@@ -1,0 +1,248 @@
+"""The text tower in-process: tokenizer from a local dir, parity with open_clip, buckets, the input rule."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.loading import ModelLoadError, _register_tiny, load_embedder
+from models.settings import ModelSettings
+from models.text import BUNDLED_TINY_TOKENIZER, create_text_encoder, load_text_tower
+from serve.errors import ApiError
+from serve.text_routes import input_kind, is_image_item, prompts_of, zero_shot
+from tests.conftest import jpeg_bytes
+from tests.text_helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, small_tokenizer
+
+TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
+         " ".join(["photo"] * 40)]
+
+
+def open_clip_reference(model_name: str, tokenizer_dir: Path, checkpoint: Path | None = None):
+    import open_clip
+
+    _register_tiny()
+    torch.manual_seed(0)
+    model = open_clip.create_model(model_name, pretrained=None).eval()
+    if checkpoint is not None:
+        model.load_state_dict(torch.load(checkpoint, weights_only=True))
+    return model, open_clip.get_tokenizer(f"local-dir:{tokenizer_dir}")
+
+
+def test_tiny_text_embeddings_match_open_clip_encode_text() -> None:
+    encoder = create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1))
+    model, tokenizer = open_clip_reference("tiny-siglip", BUNDLED_TINY_TOKENIZER)
+    ids = tokenizer(TEXTS)
+    assert torch.equal(encoder.tokenize(TEXTS), ids)  # open_clip's own tokenizer, offline
+    assert ids.shape == (len(TEXTS), 16)
+    ours = encoder.encode(TEXTS)
+    with torch.no_grad():
+        ref = model.encode_text(ids, normalize=True).numpy()
+    assert ours.dtype == np.float32 and ours.shape == (len(TEXTS), 64)
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    assert np.min(np.sum(ours * ref, axis=1)) >= 0.9999
+    assert encoder.info.logit_scale == pytest.approx(float(model.logit_scale.exp()))
+    assert encoder.info.logit_bias == pytest.approx(float(model.logit_bias))
+
+
+def test_zero_shot_probabilities_match_open_clip(photos: list[np.ndarray]) -> None:
+    from models.preprocess import preprocess_image
+
+    settings = ModelSettings(model="tiny-siglip", torch_threads=1)
+    encoder = create_text_encoder(settings)
+    embedder, info = load_embedder(settings)
+    images = np.stack([preprocess_image(jpeg_bytes(p), info.image_size) for p in photos[:3]])
+    with torch.no_grad():
+        image_emb = embedder(torch.from_numpy(images)).numpy()
+    ours = zero_shot(image_emb, encoder.encode(TEXTS), encoder.info.logit_scale, encoder.info.logit_bias)
+
+    model, tokenizer = open_clip_reference("tiny-siglip", BUNDLED_TINY_TOKENIZER)
+    with torch.no_grad():
+        ref_img = model.encode_image(embedder.scale * torch.from_numpy(images).float() + embedder.shift, normalize=True)
+        ref = torch.sigmoid(model.logit_scale.exp() * ref_img @ model.encode_text(tokenizer(TEXTS), normalize=True).T
+                            + model.logit_bias).numpy()
+    flat_ours, flat_ref = ours.ravel(), ref.ravel().astype(np.float64)
+    assert np.dot(flat_ours, flat_ref) / (np.linalg.norm(flat_ours) * np.linalg.norm(flat_ref)) >= 0.9999
+    np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-9)
+
+
+def test_batches_pad_to_buckets_and_split_past_the_largest() -> None:
+    encoder = create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1, text_buckets=(1, 4)))
+    texts = [f"photo {i}" for i in range(7)]
+    together = encoder.encode(texts)
+    assert encoder.forward_counts == {1: 0, 4: 2}
+    alone = np.concatenate([encoder.encode([t]) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5)  # padding rows never leak into real ones
+    assert encoder.forward_counts[1] == 7
+
+
+def test_forced_checkpoint_and_a_tokenizer_built_here(tmp_path: Path) -> None:
+    checkpoint = forced_checkpoint(tmp_path / "forced.pt", winner="dog")
+    tokenizer_dir = small_tokenizer(tmp_path / "tok")
+    settings = ModelSettings(model=CHECKPOINT_MODEL, checkpoint=checkpoint, tokenizer=tokenizer_dir, torch_threads=1)
+    encoder = create_text_encoder(settings)
+    assert encoder.info.tokenizer == f"local:{tokenizer_dir}"
+    model, tokenizer = open_clip_reference(CHECKPOINT_MODEL, tokenizer_dir, checkpoint)
+    prompts = prompts_of(list(LABEL_WORDS), "a photo of {}")
+    with torch.no_grad():
+        ref = model.encode_text(tokenizer(prompts), normalize=True).numpy()
+    assert np.min(np.sum(encoder.encode(prompts) * ref, axis=1)) >= 0.9999
+    embedder, _ = load_embedder(settings)
+    with torch.no_grad():
+        image = embedder(torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)).numpy()
+    scores = zero_shot(image, encoder.encode(prompts), encoder.info.logit_scale, encoder.info.logit_bias)
+    assert [LABEL_WORDS[j] for j in scores.argmax(axis=1)] == ["dog", "dog"]
+    assert scores[0, LABEL_WORDS.index("dog")] > 0.99 and np.delete(scores[0], LABEL_WORDS.index("dog")).max() < 0.01
+
+
+def test_a_tokenizer_dir_without_open_clip_config_uses_the_models_settings(tmp_path: Path) -> None:
+    directory = small_tokenizer(tmp_path / "tok")
+    (directory / "open_clip_config.json").unlink()
+    encoder = create_text_encoder(ModelSettings(model="tiny-siglip", tokenizer=directory, torch_threads=1))
+    assert encoder.tokenize(["A Photo, of a CAT!"]).shape == (1, 16)
+
+
+def test_tokenizer_and_checkpoint_problems_are_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tokenizer directory not found"):
+        ModelSettings(model="tiny-siglip", tokenizer=tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="cannot load the tokenizer from .*set tokenizer: DIR"):
+        create_text_encoder(ModelSettings(model="tiny-siglip", tokenizer=tmp_path / "empty"))
+    # An image-tower-only checkpoint has no text weights: refuse to serve a random text tower.
+    import open_clip
+
+    _register_tiny()
+    model = open_clip.create_model(CHECKPOINT_MODEL, pretrained=None)
+    torch.save(model.visual.state_dict(), tmp_path / "visual.pt")
+    with pytest.raises(ModelLoadError, match="no text-tower weights"):
+        load_text_tower(ModelSettings(model=CHECKPOINT_MODEL, checkpoint=tmp_path / "visual.pt"))
+
+
+def test_input_rule_tells_images_from_texts(photo_jpegs: list[bytes]) -> None:
+    from PIL import Image
+    import io
+
+    bare = base64.b64encode(photo_jpegs[0]).decode()
+    assert is_image_item("data:image/jpeg;base64," + bare) and is_image_item(bare)
+    assert is_image_item("data:,anything")  # a data URI is always an image (and fails as one if bad)
+    for fmt in ("PNG", "GIF", "BMP", "TIFF", "WEBP"):
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buf, format=fmt)
+        assert is_image_item(base64.b64encode(buf.getvalue()).decode()), fmt
+    assert is_image_item(base64.urlsafe_b64encode(photo_jpegs[0]).decode())
+    assert is_image_item(base64.b64encode(b"\x00" * 100).decode())  # bare base64: an image, if a bad one
+    for text in ("a photo of a cat", "cat", "supercalifragilistic", "/9j/", bare[:31], "not base64!!",
+                 "https://example.com/cat.jpg", "hello world " * 10):
+        assert not is_image_item(text), text
+    assert input_kind([bare, bare], ["input[0]", "input[1]"]) == "image"
+    assert input_kind(["cat", "dog"], ["input[0]", "input[1]"]) == "text"
+    with pytest.raises(ApiError) as mixed:
+        input_kind(["cat", bare], ["input[0]", "input[1]"])
+    assert mixed.value.status == 422 and "input[1] is an image and input[0] is text" in mixed.value.message
+
+
+def test_prompt_template_rules() -> None:
+    assert prompts_of(["cat", "{x}"], "a photo of {}") == ["a photo of cat", "a photo of {x}"]
+    for template, labels in (("no slot", ["cat"]), ("{} and {}", ["cat"]), ("{}", ["cat", "cat"])):
+        with pytest.raises(ApiError) as error:
+            prompts_of(labels, template)
+        assert error.value.status == 422
+
+
+def test_text_config_defaults_and_limits() -> None:
+    from serve.config import ConfigError, ServiceConfig
+    from serve.text_deployment import text_neuron_cores
+
+    assert ServiceConfig.from_args({"model": "tiny-siglip"}).text_replica_count == 1
+    for backend in ("cuda", "neuron"):
+        assert ServiceConfig.from_args({"model": "tiny-siglip", "backend": backend}).text_replica_count == 0
+    neuron = ServiceConfig.from_args({"model": "tiny-siglip", "backend": "neuron", "text_replicas": 1})
+    assert neuron.text_replica_count == 1 and text_neuron_cores(neuron) == 1
+    simulated = ServiceConfig.from_args({"model": "tiny-siglip", "neuron_cores_per_replica": 1})
+    assert text_neuron_cores(simulated) == 0  # only the neuron backend puts text on a NeuronCore
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "text_buckets": "1,8", "max_text_chars": 10})
+    assert config.model_settings().text_buckets == (1, 8) and config.max_text_chars == 10
+    for bad in ({"text_replicas": -1}, {"max_texts_per_request": 0}, {"text_buckets": [0]}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            ServiceConfig.from_args({"model": "tiny-siglip", **bad})
+
+
+def test_text_off_answers_404_and_lists_only_images() -> None:
+    import asyncio
+
+    from serve.config import ServiceConfig
+    from serve.text_routes import TextRoutes
+
+    routes = TextRoutes()
+    routes._init_text(None, ServiceConfig.from_args({"model": "tiny-siglip", "text_replicas": 0}))
+    assert routes.modalities == ["image"] and asyncio.run(routes.text_info()) is None
+    with pytest.raises(ApiError) as error:
+        asyncio.run(routes.encode_texts(["cat"]))
+    assert error.value.status == 404 and "text_replicas: 0" in error.value.message
+
+
+def test_run_refuses_a_missing_tokenizer_before_ray(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    out = subprocess.run([str(Path(sys.executable).parent / "siglip-serve"), "run", "--model", "tiny-siglip", "--set",
+                          f"tokenizer={tmp_path / 'empty'}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "cannot load the tokenizer" in out.stderr and "set tokenizer: DIR" in out.stderr
+    assert "Started a local Ray" not in out.stderr
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype, bar", [("fp32", 0.9999), ("bf16", 0.999)])
+def test_cuda_text_encoder_matches_the_cpu_one(dtype: str, bar: float) -> None:
+    cpu = create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1)).encode(TEXTS)
+    cuda = create_text_encoder(ModelSettings(model="tiny-siglip", backend="cuda", cuda_dtype=dtype))
+    assert cuda.backend == "cuda"
+    assert np.min(np.sum(cuda.encode(TEXTS) * cpu, axis=1)) >= bar
+
+
+class RecordingTextHandle:
+    """Stands in for the TextEncoder deployment handle (`embed.remote(texts, deadline)`, awaitable),
+    answering a fixed embedding per text and recording every call. It does not prove Serve's routing,
+    batching or deadlines (tests/test_text_http.py runs the real deployment)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.embed = self
+
+    def remote(self, texts: list[str], deadline: float) -> "asyncio.Future[np.ndarray]":
+        import asyncio
+        import zlib
+
+        self.calls.append(list(texts))
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        future.set_result(np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(4) for t in texts]))
+        return future
+
+
+def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
+    import asyncio
+
+    from serve.config import ServiceConfig
+    from serve.text_routes import TextRoutes
+
+    handle = RecordingTextHandle()
+    routes = TextRoutes()
+    routes.config = ServiceConfig.from_args({"model": "tiny-siglip", "classify_cache_size": 3})
+    routes._init_text(handle, routes.config)  # type: ignore[arg-type]
+
+    async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        first = await routes.embed_prompts(["cat", "dog"])
+        again = await routes.embed_prompts(["dog", "cat", "car"])
+        evicted = await routes.embed_prompts(["bird", "cat"])
+        return first, again, evicted
+
+    first, again, evicted = asyncio.run(scenario())
+    assert handle.calls == [["cat", "dog"], ["car"], ["bird"]]
+    np.testing.assert_array_equal(again[:2], first[::-1])
+    np.testing.assert_array_equal(evicted[1], first[0])
+    assert list(routes._prompt_cache) == ["car", "cat", "bird"]  # "dog", least recently used, went first

@@ -1,0 +1,179 @@
+"""Text embeddings and /v1/classify end to end, against the real application on tiny-siglip under Ray."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from models.settings import ModelSettings
+from models.text import TextEncoder, create_text_encoder
+from serve.text_routes import zero_shot
+from tests.conftest import API_KEY, ServeCluster, TinyReference, deploy
+from tests.test_http_api import assert_error, cosine
+from tests.text_helpers import CHECKPOINT_MODEL, forced_checkpoint, small_tokenizer
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def client(main_app: str) -> httpx.Client:
+    with httpx.Client(base_url=main_app, headers=AUTH, timeout=TIMEOUT) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def text_reference() -> TextEncoder:
+    return create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1))
+
+
+def text_embeddings(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == "tiny-siglip"
+    assert body["usage"]["texts"] == len(body["data"]) and body["usage"]["images"] == 0
+    assert [item["index"] for item in body["data"]] == list(range(len(body["data"])))
+    return np.array([item["embedding"] for item in body["data"]], dtype=np.float32)
+
+
+def data_uri(jpeg: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+
+
+def test_text_embeddings_match_the_in_process_text_tower(client: httpx.Client, text_reference: TextEncoder) -> None:
+    texts = ["a photo of a cat", "rocket", "Coffee, black!"]
+    got = text_embeddings(client.post("/v1/embeddings", json={"input": texts, "model": "tiny-siglip"}))
+    want = text_reference.encode(texts)
+    assert got.shape == (3, 64)
+    for row, ref in zip(got, want):
+        assert cosine(row, ref) >= 0.9999
+    single = text_embeddings(client.post("/v1/embeddings", json={"input": "rocket"}))
+    assert single.shape == (1, 64) and cosine(single[0], want[1]) >= 0.9999
+    encoded = client.post("/v1/embeddings", json={"input": ["rocket"], "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(encoded["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, single[0], atol=1e-7)
+    # More texts than the largest text bucket (32) travel in several chunks, answered in order.
+    many = [f"photo {i}" for i in range(40)]
+    np.testing.assert_allclose(text_embeddings(client.post("/v1/embeddings", json={"input": many})),
+                               text_reference.encode(many), atol=1e-5)
+
+
+def test_text_input_errors(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
+    image = base64.b64encode(photo_jpegs[0]).decode()
+    mixed = assert_error(client.post("/v1/embeddings", json={"input": ["a cat", image]}), 422, "invalid_request")
+    assert "input[1] is an image and input[0] is text" in mixed["message"] and "not both" in mixed["message"]
+    empty = assert_error(client.post("/v1/embeddings", json={"input": ["cat", "  "]}), 422, "invalid_request")
+    assert "input[1]" in empty["message"]
+    long = assert_error(client.post("/v1/embeddings", json={"input": ["x " * 600]}), 413, "text_too_long")
+    assert "1000-character limit" in long["message"]
+    many = assert_error(client.post("/v1/embeddings", json={"input": ["cat"] * 65}), 422, "too_many_texts")
+    assert "64" in many["message"]
+    assert_error(client.post("/v1/embeddings", json={"input": ["cat", 3]}), 422, "invalid_request")
+    assert_error(client.post("/v1/embeddings", json={"input": {"text": "cat"}}), 422, "invalid_request")
+
+
+def test_models_lists_modalities_and_the_text_tower(client: httpx.Client) -> None:
+    (model,) = client.get("/v1/models").json()["data"]
+    assert model["modalities"] == ["image", "text"]
+    text = model["text"]
+    assert text["context_length"] == 16 and text["text_buckets"] == [1, 2, 4, 8, 16, 32]
+    assert text["tokenizer"].endswith("tiny-siglip-tokenizer") and text["logit_bias"] == -10.0
+
+
+def test_classify_scores_are_siglips_sigmoid(client: httpx.Client, photo_jpegs: list[bytes],
+                                             tiny_reference: TinyReference, text_reference: TextEncoder) -> None:
+    labels = ["cat", "rocket", "coffee", "astronaut"]
+    response = client.post("/v1/classify", json={"input": [data_uri(photo_jpegs[0]), data_uri(photo_jpegs[3])],
+                                                 "labels": labels, "template": "a photo of {}"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "tiny-siglip" and body["template"] == "a photo of {}"
+    assert body["usage"] == {"images": 2, "texts": 4}
+    # The server's own image embeddings (its JPEG decode is checked against open_clip in test_http_api).
+    served = client.post("/v1/embeddings", json={"input": [data_uri(photo_jpegs[i]) for i in (0, 3)]}).json()
+    images = np.array([item["embedding"] for item in served["data"]], dtype=np.float32)
+    for row, i in zip(images, (0, 3)):
+        assert cosine(row, tiny_reference.embed(photo_jpegs[i])) >= 0.9999
+    info = text_reference.info
+    want = zero_shot(images, text_reference.encode([f"a photo of {x}" for x in labels]), info.logit_scale, info.logit_bias)
+    for item, row in zip(body["data"], want):
+        assert item["object"] == "classification"
+        scores = [entry["score"] for entry in item["labels"]]
+        assert scores == sorted(scores, reverse=True) and sorted(e["label"] for e in item["labels"]) == sorted(labels)
+        for entry in item["labels"]:
+            assert entry["score"] == pytest.approx(row[labels.index(entry["label"])], rel=1e-4, abs=1e-12)
+
+
+def test_classify_errors(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
+    image = data_uri(photo_jpegs[0])
+    assert_error(client.post("/v1/classify", json={"input": image, "labels": []}), 422, "invalid_request")
+    assert_error(client.post("/v1/classify", json={"input": image}), 422, "invalid_request")
+    slot = assert_error(client.post("/v1/classify", json={"input": image, "labels": ["cat"], "template": "a photo"}),
+                        422, "invalid_request")
+    assert "'{}'" in slot["message"]
+    assert_error(client.post("/v1/classify", json={"input": image, "labels": ["cat", "cat"]}), 422, "invalid_request")
+    assert_error(client.post("/v1/classify", json={"input": image, "labels": [str(i) for i in range(65)]}),
+                 422, "too_many_texts")
+    assert_error(client.post("/v1/classify", json={"input": image, "labels": ["y" * 1001]}), 413, "text_too_long")
+    bad = assert_error(client.post("/v1/classify", json={"input": [image, "data:image/jpeg;base64,AAAA"],
+                                                         "labels": ["cat"]}), 400, "invalid_image")
+    assert "input[1]" in bad["message"]
+    assert_error(client.post("/v1/classify", json={"input": image, "labels": ["cat"], "model": "other"}),
+                 422, "invalid_request")
+    assert_error(client.post("/v1/classify", files=[("labels", (None, "cat"))]), 400, "empty_body")
+    no_auth = httpx.post(f"{client.base_url}/v1/classify", json={"input": image, "labels": ["cat"]}, timeout=TIMEOUT)
+    assert_error(no_auth, 401, "unauthorized")
+
+
+@pytest.fixture(scope="module")
+def forced_app(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tiny-siglip-checkpoint built so that "cat" wins for every image, with a tokenizer built here."""
+    root: Path = tmp_path_factory.mktemp("forced")
+    checkpoint = forced_checkpoint(root / "forced.pt", winner="cat")
+    tokenizer = small_tokenizer(root / "tokenizer")
+    deploy("forced", "/forced", model=CHECKPOINT_MODEL, checkpoint=str(checkpoint), tokenizer=str(tokenizer),
+           replicas=1, encoder_num_cpus=0.5, text_num_cpus=0.5, torch_threads=1)
+    return f"{serve_cluster.base_url}/forced"
+
+
+def test_classify_answer_forced_by_construction(forced_app: str, photo_jpegs: list[bytes]) -> None:
+    labels = ["dog", "car", "cat", "tree"]
+    with httpx.Client(base_url=forced_app, timeout=TIMEOUT) as c:
+        as_json = c.post("/v1/classify", json={"input": [base64.b64encode(j).decode() for j in photo_jpegs[:3]],
+                                               "labels": labels, "template": "a photo of the {}"})
+        files = [("files", ("a.jpg", photo_jpegs[4], "image/jpeg"))] + [("labels", (None, x)) for x in labels]
+        as_multipart = c.post("/v1/classify", files=files)
+    for response, count in ((as_json, 3), (as_multipart, 1)):
+        assert response.status_code == 200, response.text
+        data = response.json()["data"]
+        assert len(data) == count
+        for item in data:
+            ranked = item["labels"]
+            assert ranked[0]["label"] == "cat" and ranked[0]["score"] == pytest.approx(0.9933, abs=1e-3)
+            assert sorted(e["label"] for e in ranked[1:]) == ["car", "dog", "tree"]
+            assert all(e["score"] < 0.01 for e in ranked[1:])
+
+
+def test_locust_text_and_classify_users_run_clean(main_app: str, tmp_path: Path) -> None:
+    """Both user classes, briefly, against the live tiny app: every checked answer a success."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SIGLIP_LOADTEST_API_KEY": API_KEY, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", "loadtest/text_locustfile.py", "--headless", "--host", main_app,
+         "-u", "2", "-r", "2", "-t", "6s", "--texts-per-request", "4", "--labels", "3", "--only-summary",
+         "--csv", str(tmp_path / "text"), "TextUser", "ClassifyUser"],
+        cwd=env["PYTHONPATH"], env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    with open(tmp_path / "text_stats.csv") as f:
+        rows = {row["Name"]: row for row in csv.DictReader(f)}
+    assert int(rows["text x4"]["Request Count"]) > 0 and int(rows["text x4"]["Failure Count"]) == 0
+    assert int(rows["classify x3"]["Request Count"]) > 0 and int(rows["classify x3"]["Failure Count"]) == 0

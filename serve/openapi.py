@@ -65,7 +65,8 @@ JSON_REQUEST_SCHEMA: dict[str, Any] = {
     "required": ["input"],
     "properties": {
         "input": {"oneOf": [
-            {"type": "string", "description": "a data URI (data:image/png;base64,...) or bare base64 image"},
+            {"type": "string", "description": "an image (a data URI, data:image/png;base64,..., or bare base64 of "
+                                              "32+ characters) or a text (anything else); all images or all texts"},
             {"type": "array", "items": {"type": "string"}, "minItems": 1},
         ]},
         "model": {"type": "string", "description": "optional; must name the served model"},
@@ -73,14 +74,46 @@ JSON_REQUEST_SCHEMA: dict[str, Any] = {
     },
 }
 
+CLASSIFY_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["input", "labels"],
+    "properties": {
+        "input": JSON_REQUEST_SCHEMA["properties"]["input"],
+        "labels": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "distinct labels"},
+        "template": {"type": "string", "default": "{}", "description": "with exactly one {}, e.g. 'a photo of {}'"},
+        "model": {"type": "string", "description": "optional; must name the served model"},
+    },
+}
+
+CLASSIFY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "data", "model"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
+        "data": {"type": "array", "items": {
+            "type": "object",
+            "required": ["index", "labels"],
+            "properties": {
+                "index": {"type": "integer", "minimum": 0},
+                "labels": {"type": "array", "description": "every label with its sigmoid probability, highest first",
+                           "items": {"type": "object", "properties": {"label": {"type": "string"},
+                                                                      "score": {"type": "number"}}}},
+            },
+        }},
+        "model": {"type": "string"},
+    },
+}
+
 _WHY = {
     400: "empty body, malformed multipart, or an image that cannot be decoded",
     401: "missing or wrong API key (only when the service has one)",
-    413: "body or image over the configured limit",
+    404: "texts or classify where the service runs no text tower",
+    413: "body, image, request pixels or text over the configured limit",
     415: "content type that is not an image",
-    422: "JSON that does not match the request schema, or too many images",
+    422: "JSON that does not match the request schema, too many images or texts, images mixed with texts",
+    431: "more than 100 headers, or more than 64 KiB of them",
     500: "unexpected server error (the message never echoes its cause)",
-    503: "not ready yet, or at capacity (Retry-After says when to retry)",
+    503: "not ready yet, shutting down, at capacity, or a replica lost (Retry-After says when to retry)",
     504: "the request did not finish within its deadline",
 }
 
@@ -98,7 +131,7 @@ def _ok(schema: dict[str, Any], description: str) -> dict[int | str, dict[str, A
     return {200: {"description": description, "content": {"application/json": {"schema": schema}}}}
 
 
-_EMBED_ERRORS = (400, 401, 413, 415, 422, 500, 503, 504)
+_EMBED_ERRORS = (400, 401, 404, 413, 415, 422, 431, 500, 503, 504)
 
 ROUTES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/embeddings"): {
@@ -119,6 +152,20 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
         }}},
         "responses": {**_ok(EMBEDDINGS_SCHEMA, "one embedding per image, in order"), **_errors(*_EMBED_ERRORS)},
     },
+    ("POST", "/v1/classify"): {
+        "summary": "Zero-shot classification: SigLIP's sigmoid probability of every label for every image",
+        "openapi_extra": {"requestBody": {"required": True, "content": {
+            "application/json": {"schema": CLASSIFY_REQUEST_SCHEMA},
+            "multipart/form-data": {"schema": {
+                "type": "object",
+                "properties": {"file": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                               "labels": {"type": "array", "items": {"type": "string"}},
+                               "template": {"type": "string"}},
+                "description": "image file parts, one `labels` field per label, optional `template`",
+            }},
+        }}},
+        "responses": {**_ok(CLASSIFY_SCHEMA, "per image, every label's probability"), **_errors(*_EMBED_ERRORS)},
+    },
     ("GET", "/v1/models"): {
         "summary": "The served model and every encoder replica",
         "responses": {**_ok({"type": "object", "required": ["object", "data"]}, "model list"),
@@ -130,7 +177,7 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
                       **_errors(500)},
     },
     ("GET", "/readyz"): {
-        "summary": "200 once every encoder replica has loaded and warmed its model, 503 before",
+        "summary": "200 while at least min_ready_replicas encoder replicas are warm; 503 before and while draining",
         "responses": {**_ok({"type": "object", "required": ["status", "replicas"],
                              "properties": {"status": {"type": "string"}, "replicas": {"type": "integer"}}},
                             "ready"), **_errors(500, 503)},

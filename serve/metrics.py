@@ -116,13 +116,13 @@ class EncoderMetrics:
         core = replica_core_label()
         self.forward_seconds = metrics.Histogram(
             FORWARD_SECONDS,
-            description="One forward pass of a compiled batch bucket.",
+            description="One forward pass; bucket = the batch size run (eager backends run real sizes).",
             boundaries=FORWARD_BUCKETS_S,
             tag_keys=("bucket", "neuron_core"),
         )
         self.batch_fill = metrics.Histogram(
             BATCH_FILL_RATIO,
-            description="Real images divided by the bucket size of each forward pass.",
+            description="Real images divided by the batch size of each forward pass (1.0 on eager backends).",
             boundaries=FILL_BUCKETS,
             tag_keys=("neuron_core",),
         )

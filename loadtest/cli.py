@@ -20,12 +20,16 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from loadtest.corpus import ENDPOINTS, CorpusError, image_files
 from loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
+from loadtest.server_cpu import ServerCpu
 from loadtest.summary import EXIT_ERROR, build_summary, format_summary
 
 log = logging.getLogger("siglip_loadtest")
@@ -169,6 +173,19 @@ def expected_seconds(args: argparse.Namespace) -> float:
     return planned
 
 
+def local_server(host: str) -> ServerCpu | None:
+    """The service's process tree when it runs on this machine (its CPU per image is then measured)."""
+    url = urllib.parse.urlsplit(host)
+    if url.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        return ServerCpu.listening_on(port)
+    except (LookupError, psutil.AccessDenied) as exc:
+        log.info("server CPU will not be measured: %s", exc)
+        return None
+
+
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     settings = {k: v for k, v in vars(args).items() if k not in ("api_key", "func")}
     settings["api_key"] = bool(args.api_key)
@@ -194,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
         except MetricsError as exc:
             log.warning("%s; the cross-check will be unavailable", exc)
 
+    server = local_server(args.host)
+    cpu_before = server.snapshot() if server else None
+
     cmd = locust_command(args, out)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     if args.api_key:
@@ -218,8 +238,14 @@ def run(args: argparse.Namespace) -> int:
                             args.metrics_tolerance, args.metrics_wait)
     outputs = {"summary": str(out / "summary.json"), "results": str(results_path), "html": str(out / "locust.html"),
                "csv": sorted(str(p) for p in out.glob("locust_*.csv"))}
+    server_cpu = None
+    if server and cpu_before is not None:
+        window = ServerCpu.between(cpu_before, server.snapshot())
+        per_image = window.per_image_ms(int(results.get("images") or 0))
+        server_cpu = {"ms_per_image": per_image.pop("total"), "ms_per_image_by_kind": per_image,
+                      "seconds": window.total_seconds, "processes": window.processes}
     summary = build_summary(results, settings_of(args), outputs, check, args.max_fail_ratio, args.max_p99_ms,
-                            args.p99_target_ms, args.step_max_fail_ratio)
+                            args.p99_target_ms, args.step_max_fail_ratio, server_cpu)
     if completed.returncode not in (0, 1):
         summary["notes"].append(f"Locust exited with {completed.returncode}")
         summary["exit_code"] = EXIT_ERROR

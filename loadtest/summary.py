@@ -7,6 +7,8 @@ summary.json (every key always present; null where it does not apply):
     saturation {users, images_per_second, latency_ms, fail_ratio, p99_target_ms} | null
     steps [{users, seconds, images, requests, failures, fail_ratio, images_per_second, latency_ms}]
     server   what GET /v1/models said: id, embedding_dim, backend, lnc, buckets, replicas, ...
+    server_cpu {ms_per_image, ms_per_image_by_kind {proxy, ingress, encoder, ...}, seconds, processes} | null
+             the whole service process tree's CPU over the run, when the service runs on this machine
     client   the machine that ran Locust
     metrics_check  see loadtest.promtext.cross_check | null
     thresholds {max_fail_ratio, max_p99_ms, breached: [...]}
@@ -43,7 +45,8 @@ def breached_thresholds(results: dict[str, Any], max_fail_ratio: float | None,
 
 def build_summary(results: dict[str, Any], settings: dict[str, Any], outputs: dict[str, Any],
                   metrics_check: dict[str, Any] | None, max_fail_ratio: float | None,
-                  max_p99_ms: float | None, p99_target_ms: float, step_max_fail_ratio: float) -> dict[str, Any]:
+                  max_p99_ms: float | None, p99_target_ms: float, step_max_fail_ratio: float,
+                  server_cpu: dict[str, Any] | None = None) -> dict[str, Any]:
     requests = int(results.get("requests") or 0)
     failures = int(results.get("failures") or 0)
     steps = list(results.get("windows") or [])
@@ -61,6 +64,7 @@ def build_summary(results: dict[str, Any], settings: dict[str, Any], outputs: di
         "saturation": saturation(steps, p99_target_ms, step_max_fail_ratio),
         "steps": steps,
         "server": results.get("server"),
+        "server_cpu": server_cpu,
         "client": results.get("client"),
         "metrics_check": metrics_check,
         "thresholds": {"max_fail_ratio": max_fail_ratio, "max_p99_ms": max_p99_ms, "breached": breached},
@@ -88,6 +92,10 @@ def format_summary(summary: dict[str, Any]) -> str:
             sl = step["latency_ms"]
             lines.append(f"{step['users']:>6} {step['images_per_second']:>9.1f} {_fmt(sl['p50'], '.0f'):>8} "
                          f"{_fmt(sl['p95'], '.0f'):>8} {_fmt(sl['p99'], '.0f'):>8} {step['fail_ratio']:>7.3f}")
+    cpu = summary.get("server_cpu")
+    if cpu and cpu["ms_per_image"] is not None:
+        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in cpu["ms_per_image_by_kind"].items() if ms)
+        lines.append(f"server CPU per image: {cpu['ms_per_image']:.1f} ms ({kinds})")
     sat = summary["saturation"]
     if sat:
         lines.append(f"saturation: {sat['images_per_second']:.1f} img/s at {sat['users']} users "

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from loadtest.server_cpu import KINDS, ServerCpu
 from serve.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bench")
@@ -169,10 +170,19 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int,
         path, bodies = request_bodies(sample_photos(), images_per_request)
         url = f"http://127.0.0.1:{port}{path}"
         asyncio.run(_drive(url, bodies, max(levels), 2 * max(levels), images_per_request))  # warm the path
+        # Ray's processes are this process's children; this process is the client and is left out.
+        server = ServerCpu.of_children()
         rows = []
         for level in levels:
+            before = server.snapshot()
             row = asyncio.run(_drive(url, bodies, level, max(requests, level), images_per_request))
-            log.info("served at concurrency %d: %.1f img/s", level, row["images_per_second"])
+            window = ServerCpu.between(before, server.snapshot())
+            served = (row["requests"] - row["failures"]) * images_per_request
+            per_image = window.per_image_ms(served)
+            row["server_cpu_ms_per_image"] = per_image.pop("total")
+            row["server_cpu_ms_per_image_by_kind"] = per_image
+            log.info("served at concurrency %d: %.1f img/s, %.1f server CPU-ms per image", level,
+                     row["images_per_second"], row["server_cpu_ms_per_image"] or float("nan"))
             rows.append(row)
         return rows
     finally:
@@ -200,7 +210,11 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         result["served"] = bench_served(config, levels, args.requests, args.images_per_request)
         print_table(f"served over HTTP: {config.model}, {config.replicas} encoder replica(s), "
                     f"{args.images_per_request} image(s) per request",
-                    result["served"], ["concurrency", "images_per_second", "latency_p50_ms", "latency_p99_ms", "failures"])
+                    result["served"], ["concurrency", "images_per_second", "server_cpu_ms_per_image",
+                                       "latency_p50_ms", "latency_p99_ms", "failures"])
+        print_table("server CPU-ms per image by process kind (the whole service process tree)",
+                    [{"concurrency": row["concurrency"], **row["server_cpu_ms_per_image_by_kind"]}
+                     for row in result["served"]], ["concurrency", *KINDS])
     if args.multicore:
         from models.multicore_bench import format_comparison, format_workers, run_multicore
 

@@ -133,13 +133,13 @@ class EncoderMetrics:
         self.tower = tower
         self.forward_seconds = metrics.Histogram(
             FORWARD_SECONDS,
-            description="One forward pass of a compiled batch bucket, by tower (image or text).",
+            description="One forward pass, by tower (image or text); bucket = the batch size run.",
             boundaries=FORWARD_BUCKETS_S,
             tag_keys=("bucket", "neuron_core", "tower"),
         )
         self.batch_fill = metrics.Histogram(
             BATCH_FILL_RATIO,
-            description="Real inputs (images or texts) divided by the bucket size of each forward pass.",
+            description="Real inputs (images or texts) divided by the batch size of each forward pass.",
             boundaries=FILL_BUCKETS,
             tag_keys=("neuron_core", "tower"),
         )

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BIN = Path(sys.executable).parent
 
 
@@ -26,7 +28,14 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
     assert result["preprocess"]["images_per_second"] > 0 and result["preprocess"]["threads"] == 1
     assert [row["concurrency"] for row in result["served"]] == [1, 2]
     assert all(row["failures"] == 0 and row["images_per_request"] == 2 for row in result["served"])
+    for row in result["served"]:
+        # The service's process tree spent CPU on every image: the encoder and the ingress at least.
+        by_kind = row["server_cpu_ms_per_image_by_kind"]
+        assert row["server_cpu_ms_per_image"] == pytest.approx(sum(by_kind.values()))
+        assert row["server_cpu_ms_per_image"] > 0
+        assert by_kind["encoder"] > 0 and by_kind["ingress"] > 0 and by_kind["proxy"] > 0
     assert result["multicore"]["cores"] == 2 and len(result["multicore"]["workers"]) == 2
     assert 0 < result["served_over_bare"]
-    for title in ("bare encoder", "preprocessing", "served over HTTP", "multi-core", "served / bare"):
+    for title in ("bare encoder", "preprocessing", "served over HTTP", "server CPU-ms per image", "multi-core",
+                  "served / bare"):
         assert title in run.stdout

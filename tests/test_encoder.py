@@ -45,32 +45,57 @@ def random_images(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, 3, 64, 64), dtype=np.uint8)
 
 
-def test_padding_and_slicing_equal_one_by_one(tiny_encoder) -> None:
+@pytest.fixture(scope="module")
+def static_encoder():
+    """The same model run as a compiled backend runs it: only its bucket sizes, padded."""
+    encoder = create_encoder(ModelSettings(model="tiny-siglip", buckets=(1, 2, 4), torch_threads=1))
+    encoder.static_shapes = True
+    return encoder
+
+
+def test_padding_and_slicing_equal_one_by_one(static_encoder) -> None:
     images = random_images(7)
-    before = dict(tiny_encoder.forward_counts)
-    batched = tiny_encoder.encode(images)
+    before = dict(static_encoder.forward_counts)
+    batched = static_encoder.encode(images)
     # 7 images over buckets (1, 2, 4): 4 + 3 -> two forward passes of bucket 4.
-    assert tiny_encoder.forward_counts[4] - before[4] == 2
-    singles = np.concatenate([tiny_encoder.encode(images[i: i + 1]) for i in range(7)])
+    assert static_encoder.forward_counts[4] - before[4] == 2
+    singles = np.concatenate([static_encoder.encode(images[i: i + 1]) for i in range(7)])
     assert batched.shape == (7, 64) and batched.dtype == np.float32
     np.testing.assert_allclose(batched, singles, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
 
 
-def test_padding_does_not_leak_into_results(tiny_encoder) -> None:
+def test_padding_does_not_leak_into_results(static_encoder) -> None:
     images = random_images(3, seed=1)
-    alone = tiny_encoder.encode(images)
+    alone = static_encoder.encode(images)
     # The same 3 images padded with zeros in bucket 4 must give the same rows.
-    np.testing.assert_allclose(alone, tiny_encoder.encode(np.concatenate([images, random_images(1, 2)]))[:3], atol=1e-5)
+    np.testing.assert_allclose(alone, static_encoder.encode(np.concatenate([images, random_images(1, 2)]))[:3],
+                               atol=1e-5)
 
 
-def test_forward_observer_sees_bucket_and_real_count(tiny_encoder) -> None:
+def test_eager_cpu_runs_real_sizes_not_padded_buckets(tiny_encoder, static_encoder) -> None:
+    assert tiny_encoder.static_shapes is False and tiny_encoder.describe()["static_shapes"] is False
+    images = random_images(7, seed=3)
+    before = dict(tiny_encoder.forward_counts)
     seen = []
-    tiny_encoder.forward_observer = lambda bucket, n, seconds: seen.append((bucket, n, seconds > 0))
+    tiny_encoder.forward_observer = lambda size, n, seconds: seen.append((size, n))
     try:
-        tiny_encoder.encode(random_images(3))
+        eager = tiny_encoder.encode(images)
     finally:
         tiny_encoder.forward_observer = None
+    # Split as the buckets say (at most 4 a pass), but the tail of 3 runs as 3, not as 4.
+    assert seen == [(4, 4), (3, 3)]
+    assert tiny_encoder.forward_counts[3] - before.get(3, 0) == 1
+    np.testing.assert_allclose(eager, static_encoder.encode(images), atol=1e-5)
+
+
+def test_forward_observer_sees_bucket_and_real_count(static_encoder) -> None:
+    seen = []
+    static_encoder.forward_observer = lambda bucket, n, seconds: seen.append((bucket, n, seconds > 0))
+    try:
+        static_encoder.encode(random_images(3))
+    finally:
+        static_encoder.forward_observer = None
     assert seen == [(4, 3, True)]
 
 

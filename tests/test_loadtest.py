@@ -313,6 +313,10 @@ def test_constant_load_writes_every_output_and_agrees_with_server_metrics(
     check = summary["metrics_check"]
     assert check["agrees"] is True, check
     assert abs(check["server_images"] - summary["images"]) <= 0.05 * summary["images"]
+    # The service runs on this machine: its process tree's CPU per image is measured, Locust's is not.
+    cpu = summary["server_cpu"]
+    assert cpu["ms_per_image"] == pytest.approx(cpu["seconds"] * 1e3 / summary["images"])
+    assert cpu["ms_per_image_by_kind"]["encoder"] > 0 and cpu["ms_per_image_by_kind"]["proxy"] > 0
 
     name = request_name("multipart", 2)
     with open(out / "locust_stats.csv") as f:

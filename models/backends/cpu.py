@@ -31,6 +31,7 @@ def set_torch_threads(requested: int | None) -> int:
 
 class CpuEncoder(Encoder):
     backend = "cpu"
+    static_shapes = False
 
     def __init__(self, embedder: ImageEmbedder, info: ModelInfo, settings: ModelSettings) -> None:
         super().__init__(info, settings.buckets)

@@ -63,6 +63,8 @@ class CudaEncoder(Encoder):
         self.dtype = dtype
         self.embedder = embedder.to(device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # A CUDA graph replays one captured shape; without graphs, a batch runs at its real size.
+        self.static_shapes = settings.cuda_graphs
         if settings.cuda_graphs:
             for bucket in self.buckets:
                 self.graphs[bucket] = self._capture(bucket)

@@ -208,7 +208,7 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
     # artifact never pays for building the model.
     loaded = load_embedder(settings) if settings.uses_random_weights else None
     text_key = text_cache_inputs(settings, text_context_length(settings.model)) if text else None
-    plan = make_plan(settings, options, cache_root, versions, loaded[0] if loaded else None, text_key)
+    plan = make_plan(settings, options, cache_root, versions, loaded[0] if loaded else None, text=text_key)
     if not force and is_complete(plan.artifact_dir):
         log.info("reusing %s: same model, weights, buckets, compiler args and versions (key %s)",
                  plan.artifact_dir, plan.key[:12])

@@ -38,7 +38,7 @@ from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max
 from serve.errors import ApiError, ErrorType, describe_validation, error_response, install_error_handlers
 from serve.http_body import HeaderLimits, multipart_files, read_body, render_embeddings, safe_filename
 from serve.metrics import IngressMetrics
-from serve.openapi import install_openapi
+from serve.openapi import install_openapi, openapi_document
 from serve.replica_logging import configure_replica_logging
 from serve.text_routes import TextRoutes, input_kind
 
@@ -428,7 +428,8 @@ class IngressDeployment(Ingress):
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(self, request: Request) -> Response:
         self._check_auth(request)
-        return Response(json.dumps(app.openapi()), media_type="application/json")
+        # The app serving this request: in a replica, Serve's wrapper around a frozen copy of ours.
+        return Response(json.dumps(openapi_document(request.app)), media_type="application/json")
 
     @app.get("/docs", include_in_schema=False)
     async def docs(self, request: Request) -> Response:

@@ -14,7 +14,6 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.routing import APIRoute
 
 from serve.errors import ErrorType
 
@@ -185,33 +184,29 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-def _api_routes(routes: list[Any], prefix: str = "") -> list[tuple[APIRoute, str]]:
-    """Every APIRoute with its full path. Since FastAPI 0.137 included routers stay nested (an
-    `_IncludedRouter` node holding `original_router`), and `@serve.ingress` includes one."""
-    found = []
-    for route in routes:
-        if isinstance(route, APIRoute):
-            found.append((route, prefix + route.path))
-        elif hasattr(route, "original_router"):
-            context = getattr(route, "include_context", None)
-            found += _api_routes(route.original_router.routes, prefix + (getattr(context, "prefix", "") or ""))
-    return found
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    """The contract's document for the routes `app` serves.
+
+    FastAPI's document is completed here, path by path, rather than through the route objects: in
+    a Serve replica the app answering requests is Serve's wrapper around a frozen copy of ours,
+    whose generated routes do not carry attributes set on the originals."""
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                         description="The siglip-serve HTTP contract; see docs/http-api.md.")
+    for (method, path), doc in ROUTES.items():
+        operation = schema.get("paths", {}).get(path, {}).get(method.lower())
+        if operation is None:
+            continue
+        operation["summary"] = doc["summary"]
+        operation.update(doc.get("openapi_extra") or {})
+        operation["responses"] = {str(status): answer for status, answer in doc["responses"].items()}
+    schema["components"] = {**schema.get("components", {}), "securitySchemes": {
+        "bearer": {"type": "http", "scheme": "bearer", "description": "only when the service has an api_key"}}}
+    return schema
 
 
 def _document(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
-        for route, path in _api_routes(app.routes):
-            for method in route.methods:
-                doc = ROUTES.get((method, path))
-                if doc:
-                    route.summary = doc["summary"]
-                    route.openapi_extra = doc.get("openapi_extra")
-                    route.responses = doc["responses"]
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                             description="The siglip-serve HTTP contract; see docs/http-api.md.")
-        schema["components"] = {**schema.get("components", {}), "securitySchemes": {
-            "bearer": {"type": "http", "scheme": "bearer", "description": "only when the service has an api_key"}}}
-        app.openapi_schema = schema
+        app.openapi_schema = openapi_document(app)
     return app.openapi_schema
 
 

@@ -127,7 +127,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     port = free_port()
     metrics_port = free_port()
     ray.init(
-        num_cpus=8,
+        num_cpus=16,
         resources={"neuron_cores": TEST_NEURON_CORES},
         _node_ip_address="127.0.0.1",
         include_dashboard=False,
@@ -145,14 +145,22 @@ def serve_cluster() -> Iterator[ServeCluster]:
         ray.shutdown()
 
 
+# Applications a test module deployed; each module's are deleted when it ends (see _delete_module_apps),
+# so the session cluster's logical CPUs hold only the apps still in use.
+_DEPLOYED: list[str] = []
+
+
 def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> None:
-    """Build the real application from Serve-YAML-style args and run it under `route_prefix`."""
+    """Build the real application from Serve-YAML-style args and run it under `route_prefix`.
+
+    Text replicas are off unless a test asks for them (`text_replicas=1`): each costs a process."""
     from ray import serve
     from ray.serve.api import _run
 
     from serve.app import build_app
 
-    app = build_app({"model": "tiny-siglip", **args})
+    _DEPLOYED.append(name)
+    app = build_app({"model": "tiny-siglip", "text_replicas": 0, **args})
     if wait:
         serve.run(app, name=name, route_prefix=route_prefix)
     else:
@@ -160,11 +168,27 @@ def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> N
         _run(app, name=name, route_prefix=route_prefix, _blocking=False)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _delete_module_apps() -> Iterator[None]:
+    """Delete the apps a module deployed once it ends (the session's `main` app stays)."""
+    before = len(_DEPLOYED)
+    yield
+    names = [name for name in _DEPLOYED[before:] if name != "main"]
+    del _DEPLOYED[before:]
+    if names:
+        import ray
+        from ray import serve
+
+        if ray.is_initialized():
+            for name in dict.fromkeys(names):
+                serve.delete(name, _blocking=True)
+
+
 @pytest.fixture(scope="session")
 def main_app(serve_cluster: ServeCluster) -> str:
-    """tiny-siglip, one replica per declared NeuronCore, with an API key. Returns its base URL."""
+    """tiny-siglip, one replica per declared NeuronCore (and one text replica), with an API key."""
     deploy(
-        "main", "/", replicas=TEST_NEURON_CORES, neuron_cores_per_replica=1, api_key=API_KEY,
+        "main", "/", replicas=TEST_NEURON_CORES, neuron_cores_per_replica=1, api_key=API_KEY, text_replicas=1,
         encoder_num_cpus=0.5, batch_wait_timeout_s=0.01, torch_threads=1,
     )
     return serve_cluster.base_url

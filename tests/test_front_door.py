@@ -95,7 +95,8 @@ def test_a_heavy_request_within_limits_shares_decode_threads_fairly(budget_app: 
     response, seconds, (heavy_response, heavy_seconds) = small_request_beside(heavy, budget_app, small_jpeg)
     assert embeddings_of(response).shape == (1, 64)
     assert embeddings_of(heavy_response).shape == (64, 64)
-    assert seconds < 2.0 < heavy_seconds, (seconds, heavy_seconds)
+    # A FIFO pool would answer the small image about when the heavy request ends.
+    assert seconds < min(2.0, heavy_seconds / 4), (seconds, heavy_seconds)
 
 
 def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app: str) -> None:
@@ -119,7 +120,7 @@ def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app
 
 
 def test_the_deadline_covers_decoding_and_queueing(front_app: str) -> None:
-    image = grey16(3000)  # 9 MP: ~0.3-0.8 s of decoding each
+    image = grey16(5000)  # 25 MP: ~0.3-1 s of decoding each, on the app's one decode thread
     url = front_app + "/v1/embeddings/image"
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda _: timed_post(url, content=image, headers={"Content-Type": "image/png"}),
@@ -131,7 +132,7 @@ def test_the_deadline_covers_decoding_and_queueing(front_app: str) -> None:
     for response, seconds in results:
         if response.status_code == 504:
             assert "1.5" in assert_error(response, 504, "deadline_exceeded")["message"]
-        assert seconds < 1.5 + 1.5, seconds
+        assert seconds < 1.5 + 3.0, seconds  # the deadline, plus room for a loaded 2-core machine
 
 
 def test_a_stalled_body_is_answered_at_the_deadline(serve_cluster: ServeCluster, front_app: str) -> None:

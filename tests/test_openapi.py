@@ -20,7 +20,9 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def test_document_describes_bodies_and_errors(main_app: str) -> None:
-    doc = httpx.get(f"{main_app}/openapi.json", timeout=30).json()
+    # The document is behind the API key like every route but the probes (docs/http-api.md).
+    assert httpx.get(f"{main_app}/openapi.json", timeout=30).status_code == 401
+    doc = httpx.get(f"{main_app}/openapi.json", headers=AUTH, timeout=30).json()
     image = doc["paths"]["/v1/embeddings/image"]["post"]
     assert {"image/jpeg", "application/octet-stream", "multipart/form-data"} <= set(image["requestBody"]["content"])
     assert "application/json" in doc["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
@@ -37,7 +39,7 @@ def test_document_describes_bodies_and_errors(main_app: str) -> None:
 def test_live_app_conforms_to_its_openapi_document(main_app: str, mode: GenerationMode) -> None:
     # schemathesis's own pytest loader (from_fixture) does not run on this pytest, so its
     # strategy drives a plain Hypothesis test; 100 cases per mode over all five operations.
-    schema = schemathesis.openapi.from_url(f"{main_app}/openapi.json")
+    schema = schemathesis.openapi.from_url(f"{main_app}/openapi.json", headers=AUTH)
 
     @given(case=schema.as_strategy(generation_mode=mode))
     @settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))

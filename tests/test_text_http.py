@@ -136,7 +136,7 @@ def forced_app(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFac
     checkpoint = forced_checkpoint(root / "forced.pt", winner="cat")
     tokenizer = small_tokenizer(root / "tokenizer")
     deploy("forced", "/forced", model=CHECKPOINT_MODEL, checkpoint=str(checkpoint), tokenizer=str(tokenizer),
-           replicas=1, encoder_num_cpus=0.5, text_num_cpus=0.5, torch_threads=1)
+           replicas=1, encoder_num_cpus=0.5, text_replicas=1, text_num_cpus=0.5, torch_threads=1)
     return f"{serve_cluster.base_url}/forced"
 
 

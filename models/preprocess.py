@@ -318,9 +318,10 @@ def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: t
 
 
 # Past this much shrinking on an axis, a box reduce() first brings the image down to DRAFT_MARGIN x
-# the target, then bicubic finishes: the resampler's coefficient tables grow with the shrink
-# factor (a 39,000,000 -> 64 squash needs ~1.6 GB of them) and reduce() needs none.
-REDUCE_ABOVE = 16
+# the target, then bicubic finishes: the resampler's work and coefficient tables grow with the
+# shrink factor. 128x: only extreme shapes (a 16384-px side to a 64-px model); every photo to a
+# 224/384 model, even a 12 MP one, keeps open_clip's exact bicubic pixels.
+REDUCE_ABOVE = 128
 
 
 def _reduce_factors(src: tuple[int, int], dst: tuple[int, int]) -> tuple[int, int]:

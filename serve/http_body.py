@@ -70,8 +70,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-async def multipart_files(request: Request, body: bytes) -> list[tuple[str, bytes]]:
-    """(filename, bytes) of every file part, in order, from an already size-checked body."""
+async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:
+    """File parts (cleaned filename, bytes) in order, and text fields, of an already size-checked body."""
 
     async def replay() -> Any:
         yield body
@@ -83,13 +83,22 @@ async def multipart_files(request: Request, body: bytes) -> list[tuple[str, byte
         form = await parser.parse()
     except MultiPartException as exc:
         raise ApiError(400, ErrorType.INVALID_REQUEST, f"malformed multipart body: {exc.message}") from None
-    files = []
+    files: list[tuple[str, bytes]] = []
+    fields: dict[str, list[str]] = {}
     try:
-        for _, value in form.multi_items():
+        for key, value in form.multi_items():
             if isinstance(value, UploadFile):
                 files.append((safe_filename(value.filename or ""), await value.read()))
+            else:
+                fields.setdefault(key, []).append(value)
     finally:
         await form.close()
+    return files, fields
+
+
+async def multipart_files(request: Request, body: bytes) -> list[tuple[str, bytes]]:
+    """(filename, bytes) of every file part, in order; 400 when there is none."""
+    files, _ = await multipart_form(request, body)
     if not files:
         raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
     return files

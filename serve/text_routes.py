@@ -22,13 +22,11 @@ import numpy as np
 from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ray.serve.handle import DeploymentHandle
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 
 from serve.config import ServiceConfig
 from serve.encoder_deployment import DeadlineExceeded
 from serve.errors import ApiError, ErrorType, describe_validation
-from serve.http_body import read_body, safe_filename
+from serve.http_body import multipart_form, read_body
 from serve.text_deployment import text_max_ongoing
 
 # No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
@@ -109,31 +107,6 @@ def prompts_of(labels: Sequence[str], template: str) -> list[str]:
         raise ApiError(422, ErrorType.INVALID_REQUEST, "labels must be distinct")
     # str.replace, not str.format: braces in a label are text, never a format field.
     return [template.replace("{}", label) for label in labels]
-
-
-async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:
-    """File parts (filename, bytes) and text fields of an already size-checked multipart body."""
-
-    async def replay() -> Any:
-        yield body
-
-    parser = MultiPartParser(request.headers, replay())
-    parser.spool_max_size = len(body) + 1
-    try:
-        form = await parser.parse()
-    except MultiPartException as exc:
-        raise ApiError(400, ErrorType.INVALID_REQUEST, f"malformed multipart body: {exc.message}") from None
-    files: list[tuple[str, bytes]] = []
-    fields: dict[str, list[str]] = {}
-    try:
-        for key, value in form.multi_items():
-            if isinstance(value, UploadFile):
-                files.append((value.filename or "", await value.read()))
-            else:
-                fields.setdefault(key, []).append(value)
-    finally:
-        await form.close()
-    return files, fields
 
 
 class TextRoutes:
@@ -255,8 +228,7 @@ class TextRoutes:
             if not files:
                 raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
             items: list[bytes | str] = [data for _, data in files]
-            image_labels = [f"file[{i}]" + (f" ({safe_filename(name)})" if name else "")
-                            for i, (name, _) in enumerate(files)]
+            image_labels = [f"file[{i}]" + (f" ({name})" if name else "") for i, (name, _) in enumerate(files)]
             labels = fields.get("labels", [])
             template = (fields.get("template") or [DEFAULT_TEMPLATE])[-1]
             if not labels:

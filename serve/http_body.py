@@ -110,7 +110,8 @@ def safe_filename(name: str, limit: int = 64) -> str:
     return cleaned if len(cleaned) <= limit else cleaned[:limit] + "..."
 
 
-def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) -> Response:
+def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str, texts: int = 0) -> Response:
+    """The contract's embeddings answer; rows are text embeddings when `texts` counts them."""
     rows: Sequence[Any]
     if encoding_format == "base64":
         rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
@@ -120,6 +121,7 @@ def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) 
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
         "model": model,
-        "usage": {"images": len(rows), "prompt_tokens": 0, "total_tokens": 0},
+        "usage": ({"images": 0, "texts": texts, "prompt_tokens": 0, "total_tokens": 0} if texts
+                  else {"images": len(rows), "prompt_tokens": 0, "total_tokens": 0}),
     }
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")

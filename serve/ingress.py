@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Literal
@@ -284,20 +284,12 @@ class Ingress(TextRoutes):
             offset += len(chunk)
         return out
 
-    async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
-                            labels: Sequence[str], deadline: float, encoding_format: str = "float") -> Response:
+    async def _timed(self, endpoint: str, work: Awaitable[Response], deadline: float) -> Response:
+        """Await a route's work and observe siglip_request_seconds with the status it ended in."""
         began = time.perf_counter()
         status = "200"
         try:
-            if len(items) > self.config.max_images_per_request:
-                raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
-                               f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
-            async with self._admitted(len(items)):
-                images = await self._prepare_all(items, labels)
-                embeddings = await self._encode(images, deadline)
-            response = render_embeddings(embeddings, self.model["name"], encoding_format)
-            self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
-            return response
+            return await work
         except ApiError as exc:
             status = str(exc.status)
             raise
@@ -312,6 +304,21 @@ class Ingress(TextRoutes):
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - began,
                                                  tags={"endpoint": endpoint, "status": status})
+
+    async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
+                            labels: Sequence[str], deadline: float, encoding_format: str = "float") -> Response:
+        async def work() -> Response:
+            if len(items) > self.config.max_images_per_request:
+                raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
+                               f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
+            async with self._admitted(len(items)):
+                images = await self._prepare_all(items, labels)
+                embeddings = await self._encode(images, deadline)
+            response = render_embeddings(embeddings, self.model["name"], encoding_format)
+            self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
+            return response
+
+        return await self._timed(endpoint, work(), deadline)
 
 
 def _gathered(awaitables: Any) -> "asyncio.Future[list[Any]]":
@@ -358,7 +365,7 @@ class IngressDeployment(Ingress):
                 raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image or text is needed")
             labels = _json_labels(len(items), single)
             if input_kind(items, labels) == "text":
-                return await self.serve_texts(items, labels, parsed.encoding_format)
+                return await self.serve_texts(items, labels, parsed.encoding_format, deadline)
             return await self._serve_images(request, "embeddings", items, labels, deadline, parsed.encoding_format)
 
     @app.post("/v1/classify")

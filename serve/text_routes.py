@@ -10,7 +10,6 @@ tokenizing, then sent in chunks of at most the largest text bucket to the TextEn
 
 # No `from __future__ import annotations`: FastAPI-facing types are resolved at runtime.
 import asyncio
-import base64
 import json
 import re
 import time
@@ -26,7 +25,7 @@ from ray.serve.handle import DeploymentHandle
 from serve.config import ServiceConfig
 from serve.encoder_deployment import DeadlineExceeded
 from serve.errors import ApiError, ErrorType, describe_validation
-from serve.http_body import multipart_form, read_body
+from serve.http_body import multipart_form, read_body, render_embeddings
 from serve.text_deployment import text_max_ongoing
 
 # No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
@@ -68,20 +67,6 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConf
         if len(text) > config.max_text_chars:
             raise ApiError(413, ErrorType.TEXT_TOO_LONG,
                            f"{label}: text is {len(text)} characters, over the {config.max_text_chars}-character limit")
-
-
-def render_text_embeddings(embeddings: np.ndarray, model: str, encoding_format: str) -> Response:
-    if encoding_format == "base64":
-        rows: list[Any] = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
-    else:
-        rows = embeddings.astype(np.float32).tolist()
-    body = {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
-        "model": model,
-        "usage": {"images": 0, "texts": len(rows), "prompt_tokens": 0, "total_tokens": 0},
-    }
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
 class ClassifyRequest(BaseModel):
@@ -190,33 +175,16 @@ class TextRoutes:
                 self._prompt_cache.popitem(last=False)
         return np.stack([found[p] for p in prompts])
 
-    async def _timed(self, endpoint: str, work: Any) -> Response:
-        began = time.perf_counter()
-        status = "200"
-        try:
-            return await work
-        except ApiError as exc:
-            status = str(exc.status)
-            raise
-        except asyncio.CancelledError:
-            status = "499"
-            raise
-        except Exception:
-            status = "500"
-            raise
-        finally:
-            self.metrics.request_seconds.observe(time.perf_counter() - began,
-                                                 tags={"endpoint": endpoint, "status": status})
-
-    async def serve_texts(self, texts: Sequence[str], labels: Sequence[str], encoding_format: str) -> Response:
+    async def serve_texts(self, texts: Sequence[str], labels: Sequence[str], encoding_format: str,
+                          deadline: float) -> Response:
         async def work() -> Response:
             self._require_text()
             check_texts(texts, labels, self.config)
             embeddings = await self.encode_texts(texts)
             self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": "embeddings"})
-            return render_text_embeddings(embeddings, self.model["name"], encoding_format)
+            return render_embeddings(embeddings, self.model["name"], encoding_format, texts=len(texts))
 
-        return await self._timed("text", work())
+        return await self._timed("text", work(), deadline)  # type: ignore[attr-defined]
 
     async def classify_request(self, request: Request, deadline: float) -> Response:
         """/v1/classify's body, under the ingress's auth check and deadline (`time.monotonic()`)."""
@@ -245,7 +213,8 @@ class TextRoutes:
             items = [parsed.input] if single else list(parsed.input)  # type: ignore[list-item]
             image_labels = ["input"] if single else [f"input[{i}]" for i in range(len(items))]
             labels, template = parsed.labels, parsed.template
-        return await self._timed("classify", self._classify(items, image_labels, labels, template, deadline))
+        return await self._timed("classify",  # type: ignore[attr-defined]
+                                 self._classify(items, image_labels, labels, template, deadline), deadline)
 
     async def _classify(self, items: Sequence[bytes | str], image_labels: Sequence[str], labels: Sequence[str],
                         template: str, deadline: float) -> Response:

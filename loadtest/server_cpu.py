@@ -27,7 +27,7 @@ KINDS = ("proxy", "ingress", "encoder", "serve_controller", "ray_daemons", "othe
 
 
 def process_kind(cmdline: str) -> str:
-    if "ProxyActor" in cmdline or "haproxy" in cmdline:
+    if "ProxyActor" in cmdline or "haproxy" in cmdline.lower():  # Serve's proxy, HAProxy and its manager
         return "proxy"
     if "ServeReplica:" in cmdline:
         if ":Ingress" in cmdline:

@@ -152,13 +152,15 @@ async def _drive(url: str, bodies: list[tuple[bytes, str]], concurrency: int, re
 
 
 def bench_served(config: ServiceConfig, levels: list[int], requests: int,
-                 images_per_request: int = 1) -> list[dict[str, Any]]:
+                 images_per_request: int = 1, front_end: str = "haproxy") -> list[dict[str, Any]]:
     import ray
     from ray import serve
 
     from serve.app import build
+    from serve.haproxy_front import use_front_end
     from serve.runner import free_port, ray_resources
 
+    use_front_end(front_end, local_only=True)
     port = free_port()
     replicas = config.replicas if isinstance(config.replicas, int) else None
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace="siglip-bench",
@@ -207,7 +209,9 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
                     ["images", "images_per_second", "threads", "fast_jpeg_decode"])
     if "served" not in skip:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-        result["served"] = bench_served(config, levels, args.requests, args.images_per_request)
+        result["front_end"] = args.front_end
+        result["served"] = bench_served(config, levels, args.requests, args.images_per_request,
+                                       args.front_end)
         print_table(f"served over HTTP: {config.model}, {config.replicas} encoder replica(s), "
                     f"{args.images_per_request} image(s) per request",
                     result["served"], ["concurrency", "images_per_second", "server_cpu_ms_per_image",

@@ -23,6 +23,15 @@ DELEGATED = {
 }
 
 
+def add_front_end_option(parser: argparse.ArgumentParser) -> None:
+    from serve.haproxy_front import FRONT_ENDS
+
+    parser.add_argument("--front-end", choices=FRONT_ENDS, default="haproxy",
+                        help="HTTP front end of a Ray started here: haproxy (default: Serve's HAProxy mode, "
+                             "header limits and timeouts, about half the host CPU per image) or python "
+                             "(Serve's proxy actor)")
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", help="open_clip SigLIP config (default ViT-SO400M-14-SigLIP-384; tiny-siglip for tests)")
@@ -70,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where Prometheus scrapes from: 127.0.0.1 (default) keeps Ray's metrics port on "
                           "loopback; any other value makes Ray listen on every interface")
     run.add_argument("--address", help="join this Ray cluster instead of starting a local one")
+    add_front_end_option(run)
     run.add_argument("--neuron-cores", type=int,
                      help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
     run.add_argument("--api-key", help="require Authorization: Bearer KEY (shows in ps: prefer the "
@@ -94,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--skip", default="", help="comma list of parts to skip: encoder,preprocess,served")
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_front_end_option(bench)
 
     for name, (_, help_text) in DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -158,7 +169,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
             preflight_weights(config)
             preflight_tokenizer(config)
             code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
-                               args.metrics_host, placeholder, began)
+                               args.metrics_host, placeholder, began, args.front_end)
             # Ray is stopped and every log flushed; the interpreter's own teardown would then wait
             # ~7-10 s in Ray's native threads before the process ends (measured on SIGTERM).
             logging.shutdown()

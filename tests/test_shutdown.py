@@ -78,6 +78,17 @@ def test_metrics_port_listens_on_loopback_only(service: Service) -> None:
     assert httpx.get(f"http://127.0.0.1:{service.metrics_port}/metrics", timeout=10).status_code == 200
 
 
+def test_every_front_end_port_listens_on_loopback_only(service: Service) -> None:
+    tree = [psutil.Process(service.process.pid), *psutil.Process(service.process.pid).children(recursive=True)]
+    haproxy = {proc.pid for proc in tree if proc.name() == "haproxy"}
+    listeners = [c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.pid in haproxy]
+    # The service port, HAProxy's stats and Prometheus frontends (Ray's template binds those two on
+    # every interface, at fixed ports 8404 and 9101).
+    assert len(listeners) >= 3 and {addr.ip for addr in listeners} == {"127.0.0.1"}, listeners
+    assert int(service.url.rsplit(":", 1)[1]) in {addr.port for addr in listeners}
+    assert not {8404, 9101} & {addr.port for addr in listeners}
+
+
 def test_the_key_comes_from_the_environment_and_guards_docs(service: Service) -> None:
     for proc in [psutil.Process(service.process.pid), *psutil.Process(service.process.pid).children(recursive=True)]:
         try:

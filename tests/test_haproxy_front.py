@@ -1,0 +1,74 @@
+"""serve/haproxy_front.py on its own: the rewrite of Ray's rendered HAProxy configuration, the error
+pages, and the environment. The running front end (binds, limits, timeouts) is tested on the real
+service in tests/test_front_door.py and tests/test_shutdown.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from serve.errors import ErrorType
+from serve.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
+
+# The lines of Ray 2.60's template (ray/serve/_private/haproxy_templates.py) that the rewrite touches.
+RENDERED = """global
+    stats socket /tmp/x/admin.sock mode 666 level admin expose-fd listeners
+    tune.bufsize 16384
+defaults
+    mode http
+    timeout client 3600s
+    errorfile 502 /tmp/x/500.http
+    errorfile 503 /tmp/x/500.http
+    errorfile 504 /tmp/x/500.http
+    balance leastconn
+frontend prometheus
+    bind :9101
+    mode http
+frontend http_frontend
+    bind 127.0.0.1:8000
+listen stats
+  bind *:8404
+  stats enable
+"""
+
+
+def test_stats_and_metrics_bind_loopback_and_the_service_bind_is_kept() -> None:
+    text = rewrite_config(RENDERED, 10, local_only=True, error_dir=Path("/e"))
+    assert re.findall(r"bind (\S+)", text) == ["127.0.0.1:9101", "127.0.0.1:8000", "127.0.0.1:8404"]
+    assert re.findall(r"bind (\S+)", rewrite_config(RENDERED, 10, local_only=False, error_dir=Path("/e"))) == [
+        ":9101", "127.0.0.1:8000", "*:8404"]
+
+
+def test_header_timeout_and_error_pages_replace_the_templates() -> None:
+    text = rewrite_config(RENDERED, 7, local_only=True, error_dir=Path("/e"))
+    defaults = text.split("defaults\n")[1].split("frontend")[0]
+    assert "timeout http-request 7s" in defaults
+    assert "/tmp/x/500.http" not in text
+    assert [line.split()[1:] for line in defaults.splitlines() if "errorfile" in line] == [
+        ["502", "/e/502.http"], ["503", "/e/503.http"], ["504", "/e/504.http"]]
+    assert "timeout http-request" not in rewrite_config(RENDERED, None, True, Path("/e"))
+    with pytest.raises(ValueError, match="defaults"):
+        rewrite_config("global\n", 10, True, Path("/e"))
+
+
+def test_error_pages_are_the_contracts_json() -> None:
+    import json
+
+    for status, page in error_pages().items():
+        head, body = page.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        code = int(lines[0].split()[1])
+        error = json.loads(body)["error"]
+        assert error["code"] == code and ErrorType(error["type"]) and error["message"]
+        assert f"Content-Length: {len(body)}" in lines and "Content-Type: application/json" in lines
+        assert (code == 503) == ("Retry-After: 1" in lines)
+        assert code in {503, 504} and status in {502, 503, 504}
+
+
+def test_environment_names_every_port_and_the_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = front_end_env(True, {name: 1000 + i for i, name in enumerate(PORT_ENVS)})
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["SIGLIP_HAPROXY_LOCAL_ONLY"] == "1"
+    assert Path(env["RAY_SERVE_HAPROXY_BINARY_PATH"]).name == "siglip-serve-haproxy"
+    assert [env[name] for name in PORT_ENVS] == ["1000", "1001", "1002", "1003"]

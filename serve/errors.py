@@ -8,8 +8,9 @@ one place that says what each means here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -113,10 +114,10 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -
         return respond(ApiError(500, ErrorType.INTERNAL, "internal error; see the server log"))
 
 
-def describe_validation(errors: list[dict[str, object]] | tuple[dict[str, object], ...]) -> str:
+def describe_validation(errors: Sequence[Mapping[str, Any]]) -> str:
     """Pydantic errors as one line: 'input.3: Input should be a valid string; ...'."""
     parts = []
     for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]  # type: ignore[union-attr]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
         parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
     return "; ".join(parts) or "request does not match the schema"

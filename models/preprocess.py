@@ -1,14 +1,12 @@
 """Image decoding, validation and preprocessing for the SigLIP image encoder.
 
-Turns untrusted upload bytes into the uint8 ``[3, H, W]`` array the model expects.
-Everything that can go wrong with a client's image is reported as ``ImageRejected``
-carrying the HTTP status and the contract's error type; see docs/preprocessing.md.
+Turns untrusted image file bytes into the uint8 ``[3, H, W]`` array the model expects.
+Everything that can go wrong with an image is raised as one of the ``ImageRejected`` subclasses of
+models/image_errors.py; see docs/preprocessing.md.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,8 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from models.image_errors import (
+    CorruptImage, EmptyImage, ImageFileTooLarge, ImageRejected, ImageTooLarge, UnsupportedImage,
+)
+
 __all__ = [
     "ImageRejected",
+    "check_file_size",
     "ImageLimits",
     "ImageHeader",
     "probe_image",
@@ -25,23 +28,7 @@ __all__ = [
     "decode_image",
     "resize_to_array",
     "preprocess_image",
-    "decode_base64_image",
-    "media_type_supported",
 ]
-
-
-class ImageRejected(Exception):
-    """An input image that cannot be served. Carries the HTTP status and the contract's error type."""
-
-    status: int  # 400, 413 or 415
-    error_type: str  # invalid_image, invalid_base64, empty_body, image_too_large, payload_too_large, unsupported_media_type
-    message: str  # for the client: plain words, never an internal exception's text
-
-    def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -86,14 +73,7 @@ def _storage_bytes(mode: str) -> int:
 SUPPORTED_FORMATS: frozenset[str] = frozenset({"JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF"})
 _FORMATS_TEXT = "JPEG, PNG, WEBP, GIF, BMP, TIFF"
 
-_SUPPORTED_MEDIA_TYPES = frozenset({
-    "image/jpeg", "image/jpg", "image/png", "image/webp", "image/gif",
-    "image/bmp", "image/x-ms-bmp", "image/tiff", "application/octet-stream",
-})
-_MEDIA_TYPES_TEXT = "image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff"
-
 _WHITE = (255, 255, 255)
-_URLSAFE_TO_STD = str.maketrans("-_", "+/")
 
 
 def _mp(pixels: int) -> str:
@@ -101,28 +81,26 @@ def _mp(pixels: int) -> str:
     return f"{megapixels:.1f}" if megapixels >= 0.1 else f"{megapixels:.2g}"
 
 
-def _invalid(message: str = "image data is truncated or corrupt") -> ImageRejected:
-    return ImageRejected(400, "invalid_image", message)
+def _invalid(message: str = "image data is truncated or corrupt") -> CorruptImage:
+    return CorruptImage(message)
 
 
-def _too_many_pixels(limits: ImageLimits, width: int | None = None, height: int | None = None) -> ImageRejected:
+def _too_many_pixels(limits: ImageLimits, width: int | None = None, height: int | None = None) -> ImageTooLarge:
     if width is None or height is None:
         what = "image dimensions are"
     else:
         what = f"image is {width}x{height} = {_mp(width * height)} megapixels,"
-    return ImageRejected(413, "image_too_large", f"{what} over the {_mp(limits.max_pixels)} megapixel limit")
+    return ImageTooLarge(f"{what} over the {_mp(limits.max_pixels)} megapixel limit")
 
 
-def _side_too_long(limits: ImageLimits, width: int, height: int) -> ImageRejected:
-    return ImageRejected(
-        413, "image_too_large", f"image is {width}x{height}, over the {limits.max_side}-pixel side length limit"
-    )
+def _side_too_long(limits: ImageLimits, width: int, height: int) -> ImageTooLarge:
+    return ImageTooLarge(f"image is {width}x{height}, over the {limits.max_side}-pixel side length limit")
 
 
-def _too_many_bytes(size: int, limits: ImageLimits) -> ImageRejected:
-    return ImageRejected(
-        413, "payload_too_large", f"image is {size} bytes, over the {limits.max_bytes} byte limit"
-    )
+def check_file_size(size: int, limits: ImageLimits) -> None:
+    """Raises ImageFileTooLarge when an image file of `size` bytes is over the byte limit."""
+    if size > limits.max_bytes:
+        raise ImageFileTooLarge(f"image is {size} bytes, over the {limits.max_bytes} byte limit")
 
 
 def _let_pillow_open_up_to(max_pixels: int) -> None:
@@ -137,22 +115,20 @@ def _let_pillow_open_up_to(max_pixels: int) -> None:
 
 
 def _rejection_for_unidentified(data: bytes) -> ImageRejected:
-    """Pillow found no image format: tell 'not an image at all' (415) from garbage (400)."""
+    """Pillow found no image format: tell 'not an image at all' from garbage."""
     head = data[:4096]
     start = head.lstrip(b"\xef\xbb\xbf \t\r\n\x0b\x0c")
     if start.startswith(b"<"):
-        return ImageRejected(415, "unsupported_media_type", "data looks like SVG, XML or HTML, not a supported image")
+        return UnsupportedImage("data looks like SVG, XML or HTML, not a supported image")
     if b"%PDF-" in head[:1024]:  # PDF allows junk before the header
-        return ImageRejected(415, "unsupported_media_type", "data is a PDF document, not an image")
+        return UnsupportedImage("data is a PDF document, not an image")
     if head[4:8] == b"ftyp":  # ISO-BMFF: HEIC/HEIF (what iPhones send), MP4, ...
-        return ImageRejected(
-            415, "unsupported_media_type", f"unsupported image format (HEIF/ISO media); supported: {_FORMATS_TEXT}"
-        )
+        return UnsupportedImage(f"unsupported image format (HEIF/ISO media); supported: {_FORMATS_TEXT}")
     text = head.decode("utf-8", errors="replace")
     # U+FFFD (undecodable byte) counts as printable to str.isprintable, so exclude it.
     printable = sum(1 for c in text if c != "\ufffd" and (c.isprintable() or c in "\t\n\r"))
     if text and printable >= 0.9 * len(text):
-        return ImageRejected(415, "unsupported_media_type", "data is text, not an image")
+        return UnsupportedImage("data is text, not an image")
     return _invalid("data is not a recognisable image (corrupt or unknown format)")
 
 
@@ -245,15 +221,14 @@ def _to_rgb(img: Image.Image, keep_grey: bool = False) -> Image.Image:
             return img.convert("L") if img.mode == "1" else img.copy()
         return img.convert("RGB")
     except ValueError:  # a mode Pillow cannot convert (none of our decoders should yield one)
-        raise ImageRejected(415, "unsupported_media_type", f"unsupported pixel mode '{img.mode}'") from None
+        raise UnsupportedImage(f"unsupported pixel mode '{img.mode}'") from None
 
 
 def _open(data: bytes, limits: ImageLimits) -> Image.Image:
     """The lazily opened image (header read, no pixel decoded), every header-level limit checked."""
     if not data:
-        raise ImageRejected(400, "empty_body", "image data is empty")
-    if len(data) > limits.max_bytes:
-        raise _too_many_bytes(len(data), limits)
+        raise EmptyImage("image data is empty")
+    check_file_size(len(data), limits)
     _let_pillow_open_up_to(limits.max_pixels)
     try:
         img = Image.open(io.BytesIO(data))  # lazy: reads the header only
@@ -268,9 +243,7 @@ def _open(data: bytes, limits: ImageLimits) -> Image.Image:
         raise _invalid() from None
     try:
         if img.format not in SUPPORTED_FORMATS:
-            raise ImageRejected(
-                415, "unsupported_media_type", f"unsupported image format '{img.format}'; supported: {_FORMATS_TEXT}"
-            )
+            raise UnsupportedImage(f"unsupported image format '{img.format}'; supported: {_FORMATS_TEXT}")
         # img.size is the first frame's (GIF: logical screen) size, from the header.
         width, height = img.size
         if width <= 0 or height <= 0:
@@ -362,62 +335,3 @@ def preprocess_image(data: bytes, size: tuple[int, int], limits: ImageLimits = I
         side = DRAFT_MARGIN * max(size)
         draft = (side, side)
     return resize_to_array(_decode(data, limits, draft, keep_grey=True), size)
-
-
-def _short(text: str, limit: int = 64) -> str:
-    text = "".join(c if c.isprintable() else "?" for c in text)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def decode_base64_image(item: str, limits: ImageLimits = ImageLimits()) -> bytes:
-    """A data URI or bare base64 -> the image file's bytes. Raises ImageRejected (400 invalid_base64, 413, 415)."""
-    if not isinstance(item, str):
-        raise ImageRejected(400, "invalid_base64", "image must be a base64 string or data URI")
-    payload = item.strip()
-    if payload[:5].lower() == "data:":
-        header, comma, payload = payload[5:].partition(",")
-        if not comma:
-            raise ImageRejected(400, "invalid_base64", "data URI has no ',' before its data")
-        params = [p.strip().lower() for p in header.split(";")]
-        media_type = params[0]
-        # An empty media type is tolerated (clients build "data:;base64,..." too).
-        if media_type and not media_type_supported(media_type):
-            raise ImageRejected(
-                415,
-                "unsupported_media_type",
-                f"unsupported media type '{_short(media_type)}' in data URI; supported: {_MEDIA_TYPES_TEXT}",
-            )
-        if "base64" not in params[1:]:
-            raise ImageRejected(400, "invalid_base64", "data URI is not base64-encoded (missing ';base64')")
-
-    # Cheap bound on the raw text first; whitespace can inflate it, so only a failing
-    # item pays for the exact count.
-    if len(payload) * 3 // 4 > limits.max_bytes:
-        payload = "".join(payload.split())
-        decoded_size = len(payload.rstrip("=")) * 3 // 4
-        if decoded_size > limits.max_bytes:
-            raise _too_many_bytes(decoded_size, limits)
-    compact = "".join(payload.split()).translate(_URLSAFE_TO_STD).rstrip("=")
-    if not compact:
-        raise ImageRejected(400, "invalid_base64", "base64 image data is empty")
-    if len(compact) % 4 == 1:
-        raise ImageRejected(400, "invalid_base64", "base64 data has an impossible length (truncated?)")
-    # Padding is optional in practice (url-safe encoders drop it), so re-pad ourselves.
-    compact += "=" * (-len(compact) % 4)
-    try:
-        data = base64.b64decode(compact, validate=True)
-    except (binascii.Error, ValueError):
-        raise ImageRejected(400, "invalid_base64", "image is not valid base64") from None
-    if len(data) > limits.max_bytes:
-        raise _too_many_bytes(len(data), limits)
-    return data
-
-
-def media_type_supported(content_type: str | None) -> bool:
-    """For raw-bytes uploads: True for image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff,
-    image/x-ms-bmp, image/jpg and application/octet-stream (and missing); False for image/svg+xml,
-    application/pdf, text/*, and everything else. Ignores parameters like '; charset=…' and case."""
-    if content_type is None:
-        return True
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    return not media_type or media_type in _SUPPORTED_MEDIA_TYPES

@@ -1,19 +1,25 @@
 """The one error contract: every error is `{"error": {"message", "type", "code"}}`, from one place.
 
 A 500 never echoes exception text: unexpected exceptions are logged with their traceback and
-answered with a fixed message.
+answered with a fixed message. models/ raises its own typed image errors; IMAGE_ERRORS below is the
+one place that says what each means here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from models.image_errors import (
+    CorruptImage, EmptyImage, ImageFileTooLarge, ImageRejected, ImageTooLarge, UnsupportedImage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +49,10 @@ class ErrorType(str, Enum):
 
 
 class ApiError(Exception):
-    def __init__(
-        self, status: int, error_type: ErrorType | str, message: str, headers: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, status: int, error_type: ErrorType, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.error_type = ErrorType(error_type)
+        self.error_type = error_type
         self.message = message
         self.headers = headers or {}
 
@@ -59,6 +63,24 @@ def error_response(error: ApiError) -> JSONResponse:
 
 
 _STATUS_TYPES = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED, 413: ErrorType.PAYLOAD_TOO_LARGE}
+
+# Each of models' image errors as (status, error type) of the contract (docs/http-api.md).
+IMAGE_ERRORS: dict[type[ImageRejected], tuple[int, ErrorType]] = {
+    EmptyImage: (400, ErrorType.EMPTY_BODY),
+    CorruptImage: (400, ErrorType.INVALID_IMAGE),
+    UnsupportedImage: (415, ErrorType.UNSUPPORTED_MEDIA_TYPE),
+    ImageTooLarge: (413, ErrorType.IMAGE_TOO_LARGE),
+    ImageFileTooLarge: (413, ErrorType.PAYLOAD_TOO_LARGE),
+}
+
+
+def image_error(error: ImageRejected | ApiError, label: str = "") -> ApiError:
+    """A rejected image as the contract's error; `label` says which of the request's images it was."""
+    if isinstance(error, ApiError):  # the request's own wrapping of the image (data URI, base64)
+        status, error_type = error.status, error.error_type
+    else:
+        status, error_type = IMAGE_ERRORS[type(error)]
+    return ApiError(status, error_type, f"{label}: {error.message}" if label else error.message)
 
 
 def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -> None:
@@ -71,6 +93,10 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return respond(exc)
+
+    @app.exception_handler(ImageRejected)
+    async def _image(_: Request, exc: ImageRejected) -> JSONResponse:
+        return respond(image_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -88,10 +114,10 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -
         return respond(ApiError(500, ErrorType.INTERNAL, "internal error; see the server log"))
 
 
-def describe_validation(errors: list[dict[str, object]] | tuple[dict[str, object], ...]) -> str:
+def describe_validation(errors: Sequence[Mapping[str, Any]]) -> str:
     """Pydantic errors as one line: 'input.3: Input should be a valid string; ...'."""
     parts = []
     for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]  # type: ignore[union-attr]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
         parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
     return "; ".join(parts) or "request does not match the schema"

@@ -1,21 +1,26 @@
-"""The ingress's HTTP bodies: reading one within its limit, multipart file parts, and the response.
+"""The ingress's HTTP bodies: reading one within its limit, its Content-Type, JSON request bodies,
+multipart file parts, data URIs and base64 images, and the response.
 
 Kept apart from the request path (serve/ingress.py) so that module stays about what a request
-costs and when; nothing here knows Ray.
+costs and when; nothing here knows Ray. What comes out is image file bytes for models/preprocess.py.
 """
 
 import base64
+import binascii
 import json
 import unicodedata
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from serve.errors import ApiError, ErrorType, error_response
+from models.image_errors import ImageRejected
+from models.preprocess import ImageLimits, check_file_size
+from serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
 
 # Ray Serve's proxy parses headers with httptools and no limits (docs/http-api.md, Front-end
 # limits); the application refuses what no client needs: nginx's default buffers hold 32 KiB.
@@ -26,6 +31,16 @@ MAX_HEADER_BYTES = 64 * 1024
 # clients that send the whole body before reading (urllib, requests) then see the 413 instead of
 # a connection reset. Past it the connection is closed.
 OVERSIZE_DISCARD_BYTES = 64 * 1024 * 1024
+
+_SUPPORTED_MEDIA_TYPES = frozenset({
+    "image/jpeg", "image/jpg", "image/png", "image/webp", "image/gif",
+    "image/bmp", "image/x-ms-bmp", "image/tiff", "application/octet-stream",
+})
+_MEDIA_TYPES_TEXT = "image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff"
+_URLSAFE_TO_STD = str.maketrans("-_", "+/")
+DEFAULT_TEMPLATE = "{}"
+
+
 class HeaderLimits:
     """ASGI middleware: 431 for a request with more than MAX_HEADER_COUNT headers or MAX_HEADER_BYTES of them."""
 
@@ -70,6 +85,65 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+def is_multipart(request: Request) -> bool:
+    return (request.headers.get("content-type") or "").lower().startswith("multipart/form-data")
+
+
+def media_type_supported(content_type: str | None) -> bool:
+    """For raw-bytes uploads: True for image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff,
+    image/x-ms-bmp, image/jpg and application/octet-stream (and missing); False for image/svg+xml,
+    application/pdf, text/*, and everything else. Ignores parameters like '; charset=…' and case."""
+    if content_type is None:
+        return True
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return not media_type or media_type in _SUPPORTED_MEDIA_TYPES
+
+
+def check_image_content_type(request: Request) -> None:
+    """415 for a raw image body whose Content-Type names no supported image type."""
+    content_type = request.headers.get("content-type")
+    if not media_type_supported(content_type):
+        raise ApiError(415, ErrorType.UNSUPPORTED_MEDIA_TYPE,
+                       f"content type {safe_filename(content_type or '')!r} is not a supported image type")
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request shape, with images where OpenAI has text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+class ClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str]
+    labels: list[str] = Field(min_length=1)
+    template: str = DEFAULT_TEMPLATE
+    model: str | None = None
+
+
+JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, ClassifyRequest)
+
+
+def parse_json_request(body: bytes, schema: type[JsonRequest],
+                       served_model: str) -> tuple[JsonRequest, list[str], list[str]]:
+    """A JSON body as `schema`, its `model` (when given) the served one: (request, input items, their labels)."""
+    try:
+        parsed = schema.model_validate_json(body)
+    except ValidationError as exc:
+        raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
+    if parsed.model is not None and parsed.model != served_model:
+        raise ApiError(422, ErrorType.INVALID_REQUEST,
+                       f"model {parsed.model!r} is not served here; this service serves {served_model!r}")
+    if isinstance(parsed.input, str):
+        return parsed, [parsed.input], ["input"]
+    return parsed, list(parsed.input), [f"input[{i}]" for i in range(len(parsed.input))]
+
+
 async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:
     """File parts (cleaned filename, bytes) in order, and text fields, of an already size-checked body."""
 
@@ -102,6 +176,61 @@ async def multipart_files(request: Request, body: bytes) -> list[tuple[str, byte
     if not files:
         raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
     return files
+
+
+def file_labels(files: Sequence[tuple[str, bytes]]) -> list[str]:
+    """How messages name each file part: its index, and its filename when it has one."""
+    return [f"file[{i}]" + (f" ({name})" if name else "") for i, (name, _) in enumerate(files)]
+
+
+def _check_size(size: int, limits: ImageLimits) -> None:
+    try:
+        check_file_size(size, limits)
+    except ImageRejected as exc:
+        raise image_error(exc) from None
+
+
+def _invalid_base64(message: str) -> ApiError:
+    return ApiError(400, ErrorType.INVALID_BASE64, message)
+
+
+def decode_base64_image(item: str, limits: ImageLimits = ImageLimits()) -> bytes:
+    """A data URI or bare base64 -> the image file's bytes. Raises ApiError (400 invalid_base64, 413, 415)."""
+    if not isinstance(item, str):
+        raise _invalid_base64("image must be a base64 string or data URI")
+    payload = item.strip()
+    if payload[:5].lower() == "data:":
+        header, comma, payload = payload[5:].partition(",")
+        if not comma:
+            raise _invalid_base64("data URI has no ',' before its data")
+        params = [p.strip().lower() for p in header.split(";")]
+        media_type = params[0]
+        # An empty media type is tolerated (clients build "data:;base64,..." too).
+        if media_type and not media_type_supported(media_type):
+            raise ApiError(415, ErrorType.UNSUPPORTED_MEDIA_TYPE,
+                           f"unsupported media type '{safe_filename(media_type)}' in data URI; "
+                           f"supported: {_MEDIA_TYPES_TEXT}")
+        if "base64" not in params[1:]:
+            raise _invalid_base64("data URI is not base64-encoded (missing ';base64')")
+
+    # Cheap bound on the raw text first; whitespace can inflate it, so only a failing
+    # item pays for the exact count.
+    if len(payload) * 3 // 4 > limits.max_bytes:
+        payload = "".join(payload.split())
+        _check_size(len(payload.rstrip("=")) * 3 // 4, limits)
+    compact = "".join(payload.split()).translate(_URLSAFE_TO_STD).rstrip("=")
+    if not compact:
+        raise _invalid_base64("base64 image data is empty")
+    if len(compact) % 4 == 1:
+        raise _invalid_base64("base64 data has an impossible length (truncated?)")
+    # Padding is optional in practice (url-safe encoders drop it), so re-pad ourselves.
+    compact += "=" * (-len(compact) % 4)
+    try:
+        data = base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid_base64("image is not valid base64") from None
+    _check_size(len(data), limits)
+    return data
 
 
 def safe_filename(name: str, limit: int = 64) -> str:

@@ -1,10 +1,10 @@
 """The ingress deployment: the HTTP contract (docs/http-api.md), on FastAPI.
 
-It reads and limits the body, admits the request to the bounded queue, reads every image's header
-and checks the decode budget, decodes and validates every image (a bad image fails only its own
-request, before it can join a batch) fairly across requests, sends uint8 chunks to the encoder
-deployment and turns the result, or any failure, into the contract's JSON. One deadline, from the
-moment the request arrives here, covers all of it.
+It reads and limits the body (serve/http_body.py), admits the request to the bounded queue, has
+every image checked and decoded (serve/image_prep.py: a bad image fails only its own request, before
+it can join a batch), sends uint8 chunks to the encoder deployment and turns the result, or any
+failure, into the contract's JSON. One deadline, from the moment the request arrives here, covers
+all of it.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves route parameter types at runtime.
@@ -17,26 +17,24 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
-from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
-from models.preprocess import (
-    ImageHeader, ImageRejected, decode_base64_image, media_type_supported, preprocess_image, probe_image,
-)
 from serve import registry
 from serve.config import ServiceConfig
-from serve.decode_queue import FairDecodeQueue
 from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
-from serve.errors import ApiError, ErrorType, describe_validation, error_response, install_error_handlers
-from serve.http_body import HeaderLimits, multipart_files, read_body, render_embeddings, safe_filename
+from serve.errors import ApiError, ErrorType, error_response, install_error_handlers
+from serve.http_body import (
+    EmbeddingsRequest, HeaderLimits, check_image_content_type, file_labels, is_multipart, multipart_files,
+    parse_json_request, read_body, render_embeddings,
+)
+from serve.image_prep import ImagePrep
 from serve.metrics import IngressMetrics
 from serve.openapi import install_openapi, openapi_document
 from serve.replica_logging import configure_replica_logging
@@ -66,16 +64,6 @@ install_error_handlers(app, _on_error)
 app.add_middleware(HeaderLimits, on_error=_on_error)
 
 
-class EmbeddingsRequest(BaseModel):
-    """OpenAI's embeddings request shape, with images where OpenAI has text."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    input: str | list[str]
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-
-
 class Ingress(TextRoutes):
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
                  text_encoder: DeploymentHandle | None = None) -> None:
@@ -87,10 +75,9 @@ class Ingress(TextRoutes):
         self.min_ready = min(config.min_ready_replicas, replicas)
         self.model = model
         self.image_size = (int(model["image_size"][0]), int(model["image_size"][1]))
-        self.limits = config.image_limits
         self.api_key = config.resolve_api_key(os.environ)
-        self.decoder = FairDecodeQueue(config.decode_threads, config.decode_memory_budget_bytes)
         self.metrics = IngressMetrics()
+        self.images = ImagePrep(config, self.image_size, self.metrics.preprocess_seconds.observe)
         context = serve.get_replica_context()
         self.app_name = context.app_name
         self.replica_name = context.replica_id.unique_id
@@ -208,46 +195,6 @@ class Ingress(TextRoutes):
 
     # -- the embedding path -----------------------------------------------------------------
 
-    def _probe(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[tuple[bytes, ImageHeader]]:
-        """Every item's bytes and header, every header-level limit checked; no pixel decoded."""
-        out = []
-        for item, label in zip(items, labels):
-            try:
-                raw = decode_base64_image(item, self.limits) if isinstance(item, str) else item
-                out.append((raw, probe_image(raw, self.limits)))
-            except ImageRejected as exc:
-                raise ApiError(exc.status, exc.error_type, f"{label}: {exc.message}") from None
-        total = sum(header.pixels for _, header in out)
-        if total > self.config.max_request_pixels:
-            raise ApiError(413, ErrorType.IMAGE_TOO_LARGE,
-                           f"the request's {len(out)} images hold {total / 1e6:.1f} megapixels together, over the "
-                           f"{self.config.max_request_pixels / 1e6:g} megapixel per-request limit; send fewer per request")
-        return out
-
-    def _prepare(self, raw: bytes) -> np.ndarray:
-        began = time.perf_counter()
-        array = preprocess_image(raw, self.image_size, self.limits, self.config.fast_jpeg_decode)
-        self.metrics.preprocess_seconds.observe(time.perf_counter() - began)
-        return array
-
-    async def _prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str]) -> np.ndarray:
-        probed = await asyncio.to_thread(self._probe, items, labels)
-        turn = object()  # this request's queue in the fair decode queue
-        tasks = [asyncio.ensure_future(self.decoder.run(turn, partial(self._prepare, raw), header.decode_bytes))
-                 for raw, header in probed]
-        arrays = []
-        try:
-            for task, label in zip(tasks, labels):
-                try:
-                    arrays.append(await task)
-                except ImageRejected as exc:
-                    raise ApiError(exc.status, exc.error_type, f"{label}: {exc.message}") from None
-        finally:
-            # A rejected image, an error, the deadline or a client gone: the other decodes are not needed.
-            for task in tasks:
-                task.cancel()
-        return np.stack(arrays)
-
     async def _encode(self, images: np.ndarray, deadline: float) -> np.ndarray:
         step = self.config.max_batch_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
@@ -312,7 +259,7 @@ class Ingress(TextRoutes):
                 raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
                                f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
             async with self._admitted(len(items)):
-                images = await self._prepare_all(items, labels)
+                images = await self.images.prepare_all(items, labels)
                 embeddings = await self._encode(images, deadline)
             response = render_embeddings(embeddings, self.model["name"], encoding_format)
             self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
@@ -341,10 +288,6 @@ async def _awaited(response: DeploymentResponse) -> np.ndarray:
         raise
 
 
-def _json_labels(count: int, single: bool) -> list[str]:
-    return ["input"] if single else [f"input[{i}]" for i in range(count)]
-
-
 @serve.ingress(app)
 class IngressDeployment(Ingress):
     @app.post("/v1/embeddings")
@@ -352,18 +295,9 @@ class IngressDeployment(Ingress):
         self._check_auth(request)
         async with self._deadline() as deadline:
             body = await read_body(request, self.config.max_body_bytes)
-            try:
-                parsed = EmbeddingsRequest.model_validate_json(body)
-            except ValidationError as exc:
-                raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
-            if parsed.model is not None and parsed.model != self.model["name"]:
-                raise ApiError(422, ErrorType.INVALID_REQUEST,
-                               f"model {parsed.model!r} is not served here; this service serves {self.model['name']!r}")
-            single = isinstance(parsed.input, str)
-            items = [parsed.input] if single else list(parsed.input)
+            parsed, items, labels = parse_json_request(body, EmbeddingsRequest, self.model["name"])
             if not items:
                 raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image or text is needed")
-            labels = _json_labels(len(items), single)
             if input_kind(items, labels) == "text":
                 return await self.serve_texts(items, labels, parsed.encoding_format, deadline)
             return await self._serve_images(request, "embeddings", items, labels, deadline, parsed.encoding_format)
@@ -377,18 +311,16 @@ class IngressDeployment(Ingress):
     @app.post("/v1/embeddings/image")
     async def embeddings_image(self, request: Request) -> Response:
         self._check_auth(request)
-        content_type = request.headers.get("content-type")
-        is_multipart = (content_type or "").lower().startswith("multipart/form-data")
-        if not is_multipart and not media_type_supported(content_type):
-            raise ApiError(415, ErrorType.UNSUPPORTED_MEDIA_TYPE,
-                           f"content type {safe_filename(content_type or '')!r} is not a supported image type")
+        multipart = is_multipart(request)
+        if not multipart:
+            check_image_content_type(request)
         async with self._deadline() as deadline:
             body = await read_body(request, self.config.max_body_bytes)
-            if not is_multipart:
+            if not multipart:
                 return await self._serve_images(request, "image", [body], ["image"], deadline)
             files = await multipart_files(request, body)
-            labels = [f"file[{i}]" + (f" ({name})" if name else "") for i, (name, _) in enumerate(files)]
-            return await self._serve_images(request, "multipart", [data for _, data in files], labels, deadline)
+            return await self._serve_images(request, "multipart", [data for _, data in files], file_labels(files),
+                                            deadline)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:

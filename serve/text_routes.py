@@ -19,19 +19,21 @@ from typing import Any, Literal
 
 import numpy as np
 from fastapi import Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ray.serve.handle import DeploymentHandle
 
 from serve.config import ServiceConfig
 from serve.encoder_deployment import DeadlineExceeded
-from serve.errors import ApiError, ErrorType, describe_validation
-from serve.http_body import multipart_form, read_body, render_embeddings
+from serve.errors import ApiError, ErrorType
+from serve.http_body import (
+    DEFAULT_TEMPLATE, ClassifyRequest, file_labels, is_multipart, multipart_form, parse_json_request, read_body,
+    render_embeddings,
+)
+from serve.image_prep import ImagePrep
 from serve.text_deployment import text_max_ongoing
 
 # No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
 MIN_BARE_IMAGE_CHARS = 32
 _BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
-DEFAULT_TEMPLATE = "{}"
 RULE = ("an item is an image when it is a data URI, or 32+ characters of only base64 characters "
         "(no spaces); anything else is text")
 
@@ -69,15 +71,6 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConf
                            f"{label}: text is {len(text)} characters, over the {config.max_text_chars}-character limit")
 
 
-class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    input: str | list[str]
-    labels: list[str] = Field(min_length=1)
-    template: str = DEFAULT_TEMPLATE
-    model: str | None = None
-
-
 def zero_shot(images: np.ndarray, texts: np.ndarray, scale: float, bias: float) -> np.ndarray:
     """SigLIP's per-pair probability: sigmoid(scale * cos + bias), [n_images, n_labels]."""
     logits = scale * (images.astype(np.float64) @ texts.astype(np.float64).T) + bias
@@ -100,6 +93,7 @@ class TextRoutes:
     config: ServiceConfig
     model: dict[str, Any]
     metrics: Any
+    images: ImagePrep
 
     def _init_text(self, text_encoder: DeploymentHandle | None, config: ServiceConfig) -> None:
         self.text_encoder = text_encoder
@@ -190,28 +184,19 @@ class TextRoutes:
         """/v1/classify's body, under the ingress's auth check and deadline (`time.monotonic()`)."""
         self._require_text()
         body = await read_body(request, self.config.max_body_bytes)
-        content_type = (request.headers.get("content-type") or "").lower()
-        if content_type.startswith("multipart/form-data"):
+        if is_multipart(request):
             files, fields = await multipart_form(request, body)
             if not files:
                 raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
             items: list[bytes | str] = [data for _, data in files]
-            image_labels = [f"file[{i}]" + (f" ({name})" if name else "") for i, (name, _) in enumerate(files)]
+            image_labels = file_labels(files)
             labels = fields.get("labels", [])
             template = (fields.get("template") or [DEFAULT_TEMPLATE])[-1]
             if not labels:
                 raise ApiError(422, ErrorType.INVALID_REQUEST, "labels: give one or more `labels` form fields")
         else:
-            try:
-                parsed = ClassifyRequest.model_validate_json(body)
-            except ValidationError as exc:
-                raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
-            if parsed.model is not None and parsed.model != self.model["name"]:
-                raise ApiError(422, ErrorType.INVALID_REQUEST,
-                               f"model {parsed.model!r} is not served here; this service serves {self.model['name']!r}")
-            single = isinstance(parsed.input, str)
-            items = [parsed.input] if single else list(parsed.input)  # type: ignore[list-item]
-            image_labels = ["input"] if single else [f"input[{i}]" for i in range(len(items))]
+            parsed, json_items, image_labels = parse_json_request(body, ClassifyRequest, self.model["name"])
+            items = list(json_items)
             labels, template = parsed.labels, parsed.template
         return await self._timed("classify",  # type: ignore[attr-defined]
                                  self._classify(items, image_labels, labels, template, deadline), deadline)
@@ -231,7 +216,7 @@ class TextRoutes:
                            {"Retry-After": str(self.config.retry_after_s)})
         # The image half takes its place in the bounded queue (503 now when full) before decoding.
         async with self._admitted(len(items)):  # type: ignore[attr-defined]
-            images = await self._prepare_all(items, image_labels)  # type: ignore[attr-defined]
+            images = await self.images.prepare_all(items, image_labels)
             image_embeddings, text_embeddings = await asyncio.gather(
                 self._encode(images, deadline),  # type: ignore[attr-defined]
                 self.embed_prompts(prompts))

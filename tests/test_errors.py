@@ -62,3 +62,29 @@ def test_schema_mismatch_and_unknown_routes_use_the_contract() -> None:
     wrong_method = client.get("/schema")
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "method_not_allowed"
     assert [e.status for e in seen] == [422, 404, 405]
+
+
+def test_every_image_error_of_models_has_one_answer_in_the_table() -> None:
+    from models import image_errors
+    from serve.errors import IMAGE_ERRORS
+
+    raised = {cls for cls in vars(image_errors).values()
+              if isinstance(cls, type) and issubclass(cls, image_errors.ImageRejected)} - {image_errors.ImageRejected}
+    assert set(IMAGE_ERRORS) == raised
+    assert {status for status, _ in IMAGE_ERRORS.values()} == {400, 413, 415}
+
+
+def test_an_image_error_reaching_the_handler_is_answered_from_the_table() -> None:
+    from models.image_errors import ImageTooLarge
+
+    app, seen = make_app()
+
+    @app.get("/huge")
+    async def huge() -> None:
+        raise ImageTooLarge("image is 9x9, over the 8-pixel side length limit")
+
+    response = TestClient(app).get("/huge")
+    assert response.status_code == 413
+    assert response.json()["error"] == {"message": "image is 9x9, over the 8-pixel side length limit",
+                                        "type": "image_too_large", "code": 413}
+    assert [e.error_type for e in seen] == [ErrorType.IMAGE_TOO_LARGE]

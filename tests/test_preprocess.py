@@ -1,4 +1,6 @@
-"""Unit tests for models/preprocess.py. All images are generated here (Pillow/numpy/skimage)."""
+"""Unit tests for models/preprocess.py, the contract's answer to each of its rejections (serve/errors.py's
+table), and the base64/data-URI and Content-Type parsing of serve/http_body.py. All images are generated
+here (Pillow/numpy/skimage)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,18 @@ import pytest
 from PIL import Image, ImageFile, features
 from skimage import data as skdata
 
-from models import preprocess as pp
+from models.image_errors import UnsupportedImage
 from models.preprocess import (
     SUPPORTED_FORMATS,
     ImageLimits,
     ImageRejected,
-    decode_base64_image,
     decode_image,
-    media_type_supported,
     preprocess_image,
     resize_to_array,
 )
+from serve import http_body
+from serve.errors import ApiError, image_error
+from serve.http_body import decode_base64_image, media_type_supported
 
 WHITE, BLACK, RED, GREEN, BLUE = (255, 255, 255), (0, 0, 0), (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
@@ -39,10 +42,11 @@ def pixels(img: Image.Image) -> np.ndarray:
     return np.asarray(img).astype(int)
 
 
-def rejected(data: bytes, limits: ImageLimits = ImageLimits()) -> ImageRejected:
+def rejected(data: bytes, limits: ImageLimits = ImageLimits()) -> ApiError:
+    """The contract's answer (status, type, message) to the image error decode_image raises."""
     with pytest.raises(ImageRejected) as info:
         decode_image(data, limits)
-    return info.value
+    return image_error(info.value)
 
 
 def row(mode: str, values: list) -> Image.Image:
@@ -474,13 +478,13 @@ def test_base64_roundtrip_to_pixels(small_png: bytes) -> None:
     "data:image/png;base64,QUJD!",
 ])
 def test_base64_invalid_is_400(item: str) -> None:
-    with pytest.raises(ImageRejected) as info:
+    with pytest.raises(ApiError) as info:
         decode_base64_image(item)
     assert (info.value.status, info.value.error_type) == (400, "invalid_base64")
 
 
 def test_base64_non_string_is_400() -> None:
-    with pytest.raises(ImageRejected) as info:
+    with pytest.raises(ApiError) as info:
         decode_base64_image(b"QUJD")  # type: ignore[arg-type]
     assert info.value.status == 400
 
@@ -488,7 +492,7 @@ def test_base64_non_string_is_400() -> None:
 @pytest.mark.parametrize("media_type", ["image/svg+xml", "application/pdf", "text/plain", "image/x-icon",
                                         "image/heic", "video/mp4", "text/html;charset=utf-8"])
 def test_base64_data_uri_unsupported_type_is_415(media_type: str, small_png: bytes) -> None:
-    with pytest.raises(ImageRejected) as info:
+    with pytest.raises(ApiError) as info:
         decode_base64_image(f"data:{media_type};base64," + base64.b64encode(small_png).decode())
     assert (info.value.status, info.value.error_type) == (415, "unsupported_media_type")
     assert media_type.split(";")[0] in info.value.message
@@ -497,9 +501,9 @@ def test_base64_data_uri_unsupported_type_is_415(media_type: str, small_png: byt
 def test_base64_encoded_length_over_limit_is_413_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a, **k):
         raise AssertionError("decoded")
-    monkeypatch.setattr(pp.base64, "b64decode", boom)
+    monkeypatch.setattr(http_body.base64, "b64decode", boom)
     limits = ImageLimits(max_bytes=1000)
-    with pytest.raises(ImageRejected) as info:
+    with pytest.raises(ApiError) as info:
         decode_base64_image("A" * 1336, limits)  # 1336 * 3/4 = 1002 > 1000
     assert (info.value.status, info.value.error_type) == (413, "payload_too_large")
 
@@ -509,7 +513,7 @@ def test_base64_whitespace_does_not_count_towards_limit() -> None:
     item = base64.encodebytes(data).decode().replace("\n", "\n\n\n")
     assert len(item) * 3 // 4 > 1024
     assert decode_base64_image(item, ImageLimits(max_bytes=1024)) == data
-    with pytest.raises(ImageRejected) as info:
+    with pytest.raises(ApiError) as info:
         decode_base64_image(item, ImageLimits(max_bytes=1023))
     assert info.value.status == 413
 
@@ -589,5 +593,5 @@ def test_media_type_supported(content_type: str | None, ok: bool) -> None:
 
 
 def test_rejection_carries_status_type_message() -> None:
-    err = ImageRejected(415, "unsupported_media_type", "nope")
+    err = image_error(UnsupportedImage("nope"))
     assert (err.status, err.error_type, err.message, str(err)) == (415, "unsupported_media_type", "nope", "nope")

@@ -1,0 +1,76 @@
+"""A request's images, from what the client sent to the uint8 stack the encoder takes.
+
+Every item (file bytes, or a JSON string: data URI or bare base64, parsed by serve/http_body.py)
+has its header read and its limits checked first, then the request's pixels together, and only
+then is anything decoded: by models/preprocess.py, on the fair decode queue (serve/decode_queue.py)
+within its memory budget. A rejected image is answered through serve/errors.py's table, its
+message naming the item; the other decodes of that request are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import numpy as np
+
+from models.image_errors import ImageRejected
+from models.preprocess import ImageHeader, preprocess_image, probe_image
+from serve.config import ServiceConfig
+from serve.decode_queue import FairDecodeQueue
+from serve.errors import ApiError, ErrorType, image_error
+from serve.http_body import decode_base64_image
+
+
+class ImagePrep:
+    def __init__(self, config: ServiceConfig, image_size: tuple[int, int],
+                 observe_seconds: Callable[[float], None]) -> None:
+        self.config = config
+        self.image_size = image_size
+        self.limits = config.image_limits
+        self.decoder = FairDecodeQueue(config.decode_threads, config.decode_memory_budget_bytes)
+        self._observe_seconds = observe_seconds  # siglip_preprocess_seconds
+
+    def probe(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[tuple[bytes, ImageHeader]]:
+        """Every item's bytes and header, every header-level limit checked; no pixel decoded."""
+        out = []
+        for item, label in zip(items, labels):
+            try:
+                raw = decode_base64_image(item, self.limits) if isinstance(item, str) else item
+                out.append((raw, probe_image(raw, self.limits)))
+            except (ImageRejected, ApiError) as exc:
+                raise image_error(exc, label) from None
+        total = sum(header.pixels for _, header in out)
+        if total > self.config.max_request_pixels:
+            raise ApiError(413, ErrorType.IMAGE_TOO_LARGE,
+                           f"the request's {len(out)} images hold {total / 1e6:.1f} megapixels together, over the "
+                           f"{self.config.max_request_pixels / 1e6:g} megapixel per-request limit; "
+                           "send fewer per request")
+        return out
+
+    def _prepare(self, raw: bytes) -> np.ndarray:
+        began = time.perf_counter()
+        array = preprocess_image(raw, self.image_size, self.limits, self.config.fast_jpeg_decode)
+        self._observe_seconds(time.perf_counter() - began)
+        return array
+
+    async def prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str]) -> np.ndarray:
+        """uint8 [N, 3, H, W] of the request's images in order, or the first rejected image's ApiError."""
+        probed = await asyncio.to_thread(self.probe, items, labels)
+        turn = object()  # this request's queue in the fair decode queue
+        tasks = [asyncio.ensure_future(self.decoder.run(turn, partial(self._prepare, raw), header.decode_bytes))
+                 for raw, header in probed]
+        arrays = []
+        try:
+            for task, label in zip(tasks, labels):
+                try:
+                    arrays.append(await task)
+                except ImageRejected as exc:
+                    raise image_error(exc, label) from None
+        finally:
+            # A rejected image, an error, the deadline or a client gone: the other decodes are not needed.
+            for task in tasks:
+                task.cancel()
+        return np.stack(arrays)

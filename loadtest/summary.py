@@ -1,4 +1,5 @@
-"""`summary.json` from the recorder's results, the thresholds that set the exit code, and a table.
+"""`summary.json` (measure.results.LoadTestSummary) from the recorder's results, the thresholds that
+set the exit code, and a table.
 
 summary.json (every key always present; null where it does not apply):
     images_per_second, requests_per_second, images, requests, failures, fail_ratio, duration_s,
@@ -8,9 +9,10 @@ summary.json (every key always present; null where it does not apply):
     steps [{users, seconds, images, requests, failures, fail_ratio, images_per_second, latency_ms}]
     server   what GET /v1/models said: id, embedding_dim, backend, lnc, buckets, replicas, ...
     server_cpu {ms_per_image, ms_per_image_by_kind {proxy, ingress, encoder, ...}, seconds, processes} | null
+             (measure.results.ServerCpuResult, as siglip-serve bench records it per concurrency)
              the whole service process tree's CPU over the run, when the service runs on this machine
     client   the machine that ran Locust
-    metrics_check  see loadtest.promtext.cross_check | null
+    metrics_check  measure.results.MetricsCheck (loadtest.promtext.cross_check) | null
     thresholds {max_fail_ratio, max_p99_ms, breached: [...]}
     exit_code, settings, outputs, notes
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from loadtest.windows import saturation
+from measure.results import LatencyMs, LoadTestSummary, MetricsCheck, ServerCpuResult, Step, Thresholds
 
 EXIT_OK = 0
 EXIT_THRESHOLD = 1
@@ -44,74 +47,75 @@ def breached_thresholds(results: dict[str, Any], max_fail_ratio: float | None,
 
 
 def build_summary(results: dict[str, Any], settings: dict[str, Any], outputs: dict[str, Any],
-                  metrics_check: dict[str, Any] | None, max_fail_ratio: float | None,
+                  metrics_check: MetricsCheck | None, max_fail_ratio: float | None,
                   max_p99_ms: float | None, p99_target_ms: float, step_max_fail_ratio: float,
-                  server_cpu: dict[str, Any] | None = None) -> dict[str, Any]:
+                  server_cpu: ServerCpuResult | None = None) -> LoadTestSummary:
+    """The summary of the recorder's results.json (loadtest/recorder.py, written inside Locust)."""
     requests = int(results.get("requests") or 0)
     failures = int(results.get("failures") or 0)
-    steps = list(results.get("windows") or [])
+    steps = [Step.model_validate(step) for step in results.get("windows") or []]
     breached = breached_thresholds(results, max_fail_ratio, max_p99_ms)
-    return {
-        "images_per_second": results.get("images_per_second", 0.0),
-        "requests_per_second": results.get("requests_per_second", 0.0),
-        "images": results.get("images", 0),
-        "requests": requests,
-        "failures": failures,
-        "fail_ratio": failures / requests if requests else None,
-        "duration_s": results.get("duration_s"),
-        "latency_ms": results.get("latency_ms") or {"p50": None, "p95": None, "p99": None},
-        "failure_reasons": results.get("failure_reasons") or {},
-        "saturation": saturation(steps, p99_target_ms, step_max_fail_ratio),
-        "steps": steps,
-        "server": results.get("server"),
-        "server_cpu": server_cpu,
-        "client": results.get("client"),
-        "metrics_check": metrics_check,
-        "thresholds": {"max_fail_ratio": max_fail_ratio, "max_p99_ms": max_p99_ms, "breached": breached},
-        "exit_code": EXIT_THRESHOLD if breached else EXIT_OK,
-        "settings": settings,
-        "outputs": outputs,
-        "notes": results.get("notes") or [],
-    }
+    return LoadTestSummary(
+        images_per_second=results.get("images_per_second", 0.0),
+        requests_per_second=results.get("requests_per_second", 0.0),
+        images=results.get("images", 0),
+        requests=requests,
+        failures=failures,
+        fail_ratio=failures / requests if requests else None,
+        duration_s=results.get("duration_s"),
+        latency_ms=LatencyMs.model_validate(results.get("latency_ms") or {}),
+        failure_reasons=results.get("failure_reasons") or {},
+        saturation=saturation(steps, p99_target_ms, step_max_fail_ratio),
+        steps=steps,
+        server=results.get("server"),
+        server_cpu=server_cpu,
+        client=results.get("client"),
+        metrics_check=metrics_check,
+        thresholds=Thresholds(max_fail_ratio=max_fail_ratio, max_p99_ms=max_p99_ms, breached=breached),
+        exit_code=EXIT_THRESHOLD if breached else EXIT_OK,
+        settings=settings,
+        outputs=outputs,
+        notes=results.get("notes") or [],
+    )
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    lat = summary["latency_ms"]
+def format_summary(summary: LoadTestSummary) -> str:
+    lat = summary.latency_ms
     lines = [
-        f"images/s {_fmt(summary['images_per_second'])}   requests {summary['requests']}   "
-        f"failures {summary['failures']}   p50/p95/p99 {_fmt(lat.get('p50'), '.0f')}/{_fmt(lat.get('p95'), '.0f')}/"
-        f"{_fmt(lat.get('p99'), '.0f')} ms",
+        f"images/s {_fmt(summary.images_per_second)}   requests {summary.requests}   "
+        f"failures {summary.failures}   p50/p95/p99 {_fmt(lat.p50, '.0f')}/{_fmt(lat.p95, '.0f')}/"
+        f"{_fmt(lat.p99, '.0f')} ms",
     ]
-    if summary["steps"]:
+    if summary.steps:
         lines.append(f"{'users':>6} {'img/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'fail':>7}")
-        for step in summary["steps"]:
-            sl = step["latency_ms"]
-            lines.append(f"{step['users']:>6} {step['images_per_second']:>9.1f} {_fmt(sl['p50'], '.0f'):>8} "
-                         f"{_fmt(sl['p95'], '.0f'):>8} {_fmt(sl['p99'], '.0f'):>8} {step['fail_ratio']:>7.3f}")
-    cpu = summary.get("server_cpu")
-    if cpu and cpu["ms_per_image"] is not None:
-        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in cpu["ms_per_image_by_kind"].items() if ms)
-        lines.append(f"server CPU per image: {cpu['ms_per_image']:.1f} ms ({kinds})")
-    sat = summary["saturation"]
+        for step in summary.steps:
+            sl = step.latency_ms
+            lines.append(f"{step.users:>6} {step.images_per_second:>9.1f} {_fmt(sl.p50, '.0f'):>8} "
+                         f"{_fmt(sl.p95, '.0f'):>8} {_fmt(sl.p99, '.0f'):>8} {step.fail_ratio:>7.3f}")
+    cpu = summary.server_cpu
+    if cpu and cpu.ms_per_image is not None:
+        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in cpu.ms_per_image_by_kind.model_dump().items() if ms)
+        lines.append(f"server CPU per image: {cpu.ms_per_image:.1f} ms ({kinds})")
+    sat = summary.saturation
     if sat:
-        lines.append(f"saturation: {sat['images_per_second']:.1f} img/s at {sat['users']} users "
-                     f"(p99 {_fmt(sat['latency_ms']['p99'], '.0f')} ms <= {sat['p99_target_ms']:g} ms)")
+        lines.append(f"saturation: {sat.images_per_second:.1f} img/s at {sat.users} users "
+                     f"(p99 {_fmt(sat.latency_ms.p99, '.0f')} ms <= {sat.p99_target_ms:g} ms)")
     else:
         lines.append("saturation: no step kept p99 under the target with few enough failures")
-    for reason, count in summary["failure_reasons"].items():
+    for reason, count in summary.failure_reasons.items():
         lines.append(f"failure: {count} x {reason}")
-    check = summary["metrics_check"]
+    check = summary.metrics_check
     if check:
-        if check.get("agrees") is None:
-            lines.append(f"metrics cross-check: unavailable ({check.get('note')})")
+        if check.agrees is None:
+            lines.append(f"metrics cross-check: unavailable ({check.note})")
         else:
-            lines.append(f"metrics cross-check: server counted {check['server_images']:.0f} images, load test "
-                         f"{check['client_images']} ({check['difference_ratio']:.1%} apart, "
-                         f"{'within' if check['agrees'] else 'OUTSIDE'} {check['tolerance']:.0%})")
-    for item in summary["thresholds"]["breached"]:
+            lines.append(f"metrics cross-check: server counted {check.server_images:.0f} images, load test "
+                         f"{check.client_images} ({check.difference_ratio:.1%} apart, "
+                         f"{'within' if check.agrees else 'OUTSIDE'} {check.tolerance:.0%})")
+    for item in summary.thresholds.breached:
         lines.append(f"THRESHOLD: {item}")
     return "\n".join(lines)

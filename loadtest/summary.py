@@ -6,7 +6,8 @@ summary.json (every key always present; null where it does not apply):
     latency_ms {p50, p95, p99, mean, max}   whole run, every request (failed ones too)
     failure_reasons {reason: count}
     saturation {users, images_per_second, latency_ms, fail_ratio, p99_target_ms} | null
-    steps [{users, seconds, images, requests, failures, fail_ratio, images_per_second, latency_ms}]
+    steps [{users, t_start, t_end, seconds, images, requests, failures, fail_ratio, images_per_second,
+            requests_per_second, latency_ms}]   (measure.results.Step)
     server   what GET /v1/models said: id, embedding_dim, backend, lnc, buckets, replicas, ...
     server_cpu {ms_per_image, ms_per_image_by_kind {proxy, ingress, encoder, ...}, seconds, processes} | null
              (measure.results.ServerCpuResult, as siglip-serve bench records it per concurrency)

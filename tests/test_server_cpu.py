@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from measure.poll import poll
 from measure.server_cpu import ServerCpu, process_kind
 from serve.runner import free_port
 
@@ -35,12 +36,7 @@ def test_children_cpu_is_counted_and_the_client_is_not() -> None:
     before = server.snapshot()
     child = subprocess.Popen([sys.executable, "-c", BURN.format(seconds=0.4) + "time.sleep(30)"])
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            after = server.snapshot()
-            if after.get(child.pid, ("", 0.0))[1] >= 0.4:
-                break
-            time.sleep(0.1)
+        poll(server.snapshot, lambda seen: seen.get(child.pid, ("", 0.0))[1] >= 0.4, timeout_s=20, interval_s=0.1)
         # Burn in the client itself: it must not show up.
         end = time.process_time() + 0.3
         while time.process_time() < end:
@@ -65,15 +61,14 @@ def test_listening_on_finds_the_server_tree() -> None:
             + BURN.format(seconds=0.3) + "time.sleep(30)")
     server_proc = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 20
-        while True:
+        def find() -> ServerCpu | None:
             try:
-                server = ServerCpu.listening_on(port)
-                break
+                return ServerCpu.listening_on(port)
             except LookupError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return None
+
+        server, found, _ = poll(find, lambda server: server is not None, timeout_s=20, interval_s=0.05)
+        assert found and server is not None, f"nothing listens on {port} after 20 s"
         before = server.snapshot()
         assert server_proc.pid in before
         time.sleep(1.0)

@@ -95,9 +95,9 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int,
             before = server.snapshot()
             row = asyncio.run(drive(url, bodies, level, max(requests, level), images_per_request))
             window = ServerCpu.between(before, server.snapshot())
-            row.server_cpu = window.result((row.requests - row.failures) * images_per_request)
+            row.server_cpu = cpu = window.result((row.requests - row.failures) * images_per_request)
             log.info("served at concurrency %d: %.1f img/s, %.1f server CPU-ms per image", level,
-                     row.images_per_second, row.server_cpu.ms_per_image or float("nan"))
+                     row.images_per_second, cpu.ms_per_image or float("nan"))
             rows.append(row)
         return rows
     finally:

@@ -12,7 +12,6 @@ was breached, 2 the test could not run.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -29,6 +28,7 @@ from loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, 
 from loadtest.summary import EXIT_ERROR, build_summary, format_summary
 from measure.corpus import ENDPOINTS, CorpusError, image_files
 from measure.poll import poll
+from measure.results import ResultFileError, RunResults
 from measure.server_cpu import ServerCpu
 
 log = logging.getLogger("siglip_loadtest")
@@ -227,17 +227,17 @@ def run(args: argparse.Namespace) -> int:
     if not results_path.exists():
         log.error("Locust exited with %d and wrote no results (see its log above)", completed.returncode)
         return EXIT_ERROR
-    results = json.loads(results_path.read_text())  # the recorder's raw results (loadtest/recorder.py)
+    results = RunResults.read(results_path)  # written by the recorder inside Locust (loadtest/recorder.py)
 
     check = None
     if args.metrics_url:
-        check = cross_check(args.metrics_url, before, int(results.get("images") or 0), args.metrics_name, labels,
+        check = cross_check(args.metrics_url, before, results.images, args.metrics_name, labels,
                             args.metrics_tolerance, args.metrics_wait)
     outputs = {"summary": str(out / "summary.json"), "results": str(results_path), "html": str(out / "locust.html"),
                "csv": sorted(str(p) for p in out.glob("locust_*.csv"))}
     server_cpu = None
     if server and cpu_before is not None:
-        server_cpu = ServerCpu.between(cpu_before, server.snapshot()).result(int(results.get("images") or 0))
+        server_cpu = ServerCpu.between(cpu_before, server.snapshot()).result(results.images)
     summary = build_summary(results, settings_of(args), outputs, check, args.max_fail_ratio, args.max_p99_ms,
                             args.p99_target_ms, args.step_max_fail_ratio, server_cpu)
     if completed.returncode not in (0, 1):
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (CorpusError, RuntimeError) as exc:
+    except (CorpusError, ResultFileError, RuntimeError) as exc:
         log.error("%s", exc)
         return EXIT_ERROR
 

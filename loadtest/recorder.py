@@ -8,7 +8,6 @@ arrive every few seconds; windows of 10 s and more average that out.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import platform
@@ -20,7 +19,7 @@ import gevent
 
 from loadtest import windows as win
 from loadtest.windows import Snapshot
-from measure.results import LatencyMs, Step
+from measure.results import LatencyMs, Machine, RunResults, ServerInfo, Step
 
 log = logging.getLogger("siglip_loadtest")
 
@@ -111,7 +110,7 @@ class Recorder:
 
     # -- results ---------------------------------------------------------------------------
 
-    def results(self) -> dict[str, Any]:
+    def results(self) -> RunResults:
         stats = self.environment.runner.stats
         entry = self._entry()
         # Locust's own req/s divides by the same span, so img/s here and its report agree.
@@ -123,25 +122,25 @@ class Recorder:
             reasons[reason] = reasons.get(reason, 0) + int(error.occurrences)
         from locust import __version__ as locust_version
 
-        return {
-            "started_at": self.started_wall,
-            "request_name": self.request_name,
-            "images_per_request": self.images_per_request,
-            "requests": int(entry.num_requests),
-            "failures": int(entry.num_failures),
-            "images": images,
-            "duration_s": duration,
-            "images_per_second": images / duration if duration > 0 else 0.0,
-            "requests_per_second": entry.num_requests / duration if duration > 0 else 0.0,
-            "latency_ms": self._latency(entry).model_dump(),
-            "failure_reasons": reasons,
-            "windows": [w.model_dump() for w in self.windows()],
-            "timeline": [{k: v for k, v in s.items() if k != "hist"} for s in self.timeline],
-            "server": self.model,
-            "client": {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                       "locust": locust_version},
-            "notes": self.notes,
-        }
+        return RunResults(
+            started_at=self.started_wall,
+            request_name=self.request_name,
+            images_per_request=self.images_per_request,
+            requests=int(entry.num_requests),
+            failures=int(entry.num_failures),
+            images=images,
+            duration_s=duration,
+            images_per_second=images / duration if duration > 0 else 0.0,
+            requests_per_second=entry.num_requests / duration if duration > 0 else 0.0,
+            latency_ms=self._latency(entry),
+            failure_reasons=reasons,
+            windows=self.windows(),
+            timeline=[{k: v for k, v in s.items() if k != "hist"} for s in self.timeline],
+            server=ServerInfo.model_validate(self.model) if self.model else None,
+            client=Machine(host=platform.node(), platform=platform.platform(), cpus=os.cpu_count(),
+                           locust=locust_version),
+            notes=self.notes,
+        )
 
     @staticmethod
     def _latency(entry: Any) -> LatencyMs:
@@ -154,7 +153,7 @@ class Recorder:
     def write(self, path: str | Path) -> None:
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.results(), indent=2, default=str))
+        self.results().write(out)
         log.info("results written to %s", out)
 
 

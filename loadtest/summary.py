@@ -23,60 +23,55 @@ from __future__ import annotations
 from typing import Any
 
 from loadtest.windows import saturation
-from measure.results import LatencyMs, LoadTestSummary, MetricsCheck, ServerCpuResult, Step, Thresholds
+from measure.results import LoadTestSummary, MetricsCheck, RunResults, ServerCpuResult, Thresholds
 
 EXIT_OK = 0
 EXIT_THRESHOLD = 1
 EXIT_ERROR = 2
 
 
-def breached_thresholds(results: dict[str, Any], max_fail_ratio: float | None,
+def breached_thresholds(requests: int, failures: int, p99: float | None, max_fail_ratio: float | None,
                         max_p99_ms: float | None) -> list[str]:
     """What the run broke, in words; empty when it passed."""
     breached = []
-    requests = results.get("requests") or 0
-    failures = results.get("failures") or 0
     if requests == 0:
         breached.append("no requests were made")
     fail_ratio = failures / requests if requests else 1.0
     if max_fail_ratio is not None and fail_ratio > max_fail_ratio:
         breached.append(f"fail ratio {fail_ratio:.4f} > --max-fail-ratio {max_fail_ratio:g}")
-    p99 = (results.get("latency_ms") or {}).get("p99")
     if max_p99_ms is not None and p99 is not None and p99 > max_p99_ms:
         breached.append(f"p99 {p99:g} ms > --max-p99-ms {max_p99_ms:g}")
     return breached
 
 
-def build_summary(results: dict[str, Any], settings: dict[str, Any], outputs: dict[str, Any],
+def build_summary(results: RunResults, settings: dict[str, Any], outputs: dict[str, Any],
                   metrics_check: MetricsCheck | None, max_fail_ratio: float | None,
                   max_p99_ms: float | None, p99_target_ms: float, step_max_fail_ratio: float,
                   server_cpu: ServerCpuResult | None = None) -> LoadTestSummary:
     """The summary of the recorder's results.json (loadtest/recorder.py, written inside Locust)."""
-    requests = int(results.get("requests") or 0)
-    failures = int(results.get("failures") or 0)
-    steps = [Step.model_validate(step) for step in results.get("windows") or []]
-    breached = breached_thresholds(results, max_fail_ratio, max_p99_ms)
+    requests, failures = results.requests, results.failures
+    breached = breached_thresholds(requests, failures, results.latency_ms.p99, max_fail_ratio, max_p99_ms)
     return LoadTestSummary(
-        images_per_second=results.get("images_per_second", 0.0),
-        requests_per_second=results.get("requests_per_second", 0.0),
-        images=results.get("images", 0),
+        images_per_second=results.images_per_second,
+        requests_per_second=results.requests_per_second,
+        images=results.images,
         requests=requests,
         failures=failures,
         fail_ratio=failures / requests if requests else None,
-        duration_s=results.get("duration_s"),
-        latency_ms=LatencyMs.model_validate(results.get("latency_ms") or {}),
-        failure_reasons=results.get("failure_reasons") or {},
-        saturation=saturation(steps, p99_target_ms, step_max_fail_ratio),
-        steps=steps,
-        server=results.get("server"),
+        duration_s=results.duration_s,
+        latency_ms=results.latency_ms,
+        failure_reasons=results.failure_reasons,
+        saturation=saturation(results.windows, p99_target_ms, step_max_fail_ratio),
+        steps=results.windows,
+        server=results.server,
         server_cpu=server_cpu,
-        client=results.get("client"),
+        client=results.client,
         metrics_check=metrics_check,
         thresholds=Thresholds(max_fail_ratio=max_fail_ratio, max_p99_ms=max_p99_ms, breached=breached),
         exit_code=EXIT_THRESHOLD if breached else EXIT_OK,
         settings=settings,
         outputs=outputs,
-        notes=results.get("notes") or [],
+        notes=list(results.notes),
     )
 
 

@@ -8,6 +8,7 @@ names the file and the field, not a silently missing row.
 
     BenchResult         siglip-serve bench --json FILE        (measure/bench.py, measure/served.py)
     MulticoreResult     python -m measure.multicore --json    (measure/multicore.py)
+    RunResults          Locust's recorder -> OUT/results.json  (loadtest/recorder.py)
     LoadTestSummary     siglip-serve loadtest -> OUT/summary.json (loadtest/cli.py, loadtest/summary.py)
     InstanceReport      siglip-serve loadtest report -> OUT/report.json (measure/report.py)
 """
@@ -254,6 +255,29 @@ class Thresholds(Result):
     max_fail_ratio: float | None
     max_p99_ms: float | None
     breached: list[str]
+
+
+class RunResults(Result):
+    """What the recorder inside Locust hands the CLI (OUT/results.json): the whole run, its windows
+    and the per-second timeline."""
+
+    started_at: float | None
+    request_name: str
+    images_per_request: int
+    requests: int
+    failures: int
+    images: int
+    duration_s: float
+    images_per_second: float
+    requests_per_second: float
+    latency_ms: LatencyMs
+    failure_reasons: dict[str, int]
+    windows: list[Step]
+    # {t, users, state, requests, failures} about once a second
+    timeline: list[dict[str, Any]]
+    server: ServerInfo | None
+    client: Machine
+    notes: list[str]
 
 
 class LoadTestSummary(Commented):

@@ -81,12 +81,14 @@ def cross_check(url: str, before: float | None, client_images: int, name: str = 
         return after is not None and after - (before or 0.0) >= max(client_images, 1)
 
     (after, error), _, waited = poll(attempt, caught_up, wait_s, interval_s=1.0, sleep=sleep)
-    common = {"url": url, "metric": name, "labels": match or {}, "tolerance": tolerance, "server_before": before,
-              "server_after": after, "client_images": client_images, "waited_s": round(waited, 1)}
+    check = MetricsCheck(url=url, metric=name, labels=match or {}, tolerance=tolerance, server_before=before,
+                         server_after=after, client_images=client_images, waited_s=round(waited, 1),
+                         server_images=None, difference_ratio=None, agrees=None,
+                         note=error or f"no series named {name} at {url}")
     if after is None:
-        return MetricsCheck(**common, server_images=None, difference_ratio=None, agrees=None,
-                            note=error or f"no series named {name} at {url}")
+        return check
     server = after - (before or 0.0)
     difference, agrees = compare(server, client_images, tolerance)
-    return MetricsCheck(**common, server_images=server, difference_ratio=difference, agrees=agrees,
-                        note=None if before is not None else f"{name} had no series before the test: counted from 0")
+    return check.model_copy(update={
+        "server_images": server, "difference_ratio": difference, "agrees": agrees,
+        "note": None if before is not None else f"{name} had no series before the test: counted from 0"})

@@ -34,7 +34,7 @@ def throughput_vs_users(steps: list[Step], saturation: OperatingPoint | None,
     fig, ax = plt.subplots(figsize=(7, 4.2))
     users = [s.users for s in steps]
     ax.plot(users, [s.images_per_second for s in steps], marker="o", label="served (load test)")
-    if saturation:
+    if saturation and saturation.users is not None:
         ax.scatter([saturation.users], [saturation.images_per_second], s=120, facecolors="none",
                    edgecolors="red", zorder=3, label=f"saturation {saturation.images_per_second:.1f} img/s")
     if multicore_total:

@@ -2,7 +2,7 @@
 
     siglip-serve loadtest --host http://127.0.0.1:8000 --users 16 --run-time 60s --out lt
     siglip-serve loadtest --host ... --step-users 8 --step-time 30 --max-users 64 --p99-target-ms 250
-    siglip-serve loadtest report ...          (the instance-throughput report: loadtest/report.py)
+    siglip-serve loadtest report ...          (the instance-throughput report: measure/report.py)
 
 Locust runs in a subprocess: its gevent monkey-patching must come before ssl is imported, which
 this process cannot promise. Exit code: 0 passed, 1 a threshold (--max-fail-ratio, --max-p99-ms)
@@ -12,27 +12,27 @@ was breached, 2 the test could not run.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
-from loadtest.corpus import ENDPOINTS, CorpusError, image_files
 from loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
-from loadtest.server_cpu import ServerCpu
 from loadtest.summary import EXIT_ERROR, build_summary, format_summary
+from measure.corpus import ENDPOINTS, CorpusError, image_files
+from measure.poll import poll
+from measure.results import ResultFileError, RunResults
+from measure.server_cpu import ServerCpu
 
 log = logging.getLogger("siglip_loadtest")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness poll and scrape is noise
 
 HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parent
@@ -40,7 +40,10 @@ API_KEY_ENV = "SIGLIP_LOADTEST_API_KEY"
 
 
 def parse_duration(text: str) -> float:
-    """Locust's run-time syntax: 90, 90s, 1m30s, 2h."""
+    """Locust's run-time syntax: 90, 90s, 1m30s, 2h.
+
+    Not locust.util.timespan.parse_timespan: importing any module of Locust runs its package's
+    gevent monkey-patching, which this process must not do (see the module docstring)."""
     text = text.strip()
     if text.isdigit():
         return float(text)
@@ -121,21 +124,15 @@ def check_args(args: argparse.Namespace) -> None:
 
 def wait_ready(host: str, timeout_s: float) -> None:
     """Poll GET /readyz until 200: a test that starts while replicas load measures the loading."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while True:
+    def probe() -> str:
         try:
-            with urllib.request.urlopen(f"{host}/readyz", timeout=10) as response:  # noqa: S310
-                if response.status == 200:
-                    return
-                last = f"HTTP {response.status}"
-        except urllib.error.HTTPError as exc:
-            last = f"HTTP {exc.code}"
-        except OSError as exc:
-            last = str(exc)
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"{host}/readyz not ready after {timeout_s:g} s ({last})")
-        time.sleep(1.0)
+            return f"HTTP {httpx.get(f'{host}/readyz', timeout=10).status_code}"
+        except httpx.HTTPError as exc:
+            return str(exc) or type(exc).__name__
+
+    last, ready, _ = poll(probe, lambda answer: answer == "HTTP 200", timeout_s, interval_s=1.0)
+    if not ready:
+        raise RuntimeError(f"{host}/readyz not ready after {timeout_s:g} s ({last})")
 
 
 def locust_command(args: argparse.Namespace, out: Path) -> list[str]:
@@ -230,35 +227,32 @@ def run(args: argparse.Namespace) -> int:
     if not results_path.exists():
         log.error("Locust exited with %d and wrote no results (see its log above)", completed.returncode)
         return EXIT_ERROR
-    results = json.loads(results_path.read_text())
+    results = RunResults.read(results_path)  # written by the recorder inside Locust (loadtest/recorder.py)
 
     check = None
     if args.metrics_url:
-        check = cross_check(args.metrics_url, before, int(results.get("images") or 0), args.metrics_name, labels,
+        check = cross_check(args.metrics_url, before, results.images, args.metrics_name, labels,
                             args.metrics_tolerance, args.metrics_wait)
     outputs = {"summary": str(out / "summary.json"), "results": str(results_path), "html": str(out / "locust.html"),
                "csv": sorted(str(p) for p in out.glob("locust_*.csv"))}
     server_cpu = None
     if server and cpu_before is not None:
-        window = ServerCpu.between(cpu_before, server.snapshot())
-        per_image = window.per_image_ms(int(results.get("images") or 0))
-        server_cpu = {"ms_per_image": per_image.pop("total"), "ms_per_image_by_kind": per_image,
-                      "seconds": window.total_seconds, "processes": window.processes}
+        server_cpu = ServerCpu.between(cpu_before, server.snapshot()).result(results.images)
     summary = build_summary(results, settings_of(args), outputs, check, args.max_fail_ratio, args.max_p99_ms,
                             args.p99_target_ms, args.step_max_fail_ratio, server_cpu)
     if completed.returncode not in (0, 1):
-        summary["notes"].append(f"Locust exited with {completed.returncode}")
-        summary["exit_code"] = EXIT_ERROR
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        summary.notes.append(f"Locust exited with {completed.returncode}")
+        summary.exit_code = EXIT_ERROR
+    summary.write(out / "summary.json")
     print(format_summary(summary))
     print(f"summary: {out / 'summary.json'}   report: {out / 'locust.html'}")
-    return int(summary["exit_code"])
+    return summary.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
-        from loadtest import report
+        from measure import report
 
         return report.main(argv[1:])
     if not logging.getLogger().handlers:
@@ -266,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (CorpusError, RuntimeError) as exc:
+    except (CorpusError, ResultFileError, RuntimeError) as exc:
         log.error("%s", exc)
         return EXIT_ERROR
 

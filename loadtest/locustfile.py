@@ -21,11 +21,11 @@ import random
 import uuid
 from typing import Any
 
-import requests
+import httpx
 
-from loadtest.corpus import ENDPOINTS, RequestBody, build_bodies, load_corpus, request_name
 from loadtest.recorder import Recorder, rewrite_final_csv
 from loadtest.validate import check_response
+from measure.corpus import ENDPOINTS, RequestBody, build_bodies, load_corpus, request_name
 
 log = logging.getLogger("siglip_loadtest")
 
@@ -71,7 +71,7 @@ def _options(parser: Any) -> None:
 
 
 def _fetch_model(host: str, headers: dict[str, str]) -> dict[str, Any]:
-    response = requests.get(f"{host}/v1/models", headers=headers, timeout=30)
+    response = httpx.get(f"{host}/v1/models", headers=headers, timeout=30)
     if response.status_code != 200:
         raise RuntimeError(f"GET /v1/models answered {response.status_code}: {response.text[:200]}")
     entry = response.json()["data"][0]

@@ -3,49 +3,35 @@
 The cross-check compares the images the load test counted with the server's own
 `ray_siglip_images_embedded_total` over the same window: scraped before and after, each time
 summed over every series (one per ingress replica and endpoint), optionally only the series
-whose labels match. No Locust here: the CLI runs it outside the Locust process.
+whose labels match. The text is parsed by prometheus_client's parser. No Locust here: the CLI
+runs it outside the Locust process.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
-import urllib.request
 from collections.abc import Callable
-from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from measure.poll import poll
+from measure.results import MetricsCheck
 
 IMAGES_METRIC = "ray_siglip_images_embedded_total"
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
 
 class MetricsError(RuntimeError):
-    """The metrics endpoint could not be read."""
-
-
-def _unescape(value: str) -> str:
-    return value.replace(r"\\", "\x00").replace(r"\"", '"').replace(r"\n", "\n").replace("\x00", "\\")
+    """The metrics endpoint could not be read, or did not answer Prometheus text."""
 
 
 def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of every sample line; comments and malformed lines are skipped."""
-    samples = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        labels = {k: _unescape(v) for k, v in _LABEL.findall(match.group("labels") or "")}
-        try:
-            value = float(match.group("value"))
-        except ValueError:
-            continue
-        samples.append((match.group("name"), labels, value))
-    return samples
+    """(name, labels, value) of every sample; MetricsError when the text is not Prometheus text."""
+    try:
+        return [(sample.name, dict(sample.labels), float(sample.value))
+                for family in text_string_to_metric_families(text) for sample in family.samples]
+    except ValueError as exc:
+        raise MetricsError(f"not Prometheus text: {exc}") from None
 
 
 def sum_metric(text: str, name: str, match: dict[str, str] | None = None) -> float | None:
@@ -57,11 +43,14 @@ def sum_metric(text: str, name: str, match: dict[str, str] | None = None) -> flo
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> str:
+    import httpx
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - an operator-given URL
-            return response.read().decode("utf-8", errors="replace")
-    except OSError as exc:
+        response = httpx.get(url, timeout=timeout_s)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
         raise MetricsError(f"could not read metrics from {url}: {exc}") from None
+    return response.text
 
 
 def compare(server_images: float, client_images: int, tolerance: float) -> tuple[float, bool]:
@@ -73,7 +62,7 @@ def compare(server_images: float, client_images: int, tolerance: float) -> tuple
 
 def cross_check(url: str, before: float | None, client_images: int, name: str = IMAGES_METRIC,
                 match: dict[str, str] | None = None, tolerance: float = 0.05, wait_s: float = 30.0,
-                read: Callable[[str], str] = scrape, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+                read: Callable[[str], str] = scrape, sleep: Callable[[float], None] = time.sleep) -> MetricsCheck:
     """Scrape after the test until the server's count has caught up, or `wait_s` passes.
 
     Ray exports a worker's metrics every `metrics_report_interval_ms` (10 s by default), so the
@@ -81,29 +70,25 @@ def cross_check(url: str, before: float | None, client_images: int, name: str = 
     perhaps a few more the client gave up on), so its count has caught up once it reaches the
     client's; until then, keep polling. Agreement is judged on the last value read.
     """
-    began = time.monotonic()
-    after: float | None = None
-    error: str | None = None
-    while True:
+    def attempt() -> tuple[float | None, str | None]:
         try:
-            after = sum_metric(read(url), name, match)
-            error = None
+            return sum_metric(read(url), name, match), None
         except MetricsError as exc:
-            error = str(exc)
-        caught_up = after is not None and after - (before or 0.0) >= max(client_images, 1)
-        if caught_up or time.monotonic() - began >= wait_s:
-            break
-        sleep(1.0)
-    waited = round(time.monotonic() - began, 1)
-    result: dict[str, Any] = {"url": url, "metric": name, "labels": match or {}, "tolerance": tolerance,
-                              "server_before": before, "server_after": after, "client_images": client_images,
-                              "waited_s": waited}
+            return None, str(exc)
+
+    def caught_up(read_back: tuple[float | None, str | None]) -> bool:
+        after = read_back[0]
+        return after is not None and after - (before or 0.0) >= max(client_images, 1)
+
+    (after, error), _, waited = poll(attempt, caught_up, wait_s, interval_s=1.0, sleep=sleep)
+    check = MetricsCheck(url=url, metric=name, labels=match or {}, tolerance=tolerance, server_before=before,
+                         server_after=after, client_images=client_images, waited_s=round(waited, 1),
+                         server_images=None, difference_ratio=None, agrees=None,
+                         note=error or f"no series named {name} at {url}")
     if after is None:
-        result.update(server_images=None, difference_ratio=None, agrees=None,
-                      note=error or f"no series named {name} at {url}")
-        return result
+        return check
     server = after - (before or 0.0)
     difference, agrees = compare(server, client_images, tolerance)
-    result.update(server_images=server, difference_ratio=difference, agrees=agrees,
-                  note=None if before is not None else f"{name} had no series before the test: counted from 0")
-    return result
+    return check.model_copy(update={
+        "server_images": server, "difference_ratio": difference, "agrees": agrees,
+        "note": None if before is not None else f"{name} had no series before the test: counted from 0"})

@@ -8,7 +8,6 @@ arrive every few seconds; windows of 10 s and more average that out.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import platform
@@ -20,6 +19,7 @@ import gevent
 
 from loadtest import windows as win
 from loadtest.windows import Snapshot
+from measure.results import LatencyMs, Machine, RunResults, ServerInfo, Step
 
 log = logging.getLogger("siglip_loadtest")
 
@@ -34,7 +34,7 @@ class Recorder:
         self.interval_s = interval_s
         self.progress_every_s = progress_every_s
         self.timeline: list[Snapshot] = []
-        self.closed_windows: list[dict[str, Any]] = []
+        self.closed_windows: list[Step] = []
         self.model: dict[str, Any] | None = None
         self.started: float | None = None
         self.started_wall: float | None = None
@@ -92,25 +92,25 @@ class Recorder:
                  now["t"], now["users"], images / seconds if seconds else 0.0,
                  f"{p99:.0f}" if p99 is not None else "-", failures, now["failures"], now["requests"])
 
-    def windows(self) -> list[dict[str, Any]]:
+    def windows(self) -> list[Step]:
         """Every step's window. A step closed by the step shape keeps the window it was judged on
         (and printed), so the live step line and summary.json give the same img/s."""
-        closed = {w["users"] for w in self.closed_windows}
-        later = [w for w in win.windows(self.timeline, self.images_per_request) if w["users"] not in closed]
-        return sorted(self.closed_windows + later, key=lambda w: w["t_start"])
+        closed = {w.users for w in self.closed_windows}
+        later = [w for w in win.windows(self.timeline, self.images_per_request) if w.users not in closed]
+        return sorted(self.closed_windows + later, key=lambda w: w.t_start)
 
-    def close_window(self, users: int) -> dict[str, Any] | None:
+    def close_window(self, users: int) -> Step | None:
         """The window of the step at `users` as of now, frozen: later snapshots no longer change it."""
         self.snapshot()
-        mine = [w for w in win.windows(self.timeline, self.images_per_request) if w["users"] == users]
+        mine = [w for w in win.windows(self.timeline, self.images_per_request) if w.users == users]
         if not mine:
             return None
-        self.closed_windows = [w for w in self.closed_windows if w["users"] != users] + [mine[-1]]
+        self.closed_windows = [w for w in self.closed_windows if w.users != users] + [mine[-1]]
         return mine[-1]
 
     # -- results ---------------------------------------------------------------------------
 
-    def results(self) -> dict[str, Any]:
+    def results(self) -> RunResults:
         stats = self.environment.runner.stats
         entry = self._entry()
         # Locust's own req/s divides by the same span, so img/s here and its report agree.
@@ -122,32 +122,38 @@ class Recorder:
             reasons[reason] = reasons.get(reason, 0) + int(error.occurrences)
         from locust import __version__ as locust_version
 
-        return {
-            "started_at": self.started_wall,
-            "request_name": self.request_name,
-            "images_per_request": self.images_per_request,
-            "requests": int(entry.num_requests),
-            "failures": int(entry.num_failures),
-            "images": images,
-            "duration_s": duration,
-            "images_per_second": images / duration if duration > 0 else 0.0,
-            "requests_per_second": entry.num_requests / duration if duration > 0 else 0.0,
-            "latency_ms": {**win.latency_summary(entry.response_times),
-                           "mean": entry.avg_response_time if entry.num_requests else None,
-                           "max": entry.max_response_time if entry.num_requests else None},
-            "failure_reasons": reasons,
-            "windows": self.windows(),
-            "timeline": [{k: v for k, v in s.items() if k != "hist"} for s in self.timeline],
-            "server": self.model,
-            "client": {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                       "locust": locust_version},
-            "notes": self.notes,
-        }
+        return RunResults(
+            started_at=self.started_wall,
+            request_name=self.request_name,
+            images_per_request=self.images_per_request,
+            requests=int(entry.num_requests),
+            failures=int(entry.num_failures),
+            images=images,
+            duration_s=duration,
+            images_per_second=images / duration if duration > 0 else 0.0,
+            requests_per_second=entry.num_requests / duration if duration > 0 else 0.0,
+            latency_ms=self._latency(entry),
+            failure_reasons=reasons,
+            windows=self.windows(),
+            timeline=[{k: v for k, v in s.items() if k != "hist"} for s in self.timeline],
+            server=ServerInfo.model_validate(self.model) if self.model else None,
+            client=Machine(host=platform.node(), platform=platform.platform(), cpus=os.cpu_count(),
+                           locust=locust_version),
+            notes=self.notes,
+        )
+
+    @staticmethod
+    def _latency(entry: Any) -> LatencyMs:
+        """The whole run's figures are Locust's own (its percentile rule), as its CSV and HTML show them."""
+        if not entry.num_requests:
+            return LatencyMs()
+        p50, p95, p99 = (float(entry.get_response_time_percentile(q)) for q in (0.50, 0.95, 0.99))
+        return LatencyMs(p50=p50, p95=p95, p99=p99, mean=entry.avg_response_time, max=entry.max_response_time)
 
     def write(self, path: str | Path) -> None:
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.results(), indent=2, default=str))
+        self.results().write(out)
         log.info("results written to %s", out)
 
 

@@ -1,16 +1,19 @@
-"""`summary.json` from the recorder's results, the thresholds that set the exit code, and a table.
+"""`summary.json` (measure.results.LoadTestSummary) from the recorder's results, the thresholds that
+set the exit code, and a table.
 
 summary.json (every key always present; null where it does not apply):
     images_per_second, requests_per_second, images, requests, failures, fail_ratio, duration_s,
     latency_ms {p50, p95, p99, mean, max}   whole run, every request (failed ones too)
     failure_reasons {reason: count}
     saturation {users, images_per_second, latency_ms, fail_ratio, p99_target_ms} | null
-    steps [{users, seconds, images, requests, failures, fail_ratio, images_per_second, latency_ms}]
+    steps [{users, t_start, t_end, seconds, images, requests, failures, fail_ratio, images_per_second,
+            requests_per_second, latency_ms}]   (measure.results.Step)
     server   what GET /v1/models said: id, embedding_dim, backend, lnc, buckets, replicas, ...
     server_cpu {ms_per_image, ms_per_image_by_kind {proxy, ingress, encoder, ...}, seconds, processes} | null
+             (measure.results.ServerCpuResult, as siglip-serve bench records it per concurrency)
              the whole service process tree's CPU over the run, when the service runs on this machine
     client   the machine that ran Locust
-    metrics_check  see loadtest.promtext.cross_check | null
+    metrics_check  measure.results.MetricsCheck (loadtest.promtext.cross_check) | null
     thresholds {max_fail_ratio, max_p99_ms, breached: [...]}
     exit_code, settings, outputs, notes
 """
@@ -20,98 +23,95 @@ from __future__ import annotations
 from typing import Any
 
 from loadtest.windows import saturation
+from measure.results import LoadTestSummary, MetricsCheck, RunResults, ServerCpuResult, Thresholds
 
 EXIT_OK = 0
 EXIT_THRESHOLD = 1
 EXIT_ERROR = 2
 
 
-def breached_thresholds(results: dict[str, Any], max_fail_ratio: float | None,
+def breached_thresholds(requests: int, failures: int, p99: float | None, max_fail_ratio: float | None,
                         max_p99_ms: float | None) -> list[str]:
     """What the run broke, in words; empty when it passed."""
     breached = []
-    requests = results.get("requests") or 0
-    failures = results.get("failures") or 0
     if requests == 0:
         breached.append("no requests were made")
     fail_ratio = failures / requests if requests else 1.0
     if max_fail_ratio is not None and fail_ratio > max_fail_ratio:
         breached.append(f"fail ratio {fail_ratio:.4f} > --max-fail-ratio {max_fail_ratio:g}")
-    p99 = (results.get("latency_ms") or {}).get("p99")
     if max_p99_ms is not None and p99 is not None and p99 > max_p99_ms:
         breached.append(f"p99 {p99:g} ms > --max-p99-ms {max_p99_ms:g}")
     return breached
 
 
-def build_summary(results: dict[str, Any], settings: dict[str, Any], outputs: dict[str, Any],
-                  metrics_check: dict[str, Any] | None, max_fail_ratio: float | None,
+def build_summary(results: RunResults, settings: dict[str, Any], outputs: dict[str, Any],
+                  metrics_check: MetricsCheck | None, max_fail_ratio: float | None,
                   max_p99_ms: float | None, p99_target_ms: float, step_max_fail_ratio: float,
-                  server_cpu: dict[str, Any] | None = None) -> dict[str, Any]:
-    requests = int(results.get("requests") or 0)
-    failures = int(results.get("failures") or 0)
-    steps = list(results.get("windows") or [])
-    breached = breached_thresholds(results, max_fail_ratio, max_p99_ms)
-    return {
-        "images_per_second": results.get("images_per_second", 0.0),
-        "requests_per_second": results.get("requests_per_second", 0.0),
-        "images": results.get("images", 0),
-        "requests": requests,
-        "failures": failures,
-        "fail_ratio": failures / requests if requests else None,
-        "duration_s": results.get("duration_s"),
-        "latency_ms": results.get("latency_ms") or {"p50": None, "p95": None, "p99": None},
-        "failure_reasons": results.get("failure_reasons") or {},
-        "saturation": saturation(steps, p99_target_ms, step_max_fail_ratio),
-        "steps": steps,
-        "server": results.get("server"),
-        "server_cpu": server_cpu,
-        "client": results.get("client"),
-        "metrics_check": metrics_check,
-        "thresholds": {"max_fail_ratio": max_fail_ratio, "max_p99_ms": max_p99_ms, "breached": breached},
-        "exit_code": EXIT_THRESHOLD if breached else EXIT_OK,
-        "settings": settings,
-        "outputs": outputs,
-        "notes": results.get("notes") or [],
-    }
+                  server_cpu: ServerCpuResult | None = None) -> LoadTestSummary:
+    """The summary of the recorder's results.json (loadtest/recorder.py, written inside Locust)."""
+    requests, failures = results.requests, results.failures
+    breached = breached_thresholds(requests, failures, results.latency_ms.p99, max_fail_ratio, max_p99_ms)
+    return LoadTestSummary(
+        images_per_second=results.images_per_second,
+        requests_per_second=results.requests_per_second,
+        images=results.images,
+        requests=requests,
+        failures=failures,
+        fail_ratio=failures / requests if requests else None,
+        duration_s=results.duration_s,
+        latency_ms=results.latency_ms,
+        failure_reasons=results.failure_reasons,
+        saturation=saturation(results.windows, p99_target_ms, step_max_fail_ratio),
+        steps=results.windows,
+        server=results.server,
+        server_cpu=server_cpu,
+        client=results.client,
+        metrics_check=metrics_check,
+        thresholds=Thresholds(max_fail_ratio=max_fail_ratio, max_p99_ms=max_p99_ms, breached=breached),
+        exit_code=EXIT_THRESHOLD if breached else EXIT_OK,
+        settings=settings,
+        outputs=outputs,
+        notes=list(results.notes),
+    )
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    lat = summary["latency_ms"]
+def format_summary(summary: LoadTestSummary) -> str:
+    lat = summary.latency_ms
     lines = [
-        f"images/s {_fmt(summary['images_per_second'])}   requests {summary['requests']}   "
-        f"failures {summary['failures']}   p50/p95/p99 {_fmt(lat.get('p50'), '.0f')}/{_fmt(lat.get('p95'), '.0f')}/"
-        f"{_fmt(lat.get('p99'), '.0f')} ms",
+        f"images/s {_fmt(summary.images_per_second)}   requests {summary.requests}   "
+        f"failures {summary.failures}   p50/p95/p99 {_fmt(lat.p50, '.0f')}/{_fmt(lat.p95, '.0f')}/"
+        f"{_fmt(lat.p99, '.0f')} ms",
     ]
-    if summary["steps"]:
+    if summary.steps:
         lines.append(f"{'users':>6} {'img/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'fail':>7}")
-        for step in summary["steps"]:
-            sl = step["latency_ms"]
-            lines.append(f"{step['users']:>6} {step['images_per_second']:>9.1f} {_fmt(sl['p50'], '.0f'):>8} "
-                         f"{_fmt(sl['p95'], '.0f'):>8} {_fmt(sl['p99'], '.0f'):>8} {step['fail_ratio']:>7.3f}")
-    cpu = summary.get("server_cpu")
-    if cpu and cpu["ms_per_image"] is not None:
-        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in cpu["ms_per_image_by_kind"].items() if ms)
-        lines.append(f"server CPU per image: {cpu['ms_per_image']:.1f} ms ({kinds})")
-    sat = summary["saturation"]
+        for step in summary.steps:
+            sl = step.latency_ms
+            lines.append(f"{step.users:>6} {step.images_per_second:>9.1f} {_fmt(sl.p50, '.0f'):>8} "
+                         f"{_fmt(sl.p95, '.0f'):>8} {_fmt(sl.p99, '.0f'):>8} {step.fail_ratio:>7.3f}")
+    cpu = summary.server_cpu
+    if cpu and cpu.ms_per_image is not None:
+        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in cpu.ms_per_image_by_kind.model_dump().items() if ms)
+        lines.append(f"server CPU per image: {cpu.ms_per_image:.1f} ms ({kinds})")
+    sat = summary.saturation
     if sat:
-        lines.append(f"saturation: {sat['images_per_second']:.1f} img/s at {sat['users']} users "
-                     f"(p99 {_fmt(sat['latency_ms']['p99'], '.0f')} ms <= {sat['p99_target_ms']:g} ms)")
+        lines.append(f"saturation: {sat.images_per_second:.1f} img/s at {sat.users} users "
+                     f"(p99 {_fmt(sat.latency_ms.p99, '.0f')} ms <= {sat.p99_target_ms:g} ms)")
     else:
         lines.append("saturation: no step kept p99 under the target with few enough failures")
-    for reason, count in summary["failure_reasons"].items():
+    for reason, count in summary.failure_reasons.items():
         lines.append(f"failure: {count} x {reason}")
-    check = summary["metrics_check"]
+    check = summary.metrics_check
     if check:
-        if check.get("agrees") is None:
-            lines.append(f"metrics cross-check: unavailable ({check.get('note')})")
+        if check.agrees is None:
+            lines.append(f"metrics cross-check: unavailable ({check.note})")
         else:
-            lines.append(f"metrics cross-check: server counted {check['server_images']:.0f} images, load test "
-                         f"{check['client_images']} ({check['difference_ratio']:.1%} apart, "
-                         f"{'within' if check['agrees'] else 'OUTSIDE'} {check['tolerance']:.0%})")
-    for item in summary["thresholds"]["breached"]:
+            lines.append(f"metrics cross-check: server counted {check.server_images:.0f} images, load test "
+                         f"{check.client_images} ({check.difference_ratio:.1%} apart, "
+                         f"{'within' if check.agrees else 'OUTSIDE'} {check.tolerance:.0%})")
+    for item in summary.thresholds.breached:
         lines.append(f"THRESHOLD: {item}")
     return "\n".join(lines)

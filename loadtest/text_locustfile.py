@@ -20,10 +20,10 @@ import random
 import uuid
 from typing import Any
 
-import requests
+import httpx
 
-from loadtest.corpus import load_corpus
 from loadtest.validate import check_response, error_reason
+from measure.corpus import load_corpus
 
 log = logging.getLogger("siglip_loadtest.text")
 
@@ -53,7 +53,7 @@ def _test_start(environment: Any, **_kw: Any) -> None:
     options = environment.parsed_options
     key = options.text_api_key if options is not None else ""
     TextSetup.headers = {"Authorization": f"Bearer {key}"} if key else {}
-    response = requests.get(f"{(environment.host or '').rstrip('/')}/v1/models", headers=TextSetup.headers, timeout=30)
+    response = httpx.get(f"{(environment.host or '').rstrip('/')}/v1/models", headers=TextSetup.headers, timeout=30)
     response.raise_for_status()
     entry = response.json()["data"][0]
     if "text" not in entry.get("modalities", []):

@@ -3,12 +3,15 @@
 The recorder inside Locust snapshots the cumulative counters (and the response-time histogram,
 Locust's {rounded ms: count}) about once a second. A window is a stretch at a constant user
 count while Locust is running (not spawning); its first `settle_fraction` is dropped so queues
-can fill after a step up. Everything here is plain data, so it is tested without Locust.
+can fill after a step up. Everything here is plain data, so it is tested without Locust (whose
+helpers cannot be imported outside its process: `import locust.<anything>` monkey-patches gevent).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from measure.results import LatencyMs, OperatingPoint, Step
 
 SETTLE_FRACTION = 0.2
 
@@ -30,8 +33,8 @@ def percentile_ms(hist: dict[int, int] | dict[str, int], q: float) -> float | No
     return items[-1][0]
 
 
-def latency_summary(hist: dict[int, int] | dict[str, int]) -> dict[str, float | None]:
-    return {f"p{q}": percentile_ms(hist, q) for q in (50, 95, 99)}
+def latency_summary(hist: dict[int, int] | dict[str, int]) -> LatencyMs:
+    return LatencyMs(p50=percentile_ms(hist, 50), p95=percentile_ms(hist, 95), p99=percentile_ms(hist, 99))
 
 
 def hist_diff(later: dict[Any, int], earlier: dict[Any, int]) -> dict[int, int]:
@@ -44,28 +47,28 @@ def hist_diff(later: dict[Any, int], earlier: dict[Any, int]) -> dict[int, int]:
     return out
 
 
-def _window(first: Snapshot, last: Snapshot, images_per_request: int) -> dict[str, Any]:
+def _window(first: Snapshot, last: Snapshot, images_per_request: int) -> Step:
     seconds = last["t"] - first["t"]
     requests = last["requests"] - first["requests"]
     failures = last["failures"] - first["failures"]
     images = (requests - failures) * images_per_request
-    return {
-        "users": first["users"],
-        "t_start": round(first["t"], 3),
-        "t_end": round(last["t"], 3),
-        "seconds": round(seconds, 3),
-        "requests": requests,
-        "failures": failures,
-        "images": images,
-        "fail_ratio": failures / requests if requests else 0.0,
-        "images_per_second": images / seconds if seconds > 0 else 0.0,
-        "requests_per_second": requests / seconds if seconds > 0 else 0.0,
-        "latency_ms": latency_summary(hist_diff(last["hist"], first["hist"])),
-    }
+    return Step(
+        users=first["users"],
+        t_start=round(first["t"], 3),
+        t_end=round(last["t"], 3),
+        seconds=round(seconds, 3),
+        requests=requests,
+        failures=failures,
+        images=images,
+        fail_ratio=failures / requests if requests else 0.0,
+        images_per_second=images / seconds if seconds > 0 else 0.0,
+        requests_per_second=requests / seconds if seconds > 0 else 0.0,
+        latency_ms=latency_summary(hist_diff(last["hist"], first["hist"])),
+    )
 
 
 def windows(timeline: list[Snapshot], images_per_request: int,
-            settle_fraction: float = SETTLE_FRACTION) -> list[dict[str, Any]]:
+            settle_fraction: float = SETTLE_FRACTION) -> list[Step]:
     """One window per run of 'running' snapshots at a constant user count (at least 2 snapshots)."""
     groups: list[list[Snapshot]] = []
     for snap in timeline:
@@ -86,15 +89,12 @@ def windows(timeline: list[Snapshot], images_per_request: int,
     return out
 
 
-def saturation(steps: list[dict[str, Any]], p99_target_ms: float, max_fail_ratio: float) -> dict[str, Any] | None:
+def saturation(steps: list[Step], p99_target_ms: float, max_fail_ratio: float) -> OperatingPoint | None:
     """The window with the most img/s whose p99 stays at or under the target and whose failures
     stay under max_fail_ratio (a fast stream of 503s is not throughput)."""
     healthy = [w for w in steps
-               if w["latency_ms"]["p99"] is not None and w["latency_ms"]["p99"] <= p99_target_ms
-               and w["fail_ratio"] <= max_fail_ratio and w["images"] > 0]
+               if w.latency_ms.p99 is not None and w.latency_ms.p99 <= p99_target_ms
+               and w.fail_ratio <= max_fail_ratio and w.images > 0]
     if not healthy:
         return None
-    best = max(healthy, key=lambda w: w["images_per_second"])
-    return {"users": best["users"], "images_per_second": best["images_per_second"],
-            "latency_ms": dict(best["latency_ms"]), "fail_ratio": best["fail_ratio"],
-            "p99_target_ms": p99_target_ms}
+    return OperatingPoint.of(max(healthy, key=lambda w: w.images_per_second), p99_target_ms)

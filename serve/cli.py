@@ -177,7 +177,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
             sys.stderr.flush()
             os._exit(code)
         if args.command == "bench":
-            from serve.bench import run_bench
+            from measure.bench import run_bench
 
             settings = {**model_args(args), **parse_set(args.set), "replicas": args.replicas}
             return run_bench(ServiceConfig.from_args(settings), args)

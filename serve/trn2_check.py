@@ -211,7 +211,7 @@ def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
                           "--artifact-dir", run.artifacts[line], "--ready-timeout", str(900 * timeout_scale)],
              1200 * timeout_scale, needs=(f"compile-{line}",), outputs=(f"serve-{line}.json",)),
         Step(f"multicore-{line}", f"multi-core bench, one worker per logical core ({line} line)",
-             lambda run: [py(run), "-m", "models.multicore_bench", "--backend", backend, "--model", MODEL,
+             lambda run: [py(run), "-m", "measure.multicore", "--backend", backend, "--model", MODEL,
                           "--artifact-dir", run.artifacts[line], "--cores", str(run.cores or 8 // (run.lnc or 2)),
                           "--bucket", "1", "--warmup", "5", "--iterations", str(iterations),
                           "--json", f"multicore-{line}.json"],

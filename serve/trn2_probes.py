@@ -83,6 +83,7 @@ def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) ->
     read /v1/models, stop it. Raises RuntimeError naming what went wrong."""
     import httpx
 
+    from measure.poll import poll
     from serve.runner import free_port
 
     port, metrics_port = free_port(), free_port()
@@ -95,17 +96,16 @@ def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) ->
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=60) as client:
-            while True:
+            def ready() -> bool:
                 if proc.poll() is not None:
                     raise RuntimeError(f"siglip-serve run exited with code {proc.returncode} before it was ready")
-                if time.monotonic() - began > ready_timeout_s:
-                    raise RuntimeError(f"not ready within {ready_timeout_s:.0f} s")
                 try:
-                    if client.get("/readyz").status_code == 200:
-                        break
+                    return client.get("/readyz").status_code == 200
                 except httpx.TransportError:
-                    pass
-                time.sleep(2)
+                    return False
+
+            if not poll(ready, bool, ready_timeout_s, interval_s=2.0)[1]:
+                raise RuntimeError(f"not ready within {ready_timeout_s:.0f} s")
             ready_s = time.monotonic() - began
             response = client.post("/v1/embeddings/image", content=_photo_jpeg(),
                                    headers={"Content-Type": "image/jpeg"})

@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from loadtest import cli, inputs, promtext, report
-from loadtest.corpus import CorpusError, build_bodies, folder_corpus, load_corpus, request_name
+from loadtest import cli, promtext
 from loadtest.summary import breached_thresholds
 from loadtest.validate import check_response
 from loadtest.windows import hist_diff, percentile_ms, saturation, windows
+from measure import report
+from measure.corpus import CorpusError, build_bodies, folder_corpus, load_corpus, request_name
+from measure.results import LatencyMs, LoadTestSummary, Step
+from measure.seed import multicore_seed_by_lnc
 from tests.conftest import API_KEY, ServeCluster, deploy, jpeg_bytes
 
 DATA = Path(__file__).parent / "data"
@@ -55,18 +58,18 @@ def test_windows_group_by_users_drop_settling_and_spawning() -> None:
         _snap(10, 4, 130, 5, {50: 50, 90: 75, 400: 5}),
     ]
     found = windows(timeline, images_per_request=3)
-    assert [w["users"] for w in found] == [2, 4]
+    assert [w.users for w in found] == [2, 4]
     first, second = found
-    assert first["t_start"] == 2 and first["requests"] == 40 and first["images"] == 120
-    assert first["images_per_second"] == pytest.approx(120 / 4)
-    assert first["latency_ms"] == {"p50": 50.0, "p95": 90.0, "p99": 90.0}
-    assert second["failures"] == 0 and second["images_per_second"] == pytest.approx(40 * 3 / 2)
+    assert first.t_start == 2 and first.requests == 40 and first.images == 120
+    assert first.images_per_second == pytest.approx(120 / 4)
+    assert first.latency_ms == LatencyMs(p50=50.0, p95=90.0, p99=90.0)
+    assert second.failures == 0 and second.images_per_second == pytest.approx(40 * 3 / 2)
 
     healthy = saturation(found, p99_target_ms=100, max_fail_ratio=0.01)
-    assert healthy is not None and healthy["users"] == max(found, key=lambda w: w["images_per_second"])["users"]
+    assert healthy is not None and healthy.users == max(found, key=lambda w: w.images_per_second).users
     assert saturation(found, p99_target_ms=10, max_fail_ratio=0.01) is None
-    failing = [{**second, "fail_ratio": 0.5}, first]
-    assert saturation(failing, p99_target_ms=100, max_fail_ratio=0.01)["users"] == 2
+    failing = [second.model_copy(update={"fail_ratio": 0.5}), first]
+    assert saturation(failing, p99_target_ms=100, max_fail_ratio=0.01).users == 2
 
 
 def test_check_response_names_what_is_wrong() -> None:
@@ -108,11 +111,11 @@ def _empty(tmp_path: Path) -> Path:
 
 
 def test_thresholds() -> None:
-    results = {"requests": 200, "failures": 1, "latency_ms": {"p99": 120.0}}
-    assert breached_thresholds(results, max_fail_ratio=0.01, max_p99_ms=200) == []
-    assert len(breached_thresholds(results, max_fail_ratio=0.001, max_p99_ms=None)) == 1
-    assert "p99" in breached_thresholds(results, max_fail_ratio=None, max_p99_ms=100)[0]
-    assert breached_thresholds({"requests": 0, "failures": 0}, None, None) == ["no requests were made"]
+    run = {"requests": 200, "failures": 1, "p99": 120.0}
+    assert breached_thresholds(**run, max_fail_ratio=0.01, max_p99_ms=200) == []
+    assert len(breached_thresholds(**run, max_fail_ratio=0.001, max_p99_ms=None)) == 1
+    assert "p99" in breached_thresholds(**run, max_fail_ratio=None, max_p99_ms=100)[0]
+    assert breached_thresholds(0, 0, None, None, None) == ["no requests were made"]
 
 
 # -- the metrics cross-check on Prometheus text --------------------------------------------
@@ -128,6 +131,9 @@ def test_prometheus_counter_summed_over_series() -> None:
     assert promtext.sum_metric(after, "ray_missing_total") is None
     quoted = [labels for n, labels, _ in promtext.parse_samples(after) if labels.get("note")]
     assert quoted[0]["note"] == 'a "quoted", comma' and quoted[0]["replica"] == "r2"
+    # Text that is not Prometheus's is an error that says so, not a count made of what could be read.
+    with pytest.raises(promtext.MetricsError, match="not Prometheus text"):
+        promtext.sum_metric(after + "ray_broken_line{unterminated 5\n", name)
 
 
 def test_cross_check_waits_for_late_counts_and_flags_disagreement() -> None:
@@ -140,21 +146,21 @@ def test_cross_check_waits_for_late_counts_and_flags_disagreement() -> None:
     scrapes = iter([before_text, before_text, after_text])
     result = promtext.cross_check("http://metrics", before, int(delta) - 2, match=match, wait_s=60,
                                   read=lambda _url: next(scrapes), sleep=lambda _s: None)
-    assert result["agrees"] is True and result["server_images"] == delta and result["client_images"] == delta - 2
+    assert result.agrees is True and result.server_images == delta and result.client_images == delta - 2
     # Nothing counted on either side yet is not agreement: it waits (here: no time) for the export.
     nothing = promtext.cross_check("http://metrics", before, 0, match=match, wait_s=0,
                                    read=lambda _url: before_text, sleep=lambda _s: None)
-    assert nothing["server_images"] == 0 and nothing["waited_s"] == 0
+    assert nothing.server_images == 0 and nothing.waited_s == 0
 
     off = promtext.cross_check("http://metrics", before, int(delta * 2), match=match, wait_s=0,
                                read=lambda _url: after_text, sleep=lambda _s: None)
-    assert off["agrees"] is False and off["difference_ratio"] == pytest.approx(0.5)
+    assert off.agrees is False and off.difference_ratio == pytest.approx(0.5)
 
     def unreachable(url: str) -> str:
         raise promtext.MetricsError(f"could not read metrics from {url}: refused")
 
     gone = promtext.cross_check("http://metrics", before, 10, wait_s=0, read=unreachable, sleep=lambda _s: None)
-    assert gone["agrees"] is None and "refused" in gone["note"]
+    assert gone.agrees is None and "refused" in gone.note
 
 
 # -- the report from recorded results ------------------------------------------------------
@@ -201,7 +207,7 @@ def test_over_target_run_still_shows_its_measured_figure_marked(tmp_path: Path) 
 
 
 def test_user_axes_have_integer_ticks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from loadtest import plots
+    from measure import plots
 
     seen = []
     real_finish = plots._finish
@@ -211,7 +217,9 @@ def test_user_axes_have_integer_ticks(tmp_path: Path, monkeypatch: pytest.Monkey
         return real_finish(fig, ax, title, context, path)
 
     monkeypatch.setattr(plots, "_finish", keep_ticks)
-    one_step = [{"users": 4, "images_per_second": 50.0, "latency_ms": {"p50": 10.0, "p95": 20.0, "p99": 30.0}}]
+    one_step = [Step(users=4, t_start=1.0, t_end=11.0, seconds=10.0, requests=500, failures=0, images=500,
+                     fail_ratio=0.0, images_per_second=50.0, requests_per_second=50.0,
+                     latency_ms=LatencyMs(p50=10.0, p95=20.0, p99=30.0))]
     plots.throughput_vs_users(one_step, None, None, None, "ctx", tmp_path / "t.png")
     plots.latency_vs_users(one_step, 100.0, "ctx", tmp_path / "l.png")
     assert len(seen) == 2 and all(ticks and all(float(t).is_integer() for t in ticks) for ticks in seen), seen
@@ -229,7 +237,7 @@ def test_a_closed_step_keeps_the_window_it_was_judged_on() -> None:
     # Snapshots taken after the step ended, while Locust still reports the old user count.
     rec.timeline += [{"t": 11.0 + t, "users": 2, "state": "running", "requests": 100 + 50 * (t + 1), "failures": 0,
                       "hist": {"10": 100 + 50 * (t + 1)}} for t in range(3)]
-    assert [w["images_per_second"] for w in rec.windows()] == [live["images_per_second"]] == [10.0]
+    assert [w.images_per_second for w in rec.windows()] == [live.images_per_second] == [10.0]
 
 
 def test_report_tolerates_missing_parts(tmp_path: Path) -> None:
@@ -242,14 +250,15 @@ def test_report_tolerates_missing_parts(tmp_path: Path) -> None:
 
 
 def test_seed_reference_is_the_multicore_modules_table() -> None:
-    seed = inputs.seed_reference()
-    assert seed[2] == {"cores": 4, "per_core": 35.43, "instance": 141.1, "latency_ms": 28.23, "auto_cast": "matmult",
-                       "label": "seed LNC=2, 4 cores, matmult"}
-    assert seed[1]["instance"] == 115.0 and seed[1]["auto_cast"] == "none" and "fp32" in seed[1]["label"]
+    seed = multicore_seed_by_lnc()
+    assert seed[2].model_dump() == {
+        "cores": 4, "per_core_images_per_second": 35.43, "instance_images_per_second": 141.1, "latency_mean_ms": 28.23,
+        "auto_cast": "matmult", "batch": 1, "lnc": 2, "label": "seed LNC=2, 4 cores, matmult"}
+    assert seed[1].instance_images_per_second == 115.0 and seed[1].auto_cast == "none" and "fp32" in seed[1].label
 
 
 def test_report_runs_the_real_multicore_bench_on_cpu(tmp_path: Path) -> None:
-    """--run-multicore calls models.multicore_bench.run_multicore for real: two pinned CPU workers."""
+    """--run-multicore calls measure.multicore.run_multicore for real: two pinned CPU workers."""
     code = report.main(["--run-multicore", "cores=2", "model=tiny-siglip", "bucket=2", "warmup=1", "iterations=5",
                         "--out", str(tmp_path)])
     assert code == 0
@@ -258,7 +267,7 @@ def test_report_runs_the_real_multicore_bench_on_cpu(tmp_path: Path) -> None:
     assert sorted(w["core"] for w in recorded["workers"]) == ["0", "1"]
     assert all(w["images"] == 2 * 5 for w in recorded["workers"])
     result = json.loads((tmp_path / "report.json").read_text())
-    assert result["multi_core"]["images_per_second"] == pytest.approx(
+    assert result["multi_core"]["instance_images_per_second"] == pytest.approx(
         sum(w["images_per_second"] for w in recorded["workers"]))
     assert result["context"]["model"] == "tiny-siglip" and result["context"]["backend"] == "cpu"
     (row,) = (r for r in result["rows"] if r["source"] == "(b) this run")
@@ -292,6 +301,7 @@ def metrics_url(serve_cluster: ServeCluster) -> str:
 def _run(tmp_path: Path, host: str, *extra: str) -> tuple[int, dict]:
     out = tmp_path / "out"
     code = cli.main(["--host", host, "--api-key", API_KEY, "--out", str(out), "--progress-every", "1", *extra])
+    LoadTestSummary.read(out / "summary.json")  # the file is the model the report reads
     return code, json.loads((out / "summary.json").read_text())
 
 
@@ -322,6 +332,8 @@ def test_constant_load_writes_every_output_and_agrees_with_server_metrics(
     with open(out / "locust_stats.csv") as f:
         row = next(r for r in csv.DictReader(f) if r["Name"] == name)
     assert int(row["Request Count"]) == summary["requests"]
+    # The whole run's percentiles are Locust's own: the summary and Locust's CSV say the same.
+    assert [lat[q] for q in ("p50", "p95", "p99")] == [float(row[q]) for q in ("50%", "95%", "99%")]
     assert (out / "locust_stats_history.csv").exists() and (out / "locust_failures.csv").exists()
     assert name in (out / "locust.html").read_text()
 
@@ -392,8 +404,8 @@ def test_report_runs_the_measurements_it_is_not_given(tmp_path: Path, lt_app: st
     assert result["single_core"]["batch1_images_per_second"] == next(
         r["images_per_second"] for r in bench["encoder"] if r["bucket"] == 1)
     multicore = json.loads((tmp_path / "multicore.json").read_text())
-    assert result["multi_core"]["images_per_second"] == pytest.approx(multicore["instance_images_per_second"])
+    assert result["multi_core"]["instance_images_per_second"] == pytest.approx(multicore["instance_images_per_second"])
     served = json.loads((tmp_path / "loadtest" / "summary.json").read_text())
     assert served["requests"] > 0 and result["served"]["images"] == served["images"]
     assert result["serving_efficiency"] == pytest.approx(
-        served["saturation"]["images_per_second"] / result["multi_core"]["images_per_second"])
+        served["saturation"]["images_per_second"] / result["multi_core"]["instance_images_per_second"])

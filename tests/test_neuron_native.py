@@ -346,14 +346,14 @@ def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
 
 def test_multicore_bench_workers_start_with_the_artifacts_environment(
         artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from measure.multicore import run_multicore
     from models.backends.neuron_native import RUNTIME_ENV
-    from models.multicore_bench import run_multicore
 
     for key in ENV_KEYS:
         monkeypatch.delenv(key, raising=False)  # the workers must get them from the bench, not inherit them
     monkeypatch.setenv(RUNTIME_ENV, "tests.doubles.torchneuron_runtime:RecordingRuntime")
     result = run_multicore(tiny_settings(backend="neuron-native", artifact_dir=artifact), cores=1, bucket=1,
                            warmup=1, iterations=3)
-    (worker,) = result["workers"]
-    assert result["backend"] == "neuron-native" and worker["lnc_env"] == "2"  # from the manifest, not inherited
-    assert worker["core"] == "0" and worker["images"] == 3
+    (worker,) = result.workers
+    assert result.backend == "neuron-native" and worker.lnc_env == "2"  # from the manifest, not inherited
+    assert worker.core == "0" and worker.images == 3

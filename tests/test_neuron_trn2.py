@@ -113,10 +113,10 @@ def test_real_artifact_serves_over_http(serve_cluster: ServeCluster, compiled: d
 
 
 def test_multicore_bench_on_two_cores(compiled: dict[str, Compiled]) -> None:
-    from models.multicore_bench import format_comparison, run_multicore
+    from measure.multicore import format_comparison, run_multicore
 
     result = run_multicore(tiny_settings(backend="neuron", artifact_dir=compiled["matmult"].artifact_dir),
                            cores=2, bucket=1, warmup=5, iterations=20)
-    assert sorted(w["core"] for w in result["workers"]) == ["0", "1"]
-    assert result["instance_images_per_second"] > 0 and result["lnc"] == compiled["matmult"].manifest.lnc
+    assert sorted(w.core for w in result.workers) == ["0", "1"]
+    assert result.instance_images_per_second > 0 and result.lnc == compiled["matmult"].manifest.lnc
     assert "ours: neuron" in format_comparison(result)

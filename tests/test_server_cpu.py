@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from loadtest.server_cpu import ServerCpu, process_kind
+from measure.poll import poll
+from measure.server_cpu import ServerCpu, process_kind
 from serve.runner import free_port
 
 BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
@@ -38,12 +39,7 @@ def test_children_cpu_is_counted_and_the_client_is_not() -> None:
     before = server.snapshot()
     child = subprocess.Popen([sys.executable, "-c", BURN.format(seconds=0.4) + "time.sleep(30)"])
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            after = server.snapshot()
-            if after.get(child.pid, ("", 0.0))[1] >= 0.4:
-                break
-            time.sleep(0.1)
+        poll(server.snapshot, lambda seen: seen.get(child.pid, ("", 0.0))[1] >= 0.4, timeout_s=20, interval_s=0.1)
         # Burn in the client itself: it must not show up.
         end = time.process_time() + 0.3
         while time.process_time() < end:
@@ -68,15 +64,14 @@ def test_listening_on_finds_the_server_tree() -> None:
             + BURN.format(seconds=0.3) + "time.sleep(30)")
     server_proc = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 20
-        while True:
+        def find() -> ServerCpu | None:
             try:
-                server = ServerCpu.listening_on(port)
-                break
+                return ServerCpu.listening_on(port)
             except LookupError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return None
+
+        server, found, _ = poll(find, lambda server: server is not None, timeout_s=20, interval_s=0.05)
+        assert found and server is not None, f"nothing listens on {port} after 20 s"
         before = server.snapshot()
         assert server_proc.pid in before
         time.sleep(1.0)
@@ -96,7 +91,7 @@ def test_a_service_started_by_the_clients_parent_counts_its_daemons() -> None:
         f"import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\ntime.sleep(30)")])
     daemon = subprocess.Popen([sys.executable, "-c", "import time\ntime.sleep(30)"])
     client_code = (
-        "import json, time\nfrom loadtest.server_cpu import ServerCpu\n"
+        "import json, time\nfrom measure.server_cpu import ServerCpu\n"
         f"for _ in range(200):\n    try:\n        server = ServerCpu.listening_on({port}); break\n"
         "    except LookupError:\n        time.sleep(0.05)\n"
         "import os, subprocess, sys\nkid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)'])\n"

@@ -7,7 +7,9 @@ sum of the workers' img/s (the seed's method); the wall-clock figure (all images
 the first start to the last end) is reported beside it. On the cpu backend each worker runs
 torch with one thread, so N workers use N cores.
 
-    python -m models.multicore_bench --backend neuron --artifact-dir artifacts/so400m-lnc2 --cores 4 --bucket 1
+Writes a MulticoreResult (measure/results.py) with the seed's rows (measure/seed.py) beside it.
+
+    python -m measure.multicore --backend neuron --artifact-dir artifacts/so400m-lnc2 --cores 4 --bucket 1
 """
 
 from __future__ import annotations
@@ -30,8 +32,16 @@ from typing import IO, Any
 
 import numpy as np
 
-from models.cli_args import (LOG_FORMAT, SettingsError, add_model_arguments, model_settings_of, settings_from_args,
-                             validate_settings)
+from measure.results import Machine, MulticoreResult, MulticoreWorker
+from measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, seed_rows_for
+from models.cli_args import (
+    LOG_FORMAT,
+    SettingsError,
+    add_model_arguments,
+    model_settings_of,
+    settings_from_args,
+    validate_settings,
+)
 from models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.multicore")
@@ -39,32 +49,6 @@ log = logging.getLogger("siglip_serve.multicore")
 WORKER_SPEC_ENV = "SIGLIP_MULTICORE_WORKER"
 _TAG = "@@siglip-multicore"
 READY_TIMEOUT_S = 1800.0  # loading a compiled SO400M artifact takes a while per core
-
-
-def _seed_row(label: str, lnc: int, cores: int, auto_cast: str, per_core: float, latency_ms: float,
-              instance: float | None) -> dict[str, Any]:
-    return {"label": label, "lnc": lnc, "cores": cores, "batch": 1, "auto_cast": auto_cast,
-            "per_core_images_per_second": per_core, "latency_ms": latency_ms,
-            "instance_images_per_second": instance}
-
-
-# How seed 000 got its instance figures: its table's footnote, "instance throughput = per-core
-# performance x number of cores". A per-core figure measured on one core, times the cores; not all
-# cores measured at once (which is what run_multicore does).
-SEED_INSTANCE_METHOD = "per-core x cores, each core measured one at a time (seed 000's formula)"
-
-# Seed 000 (trn2.3xlarge, SigLIP-SO400M-14-384, batch 1), as plain data. The LNC=2 rows are the
-# `--auto-cast matmult` compile (141.1 = 4 x 35.43 per the seed's formula; 4 x 35.43 is 141.7, the
-# seed prints 141.1). The LNC=1 row (14.38 per core, 115.0) is the un-cast fp32 compile, as issue 9's
-# review of the seed found (the seed's own text is inconsistent: a note says both compiles use
-# matmult, its findings credit matmult to LNC=2 only). The multi-core rows come last: readers that
-# keep one row per LNC (loadtest.inputs) then keep the instance figures.
-SEED_REFERENCE: tuple[dict[str, Any], ...] = (
-    _seed_row("seed single core, no auto-cast (fp32)", 2, 1, "none", 21.6, 46.3, None),
-    _seed_row("seed single core, --auto-cast matmult", 2, 1, "matmult", 36.1, 27.7, None),
-    _seed_row("seed LNC=2, 4 cores, matmult", 2, 4, "matmult", 35.43, 28.23, 141.1),
-    _seed_row("seed LNC=1, 8 cores, un-cast fp32", 1, 8, "none", 14.38, 69.56, 115.0),
-)
 
 
 def _emit(kind: str, payload: dict[str, Any]) -> None:
@@ -95,25 +79,20 @@ def _worker() -> int:
     seconds = time.perf_counter() - began
     ms = np.array(latencies) * 1e3
     images = bucket * len(latencies)
-    _emit("RESULT", {
-        "core": core, "pid": os.getpid(), "images": images, "seconds": seconds,
-        "images_per_second": images / seconds, "latency_ms": float(ms.mean()),
-        "latency_p50_ms": float(np.percentile(ms, 50)), "latency_p99_ms": float(np.percentile(ms, 99)),
-        "start": start, "end": start + seconds,
-        "lnc_env": os.environ.get("NEURON_LOGICAL_NC_CONFIG"), "describe": _jsonable(encoder.describe()),
-    })
+    _emit("RESULT", MulticoreWorker(
+        core=core, pid=os.getpid(), images=images, seconds=seconds, images_per_second=images / seconds,
+        latency_mean_ms=float(ms.mean()), latency_p50_ms=float(np.percentile(ms, 50)),
+        latency_p99_ms=float(np.percentile(ms, 99)), start=start, end=start + seconds,
+        lnc_env=os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+    ).model_dump())
     return 0
-
-
-def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(value, default=str))
 
 
 class _Worker:
     def __init__(self, index: int, env: dict[str, str], messages: "queue.Queue[tuple[int, str, Any]]") -> None:
         self.index = index
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "models.multicore_bench", "--worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "measure.multicore", "--worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      env=env, text=True)
         threading.Thread(target=self._read, args=(messages,), daemon=True).start()
@@ -162,7 +141,7 @@ def _worker_env(index: int, spec: dict[str, Any], backend: str, lnc: int | None)
 
 
 def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: int, warmup: int = 10,
-                  iterations: int = 50, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+                  iterations: int = 50, ready_timeout_s: float = READY_TIMEOUT_S) -> MulticoreResult:
     """Run `cores` pinned workers in parallel on one bucket; per-worker and instance figures.
 
     `settings` may be a plain mapping of ModelSettings fields (e.g. parsed from YAML)."""
@@ -204,67 +183,56 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
             if worker.proc.poll() is None:
                 worker.proc.kill()
                 worker.proc.wait()
-    per_worker = [results[i] for i in range(cores)]
-    for row in per_worker:
-        row.pop("describe", None)
-    images = sum(r["images"] for r in per_worker)
-    span = max(r["end"] for r in per_worker) - min(r["start"] for r in per_worker)
-    return {
-        "backend": plain.backend, "model": plain.model, "lnc": lnc, "auto_cast": auto_cast, "bucket": bucket,
-        "cores": cores, "warmup": warmup, "iterations": iterations, "workers": per_worker,
-        "per_core_images_per_second": float(np.mean([r["images_per_second"] for r in per_worker])),
-        "latency_ms": float(np.mean([r["latency_ms"] for r in per_worker])),
-        "instance_images_per_second": float(sum(r["images_per_second"] for r in per_worker)),
-        "wall_images_per_second": images / span if span > 0 else float("nan"),
-        "method": "each worker times `iterations` Encoder.encode calls on one uint8 batch after warm-up; "
-                  "instance = sum of workers' img/s (seed 000); wall = all images / (last end - first start)",
-        "machine": {"host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
-    }
+    per_worker = [MulticoreWorker.model_validate(results[i]) for i in range(cores)]
+    images = sum(w.images for w in per_worker)
+    span = max(w.end for w in per_worker) - min(w.start for w in per_worker)
+    return MulticoreResult(
+        backend=plain.backend, model=plain.model, lnc=lnc, auto_cast=auto_cast, bucket=bucket, cores=cores,
+        warmup=warmup, iterations=iterations, workers=per_worker,
+        per_core_images_per_second=float(np.mean([w.images_per_second for w in per_worker])),
+        latency_mean_ms=float(np.mean([w.latency_mean_ms for w in per_worker])),
+        instance_images_per_second=float(sum(w.images_per_second for w in per_worker)),
+        wall_images_per_second=images / span if span > 0 else float("nan"),
+        method="each worker times `iterations` Encoder.encode calls on one uint8 batch after warm-up; "
+               "instance = sum of workers' img/s (seed 000); wall = all images / (last end - first start)",
+        machine=Machine(host=socket.gethostname(), platform=platform.platform(), cpus=os.cpu_count()),
+        seed_reference=list(SEED_REFERENCE),
+    )
 
 
-def seed_rows_for(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The seed's rows comparable with `result`: same LNC, and multi-core with multi-core."""
-    if result.get("lnc") is None:
-        return list(SEED_REFERENCE)
-    same_lnc = [r for r in SEED_REFERENCE if r["lnc"] == result["lnc"]]
-    multi = result["cores"] > 1
-    return [r for r in same_lnc if (r["cores"] > 1) == multi] or same_lnc
-
-
-def format_comparison(result: dict[str, Any]) -> str:
+def format_comparison(result: MulticoreResult) -> str:
     """Our run as a row beside the seed's rows it is comparable with."""
     header = f"{'':40} {'cores':>5} {'batch':>5} {'per-core img/s':>14} {'latency ms':>10} {'instance img/s':>14}"
     lines = [header, "-" * len(header)]
-    for row in seed_rows_for(result):
-        instance = row["instance_images_per_second"]
+    for row in seed_rows_for(result.lnc, result.cores):
+        instance = row.instance_images_per_second
         shown = f"{instance:.1f}" if instance is not None else "-"
-        lines.append(f"{row['label']:40} {row['cores']:>5} {row['batch']:>5} {row['per_core_images_per_second']:>14.2f} "
-                     f"{row['latency_ms']:>10.2f} {shown:>14}")
-    lnc = f" LNC={result['lnc']}" if result.get("lnc") else ""
-    label = f"ours: {result['backend']}{lnc} {result['model']}"[:40]
-    lines.append(f"{label:40} {result['cores']:>5} {result['bucket']:>5} "
-                 f"{result['per_core_images_per_second']:>14.2f} {result['latency_ms']:>10.2f} "
-                 f"{result['instance_images_per_second']:>14.1f}")
-    if result["backend"] != "neuron":
-        lines.append(f"(ours ran on the {result['backend']} backend on {result['machine']['host']}: a different "
+        lines.append(f"{row.label:40} {row.cores:>5} {row.batch:>5} {row.per_core_images_per_second:>14.2f} "
+                     f"{row.latency_mean_ms:>10.2f} {shown:>14}")
+    lnc = f" LNC={result.lnc}" if result.lnc else ""
+    label = f"ours: {result.backend}{lnc} {result.model}"[:40]
+    lines.append(f"{label:40} {result.cores:>5} {result.bucket:>5} {result.per_core_images_per_second:>14.2f} "
+                 f"{result.latency_mean_ms:>10.2f} {result.instance_images_per_second:>14.1f}")
+    if result.backend != "neuron":
+        lines.append(f"(ours ran on the {result.backend} backend on {result.machine.host}: a different "
                      "machine and possibly model than the seed's trn2.3xlarge SO400M; not comparable)")
     lines.append("latency = one encode call of the batch (batch 1: per image); seed instance = "
                  f"{SEED_INSTANCE_METHOD}; ours = all workers measured at once, summed")
     return "\n".join(lines)
 
 
-def format_workers(result: dict[str, Any]) -> str:
+def format_workers(result: MulticoreResult) -> str:
     lines = [f"{'core':>6} {'pid':>8} {'img/s':>9} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9}"]
-    for r in result["workers"]:
-        lines.append(f"{str(r['core']):>6} {r['pid']:>8} {r['images_per_second']:>9.2f} {r['latency_ms']:>9.2f} "
-                     f"{r['latency_p50_ms']:>9.2f} {r['latency_p99_ms']:>9.2f}")
-    lines.append(f"instance (sum) {result['instance_images_per_second']:.1f} img/s; "
-                 f"wall-clock {result['wall_images_per_second']:.1f} img/s")
+    for w in result.workers:
+        lines.append(f"{str(w.core):>6} {w.pid:>8} {w.images_per_second:>9.2f} {w.latency_mean_ms:>9.2f} "
+                     f"{w.latency_p50_ms:>9.2f} {w.latency_p99_ms:>9.2f}")
+    lines.append(f"instance (sum) {result.instance_images_per_second:.1f} img/s; "
+                 f"wall-clock {result.wall_images_per_second:.1f} img/s")
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m models.multicore_bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m measure.multicore", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, backend=True)
     parser.add_argument("--cores", type=int, default=1,
@@ -292,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_workers(result))
     print()
     print(format_comparison(result))
-    args.json_out.write_text(json.dumps({**result, "seed_reference": list(SEED_REFERENCE)}, indent=2) + "\n")
+    result.write(args.json_out)
     log.info("wrote %s", args.json_out)
     return 0
 

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the headless backend
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from measure.results import MulticoreWorker, OperatingPoint, Step  # noqa: E402
+
 
 def _finish(fig: Any, ax: Any, title: str, context: str, path: Path) -> Path:
     ax.set_title(f"{title}\n{context}", fontsize=9)
@@ -24,17 +26,17 @@ def _finish(fig: Any, ax: Any, title: str, context: str, path: Path) -> Path:
     return path
 
 
-def throughput_vs_users(steps: list[dict[str, Any]], saturation: dict[str, Any] | None,
+def throughput_vs_users(steps: list[Step], saturation: OperatingPoint | None,
                         multicore_total: float | None, seed_instance: float | None, context: str,
                         path: Path) -> Path | None:
     if not steps:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    users = [s["users"] for s in steps]
-    ax.plot(users, [s["images_per_second"] for s in steps], marker="o", label="served (load test)")
-    if saturation:
-        ax.scatter([saturation["users"]], [saturation["images_per_second"]], s=120, facecolors="none",
-                   edgecolors="red", zorder=3, label=f"saturation {saturation['images_per_second']:.1f} img/s")
+    users = [s.users for s in steps]
+    ax.plot(users, [s.images_per_second for s in steps], marker="o", label="served (load test)")
+    if saturation and saturation.users is not None:
+        ax.scatter([saturation.users], [saturation.images_per_second], s=120, facecolors="none",
+                   edgecolors="red", zorder=3, label=f"saturation {saturation.images_per_second:.1f} img/s")
     if multicore_total:
         ax.axhline(multicore_total, color="green", linestyle="--", label=f"bare, all cores {multicore_total:.1f}")
     if seed_instance:
@@ -46,14 +48,14 @@ def throughput_vs_users(steps: list[dict[str, Any]], saturation: dict[str, Any] 
     return _finish(fig, ax, "Throughput vs users", context, path)
 
 
-def latency_vs_users(steps: list[dict[str, Any]], p99_target_ms: float | None, context: str,
+def latency_vs_users(steps: list[Step], p99_target_ms: float | None, context: str,
                      path: Path) -> Path | None:
     if not steps:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    users = [s["users"] for s in steps]
+    users = [s.users for s in steps]
     for q, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
-        values = [s["latency_ms"].get(q) for s in steps]
+        values = [getattr(s.latency_ms, q) for s in steps]
         ax.plot(users, [v if v is not None else float("nan") for v in values], style, label=q)
     if p99_target_ms:
         ax.axhline(p99_target_ms, color="red", linestyle="--", label=f"p99 target {p99_target_ms:g} ms")
@@ -64,10 +66,10 @@ def latency_vs_users(steps: list[dict[str, Any]], p99_target_ms: float | None, c
     return _finish(fig, ax, "Latency percentiles vs users", context, path)
 
 
-def per_core_bars(per_core: list[dict[str, Any]], single_core: float | None, seed_per_core: float | None,
+def per_core_bars(per_core: list[MulticoreWorker], single_core: float | None, seed_per_core: float | None,
                   context: str, path: Path) -> Path | None:
-    labels = [f"core {w['core']}" for w in per_core]
-    values = [w["images_per_second"] for w in per_core]
+    labels = [f"core {w.core}" for w in per_core]
+    values = [w.images_per_second for w in per_core]
     if single_core is not None:
         labels.insert(0, "single core\n(bare, batch 1)")
         values.insert(0, single_core)

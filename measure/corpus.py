@@ -1,10 +1,11 @@
-"""The images a load test sends, and the request bodies built from them once, before the test.
+"""The images a load test or the served benchmark sends, and the request bodies built from them once.
 
 Bodies are built up front so that the client spends its CPU on sending, not on encoding: a
-load generator that JPEG-encodes or base64-encodes per request measures itself.
+load generator that JPEG-encodes, multipart-encodes or base64-encodes per request measures itself.
+Multipart bodies are httpx's encoding (the one HTTP client of the project), rendered to bytes once.
 
-This module does not import Locust, so the CLI and tests can use it; the locustfile imports
-Locust first (gevent must patch ssl before anything else loads it).
+This module does not import Locust, so the CLI, the benchmark and tests can use it; the
+locustfile imports Locust first (gevent must patch ssl before anything else loads it).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import base64
 import io
 import json
 import logging
-import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("siglip_loadtest.corpus")
+log = logging.getLogger("siglip_serve.corpus")
 
 # Real photographs bundled with scikit-image (no download): colour ones plus two grayscale,
 # so the server's grayscale-to-RGB path is exercised too.
@@ -52,15 +53,19 @@ class RequestBody:
     images: int
 
 
-def skimage_corpus(quality: int = 90) -> list[Image]:
-    """scikit-image's sample photographs, JPEG-encoded once."""
+def skimage_corpus(names: Sequence[str] = SKIMAGE_PHOTOS, size: tuple[int, int] | None = None,
+                   quality: int = 90) -> list[Image]:
+    """scikit-image's sample photographs, JPEG-encoded once (resized first to `size`, if given)."""
     from PIL import Image as PILImage
     from skimage import data
 
     images = []
-    for name in SKIMAGE_PHOTOS:
+    for name in names:
+        picture = PILImage.fromarray(getattr(data, name)())
+        if size is not None:
+            picture = picture.resize(size, PILImage.Resampling.BICUBIC)
         buf = io.BytesIO()
-        PILImage.fromarray(getattr(data, name)()).save(buf, format="JPEG", quality=quality)
+        picture.save(buf, format="JPEG", quality=quality)
         images.append(Image(f"{name}.jpg", buf.getvalue(), "image/jpeg"))
     return images
 
@@ -89,13 +94,12 @@ def load_corpus(folder: str | Path | None = None) -> list[Image]:
 
 
 def _multipart(images: list[Image]) -> tuple[bytes, str]:
-    boundary = f"siglip-{uuid.uuid4().hex}"
-    parts = []
-    for i, image in enumerate(images):
-        head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{i}-{image.name}\"\r\n"
-                f"Content-Type: {image.content_type}\r\n\r\n")
-        parts.append(head.encode() + image.data + b"\r\n")
-    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+    """(body, Content-Type with its boundary): one `file` part per image, encoded by httpx."""
+    import httpx
+
+    files = [("file", (f"{i}-{image.name}", image.data, image.content_type)) for i, image in enumerate(images)]
+    request = httpx.Request("POST", "http://127.0.0.1/", files=files)
+    return request.read(), request.headers["Content-Type"]
 
 
 def _json(images: list[Image], encoding_format: str) -> bytes:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from measure.results import CpuMsByKind, ServerCpuResult
+
 # Process kinds, matched against Ray's process titles (`ray::ServeReplica:<app>:<deployment>...`).
 KINDS = ("proxy", "ingress", "encoder", "serve_controller", "ray_daemons", "other")
 
@@ -67,6 +69,13 @@ class CpuWindow:
         out: dict[str, float | None] = {"total": self.total_seconds * 1e3 / images}
         out.update({kind: seconds * 1e3 / images for kind, seconds in self.seconds_by_kind.items()})
         return out
+
+    def result(self, images: int) -> ServerCpuResult:
+        """This window per image served, as benchmarks and load tests record it."""
+        per_image = self.per_image_ms(images)
+        total = per_image.pop("total")
+        return ServerCpuResult(ms_per_image=total, ms_per_image_by_kind=CpuMsByKind(**per_image),
+                               seconds=self.total_seconds, processes=self.processes)
 
 
 @dataclass

@@ -1,0 +1,134 @@
+"""`siglip-serve bench`: where the time goes, from the bare encoder to the served HTTP API.
+
+Three parts, each printed as a table and written into one BenchResult JSON (measure/results.py):
+- encoder: bare `Encoder.encode` per bucket, warm-up 10 and 50 timed iterations as seed 000 does;
+- preprocess: decode + resize of real ~640x480 photos on one thread (one core);
+- served: the real application under a local Ray, driven over HTTP at several concurrencies
+  (measure/served.py).
+Served ÷ bare (best bucket) is the serving efficiency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from measure.results import BenchResult, EncoderRow, Machine, PreprocessResult
+from measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
+from measure.server_cpu import KINDS
+from serve.config import ServiceConfig
+
+log = logging.getLogger("siglip_serve.bench")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the tables
+
+
+def machine() -> Machine:
+    return Machine(host=platform.node(), cpu=platform.processor() or platform.machine(), cpus=os.cpu_count())
+
+
+def bench_encoder(config: ServiceConfig, warmup: int, iterations: int) -> list[EncoderRow]:
+    from models.encoder import create_encoder
+
+    encoder = create_encoder(config.model_settings())
+    height, width = encoder.image_size
+    rng = np.random.default_rng(0)
+    rows = []
+    for bucket in encoder.buckets:
+        batch = rng.integers(0, 256, size=(bucket, 3, height, width), dtype=np.uint8)
+        for _ in range(warmup):
+            encoder.encode(batch)
+        times = []
+        for _ in range(iterations):
+            began = time.perf_counter()
+            encoder.encode(batch)
+            times.append(time.perf_counter() - began)
+        mean = statistics.fmean(times)
+        rows.append(EncoderRow(bucket=bucket, images_per_second=bucket / mean, latency_mean_ms=mean * 1e3,
+                               latency_p50_ms=percentile_ms(times, 50), latency_p99_ms=percentile_ms(times, 99),
+                               warmup=warmup, iterations=iterations))
+        log.info("encoder bucket %d: %.1f img/s", bucket, bucket / mean)
+    return rows
+
+
+def bench_preprocess(config: ServiceConfig, iterations: int) -> PreprocessResult:
+    import torch
+
+    from models.loading import model_geometry
+    from models.preprocess import preprocess_image
+
+    torch.set_num_threads(1)
+    image_size, _ = model_geometry(config.model)
+    photos = [photo.data for photo in sample_photos()]
+    fast = config.fast_jpeg_decode  # what the service does
+    for data in photos:
+        preprocess_image(data, image_size, fast_jpeg=fast)
+    count = max(iterations, len(photos))
+    began = time.perf_counter()
+    for i in range(count):
+        preprocess_image(photos[i % len(photos)], image_size, fast_jpeg=fast)
+    elapsed = time.perf_counter() - began
+    return PreprocessResult(images=count, images_per_second=count / elapsed, image_size_in=list(BENCH_PHOTO_SIZE),
+                            image_size_out=list(image_size), threads=1, fast_jpeg_decode=fast)
+
+
+def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
+    skip = {part.strip() for part in args.skip.split(",") if part.strip()}
+    result = BenchResult(machine=machine(), model=config.model, backend=config.backend,
+                         weights=config.weights_source, buckets=list(config.buckets),
+                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    if "encoder" not in skip:
+        result.encoder = bench_encoder(config, args.warmup, args.iterations)
+        print_table(f"bare encoder: {config.model} on {config.backend}", result.encoder,
+                    ["bucket", "images_per_second", "latency_p50_ms", "latency_p99_ms"])
+    if "preprocess" not in skip:
+        result.preprocess = bench_preprocess(config, max(args.iterations, 100))
+        print_table("preprocessing, one thread, ~640x480 JPEG photos", [result.preprocess],
+                    ["images", "images_per_second", "threads", "fast_jpeg_decode"])
+    if "served" not in skip:
+        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+        result.front_end = args.front_end
+        result.served = bench_served(config, levels, args.requests, args.images_per_request, args.front_end)
+        print_table(f"served over HTTP: {config.model}, {config.replicas} encoder replica(s), "
+                    f"{args.images_per_request} image(s) per request",
+                    [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image}
+                     for row in result.served],
+                    ["concurrency", "images_per_second", "server_cpu_ms_per_image", "latency_p50_ms",
+                     "latency_p99_ms", "failures"])
+        print_table("server CPU-ms per image by process kind (the whole service process tree)",
+                    [{"concurrency": row.concurrency, **row.server_cpu.ms_per_image_by_kind.model_dump()}
+                     for row in result.served if row.server_cpu], ["concurrency", *KINDS])
+    if args.multicore:
+        from measure.multicore import format_comparison, format_workers, run_multicore
+
+        result.multicore = run_multicore(config.model_settings(), args.multicore, args.multicore_bucket,
+                                         args.warmup, args.iterations)
+        print(f"\nmulti-core: {args.multicore} pinned workers, batch {args.multicore_bucket}")
+        print(format_workers(result.multicore))
+        print(format_comparison(result.multicore))
+    if result.encoder and result.served:
+        bare = max(row.images_per_second for row in result.encoder)
+        served = max(row.images_per_second for row in result.served)
+        result.served_over_bare = served / bare
+        print(f"\nserved / bare (saturation): {served:.1f} / {bare:.1f} = {served / bare:.3f}")
+    result.write(args.json_out)
+    print(f"wrote {args.json_out}")
+    return 0
+
+
+def print_table(title: str, rows: list[Any], columns: list[str]) -> None:
+    print(f"\n{title}")
+    print("  ".join(f"{c:>18}" for c in columns))
+    for row in rows:
+        values = row if isinstance(row, dict) else row.model_dump()
+        cells = []
+        for c in columns:
+            value = values.get(c)
+            cells.append(f"{value:>18.2f}" if isinstance(value, float) else f"{str(value):>18}")
+        print("  ".join(cells))

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.user_error import UserError
+
 log = logging.getLogger("siglip_loadtest.corpus")
 
 # Real photographs bundled with scikit-image (no download): colour ones plus two grayscale,
@@ -33,7 +35,7 @@ ENDPOINTS = ("raw", "multipart", "json")
 PATHS = {"raw": "/v1/embeddings/image", "multipart": "/v1/embeddings/image", "json": "/v1/embeddings"}
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """The corpus or the body settings cannot make requests; the message says why."""
 
 

@@ -15,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from models import user_error
+
 log = logging.getLogger(__name__)
 
 
@@ -90,8 +92,4 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -
 
 def describe_validation(errors: list[dict[str, object]] | tuple[dict[str, object], ...]) -> str:
     """Pydantic errors as one line: 'input.3: Input should be a valid string; ...'."""
-    parts = []
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]  # type: ignore[union-attr]
-        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
-    return "; ".join(parts) or "request does not match the schema"
+    return user_error.describe_validation(errors, root="body", drop=("body",)) or "request does not match the schema"

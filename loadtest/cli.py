@@ -31,6 +31,7 @@ from loadtest.corpus import ENDPOINTS, CorpusError, image_files
 from loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
 from loadtest.server_cpu import ServerCpu
 from loadtest.summary import EXIT_ERROR, build_summary, format_summary
+from models.cli_args import UserError, key_value, run_main, setup_logging
 
 log = logging.getLogger("siglip_loadtest")
 
@@ -51,11 +52,8 @@ def parse_duration(text: str) -> float:
     return float(hours * 3600 + minutes * 60 + seconds)
 
 
-def _label(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
+class NotReady(UserError, RuntimeError):
+    """The service did not answer GET /readyz with 200 in time."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics = parser.add_argument_group("metrics cross-check")
     metrics.add_argument("--metrics-url", help="Ray's Prometheus export, e.g. http://127.0.0.1:8080/metrics")
     metrics.add_argument("--metrics-name", default=IMAGES_METRIC)
-    metrics.add_argument("--metrics-label", type=_label, action="append", default=[], metavar="KEY=VALUE",
+    metrics.add_argument("--metrics-label", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                          help="only series with this label, e.g. application=siglip (repeatable)")
     metrics.add_argument("--metrics-wait", type=float, default=30.0, help="seconds to wait for the count to land")
     metrics.add_argument("--metrics-tolerance", type=float, default=0.05)
@@ -134,7 +132,7 @@ def wait_ready(host: str, timeout_s: float) -> None:
         except OSError as exc:
             last = str(exc)
         if time.monotonic() >= deadline:
-            raise RuntimeError(f"{host}/readyz not ready after {timeout_s:g} s ({last})")
+            raise NotReady(f"{host}/readyz not ready after {timeout_s:g} s ({last})")
         time.sleep(1.0)
 
 
@@ -261,14 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         from loadtest import report
 
         return report.main(argv[1:])
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("INFO")
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (CorpusError, RuntimeError) as exc:
-        log.error("%s", exc)
-        return EXIT_ERROR
+    return run_main(lambda: run(args), log)
 
 
 if __name__ == "__main__":

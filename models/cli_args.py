@@ -79,7 +79,7 @@ def _help(info: FieldInfo) -> str:
     return text
 
 
-def add_field_arguments(parser: argparse.ArgumentParser | Any, model: type[BaseModel],
+def add_field_arguments(parser: argparse._ActionsContainer, model: type[BaseModel],
                         names: Iterable[str], exclusive: frozenset[str] = WEIGHT_SOURCES) -> None:
     """Add `--field-name` for each named field of `model`; the fields in `exclusive` exclude each other."""
     group = None

@@ -104,15 +104,20 @@ def _start(args: argparse.Namespace, began: float) -> int:
             placeholder.release()
 
 
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The config `run` asks for: model flags, then --set, then --log-level and the service flags."""
+    settings = {**model_values(args), **settings_values(args.set), "log_level": args.log_level,
+                **option_values(args, SERVICE_OPTIONS)}
+    if args.api_key_file:  # the replicas' working directory is not ours
+        settings["api_key_file"] = os.path.abspath(args.api_key_file)
+    return settings
+
+
 def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
     from serve.config import ServiceConfig
 
     if args.command == "run":
-        settings = {**model_values(args), **settings_values(args.set), "log_level": args.log_level,
-                    **option_values(args, SERVICE_OPTIONS)}
-        if args.api_key_file:  # the replicas' working directory is not ours
-            settings["api_key_file"] = os.path.abspath(args.api_key_file)
-        config = ServiceConfig.from_args(settings)
+        config = ServiceConfig.from_args(run_settings(args))
         config.resolve_api_key(os.environ)  # an unreadable key file stops us here, not in a replica
         from models.encoder import check_backend_available
         from serve.runner import preflight_tokenizer, preflight_weights, run_service

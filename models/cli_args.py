@@ -148,8 +148,8 @@ def settings_values(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
 
 # -- logging and main() ---------------------------------------------------------------------------
 
-def add_log_level(parser: argparse.ArgumentParser, default: str = "INFO") -> None:
-    parser.add_argument("--log-level", default=default, choices=LOG_LEVELS)
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
 
 
 def setup_logging(level: str | int) -> None:

@@ -56,6 +56,8 @@ class ModelSettings(BaseModel):
     def _parse_buckets(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(int(part) for part in value.replace(" ", "").split(",") if part)
+        if isinstance(value, int) and not isinstance(value, bool):  # one bucket, e.g. `--set buckets=4`
+            return (value,)
         return value
 
     @field_validator("buckets", "text_buckets")

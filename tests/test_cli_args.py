@@ -93,6 +93,8 @@ def test_one_key_value_parser() -> None:
         "max_queued_requests": 8, "buckets": "1,2", "access_log": True}
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["run", "--set", "novalue"])
+    # A YAML value is typed: one bucket reads as an int, and still means one bucket.
+    assert ServiceConfig.from_args(settings_values([("buckets", "4")])).buckets == (4,)
 
 
 def test_run_main_turns_user_errors_into_one_line_and_keeps_bugs(capsys: pytest.CaptureFixture[str],

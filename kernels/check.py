@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kernels import references
+from kernels.errors import KernelInputError
 from kernels.lnc import runtime_kernel_lnc
 from kernels.nki_launch import CheckResult, check_kernel, compare, default_runs, nki_status
 
@@ -116,7 +117,7 @@ class CheckReport:
 def run_checks(seed: int = 0, kernels_on: str = "simulator") -> CheckReport:
     """``kernels_on``: simulator, neuron, or none (references only)."""
     if kernels_on not in ("simulator", "neuron", "none"):
-        raise ValueError(f"kernels_on must be simulator, neuron or none, got {kernels_on!r}")
+        raise KernelInputError(f"kernels_on must be simulator, neuron or none, got {kernels_on!r}")
     report = CheckReport(references=_torch_checks(np.random.default_rng(seed)))
     if kernels_on == "none":
         return report

@@ -12,6 +12,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from kernels.errors import KernelInputError, KernelUnavailable
+from models.cli_args import run_main, setup_logging
+
 log = logging.getLogger("kernels")
 
 
@@ -151,13 +154,13 @@ def cmd_siglip(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     if not device.is_npu:
-        raise RuntimeError(f"the SigLIP kernel benchmark needs a NeuronCore (device is {device.kind}); "
-                           "`kernels check` runs these kernels on the NKI simulator against their goldens")
+        raise KernelUnavailable(f"the SigLIP kernel benchmark needs a NeuronCore (device is {device.kind}); "
+                                "`kernels check` runs these kernels on the NKI simulator against their goldens")
     usable, reason = nki_status()
     if not usable:
-        raise RuntimeError(f"the SigLIP kernel benchmark needs the Neuron SDK's nki: {reason}")
+        raise KernelUnavailable(f"the SigLIP kernel benchmark needs the Neuron SDK's nki: {reason}")
     if args.images < 1:
-        raise ValueError("--images must be >= 1")
+        raise KernelInputError("--images must be >= 1")
     dtype = _dtype(args, device, "bfloat16")
     runs = siglip.make_runs(_lnc(args, device), images=args.images, dtype=dtype)
     results = siglip.benchmark(runs, device, dtype, args.warmup, args.iterations)
@@ -172,7 +175,7 @@ def cmd_profile_json(args: argparse.Namespace) -> int:
 
     for flag, values in (("--kernel", args.kernel), ("--config", args.config)):
         if values and len(values) != len(args.paths):
-            raise SystemExit(f"{flag} given {len(values)} times for {len(args.paths)} files")
+            raise KernelInputError(f"{flag} given {len(values)} times for {len(args.paths)} files")
     summaries = [
         load_summary(path, args.kernel[i] if args.kernel else None, args.config[i] if args.config else "")
         for i, path in enumerate(args.paths)
@@ -188,7 +191,7 @@ def cmd_profile_neff(args: argparse.Namespace) -> int:
 
     neffs = [n for p in args.neffs for n in (find_neffs(p) if p.is_dir() else [p])]
     if not neffs:
-        raise SystemExit("error: no .neff files found; run the benchmark with NEURON_FRAMEWORK_DEBUG=1 first")
+        raise KernelInputError("no .neff files found; run the benchmark with NEURON_FRAMEWORK_DEBUG=1 first")
     times = []
     for i, neff in enumerate(neffs, 1):
         print(f"[{i}/{len(neffs)}] capturing {neff}", file=sys.stderr)
@@ -219,12 +222,6 @@ COMMANDS = {"matmul": cmd_matmul, "mlp": cmd_mlp, "siglip": cmd_siglip, "profile
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                            format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return COMMANDS[args.command](args)
-    except (ValueError, RuntimeError) as exc:
-        # Bad shapes, tile-limit violations, missing devices: one clear line, not a traceback.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    setup_logging(logging.INFO if args.verbose else logging.WARNING)
+    # Bad shapes, tile-limit violations, missing devices (kernels.errors): one `error:` line, not a traceback.
+    return run_main(lambda: COMMANDS[args.command](args))

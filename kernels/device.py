@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kernels.errors import KernelInputError, KernelUnavailable
+
 log = logging.getLogger(__name__)
 
 DEVICE_CHOICES = ("auto", "neuron", "cuda", "cpu")
@@ -30,15 +32,15 @@ WALL_CLOCK_TIMING = "wall_clock_including_dispatch"
 DEVICE_TIMING = "device"
 
 
-class DeviceUnavailableError(RuntimeError):
+class DeviceUnavailableError(KernelUnavailable):
     """The requested device (neuron or cuda) cannot be used on this machine."""
 
 
-class ResultMismatch(RuntimeError):
+class ResultMismatch(KernelUnavailable):
     """A timed call returned a wrong result: the timing measured something other than the work."""
 
 
-class RecompileError(RuntimeError):
+class RecompileError(KernelUnavailable):
     """A timed call triggered a compilation: its latency includes compile time."""
 
 
@@ -56,7 +58,7 @@ class LatencyStats:
     @classmethod
     def from_seconds(cls, samples_s: list[float]) -> "LatencyStats":
         if not samples_s:
-            raise ValueError("need at least one timed iteration")
+            raise KernelInputError("need at least one timed iteration")
         ms = np.asarray(samples_s, dtype=np.float64) * 1e3
         return cls(
             latency_mean_ms=float(ms.mean()),
@@ -120,7 +122,7 @@ class Device:
         calls must have produced a usable answer, not just returned quickly.
         """
         if iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {iterations}")
+            raise KernelInputError(f"iterations must be >= 1, got {iterations}")
         if self.kind == "cuda":
             samples, result = self._time_cuda(fn, iterations)
         else:
@@ -199,7 +201,7 @@ def _cpu_device() -> Device:
 def resolve_device(requested: str = "auto") -> Device:
     """``auto`` tries neuron, then cuda, then falls back to cpu (with a warning)."""
     if requested not in DEVICE_CHOICES:
-        raise ValueError(f"device must be one of {DEVICE_CHOICES}, got {requested!r}")
+        raise KernelInputError(f"device must be one of {DEVICE_CHOICES}, got {requested!r}")
     if requested == "neuron":
         return _neuron_device()
     if requested == "cuda":
@@ -233,4 +235,4 @@ def torch_dtype(name: str):
     try:
         return table[name]
     except KeyError:
-        raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(table)}") from None
+        raise KernelInputError(f"unsupported dtype {name!r}; choose one of {sorted(table)}") from None

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kernels.device import DEVICE_TIMING
+from kernels.errors import KernelInputError, KernelUnavailable
 from kernels.profile_json import FRAMEWORK_DEBUG_ENV, ProfileSummary, explorer_capture_command, load_summary
 
 EXPLORER = "neuron-explorer"
 
 
-class DeviceTimingUnavailable(RuntimeError):
+class DeviceTimingUnavailable(KernelUnavailable):
     """Neuron Explorer is missing or did not produce a profile."""
 
 
@@ -78,7 +79,7 @@ def profile_neff(neff: str | Path, workdir: str | Path, nth_exec: int = 2,
                  which: Callable[[str], str | None] = shutil.which) -> DeviceTime:
     """Capture one NEFF on the device and return its device-side time."""
     if nth_exec < 1:
-        raise ValueError(f"nth_exec must be >= 1, got {nth_exec}")
+        raise KernelInputError(f"nth_exec must be >= 1, got {nth_exec}")
     if which(EXPLORER) is None:
         raise DeviceTimingUnavailable(
             f"{EXPLORER} is not on PATH; it ships with aws-neuronx-tools (preinstalled on the Neuron DLAMI)")

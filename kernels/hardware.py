@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kernels.errors import KernelInputError
+
 # --- Tile-size limits (nki.language.tile_size) --------------------------------
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.language.tile_size.html
 # pmax: partition dimension of any SBUF/PSUM tile; also the matmul contraction (K) tile.
@@ -47,7 +49,7 @@ class PeakFigures:
             return self.bf16_tflops
         if dtype in ("float32", "fp32"):
             return self.fp32_tflops
-        raise ValueError(f"no trn2 peak figure for dtype {dtype!r}")
+        raise KernelInputError(f"no trn2 peak figure for dtype {dtype!r}")
 
 
 # "A NeuronCore-v3 Tensor Engine delivers 158 FP8, 79 BF16/FP16/TF32 and 20 FP32 dense
@@ -60,7 +62,7 @@ TRN2_CORE = PeakFigures(bf16_tflops=79.0, fp32_tflops=20.0, hbm_gbytes_per_s=290
 TRN2_DEFAULT_LNC = 2
 
 
-class TileSizeError(ValueError):
+class TileSizeError(KernelInputError):
     """A tile exceeds a NeuronCore limit; raised before anything is compiled."""
 
 

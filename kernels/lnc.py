@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kernels.errors import KernelInputError, KernelUnavailable
 
-class KernelLncError(RuntimeError):
+
+class KernelLncError(KernelUnavailable):
     """A kernel or benchmark was asked to run at an LNC the Neuron runtime here does not use."""
 
 
@@ -39,7 +41,7 @@ def resolve_lnc(requested: int | None, on_neuron: bool, env: Mapping[str, str] |
     if requested is None:
         return lnc
     if requested not in VALID_LNC:
-        raise ValueError(f"--lnc must be one of {VALID_LNC}, got {requested}")
+        raise KernelInputError(f"--lnc must be one of {VALID_LNC}, got {requested}")
     if on_neuron and requested != lnc:
         raise KernelLncError(
             f"--lnc {requested} differs from the Neuron runtime's LNC={lnc} ({_how(explicit, lnc)}); kernels "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable
 
 from kernels.device import Device, LatencyStats, RecompileError, ResultMismatch, torch_dtype
+from kernels.errors import KernelInputError
 from kernels.lnc import runtime_kernel_lnc
 from kernels.tiling import MatmulConfig, achieved_tflops, percent_of_roofline, roofline
 
@@ -80,7 +81,7 @@ def sweep_shapes() -> list[Shape]:
 def shapes_for_mode(mode: str) -> list[Shape]:
     builders = {"llm": llm_shapes, "tiling": tiling_shapes, "sweep": sweep_shapes}
     if mode not in builders:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise KernelInputError(f"mode must be one of {MODES}, got {mode!r}")
     return builders[mode]()
 
 
@@ -91,10 +92,10 @@ def parse_shapes(text: str) -> list[Shape]:
         try:
             m, k, n = (int(v) for v in item.lower().split("x"))
         except ValueError:
-            raise ValueError(f"shape {item!r} is not MxKxN") from None
+            raise KernelInputError(f"shape {item!r} is not MxKxN") from None
         shapes.append(Shape(MatmulConfig(m, k, n), "custom"))
     if not shapes:
-        raise ValueError("no shapes given")
+        raise KernelInputError("no shapes given")
     return shapes
 
 
@@ -143,7 +144,7 @@ def profile_matmul(
     lnc = runtime_kernel_lnc() if lnc is None else lnc
 
     if warmup < 1:
-        raise ValueError("warmup must be >= 1: the first call compiles and must not be timed")
+        raise KernelInputError("warmup must be >= 1: the first call compiles and must not be timed")
     cfg = shape.config
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(cfg.M, cfg.K, generator=gen).to(torch_dtype(dtype)).to(device.torch_device)

@@ -26,6 +26,7 @@ import numpy as np
 from kernels import references
 from kernels.compile_cache import CacheKey, CompileCache
 from kernels.device import Device, LatencyStats, ResultMismatch, torch_dtype
+from kernels.errors import KernelInputError, KernelUnavailable
 from kernels.lnc import runtime_kernel_lnc
 from kernels.nki_launch import nki_status, validate_gated_mlp
 
@@ -44,7 +45,7 @@ class MLPConfig:
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if value < 1:
-                raise ValueError(f"MLPConfig.{name} must be >= 1, got {value}")
+                raise KernelInputError(f"MLPConfig.{name} must be >= 1, got {value}")
 
     @property
     def tokens(self) -> int:
@@ -65,7 +66,7 @@ class MLPConfig:
         try:
             b, s, h, i = (int(v) for v in text.lower().split("x"))
         except ValueError:
-            raise ValueError(f"MLP config {text!r} is not BxSxHxI") from None
+            raise KernelInputError(f"MLP config {text!r} is not BxSxHxI") from None
         return cls(b, s, h, i)
 
 
@@ -122,7 +123,7 @@ def make_compile_fn(device: Device, inputs: dict[str, np.ndarray], lnc: int) -> 
             # The kernel and the graph must agree on LNC (compiler error NCC_EVRF066 otherwise).
             return torch_neuronx.trace(module, example, compiler_args=["--lnc", str(lnc)])
         if use_nki:
-            raise RuntimeError("the nki path needs a NeuronCore")
+            raise KernelUnavailable("the nki path needs a NeuronCore")
         with torch.no_grad(), warnings.catch_warnings():
             # Deprecated in newer torch, but it is the explicit ahead-of-time compile step that
             # torch 2.9 (the Neuron DLAMI's) and later both offer; torch.compile compiles lazily.
@@ -153,7 +154,7 @@ class MLPResult:
 def skip_reason(path: str, device: Device) -> str | None:
     """Why a path cannot run here, or None."""
     if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        raise KernelInputError(f"path must be one of {PATHS}, got {path!r}")
     if path == "nki":
         if device.kind != "neuron":
             return f"nki path needs a NeuronCore (device is {device.kind})"
@@ -180,7 +181,7 @@ def benchmark_mlp(
         validate_gated_mlp(cfg.tokens, cfg.hidden, cfg.intermediate, 4 if dtype == "float32" else 2)
     reason = skip_reason(path, device)
     if reason:
-        raise RuntimeError(f"cannot run the {path} path: {reason}")
+        raise KernelUnavailable(f"cannot run the {path} path: {reason}")
     lnc = runtime_kernel_lnc() if lnc is None else lnc
     inputs = make_inputs(cfg, seed)
     if cache is None:

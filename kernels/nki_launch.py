@@ -24,6 +24,8 @@ from typing import Any, Callable
 import numpy as np
 
 from kernels import references
+from kernels.device import WALL_CLOCK_TIMING
+from kernels.errors import KernelInputError, KernelUnavailable
 from kernels.hardware import (
     GEMM_MOVING_FMAX,
     PMAX,
@@ -31,7 +33,6 @@ from kernels.hardware import (
     check_partitions,
     check_sbuf_budget,
 )
-from kernels.device import WALL_CLOCK_TIMING
 from kernels.lnc import require_kernel_lnc, runtime_kernel_lnc
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def nki_status() -> tuple[bool, str]:
 def _nki():
     usable, reason = nki_status()
     if not usable:
-        raise RuntimeError(f"the real NKI package is required: {reason}")
+        raise KernelUnavailable(f"the real NKI package is required: {reason}")
     import nki
 
     return nki
@@ -71,22 +72,23 @@ def _nki():
 def validate_vector_add_tiled(n: int, row_chunk: int) -> None:
     check_partitions(row_chunk, "vector_add_tiled ROW_CHUNK")
     if n % row_chunk:
-        raise ValueError(f"vector_add_tiled: length {n} is not a multiple of ROW_CHUNK {row_chunk}")
+        raise KernelInputError(f"vector_add_tiled: length {n} is not a multiple of ROW_CHUNK {row_chunk}")
 
 
 def validate_vector_add_stream(n: int, free_dim: int, itemsize: int) -> None:
     if n % PMAX:
-        raise ValueError(f"vector_add_stream: length {n} is not a multiple of {PMAX} partitions")
+        raise KernelInputError(f"vector_add_stream: length {n} is not a multiple of {PMAX} partitions")
     if free_dim < 1 or free_dim > n // PMAX:
-        raise ValueError(f"vector_add_stream: FREE_DIM {free_dim} not in 1..{n // PMAX} (columns per partition)")
+        raise KernelInputError(f"vector_add_stream: FREE_DIM {free_dim} not in 1..{n // PMAX} (columns per partition)")
     if (n // PMAX) % free_dim:
-        raise ValueError(f"vector_add_stream: {n // PMAX} columns per partition not a multiple of FREE_DIM {free_dim}")
+        raise KernelInputError(f"vector_add_stream: {n // PMAX} columns per partition not a multiple of "
+                               f"FREE_DIM {free_dim}")
     check_sbuf_budget(3 * free_dim * itemsize, "vector_add_stream a/b/c tiles")
 
 
 def validate_transpose2d(shape: tuple[int, ...], itemsize: int) -> None:
     if len(shape) != 2:
-        raise ValueError(f"transpose2d expects a 2-D matrix, got shape {shape}")
+        raise KernelInputError(f"transpose2d expects a 2-D matrix, got shape {shape}")
     check_sbuf_budget(2 * PMAX * itemsize, "transpose2d block")
 
 
@@ -94,12 +96,12 @@ def validate_conv2d(x_shape: tuple[int, ...], w_shape: tuple[int, ...], pool: in
     batch, c_in, height, width = x_shape
     c_out, c_in_w, fh, fw = w_shape
     if c_in != c_in_w:
-        raise ValueError(f"conv2d: input has {c_in} channels, filters expect {c_in_w}")
+        raise KernelInputError(f"conv2d: input has {c_in} channels, filters expect {c_in_w}")
     if pool < 1:
-        raise ValueError("conv2d: pool must be >= 1")
+        raise KernelInputError("conv2d: pool must be >= 1")
     out_h, out_w = height - fh + 1, width - fw + 1
     if out_h < pool or out_w < pool:
-        raise ValueError(f"conv2d: output {out_h}x{out_w} smaller than pool {pool}")
+        raise KernelInputError(f"conv2d: output {out_h}x{out_w} smaller than pool {pool}")
     conv_w = (out_w // pool) * pool
     check_free(conv_w, GEMM_MOVING_FMAX, "conv2d output row (moving operand)")
     n_ci = -(-c_in // PMAX)
@@ -113,9 +115,9 @@ def validate_conv2d(x_shape: tuple[int, ...], w_shape: tuple[int, ...], pool: in
 
 def validate_tensor_add_spmd(shape: tuple[int, ...], cores: int) -> None:
     if len(shape) != 2:
-        raise ValueError(f"tensor_add_spmd expects a 2-D tensor, got shape {shape}")
+        raise KernelInputError(f"tensor_add_spmd expects a 2-D tensor, got shape {shape}")
     if shape[0] % (PMAX * cores):
-        raise ValueError(
+        raise KernelInputError(
             f"tensor_add_spmd: {shape[0]} rows do not split into {cores} program(s) (LNC={cores}) "
             f"x {PMAX}-row tiles"
         )
@@ -124,7 +126,7 @@ def validate_tensor_add_spmd(shape: tuple[int, ...], cores: int) -> None:
 def validate_gated_mlp(tokens: int, hidden: int, inter: int, itemsize: int) -> None:
     for name, value in (("hidden", hidden), ("intermediate", inter)):
         if value % PMAX:
-            raise ValueError(f"gated_mlp: {name} {value} must be a multiple of {PMAX}")
+            raise KernelInputError(f"gated_mlp: {name} {value} must be a multiple of {PMAX}")
     t_tile = min(tokens, GEMM_MOVING_FMAX)
     per_partition = (
         (2 * (hidden // PMAX) * inter + (inter // PMAX) * hidden) * itemsize  # resident weights
@@ -262,7 +264,7 @@ def simulate(run: KernelRun) -> np.ndarray:
     elif hasattr(nki, "simulate_kernel"):
         out = nki.simulate_kernel(kernel, *run.args)
     else:
-        raise RuntimeError("this nki has neither nki.simulate nor nki.simulate_kernel")
+        raise KernelUnavailable("this nki has neither nki.simulate nor nki.simulate_kernel")
     return run.postprocess(np.asarray(out))
 
 
@@ -354,5 +356,5 @@ def check_kernel(run: KernelRun, on: str = "simulator", rtol: float = 2e-3, atol
     elif on == "neuron":
         actual, _ = run_on_neuron(run, warmup=1, iterations=1)
     else:
-        raise ValueError(f"on must be 'simulator' or 'neuron', got {on!r}")
+        raise KernelInputError(f"on must be 'simulator' or 'neuron', got {on!r}")
     return compare(run.name, f"nki kernel ({on})", actual, run.expected, rtol=rtol, atol=atol)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernels.errors import KernelInputError
 from kernels.matmul_profiler import MatmulResult
 
 
@@ -14,7 +15,7 @@ def plot_matmul(results: list[MatmulResult], path: str | Path, title: str = "") 
     import matplotlib.pyplot as plt
 
     if not results:
-        raise ValueError("nothing to plot")
+        raise KernelInputError("nothing to plot")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_lat, ax_tput) = plt.subplots(1, 2, figsize=(13, 5))

@@ -14,10 +14,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kernels.errors import KernelInputError
+
 ENGINES = ("tensor", "dma", "vector", "scalar", "gpsimd", "sync")
 
 
-class ProfileJSONError(ValueError):
+class ProfileJSONError(KernelInputError):
     """The file is not a neuron-profile JSON summary we can read."""
 
 
@@ -52,7 +54,7 @@ class ProfileSummary:
 
     def engine_active_s(self, engine: str) -> float | None:
         if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+            raise KernelInputError(f"engine must be one of {ENGINES}, got {engine!r}")
         name = "dma_active_time_s" if engine == "dma" else f"{engine}_engine_active_time_s"
         return getattr(self, name)
 
@@ -201,7 +203,7 @@ def capture_command(neff: str | Path, inputs: Mapping[str, str | Path], num_exec
                     session: str | Path | None = None, save_output: bool = True) -> list[str]:
     """``neuron-profile capture`` for a NEFF with named input .bin files."""
     if num_exec < 1:
-        raise ValueError("num_exec must be >= 1")
+        raise KernelInputError("num_exec must be >= 1")
     cmd = ["neuron-profile", "capture"]
     if save_output:
         cmd.append("--save-output")

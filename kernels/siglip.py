@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kernels import references
+from kernels.errors import KernelInputError
 from kernels.hardware import GEMM_MOVING_FMAX, PMAX, check_sbuf_budget
 from kernels.nki_launch import KernelRun, launchable, time_kernel
 from kernels.tiling import DTYPE_BYTES, workload_roofline
@@ -27,14 +28,14 @@ WIDTH, INTER, HEADS, HEAD_DIM, TOKENS, LN_EPS = 1152, 4304, 16, 72, 729, 1e-6
 
 def validate_layer_norm(tokens: int, width: int, itemsize: int) -> None:
     if tokens < 1 or width < 1:
-        raise ValueError(f"layer_norm: empty input {tokens}x{width}")
+        raise KernelInputError(f"layer_norm: empty input {tokens}x{width}")
     # gamma/beta broadcast, xc, sq, y in fp32; x and the result in the input dtype.
     check_sbuf_budget(5 * width * 4 + 2 * width * itemsize, "layer_norm row tiles")
 
 
 def validate_mlp(width: int, inter: int, itemsize: int) -> None:
     if width % PMAX:
-        raise ValueError(f"mlp_gelu: width {width} must be a multiple of {PMAX}")
+        raise KernelInputError(f"mlp_gelu: width {width} must be a multiple of {PMAX}")
     n_d, n_i, t_tile = width // PMAX, -(-inter // PMAX), GEMM_MOVING_FMAX
     per_partition = (
         (n_d * inter + n_i * width) * itemsize  # resident w1 and w2 tiles
@@ -46,7 +47,7 @@ def validate_mlp(width: int, inter: int, itemsize: int) -> None:
 
 def validate_softmax(keys: int, itemsize: int) -> None:
     if keys < 1:
-        raise ValueError("softmax: no keys")
+        raise KernelInputError("softmax: no keys")
     check_sbuf_budget(keys * (2 * itemsize + 4), "softmax row tiles")
 
 

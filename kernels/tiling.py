@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kernels.errors import KernelInputError
 from kernels.hardware import (
     GEMM_MOVING_FMAX,
     GEMM_STATIONARY_FMAX,
@@ -42,7 +43,7 @@ def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}") from None
+        raise KernelInputError(f"unsupported dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}") from None
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class MatmulConfig:
         for name in ("M", "K", "N"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"MatmulConfig.{name} must be a positive int, got {value!r}")
+                raise KernelInputError(f"MatmulConfig.{name} must be a positive int, got {value!r}")
 
     @property
     def num_tiles_M(self) -> int:
@@ -131,7 +132,7 @@ def workload_roofline(flops: float, min_bytes: float, dtype: str, lnc: int = TRN
     not the Tensor Engine, but their HBM time is so much larger that the bound is memory.
     """
     if lnc < 1:
-        raise ValueError(f"lnc must be >= 1, got {lnc}")
+        raise KernelInputError(f"lnc must be >= 1, got {lnc}")
     compute_s = flops / (peak.tflops(dtype) * 1e12 * lnc)
     memory_s = min_bytes / (peak.hbm_gbytes_per_s * 1e9 * lnc)
     return Roofline(compute_s=compute_s, memory_s=memory_s)
@@ -139,12 +140,12 @@ def workload_roofline(flops: float, min_bytes: float, dtype: str, lnc: int = TRN
 
 def achieved_tflops(config: MatmulConfig, latency_s: float) -> float:
     if latency_s <= 0:
-        raise ValueError(f"latency must be positive, got {latency_s}")
+        raise KernelInputError(f"latency must be positive, got {latency_s}")
     return config.flops / latency_s / 1e12
 
 
 def percent_of_roofline(config: MatmulConfig, dtype: str, latency_s: float, lnc: int = TRN2_DEFAULT_LNC) -> float:
     """100 means the measured time equals the trn2 lower bound."""
     if latency_s <= 0:
-        raise ValueError(f"latency must be positive, got {latency_s}")
+        raise KernelInputError(f"latency must be positive, got {latency_s}")
     return 100.0 * roofline(config, dtype, lnc).time_s / latency_s

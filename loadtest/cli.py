@@ -30,6 +30,7 @@ from measure.corpus import ENDPOINTS, CorpusError, image_files
 from measure.poll import poll
 from measure.results import ResultFileError, RunResults
 from measure.server_cpu import ServerCpu
+from models.cli_args import UserError, key_value, run_main, setup_logging
 
 log = logging.getLogger("siglip_loadtest")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness poll and scrape is noise
@@ -54,11 +55,8 @@ def parse_duration(text: str) -> float:
     return float(hours * 3600 + minutes * 60 + seconds)
 
 
-def _label(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
+class NotReady(UserError, RuntimeError):
+    """The service did not answer GET /readyz with 200 in time."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics = parser.add_argument_group("metrics cross-check")
     metrics.add_argument("--metrics-url", help="Ray's Prometheus export, e.g. http://127.0.0.1:8080/metrics")
     metrics.add_argument("--metrics-name", default=IMAGES_METRIC)
-    metrics.add_argument("--metrics-label", type=_label, action="append", default=[], metavar="KEY=VALUE",
+    metrics.add_argument("--metrics-label", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                          help="only series with this label, e.g. application=siglip (repeatable)")
     metrics.add_argument("--metrics-wait", type=float, default=30.0, help="seconds to wait for the count to land")
     metrics.add_argument("--metrics-tolerance", type=float, default=0.05)
@@ -132,7 +130,7 @@ def wait_ready(host: str, timeout_s: float) -> None:
 
     last, ready, _ = poll(probe, lambda answer: answer == "HTTP 200", timeout_s, interval_s=1.0)
     if not ready:
-        raise RuntimeError(f"{host}/readyz not ready after {timeout_s:g} s ({last})")
+        raise NotReady(f"{host}/readyz not ready after {timeout_s:g} s ({last})")
 
 
 def locust_command(args: argparse.Namespace, out: Path) -> list[str]:
@@ -255,14 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         from measure import report
 
         return report.main(argv[1:])
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("INFO")
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (CorpusError, ResultFileError, RuntimeError) as exc:
-        log.error("%s", exc)
-        return EXIT_ERROR
+    return run_main(lambda: run(args), log)
 
 
 if __name__ == "__main__":

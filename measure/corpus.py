@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.user_error import UserError
+
 log = logging.getLogger("siglip_serve.corpus")
 
 # Real photographs bundled with scikit-image (no download): colour ones plus two grayscale,
@@ -34,7 +36,7 @@ ENDPOINTS = ("raw", "multipart", "json")
 PATHS = {"raw": "/v1/embeddings/image", "multipart": "/v1/embeddings/image", "json": "/v1/embeddings"}
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """The corpus or the body settings cannot make requests; the message says why."""
 
 

@@ -35,11 +35,14 @@ import numpy as np
 from measure.results import Machine, MulticoreResult, MulticoreWorker
 from measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, seed_rows_for
 from models.cli_args import (
-    LOG_FORMAT,
     SettingsError,
+    UserError,
+    add_log_level,
     add_model_arguments,
     model_settings_of,
+    run_main,
     settings_from_args,
+    setup_logging,
     validate_settings,
 )
 from models.settings import ModelSettings
@@ -110,6 +113,10 @@ class _Worker:
         return "\n".join(self.stderr.read().decode(errors="replace").splitlines()[-lines:])
 
 
+class BenchFailed(UserError, RuntimeError):
+    """A worker died or went silent; the message carries its stderr's tail."""
+
+
 def _collect(workers: list[_Worker], messages: "queue.Queue[tuple[int, str, Any]]", kind: str,
              timeout_s: float) -> dict[int, Any]:
     deadline = time.monotonic() + timeout_s
@@ -118,12 +125,13 @@ def _collect(workers: list[_Worker], messages: "queue.Queue[tuple[int, str, Any]
         try:
             index, what, payload = messages.get(timeout=max(0.1, deadline - time.monotonic()))
         except queue.Empty:
-            raise TimeoutError(f"{len(workers) - len(got)} worker(s) sent no {kind} within {timeout_s:.0f} s") from None
+            raise BenchFailed(f"{len(workers) - len(got)} worker(s) sent no {kind} within {timeout_s:.0f} s") from None
         if what == kind:
             got[index] = payload
         elif what == "EXIT" and index not in got:
             worker = workers[index]
-            raise RuntimeError(f"worker {index} exited (code {worker.proc.wait()}) before {kind}:\n{worker.stderr_tail()}")
+            raise BenchFailed(f"worker {index} exited (code {worker.proc.wait()}) before {kind}:\n"
+                              f"{worker.stderr_tail()}")
     return got
 
 
@@ -146,7 +154,7 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
 
     `settings` may be a plain mapping of ModelSettings fields (e.g. parsed from YAML)."""
     if cores < 1 or iterations < 1 or warmup < 0:
-        raise ValueError("cores and iterations must be >= 1, warmup >= 0")
+        raise SettingsError("cores and iterations must be >= 1, warmup >= 0")
     if not isinstance(settings, ModelSettings):
         settings = validate_settings(dict(settings))
     overrides: dict[str, Any] = {"buckets": (bucket,)}
@@ -241,22 +249,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--json", dest="json_out", type=Path, default=Path("multicore.json"))
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_level(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    setup_logging(args.log_level)
     if args.worker:
         return _worker()
-    try:
-        settings = settings_from_args(args)
-        result = run_multicore(settings, args.cores, args.bucket, args.warmup, args.iterations)
-    except (SettingsError, ValueError, RuntimeError, TimeoutError) as exc:
-        log.error("%s", exc)
-        return 2
+    return run_main(lambda: _bench(args), log)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    result = run_multicore(settings_from_args(args), args.cores, args.bucket, args.warmup, args.iterations)
     print(format_workers(result))
     print()
     print(format_comparison(result))

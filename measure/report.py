@@ -32,6 +32,7 @@ from measure.results import (
     SingleCore,
 )
 from measure.seed import SeedRow, multicore_seed_by_lnc
+from models.cli_args import UserError, key_value, settings_values, setup_logging
 
 log = logging.getLogger("siglip_serve.report")
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--run-bench", metavar="ARGS", help="(a) run siglip-serve bench with these arguments")
     b = parser.add_mutually_exclusive_group()
     b.add_argument("--multicore-json", help="(b) python -m measure.multicore --json output")
-    b.add_argument("--run-multicore", metavar="KEY=VALUE", nargs="*",
+    b.add_argument("--run-multicore", metavar="KEY=VALUE", nargs="*", type=key_value,
                    help="(b) run measure.multicore.run_multicore: cores=N [bucket=1 warmup=10 iterations=50] "
                         "and model settings (backend=neuron artifact_dir=DIR ...); values parse as YAML scalars")
     c = parser.add_mutually_exclusive_group()
@@ -72,29 +73,22 @@ def run_bench(arguments: str, out: Path) -> Path:
 MULTICORE_KEYS = ("cores", "bucket", "warmup", "iterations")
 
 
-def run_multicore(pairs: list[str], out: Path) -> Path:
+def run_multicore(pairs: list[tuple[str, str]], out: Path) -> Path:
     """(b) by measure.multicore.run_multicore: `cores`, `bucket`, `warmup`, `iterations` go to
     the function, every other KEY=VALUE is a model setting (backend=neuron, artifact_dir=DIR, ...)."""
-    import yaml
-
     from measure.multicore import run_multicore as run
-    from models.cli_args import SettingsError
 
     settings: dict[str, Any] = {}
     options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--run-multicore expects KEY=VALUE, got {pair!r}")
-        key = key.strip().replace("-", "_")
-        (options if key in MULTICORE_KEYS else settings)[key] = yaml.safe_load(value)
+    for key, value in settings_values(pairs).items():
+        (options if key in MULTICORE_KEYS else settings)[key] = value
     if "cores" not in options:
         raise SystemExit("--run-multicore needs cores=N (trn2.3xlarge: 4 at LNC=2, 8 at LNC=1)")
     bucket = int(options.pop("bucket", 1))
     log.info("(b) running run_multicore(%s, bucket=%d, %s)", settings, bucket, options)
     try:
         result = run(settings, bucket=bucket, **{k: int(v) for k, v in options.items()})
-    except (SettingsError, ValueError, RuntimeError, TimeoutError) as exc:
+    except (UserError, ValueError) as exc:  # ValueError: a KEY=VALUE option that is not an integer
         raise SystemExit(f"the multi-core bench could not run: {exc}") from None
     path = out / "multicore.json"
     result.write(path)
@@ -249,8 +243,7 @@ def seed_comparable(ctx: ReportContext) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("INFO")
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,12 +20,14 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from models.user_error import UserError
+
 from measure.seed import SeedRow
 
 Model = TypeVar("Model", bound="Result")
 
 
-class ResultFileError(ValueError):
+class ResultFileError(UserError, ValueError):
     """A recorded result file is not in the shape its producer writes."""
 
 

@@ -20,18 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from models.cli_args import LOG_FORMAT, SettingsError, validate_settings
-from models.encoder import BackendUnavailable, Encoder, create_encoder
-from models.loading import ModelLoadError
-from models.manifest import ArtifactError
-from models.neuron_sdk import LncMismatch
+from models.cli_args import (SettingsError, UserError, add_log_level, key_value, run_main, settings_values,
+                             setup_logging, validate_settings)
+from models.encoder import Encoder, create_encoder
 from models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.accuracy")
@@ -40,21 +37,29 @@ DEFAULT_THRESHOLD = 0.999
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 
+class NoImages(UserError, FileNotFoundError):
+    """The image folder (or texts file) is missing, empty, or holds nothing that decodes."""
+
+
+class NotComparable(UserError, ValueError):
+    """The two encoders cannot be compared (different image sizes or embedding shapes)."""
+
+
 def parse_spec(spec: str, defaults: dict[str, Any] | None = None) -> ModelSettings:
     """'backend=cpu,model=tiny-siglip,buckets=1,2' -> validated ModelSettings (defaults underneath)."""
-    values: dict[str, Any] = dict(defaults or {})
-    key: str | None = None
+    items: list[str] = []
     for piece in (p.strip() for p in spec.split(",")):
-        if not piece:
-            continue
-        name, sep, value = piece.partition("=")
-        if sep:
-            key = name.strip().replace("-", "_")
-            values[key] = value.strip()
-        elif key is not None:
-            values[key] = f"{values[key]},{piece}"
-        else:
-            raise SettingsError(f"encoder spec {spec!r}: {piece!r} is not key=value")
+        if piece and ("=" in piece or not items):
+            items.append(piece)
+        elif piece:
+            items[-1] = f"{items[-1]},{piece}"
+    pairs = []
+    for item in items:
+        try:
+            pairs.append(key_value(item))
+        except argparse.ArgumentTypeError:
+            raise SettingsError(f"encoder spec {spec!r}: {item!r} is not key=value") from None
+    values: dict[str, Any] = {**(defaults or {}), **settings_values(pairs)}
     for path_key in ("checkpoint", "artifact_dir"):
         if isinstance(values.get(path_key), str):
             values[path_key] = str(Path(values[path_key]).expanduser())
@@ -63,10 +68,10 @@ def parse_spec(spec: str, defaults: dict[str, Any] | None = None) -> ModelSettin
 
 def image_files(folder: Path, limit: int | None = None) -> list[Path]:
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {folder} does not exist")
+        raise NoImages(f"image folder {folder} does not exist")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
-        raise FileNotFoundError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {folder}")
+        raise NoImages(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {folder}")
     return files[:limit] if limit else files
 
 
@@ -83,14 +88,14 @@ def load_images(files: Sequence[Path], size: tuple[int, int]) -> tuple[np.ndarra
             log.warning("skipping %s: %s", path, exc)
             rejected.append(str(path))
     if not arrays:
-        raise FileNotFoundError("none of the images could be decoded")
+        raise NoImages("none of the images could be decoded")
     return np.stack(arrays), names, rejected
 
 
 def compare_embeddings(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     """Per-image cosine (min, mean, argmin) and absolute error over every value (mean, max)."""
     if a.shape != b.shape:
-        raise ValueError(f"embeddings differ in shape: {a.shape} vs {b.shape}")
+        raise NotComparable(f"embeddings differ in shape: {a.shape} vs {b.shape}")
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
     cosine = np.sum(a64 * b64, axis=1) / np.maximum(norms, 1e-12)
@@ -129,7 +134,8 @@ def run_accuracy(a: ModelSettings, b: ModelSettings, folder: Path, limit: int | 
     encoder_a = create_encoder(a)
     encoder_b = create_encoder(b)
     if encoder_a.image_size != encoder_b.image_size:
-        raise ValueError(f"the encoders take different image sizes: {encoder_a.image_size} vs {encoder_b.image_size}")
+        raise NotComparable(f"the encoders take different image sizes: {encoder_a.image_size} vs "
+                            f"{encoder_b.image_size}")
     images, names, rejected = load_images(image_files(folder, limit), encoder_a.image_size)
     log.info("embedding %d images with A (%s) and B (%s)", len(names), a.backend, b.backend)
     stats = compare_embeddings(encoder_a.encode(images), encoder_b.encode(images))
@@ -180,22 +186,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--texts", type=Path,
                         help="also compare the text towers on these texts (a file, one text per line)")
     parser.add_argument("--json", dest="json_out", type=Path, help="also write the results here")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_level(parser)
     return parser
+
+
+def read_texts(path: Path) -> list[str]:
+    try:
+        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise NoImages(f"--texts {path}: {exc.strerror}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    setup_logging(args.log_level)
+    return run_main(lambda: _compare(args), log)
+
+
+def _compare(args: argparse.Namespace) -> int:
     defaults = {"model": args.model} if args.model else {}
-    try:
-        texts = [line.strip() for line in args.texts.read_text().splitlines() if line.strip()] if args.texts else None
-        result = run_accuracy(parse_spec(args.a, defaults), parse_spec(args.b, defaults), args.images,
-                              args.limit, args.threshold, texts)
-    except (SettingsError, ModelLoadError, BackendUnavailable, ArtifactError, LncMismatch,
-            FileNotFoundError, ValueError) as exc:
-        log.error("%s", exc)
-        return 2
+    texts = read_texts(args.texts) if args.texts else None
+    result = run_accuracy(parse_spec(args.a, defaults), parse_spec(args.b, defaults), args.images,
+                          args.limit, args.threshold, texts)
     print(format_report(result))
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n")

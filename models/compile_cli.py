@@ -19,11 +19,13 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from models.cli_args import LOG_FORMAT, SettingsError, add_model_arguments, settings_from_args
-from models.torchneuron_env import (LNC_ENV, TRN2_DEFAULT_LNC, NativeOptions, TorchNeuronRefusal, environment,
-                                    installed_versions, sdk_tag)
+from models.cli_args import (SettingsError, add_log_level, add_model_arguments, run_main, settings_from_args,
+                             setup_logging)
+from models.settings import NEURON_BACKENDS
+from models.torchneuron_env import (LNC_ENV, TRN2_DEFAULT_LNC, NativeOptions, environment, installed_versions,
+                                    sdk_tag)
 
-LINES = ("neuron", "neuron-native")
+LINES = NEURON_BACKENDS
 DEFAULT_CACHE_ROOT = Path("artifacts")
 log = logging.getLogger("siglip_serve.compile")
 
@@ -49,7 +51,7 @@ def build_native_parser() -> argparse.ArgumentParser:
     parser.add_argument("--link", type=Path, help="also point this symlink at the artifact (stable path for configs)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON; needs no SDK and reads no weights")
     parser.add_argument("--force", action="store_true", help="recompile even if a complete artifact exists")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_level(parser)
     return parser
 
 
@@ -58,7 +60,7 @@ def native_options(args: argparse.Namespace) -> NativeOptions:
     if lnc is None:
         raw = (os.environ.get(LNC_ENV) or "").strip()
         if raw and raw not in ("1", "2"):
-            raise ValueError(f"{LNC_ENV}={raw!r} is not a valid LNC; the Neuron runtime accepts 1 or 2")
+            raise SettingsError(f"{LNC_ENV}={raw!r} is not a valid LNC; the Neuron runtime accepts 1 or 2")
         lnc = int(raw) if raw else TRN2_DEFAULT_LNC
     return NativeOptions(lnc=lnc, optlevel=args.optlevel, auto_cast=args.auto_cast, auto_cast_type=args.auto_cast_type,
                          model_type=args.model_type, target=args.target, extra_args=tuple(args.compiler_arg))
@@ -66,7 +68,11 @@ def native_options(args: argparse.Namespace) -> NativeOptions:
 
 def native_main(argv: Sequence[str]) -> int:
     args = build_native_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    setup_logging(args.log_level)
+    return run_main(lambda: _native(args), log)
+
+
+def _native(args: argparse.Namespace) -> int:
     saved = dict(os.environ)
     try:
         settings = settings_from_args(args)
@@ -90,17 +96,6 @@ def native_main(argv: Sequence[str]) -> int:
                                                 force=args.force)
         if args.link is not None:
             importlib.import_module("models.neuron_compile").point_link(args.link, result.artifact_dir)
-    except (SettingsError, ValueError, TorchNeuronRefusal) as exc:
-        log.error("%s", exc)
-        return 2
-    except RuntimeError as exc:
-        from models.loading import ModelLoadError  # torch is loaded by now
-        from models.manifest import ArtifactError
-
-        if not isinstance(exc, (ModelLoadError, ArtifactError)):
-            raise
-        log.error("%s", exc)
-        return 2
     finally:
         os.environ.clear()
         os.environ.update(saved)

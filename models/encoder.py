@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from models.loading import ModelInfo
-from models.settings import ModelSettings
+from models.settings import BACKENDS, ModelSettings
+from models.user_error import UserError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class EncoderInputError(ValueError):
     """A batch that does not have the shape or dtype the compiled model takes."""
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(UserError, RuntimeError):
     """This machine cannot run the backend; the message is one line saying what to install or fix."""
 
 
@@ -139,13 +140,9 @@ class Encoder(ABC):
 
 EncoderFactory = Callable[[ModelSettings], Encoder]
 
-# Backends load lazily: importing the registry must not import CUDA or Neuron code.
-_BACKEND_MODULES = {
-    "cpu": "models.backends.cpu",
-    "cuda": "models.backends.cuda",
-    "neuron": "models.backends.neuron",
-    "neuron-native": "models.backends.neuron_native",
-}
+# Backends load lazily: importing the registry must not import CUDA or Neuron code. Backend
+# `name` lives in models/backends/<name with _ for ->.py; the names are models.settings.BACKENDS.
+_BACKEND_MODULES = {name: f"models.backends.{name.replace('-', '_')}" for name in BACKENDS}
 _FACTORIES: dict[str, EncoderFactory] = {}
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.settings import TINY_MODEL, ModelSettings
+from models.user_error import UserError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ _CONFIG_DIR = Path(__file__).parent / "configs"
 _registered = False
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """The model could not be loaded; the message says why and what to do instead."""
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from models.settings import ModelSettings
+from models.user_error import UserError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ FORMAT_VERSION = 1
 _CHUNK = 8 * 1024 * 1024
 
 
-class ArtifactError(RuntimeError):
+class ArtifactError(UserError, RuntimeError):
     """An artifact directory is missing, incomplete or does not fit what was asked of it."""
 
 

@@ -15,7 +15,6 @@ import logging
 import os
 import shlex
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -26,12 +25,12 @@ from typing import Any
 
 import torch
 
-from models.cli_args import LOG_FORMAT, SettingsError, add_model_arguments, settings_from_args
+from models.cli_args import add_log_level, add_model_arguments, run_main, settings_from_args, setup_logging
 from models.encoder import BackendUnavailable
-from models.loading import ImageEmbedder, ModelLoadError, load_embedder, model_geometry
+from models.loading import ImageEmbedder, load_embedder, model_geometry
 from models.manifest import (ArtifactError, Manifest, WeightsDigest, artifact_name, bucket_file, cache_key,
                              digest_weights, is_complete, read_manifest)
-from models.neuron_sdk import LNC_ENV, VALID_LNC, LncMismatch, require_torch_neuronx, runtime_lnc, sdk_versions
+from models.neuron_sdk import LNC_ENV, VALID_LNC, require_torch_neuronx, runtime_lnc, sdk_versions
 from models.settings import ModelSettings
 from models.text import load_text_tower, text_context_length
 from models.text_neuron import text_cache_inputs, trace_text_buckets
@@ -265,7 +264,7 @@ def point_link(link: Path, target: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="siglip-serve compile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_arguments(parser, backend=False)
+    add_model_arguments(parser, backend=False, extra=("text_buckets",))
     neuron = parser.add_argument_group("neuronx-cc")
     neuron.add_argument("--lnc", type=int, choices=VALID_LNC,
                         help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
@@ -284,8 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="recompile even if a complete artifact exists")
     parser.add_argument("--text", action="store_true",
                         help="also compile the text tower, one graph per --text-buckets size (for /v1/classify and text)")
-    parser.add_argument("--text-buckets", help="text batch sizes, e.g. 1,2,4,8,16,32 (default)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_level(parser)
     return parser
 
 
@@ -300,20 +298,20 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
-    try:
-        settings = settings_from_args(args, **({"text_buckets": args.text_buckets} if args.text_buckets else {}))
-        options = options_from_args(args)
-        if args.dry_run:
-            print(json.dumps(dry_run_plan(settings, options, args.cache_root).as_json(), indent=2))
-            return 0
-        result = compile_artifact(settings, options, args.cache_root, force=args.force, text=args.text)
-        if args.link is not None:
-            point_link(args.link, result.artifact_dir)
-            log.info("%s -> %s", args.link, result.artifact_dir)
-    except (SettingsError, ValueError, ModelLoadError, BackendUnavailable, ArtifactError, LncMismatch) as exc:
-        log.error("%s", exc)
-        return 2
+    setup_logging(args.log_level)
+    return run_main(lambda: _compile(args), log)
+
+
+def _compile(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    options = options_from_args(args)
+    if args.dry_run:
+        print(json.dumps(dry_run_plan(settings, options, args.cache_root).as_json(), indent=2))
+        return 0
+    result = compile_artifact(settings, options, args.cache_root, force=args.force, text=args.text)
+    if args.link is not None:
+        point_link(args.link, result.artifact_dir)
+        log.info("%s -> %s", args.link, result.artifact_dir)
     print(result.artifact_dir)
     return 0
 

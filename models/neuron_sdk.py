@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from models.encoder import BackendUnavailable
+from models.user_error import UserError
 
 NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
@@ -35,7 +36,7 @@ class NeuronSdkMissing(BackendUnavailable):
     """torch-neuronx is absent, is PyPI's placeholder, or does not import."""
 
 
-class LncMismatch(RuntimeError):
+class LncMismatch(UserError, RuntimeError):
     """The artifact's compiled LNC differs from the runtime's; the Neuron runtime would refuse it."""
 
 

@@ -6,7 +6,7 @@ Knows nothing of Ray or HTTP; `serve.config.ServiceConfig` embeds it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -15,7 +15,12 @@ DEFAULT_PRETRAINED = "webli"
 TINY_MODEL = "tiny-siglip"
 MAX_BUCKET = 256
 
+# The one list of backend names: the CLI's --backend choices, the settings' validation and the
+# backend registry (models.encoder) all read it. neuron: the trace line; neuron-native: TorchNeuron.
 Backend = Literal["cpu", "cuda", "neuron", "neuron-native"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+# The backends that run on a NeuronCore (a replica asks Ray for one; artifacts come from `compile`).
+NEURON_BACKENDS: tuple[str, ...] = ("neuron", "neuron-native")
 
 
 class ModelSettings(BaseModel):
@@ -23,34 +28,36 @@ class ModelSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = DEFAULT_MODEL
-    pretrained: str | None = DEFAULT_PRETRAINED
-    checkpoint: Path | None = None
-    random_weights: bool = False
+    model: str = Field(DEFAULT_MODEL, description="open_clip SigLIP config; tiny-siglip (random weights) for tests")
+    pretrained: str | None = Field(DEFAULT_PRETRAINED, description="open_clip pretrained tag, downloaded once")
+    checkpoint: Path | None = Field(None, description="state dict saved with torch.save(model.state_dict())")
+    random_weights: bool = Field(False, description="seeded random weights: embeddings mean nothing (tests, plumbing)")
     # Random weights are seeded so every replica of a random-weight model gives the same embeddings.
-    seed: int = 0
-    backend: Backend = "cpu"
-    buckets: tuple[int, ...] = (1, 2, 4, 8)
+    seed: int = Field(0, description="seed of the random weights")
+    backend: Backend = Field("cpu", description="where the image tower runs")
+    buckets: tuple[int, ...] = Field((1, 2, 4, 8), description="batch sizes (compiled ones on neuron), e.g. 1,2,4,8")
     # None: the backend decides (CPU: the cores this process may use). Ray sets OMP_NUM_THREADS=1 in
     # workers, so leaving torch to its own default would run a CPU replica on one core.
-    torch_threads: int | None = Field(default=None, ge=1)
-    # neuron: directory of compiled artifacts (see models.neuron_compile); cuda: autocast dtype.
-    artifact_dir: Path | None = None
-    cuda_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    # cuda: capture one CUDA graph per bucket. Off until measured on a GPU (see models/backends/cuda.py).
-    cuda_graphs: bool = False
-    # The text tower's tokenizer: a local directory with the model's HF tokenizer files (tokenizer.json,
-    # tokenizer_config.json), optionally open_clip_config.json. None: tiny-siglip's bundled one, else
-    # open_clip's tokenizer for the model (from the Hugging Face cache or hub). See models/text.py.
-    tokenizer: Path | None = None
-    # Batch sizes of the text tower (texts per forward pass, at the model's fixed context length).
-    text_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    torch_threads: int | None = Field(default=None, ge=1,
+                                      description="cpu: torch threads per encoder (default: all usable cores)")
+    artifact_dir: Path | None = Field(None, description="neuron: compiled artifact directory (siglip-serve compile)")
+    cuda_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="cuda: autocast dtype")
+    # Off until measured on a GPU (see models/backends/cuda.py).
+    cuda_graphs: bool = Field(False, description="cuda: capture one CUDA graph per bucket")
+    # None: tiny-siglip's bundled tokenizer, else open_clip's tokenizer for the model (from the
+    # Hugging Face cache or hub). See models/text.py.
+    tokenizer: Path | None = Field(None, description="text tower: a local directory with the model's HF tokenizer "
+                                                     "files (tokenizer.json, tokenizer_config.json)")
+    text_buckets: tuple[int, ...] = Field((1, 2, 4, 8, 16, 32),
+                                          description="text batch sizes (texts per forward pass), e.g. 1,2,4,8,16,32")
 
     @field_validator("buckets", "text_buckets", mode="before")
     @classmethod
     def _parse_buckets(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(int(part) for part in value.replace(" ", "").split(",") if part)
+        if isinstance(value, int) and not isinstance(value, bool):  # one bucket, e.g. `--set buckets=4`
+            return (value,)
         return value
 
     @field_validator("buckets", "text_buckets")

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from models.user_error import UserError
+
 SDK_RELEASE = "2.33.1"
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
 TORCH_NEURONX_FAMILY = "2.14.3.0"
@@ -51,7 +53,7 @@ TRN2_DEFAULT_LNC = 2  # Logical NeuronCore configuration page: LNC=2 is trn2's d
 NEFF_DIR = "neff"
 
 
-class TorchNeuronRefusal(RuntimeError):
+class TorchNeuronRefusal(UserError, RuntimeError):
     """The neuron-native backend will not start here; the message is one line with the fix."""
 
 

@@ -11,6 +11,7 @@ from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
 from models.loading import model_geometry
+from models.user_error import UserError
 from serve.config import ConfigError, ServiceConfig
 from serve.encoder_deployment import encoder_deployment
 from serve.ingress import IngressDeployment
@@ -92,7 +93,6 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     It checks, once, what it can before any replica starts: the config, that the cluster can hold
     the replicas, and that the weights are on disk or the hub answers. It cannot see a replica's
     own machine (an SDK or GPU missing there fails in the replica, which Serve retries)."""
-    from models.loading import ModelLoadError
     from serve.runner import preflight_weights
 
     try:
@@ -101,6 +101,6 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             check_cluster_fits(config, resolve_replicas(config))
         preflight_weights(config)
         return build(config)
-    except (ConfigError, ModelLoadError) as exc:
+    except UserError as exc:  # a config, weights or cluster problem: refused once, not retried
         log.error("%s", exc)
         raise AppRefused(str(exc)) from None

@@ -7,16 +7,16 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from models.cli_args import LogLevel, UserError, describe_validation, model_settings_of
 from models.preprocess import ImageLimits
-from models.cli_args import model_settings_of
-from models.settings import ModelSettings
+from models.settings import NEURON_BACKENDS, ModelSettings
 
 MiB = 1024 * 1024
 # The environment variable the ingress reads the API key from when the config names none.
 API_KEY_ENV = "SIGLIP_API_KEY"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """The config does not validate; the message lists every problem."""
 
 
@@ -25,65 +25,68 @@ class ServiceConfig(ModelSettings):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Encoder replicas. "auto": one per logical NeuronCore the Ray cluster declares.
-    replicas: int | Literal["auto"] = 1
-    # Logical NeuronCores each encoder replica asks Ray for. None: 1 on the neuron backend, else 0.
-    neuron_cores_per_replica: int | None = Field(default=None, ge=0, le=1)
-    encoder_num_cpus: float = Field(default=1.0, ge=0)
-    ingress_replicas: int = Field(default=1, ge=1)
-    ingress_num_cpus: float = Field(default=0.5, ge=0)
-    # Threads per ingress replica that decode and resize (Pillow releases the GIL).
-    decode_threads: int = Field(default=4, ge=1, le=64)
+    replicas: int | Literal["auto"] = Field(
+        1, description="encoder replicas, or 'auto': one per logical NeuronCore the Ray cluster declares")
+    neuron_cores_per_replica: int | None = Field(
+        None, ge=0, le=1, description="logical NeuronCores each encoder replica asks Ray for (default: 1 on the "
+                                      "neuron backends, else 0)")
+    encoder_num_cpus: float = Field(1.0, ge=0, description="CPUs each encoder replica asks Ray for")
+    ingress_replicas: int = Field(1, ge=1, description="HTTP ingress replicas")
+    ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs each ingress replica asks Ray for")
+    # Pillow releases the GIL, so decode threads run in parallel.
+    decode_threads: int = Field(4, ge=1, le=64, description="threads per ingress replica that decode and resize")
 
-    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=10)
-    # Encoder calls (each up to the largest bucket's images) each ingress may hold beyond what the
-    # replicas run at once; past it a request is answered 503 at once (Ingress._encode).
-    max_queued_requests: int = Field(default=256, ge=1)
-    # One deadline per request, from the moment the ingress receives it: reading the body,
-    # decoding, queueing and encoding all count. Past it the request is answered 504 and its
-    # remaining work is dropped.
-    request_timeout_s: float = Field(default=30.0, gt=0)
-    retry_after_s: int = Field(default=1, ge=1)
-    # /readyz answers 200 while at least this many encoder replicas are warm (capped at `replicas`).
-    min_ready_replicas: int = Field(default=1, ge=1)
-    # `siglip-serve run` on SIGTERM: /readyz turns 503, new requests get 503, and accepted ones get
-    # this long to finish before Serve and Ray stop.
-    drain_timeout_s: float = Field(default=30.0, ge=0)
+    batch_wait_timeout_s: float = Field(0.005, ge=0, le=10,
+                                        description="seconds the batcher waits to fill a batch")
+    # Each encoder call carries up to the largest bucket's images (Ingress._encode).
+    max_queued_requests: int = Field(256, ge=1, description="encoder calls each ingress may hold beyond what the "
+                                                            "replicas run at once; past it: 503 at once")
+    # Reading the body, decoding, queueing and encoding all count; past it the remaining work is dropped.
+    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the ingress "
+                                                             "receives it; past it: 504")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds of a 503")
+    min_ready_replicas: int = Field(1, ge=1, description="/readyz answers 200 while at least this many encoder "
+                                                         "replicas are warm (capped at replicas)")
+    # On SIGTERM /readyz turns 503 and new requests get 503 before Serve and Ray stop.
+    drain_timeout_s: float = Field(30.0, ge=0, description="seconds accepted requests get to finish on SIGTERM")
 
-    # Decode large JPEGs at a reduced DCT scale (>= 2x the model's input), then resize: a deliberate,
-    # documented difference from open_clip (cosine >= 0.9999 kept); false gives its exact pixels.
-    fast_jpeg_decode: bool = True
-    max_body_bytes: int = Field(default=20 * MiB, ge=1024)
-    max_image_pixels: int = Field(default=40_000_000, ge=1)
-    # Longest side of one image, from its header (a 1 x 39,000,000 PNG is 76 KB).
-    max_image_side: int = Field(default=16384, ge=1)
-    # Pixels of all images of one request together, from their headers, before any is decoded.
-    max_request_pixels: int = Field(default=160_000_000, ge=1)
-    # Bytes the decodes running at once in one ingress may hold (header-declared cost); past it a
-    # decode waits its turn (serve/decode_queue.py).
-    decode_memory_budget_bytes: int = Field(default=1024 * MiB, ge=MiB)
-    max_images_per_request: int = Field(default=64, ge=1)
-    # Prefer SIGLIP_API_KEY (environment) or api_key_file: a key in args shows in the Serve config.
-    api_key: SecretStr | None = None
-    api_key_file: str | None = None
+    # A deliberate, documented difference from open_clip (cosine >= 0.9999 kept).
+    fast_jpeg_decode: bool = Field(True, description="decode large JPEGs at a reduced DCT scale (>= 2x the model's "
+                                                     "input), then resize; false gives open_clip's exact pixels")
+    max_body_bytes: int = Field(20 * MiB, ge=1024, description="largest request body")
+    max_image_pixels: int = Field(40_000_000, ge=1, description="most pixels of one image, from its header")
+    # A 1 x 39,000,000 PNG is 76 KB.
+    max_image_side: int = Field(16384, ge=1, description="longest side of one image, from its header")
+    max_request_pixels: int = Field(160_000_000, ge=1, description="pixels of all images of one request together, "
+                                                                   "from their headers, before any is decoded")
+    # Header-declared cost; see serve/decode_queue.py.
+    decode_memory_budget_bytes: int = Field(1024 * MiB, ge=MiB, description="bytes the decodes running at once in "
+                                                                            "one ingress may hold; past it a decode "
+                                                                            "waits its turn")
+    max_images_per_request: int = Field(64, ge=1, description="images in one request")
+    # A key in args shows in the Serve config (and on the command line, in ps).
+    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in ps: prefer "
+                                                        f"the {API_KEY_ENV} environment variable or --api-key-file)")
+    api_key_file: str | None = Field(None, description="require the key on this file's first line")
     # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
-    # batcher, so texts never queue behind images nor images behind texts. None: 1 replica on cpu; 0
-    # (text off) on cuda and neuron, where a text replica needs a GPU / NeuronCore of its own (and on
-    # neuron an artifact compiled with --text). 0 turns the text routes off (404).
-    text_replicas: int | None = Field(default=None, ge=0)
-    text_num_cpus: float = Field(default=0.5, ge=0)
-    # Texts (or classify labels) in one request, and characters in one text, checked before tokenizing.
-    max_texts_per_request: int = Field(default=64, ge=1)
-    max_text_chars: int = Field(default=1000, ge=1)
-    # Classify prompts (label in template) whose text embeddings each ingress keeps, least recently
-    # used out first: a fixed label set is embedded once, not per request. 0: no cache.
-    classify_cache_size: int = Field(default=4096, ge=0)
-    # Environment variables of every encoder replica (Ray runtime_env), e.g. NEURON_LOGICAL_NC_CONFIG
-    # or NEURON_RT_* settings on trn2. Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
-    env_vars: dict[str, str] = Field(default_factory=dict)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    # Ray Serve's access log, one line per request from the proxy and every replica: opt-in.
-    access_log: bool = False
+    # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or
+    # neuron needs a GPU / NeuronCore of its own (and on neuron an artifact compiled with --text).
+    text_replicas: int | None = Field(None, ge=0, description="text tower replicas; 0 turns the text routes off "
+                                                              "(default: 1 on cpu, 0 on cuda and neuron)")
+    text_num_cpus: float = Field(0.5, ge=0, description="CPUs each text replica asks Ray for")
+    max_texts_per_request: int = Field(64, ge=1, description="texts (or classify labels) in one request, checked "
+                                                             "before tokenizing")
+    max_text_chars: int = Field(1000, ge=1, description="characters in one text, checked before tokenizing")
+    # A fixed label set is embedded once, not per request.
+    classify_cache_size: int = Field(4096, ge=0, description="classify prompts whose text embeddings each ingress "
+                                                             "keeps, least recently used out first; 0: no cache")
+    # Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
+    env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
+                                                                       "replica (Ray runtime_env), e.g. "
+                                                                       "NEURON_LOGICAL_NC_CONFIG on trn2")
+    log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
+    access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
+                                               "every replica")
 
     @model_validator(mode="after")
     def _check_serving(self) -> "ServiceConfig":
@@ -97,7 +100,7 @@ class ServiceConfig(ModelSettings):
     def cores_per_replica(self) -> int:
         if self.neuron_cores_per_replica is not None:
             return self.neuron_cores_per_replica
-        return 1 if self.backend in ("neuron", "neuron-native") else 0
+        return 1 if self.backend in NEURON_BACKENDS else 0
 
     @property
     def text_replica_count(self) -> int:
@@ -134,7 +137,4 @@ class ServiceConfig(ModelSettings):
         try:
             return cls.model_validate(args or {})
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
-            )
-            raise ConfigError(f"invalid siglip-serve config: {problems}") from None
+            raise ConfigError(f"invalid siglip-serve config: {describe_validation(exc.errors(), 'config')}") from None

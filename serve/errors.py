@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from models.image_errors import (
     CorruptImage, EmptyImage, ImageFileTooLarge, ImageRejected, ImageTooLarge, UnsupportedImage,
 )
+from models import user_error
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,4 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -
 
 def describe_validation(errors: Sequence[Mapping[str, Any]]) -> str:
     """Pydantic errors as one line: 'input.3: Input should be a valid string; ...'."""
-    parts = []
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
-    return "; ".join(parts) or "request does not match the schema"
+    return user_error.describe_validation(errors, root="body", drop=("body",)) or "request does not match the schema"

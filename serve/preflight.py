@@ -13,6 +13,8 @@ import errno
 import os
 import socket
 
+from models.user_error import UserError
+
 # Read by Ray Serve's proxy at import (ray/serve/_private/proxy.py, Ray 2.60; default "1"). Set in
 # this process before ray.init, so the local raylet, and the proxy actor it starts, inherit it.
 REUSE_PORT_ENV = "SERVE_SOCKET_REUSE_PORT_ENABLED"
@@ -22,7 +24,7 @@ REUSE_PORT_ENV = "SERVE_SOCKET_REUSE_PORT_ENABLED"
 RAY_HOST = "127.0.0.1"
 METRICS_CHECK_HOST = "0.0.0.0"
 
-class PortUnavailable(RuntimeError):
+class PortUnavailable(UserError, RuntimeError):
     """A port `siglip-serve run` needs is taken or not allowed; the message says which and what to do."""
 
 

@@ -21,10 +21,19 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from models.cli_args import UserError, run_main
+from models.settings import BACKENDS
+
 # TorchNeuron (the native PyTorch backend) starts at torch-neuronx 2.13 (Neuron 2.33 ships 2.13.3.0 and
 # 2.14.3.0); the trace line is torch-neuronx 2.9.x. Both are the distribution `torch-neuronx`.
 NATIVE_FROM = (2, 13)
 MODEL = "tiny-siglip"
+
+
+class ProbeFailed(UserError, RuntimeError):
+    """The served application did not come up or did not answer; trn2-check reads exit code 1 as failed."""
+
+    exit_code = 1
 
 
 def sdk_line(version: str | None, has_trace: bool) -> str | None:
@@ -80,7 +89,7 @@ def _photo_jpeg() -> bytes:
 
 def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) -> dict[str, Any]:
     """Start `siglip-serve run` (one replica on one declared core), wait for /readyz, embed one photo,
-    read /v1/models, stop it. Raises RuntimeError naming what went wrong."""
+    read /v1/models, stop it. Raises ProbeFailed naming what went wrong."""
     import httpx
 
     from measure.poll import poll
@@ -98,19 +107,19 @@ def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) ->
         with httpx.Client(base_url=base, timeout=60) as client:
             def ready() -> bool:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"siglip-serve run exited with code {proc.returncode} before it was ready")
+                    raise ProbeFailed(f"siglip-serve run exited with code {proc.returncode} before it was ready")
                 try:
                     return client.get("/readyz").status_code == 200
                 except httpx.TransportError:
                     return False
 
             if not poll(ready, bool, ready_timeout_s, interval_s=2.0)[1]:
-                raise RuntimeError(f"not ready within {ready_timeout_s:.0f} s")
+                raise ProbeFailed(f"not ready within {ready_timeout_s:.0f} s")
             ready_s = time.monotonic() - began
             response = client.post("/v1/embeddings/image", content=_photo_jpeg(),
                                    headers={"Content-Type": "image/jpeg"})
             if response.status_code != 200:
-                raise RuntimeError(f"POST /v1/embeddings/image answered {response.status_code}: {response.text[:300]}")
+                raise ProbeFailed(f"POST /v1/embeddings/image answered {response.status_code}: {response.text[:300]}")
             embedding = response.json()["data"][0]["embedding"]
             models = client.get("/v1/models").json()
         norm = sum(v * v for v in embedding) ** 0.5
@@ -132,16 +141,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     v.add_argument("out", type=Path)
     s = sub.add_parser("serve")
     s.add_argument("out", type=Path)
-    s.add_argument("--backend", required=True)
+    s.add_argument("--backend", required=True, choices=BACKENDS)
     s.add_argument("--artifact-dir", required=True)
     s.add_argument("--ready-timeout", type=float, default=900.0)
     args = parser.parse_args(argv)
-    try:
-        result = versions() if args.probe == "versions" else serve(args.out, args.backend, args.artifact_dir,
-                                                                   args.ready_timeout)
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return run_main(lambda: _probe(args))
+
+
+def _probe(args: argparse.Namespace) -> int:
+    result = versions() if args.probe == "versions" else serve(args.out, args.backend, args.artifact_dir,
+                                                               args.ready_timeout)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(json.dumps(result, indent=2, default=str))
     return 0

@@ -1,0 +1,17 @@
+"""The kernel tools' user-facing errors: `siglip-serve kernels` prints them as one `error:` line.
+
+They keep their builtin bases (ValueError, RuntimeError) for library callers; anything else a
+command raises is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from models.user_error import UserError
+
+
+class KernelInputError(UserError, ValueError):
+    """A shape, config or option the kernels cannot run (not MxKxN, not a multiple of 128, ...)."""
+
+
+class KernelUnavailable(UserError, RuntimeError):
+    """What a benchmark needs (a NeuronCore, the real nki, a profiler) is not here, or its run failed."""

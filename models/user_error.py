@@ -1,0 +1,31 @@
+"""The one base class of errors the user can fix (a bad option, a missing SDK, a taken port), and
+the one way pydantic validation errors are told to a user (CLI, config, HTTP 422).
+
+Every command's main() runs through `models.cli_args.run_main`, which prints such an error as one
+line and returns its `exit_code`; any other exception is a bug and keeps its traceback. Subclasses
+keep their builtin base too (ValueError, RuntimeError), so library callers catch them as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message is one line that says what to do."""
+
+    exit_code: int = 2
+
+
+def describe_validation(errors: Iterable[Mapping[str, Any]], root: str = "settings",
+                        drop: Sequence[str] = ()) -> str:
+    """Pydantic errors as one line: 'buckets: Value error, ...; seed: Input should be ...'.
+
+    `drop` leaves location parts out (FastAPI's 'body'); `root` names an error with no location left.
+    """
+    parts = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p not in drop]
+        parts.append(f"{'.'.join(loc) or root}: {err.get('msg')}")
+    return "; ".join(parts)

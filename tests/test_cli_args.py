@@ -1,0 +1,126 @@
+"""The shared command-line plumbing (models/cli_args.py): options from the settings models, one
+KEY=VALUE parser, one error path. In-process and quick: nothing here starts Ray or loads a model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+
+from models import compile_cli, multicore_bench, neuron_compile
+from models.cli_args import (BACKEND_OPTIONS, MODEL_OPTIONS, SettingsError, UserError, key_value, run_main,
+                             settings_values)
+from models.settings import BACKENDS, ModelSettings
+from serve import cli
+from serve.config import ServiceConfig
+
+
+def model_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings of the parser's 'model' group (a subcommand's parser for siglip-serve)."""
+    (group,) = (g for g in parser._action_groups if g.title == "model")
+    return {s for action in group._group_actions for s in action.option_strings}
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    (sub,) = (a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def flags(names: tuple[str, ...]) -> set[str]:
+    return {"--" + n.replace("_", "-") for n in names}
+
+
+def test_every_model_command_takes_the_same_model_flags() -> None:
+    with_backend = flags(MODEL_OPTIONS + BACKEND_OPTIONS)
+    assert {"--seed", "--cuda-dtype"} <= with_backend
+    for parser in (subcommand("run"), subcommand("bench"), multicore_bench.build_parser()):
+        assert model_flags(parser) == with_backend
+    # The compile commands pick their own --backend (a Neuron line); the rest is the same list.
+    assert model_flags(neuron_compile.build_parser()) == flags(MODEL_OPTIONS) | {"--text-buckets"}
+    assert model_flags(compile_cli.build_native_parser()) == flags(MODEL_OPTIONS)
+
+
+def test_flags_read_their_help_and_choices_from_the_settings_fields() -> None:
+    run = subcommand("run")
+    actions = {a.dest: a for a in run._actions}
+    assert actions["backend"].choices == list(BACKENDS)
+    assert actions["cuda_dtype"].choices == ["bf16", "fp16", "fp32"]
+    assert actions["seed"].type is int and actions["seed"].default is None
+    for name in MODEL_OPTIONS + BACKEND_OPTIONS + cli.SERVICE_OPTIONS:
+        description = ServiceConfig.model_fields[name].description
+        assert description and actions[name].help.startswith(description.replace("%", "%%")), name
+    # Two weights sources at once is a usage error before any settings are built.
+    with pytest.raises(SystemExit):
+        run.parse_args(["--checkpoint", "model.pt", "--random-weights"])
+
+
+def test_every_settings_field_is_described() -> None:
+    missing = [name for name, field in ServiceConfig.model_fields.items() if not field.description]
+    assert missing == []
+    assert set(ModelSettings.model_fields) <= set(ServiceConfig.model_fields)
+
+
+def test_backend_registry_reads_the_one_list() -> None:
+    from models.encoder import _BACKEND_MODULES, backend_names
+
+    assert tuple(_BACKEND_MODULES) == BACKENDS and set(BACKENDS) <= set(backend_names())
+
+
+def test_run_flags_reach_the_service_config(tmp_path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("secret\n")
+    args = cli.build_parser().parse_args(
+        ["--log-level", "DEBUG", "run", "--model", "tiny-siglip", "--seed", "3", "--cuda-dtype", "fp16",
+         "--replicas", "2", "--access-log", "--api-key-file", str(key_file), "--set", "max-queued-requests=8",
+         "--set", "buckets=[1, 2]", "--set", "replicas=5"])
+    config = ServiceConfig.from_args(cli.run_settings(args))
+    assert (config.model, config.seed, config.cuda_dtype, config.buckets) == ("tiny-siglip", 3, "fp16", (1, 2))
+    assert config.replicas == 2  # the flag wins over --set, as before
+    assert config.max_queued_requests == 8 and config.access_log and config.log_level == "DEBUG"
+    assert config.resolve_api_key({}) == "secret"
+    auto = cli.build_parser().parse_args(["run", "--backend", "neuron", "--replicas", "auto"])
+    assert ServiceConfig.from_args(cli.run_settings(auto)).replicas == "auto"
+
+
+def test_one_key_value_parser() -> None:
+    assert key_value("application=siglip") == ("application", "siglip")
+    assert key_value(" a =b=c") == ("a", "b=c")  # the value as written, '=' and all
+    for bad in ("novalue", "=x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+            key_value(bad)
+    assert settings_values([("max-queued-requests", "8"), ("buckets", "1,2"), ("access_log", "true")]) == {
+        "max_queued_requests": 8, "buckets": "1,2", "access_log": True}
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["run", "--set", "novalue"])
+    # A YAML value is typed: one bucket reads as an int, and still means one bucket.
+    assert ServiceConfig.from_args(settings_values([("buckets", "4")])).buckets == (4,)
+
+
+def test_run_main_turns_user_errors_into_one_line_and_keeps_bugs(capsys: pytest.CaptureFixture[str],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    class Refused(UserError):
+        exit_code = 5
+
+    def refuse() -> int:
+        raise Refused("the thing is missing; install it")
+
+    assert run_main(refuse) == 5
+    assert capsys.readouterr().err == "error: the thing is missing; install it\n"
+
+    def invalid() -> int:
+        ModelSettings(seed="x")  # type: ignore[arg-type]
+        return 0
+
+    log = logging.getLogger("siglip_serve.test")
+    with caplog.at_level(logging.ERROR, logger=log.name):
+        assert run_main(invalid, log) == 2
+    (record,) = (r for r in caplog.records if r.name == log.name)
+    assert "seed" in record.getMessage() and "\n" not in record.getMessage()
+
+    def bug() -> int:
+        raise KeyError("a real bug")
+
+    with pytest.raises(KeyError):
+        run_main(bug)
+    assert issubclass(SettingsError, ValueError) and issubclass(SettingsError, UserError)

@@ -19,9 +19,11 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.helpers import REPO
+
 log = logging.getLogger(__name__)
 
-SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "prometheus.yml"
+SHIPPED_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 BINARIES = ("prometheus", "promtool")
 
 

@@ -6,7 +6,6 @@ import base64
 import concurrent.futures
 import io
 import shutil
-import struct
 import subprocess
 import zlib
 
@@ -15,41 +14,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import API_KEY, TEST_NEURON_CORES, TinyReference, jpeg_bytes
+from tests.helpers import (API_KEY, AUTH, TEST_NEURON_CORES, TinyReference, assert_error, cosine, embeddings_of,
+                           jpeg_bytes, png_file)
 
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 60.0
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def assert_error(response: httpx.Response, status: int, error_type: str) -> dict:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert body["error"]["code"] == status
-    assert body["error"]["type"] == error_type
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return body["error"]
-
-
-def embeddings_of(response: httpx.Response) -> np.ndarray:
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["object"] == "list" and body["model"] == "tiny-siglip"
-    assert [item["index"] for item in body["data"]] == list(range(len(body["data"])))
-    assert body["usage"]["images"] == len(body["data"])
-    return np.array([item["embedding"] for item in body["data"]], dtype=np.float32)
 
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header declares width x height but that holds almost no data (a bomb's shape)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
+    return png_file(width, height, 8, 2, zlib.compress(b"\x00" * 16))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from loadtest.corpus import CorpusError, build_bodies, folder_corpus, load_corpu
 from loadtest.summary import breached_thresholds
 from loadtest.validate import check_response
 from loadtest.windows import hist_diff, percentile_ms, saturation, windows
-from tests.conftest import API_KEY, ServeCluster, deploy, jpeg_bytes
+from tests.helpers import API_KEY, ServeCluster, deploy, jpeg_bytes
 
 DATA = Path(__file__).parent / "data"
 
@@ -370,7 +370,7 @@ def test_relative_out_lands_in_the_callers_cwd(tmp_path: Path, lt_app: str,
 
 
 def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
-    from tests.conftest import free_port
+    from serve.runner import free_port
 
     assert cli.main(["--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0",
                      "--out", str(tmp_path)]) == 2

@@ -8,7 +8,7 @@ import pytest
 
 from models.multicore_bench import SEED_REFERENCE, format_comparison, run_multicore, seed_rows_for
 from models.neuron_compile import CompileOptions, compile_artifact
-from tests.neuron_helpers import neuronx_double, tiny_settings, worker_pythonpath
+from tests.helpers import neuronx_double, tiny_settings, worker_pythonpath
 
 
 def check_run(result: dict, cores: int, bucket: int, iterations: int) -> None:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from tests.multinode_check import REPORT_MARKER
-from tests.neuron_helpers import REPO
+from tests.helpers import REPO
 
 
 def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:

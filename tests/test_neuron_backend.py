@@ -22,14 +22,11 @@ from models.loading import load_embedder
 from models.manifest import ArtifactError
 from models.neuron_compile import CompileOptions, compile_artifact
 from models.neuron_sdk import LNC_ENV, LncMismatch, NeuronSdkMissing, check_lnc, require_torch_neuronx, runtime_lnc
-from tests.conftest import ServeCluster, TinyReference, deploy, free_port
-from tests.neuron_helpers import PLACEHOLDER, REPO, neuronx_double, tiny_settings, torch_neuronx_from, worker_pythonpath
+from serve.runner import free_port
+from tests.helpers import (PLACEHOLDER, REPO, ServeCluster, TinyReference, cosine, deploy, neuronx_double,
+                           tiny_settings, torch_neuronx_from, worker_pythonpath)
 
 TIMEOUT = 60.0
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from models.torchneuron_env import (CC_FLAGS_ENV, LNC_ENV, NEFF_CACHE_ENV, OPT_L
                                     NativeOptions, TorchNeuronRefusal, environment, sdk_tag)
 from models.torchneuron_runtime import TorchNeuronRuntime, compile_buckets, read_native_manifest
 from tests.doubles.torchneuron_runtime import DOUBLE_VERSIONS, RecordingRuntime
-from tests.neuron_helpers import neuron_env, tiny_settings
+from tests.helpers import neuron_env, tiny_settings
 
 ENV_KEYS = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV, VISIBLE_CORES_ENV)
 
@@ -292,8 +292,7 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
     from ray import serve
 
     from models.backends.neuron_native import RUNTIME_ENV
-    from tests.conftest import deploy
-    from tests.neuron_helpers import REPO
+    from tests.helpers import REPO, deploy
 
     artifact, _ = compile_tiny(tmp_path / "cache", monkeypatch)
     for key in ENV_KEYS:
@@ -335,7 +334,7 @@ def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 
     from models.torchneuron_env import NEURONX_CC_VERSION, TORCH_NEURONX_FAMILY, TORCH_SERIES
-    from tests.neuron_helpers import REPO
+    from tests.helpers import REPO
 
     expected = {f"torch-neuronx=={TORCH_NEURONX_FAMILY}.*", f"neuronx-cc=={NEURONX_CC_VERSION}", f"torch=={TORCH_SERIES}.*"}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

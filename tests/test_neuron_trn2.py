@@ -21,8 +21,7 @@ import pytest
 
 from models.manifest import Manifest, read_manifest
 from models.neuron_sdk import LNC_ENV, runtime_lnc
-from tests.conftest import ServeCluster, TinyReference, deploy
-from tests.neuron_helpers import REPO, tiny_settings
+from tests.helpers import REPO, ServeCluster, TinyReference, deploy, tiny_settings
 
 pytestmark = pytest.mark.neuron
 

@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from serve.runner import free_port
-from tests.test_decode_budget import streamed_png
+from tests.helpers import REPO as ROOT
+from tests.helpers import streamed_png
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "env-only-key-7c1f"
 DRAIN_TIMEOUT_S = 20
 

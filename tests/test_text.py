@@ -14,8 +14,7 @@ from models.settings import ModelSettings
 from models.text import BUNDLED_TINY_TOKENIZER, create_text_encoder, load_text_tower
 from serve.errors import ApiError
 from serve.text_routes import input_kind, is_image_item, prompts_of, zero_shot
-from tests.conftest import jpeg_bytes
-from tests.text_helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, small_tokenizer
+from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
          " ".join(["photo"] * 40)]

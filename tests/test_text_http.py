@@ -12,11 +12,8 @@ import pytest
 from models.settings import ModelSettings
 from models.text import TextEncoder, create_text_encoder
 from serve.text_routes import zero_shot
-from tests.conftest import API_KEY, ServeCluster, TinyReference, deploy
-from tests.test_http_api import assert_error, cosine
-from tests.text_helpers import CHECKPOINT_MODEL, forced_checkpoint, small_tokenizer
-
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
+from tests.helpers import (API_KEY, AUTH, CHECKPOINT_MODEL, REPO, ServeCluster, TinyReference, assert_error, cosine, deploy,
+                           forced_checkpoint, small_tokenizer)
 TIMEOUT = 60.0
 
 
@@ -165,7 +162,7 @@ def test_locust_text_and_classify_users_run_clean(main_app: str, tmp_path: Path)
     import subprocess
     import sys
 
-    env = {**os.environ, "SIGLIP_LOADTEST_API_KEY": API_KEY, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "SIGLIP_LOADTEST_API_KEY": API_KEY, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
         [sys.executable, "-m", "locust", "-f", "loadtest/text_locustfile.py", "--headless", "--host", main_app,
          "-u", "2", "-r", "2", "-t", "6s", "--texts-per-request", "4", "--labels", "3", "--only-summary",

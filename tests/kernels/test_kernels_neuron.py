@@ -17,7 +17,7 @@ from kernels import references
 from kernels.lnc import runtime_kernel_lnc
 from kernels.tiling import MatmulConfig
 
-pytestmark = pytest.mark.neuron
+pytestmark = pytest.mark.nki
 
 RUN_NAMES = [f"{r.name}-{i}" for i, r in enumerate(default_runs())]
 LNC = runtime_kernel_lnc()

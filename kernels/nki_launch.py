@@ -18,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from kernels import references
+from kernels.device import WALL_CLOCK_TIMING
 from kernels.hardware import (
     GEMM_MOVING_FMAX,
     PMAX,
@@ -31,7 +33,6 @@ from kernels.hardware import (
     check_partitions,
     check_sbuf_budget,
 )
-from kernels.device import WALL_CLOCK_TIMING
 from kernels.lnc import require_kernel_lnc, runtime_kernel_lnc
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ def nki_status() -> tuple[bool, str]:
     except ImportError as exc:
         return False, f"nki is not installed ({exc})"
     try:
-        import nki.isa  # noqa: F401
-        import nki.language  # noqa: F401
+        importlib.import_module("nki.isa")
+        importlib.import_module("nki.language")
     except ImportError as exc:
         version = getattr(nki, "__version__", "unknown")
         return False, f"nki {version} has no nki.language/nki.isa (the PyPI placeholder?): {exc}"

@@ -29,8 +29,17 @@ import torch
 from models.cli_args import LOG_FORMAT, SettingsError, add_model_arguments, settings_from_args
 from models.encoder import BackendUnavailable
 from models.loading import ImageEmbedder, ModelLoadError, load_embedder, model_geometry
-from models.manifest import (ArtifactError, Manifest, WeightsDigest, artifact_name, bucket_file, cache_key,
-                             digest_weights, is_complete, read_manifest)
+from models.manifest import (
+    ArtifactError,
+    Manifest,
+    WeightsDigest,
+    artifact_name,
+    bucket_file,
+    cache_key,
+    digest_weights,
+    is_complete,
+    read_manifest,
+)
 from models.neuron_sdk import LNC_ENV, VALID_LNC, LncMismatch, require_torch_neuronx, runtime_lnc, sdk_versions
 from models.settings import ModelSettings
 from models.text import load_text_tower, text_context_length

@@ -64,7 +64,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # `format`: the base class names it so
         pass  # probes every second during start-up; not worth a line each
 
 
@@ -126,7 +126,7 @@ def wait_with_progress(deploy: Callable[[], None], app_name: str, expected: int 
     def target() -> None:
         try:
             deploy()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as exc:  # broad on purpose: handed to the caller's thread
             errors.append(exc)
 
     worker = threading.Thread(target=target, daemon=True, name="serve-deploy")
@@ -138,7 +138,7 @@ def wait_with_progress(deploy: Callable[[], None], app_name: str, expected: int 
                 return False
             try:
                 line = replica_progress(app_name, expected)
-            except Exception as exc:  # noqa: BLE001 - progress is best effort; the deploy decides
+            except Exception as exc:  # broad on purpose: progress is best effort; the deploy decides
                 line = f"deploying ({type(exc).__name__})"
             log.info("%.0f s: %s", time.monotonic() - began, line)
     if errors:

@@ -24,8 +24,7 @@ from PIL import Image
 from models.preprocess import ImageLimits, ImageRejected, preprocess_image, probe_image, resize_to_array
 from serve.decode_queue import FairDecodeQueue
 from tests.helpers import REPO as ROOT
-from tests.helpers import MiB, png_file, streamed_png
-
+from tests.helpers import png_file, streamed_png
 
 
 def line_png() -> bytes:

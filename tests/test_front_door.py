@@ -114,7 +114,7 @@ def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app
     shed = [(r, s) for r, s in results if r.status_code == 503]
     # At most 17 encoder calls are admitted; the rest are refused before any decoding.
     assert len(shed) >= 30, statuses
-    for response, seconds in shed:
+    for response, _ in shed:
         assert_error(response, 503, "overloaded")
         assert response.headers["retry-after"] == "2"
     assert max(s for _, s in shed) < 2.0, sorted(s for _, s in shed)  # before: none, or after up to 18 s

@@ -218,7 +218,8 @@ def _b64(data: bytes) -> str:
 def _good_requests(jpegs: list[bytes]) -> list[tuple[str, Callable[[httpx.Client], httpx.Response], int]]:
     """(endpoint label, send, images) for each kind of request that should embed."""
     return [
-        ("image", lambda c: c.post("/v1/embeddings/image", content=jpegs[0], headers={"Content-Type": "image/jpeg"}), 1),
+        ("image",
+         lambda c: c.post("/v1/embeddings/image", content=jpegs[0], headers={"Content-Type": "image/jpeg"}), 1),
         ("embeddings", lambda c: c.post("/v1/embeddings", json={"input": [_b64(j) for j in jpegs[1:4]]}), 3),
         ("multipart", lambda c: c.post("/v1/embeddings/image",
                                        files=[("file", ("a.jpg", jpegs[3], "image/jpeg")),
@@ -230,7 +231,8 @@ def _good_requests(jpegs: list[bytes]) -> list[tuple[str, Callable[[httpx.Client
 BAD_REQUESTS: list[tuple[str, int, Callable[[httpx.Client, list[bytes]], httpx.Response]]] = [
     ("invalid_image", 3, lambda c, j: c.post("/v1/embeddings/image", content=b"\x00\x01garbage" * 50,
                                              headers={"Content-Type": "image/jpeg"})),
-    ("invalid_base64", 2, lambda c, j: c.post("/v1/embeddings", json={"input": "data:image/png;base64,not base64 at all!!"})),
+    ("invalid_base64", 2,
+     lambda c, j: c.post("/v1/embeddings", json={"input": "data:image/png;base64,not base64 at all!!"})),
     ("too_many_images", 2, lambda c, j: c.post("/v1/embeddings", json={"input": [_b64(j[0])] * (MAX_IMAGES + 1)})),
     ("unsupported_media_type", 2, lambda c, j: c.post("/v1/embeddings/image", content=b"<html></html>",
                                                       headers={"Content-Type": "text/html"})),

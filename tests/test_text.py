@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -121,8 +123,9 @@ def test_tokenizer_and_checkpoint_problems_are_one_clear_line(tmp_path: Path) ->
 
 
 def test_input_rule_tells_images_from_texts(photo_jpegs: list[bytes]) -> None:
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     bare = base64.b64encode(photo_jpegs[0]).decode()
     assert is_image_item("data:image/jpeg;base64," + bare) and is_image_item(bare)
@@ -170,8 +173,6 @@ def test_text_config_defaults_and_limits() -> None:
 
 
 def test_text_off_answers_404_and_lists_only_images() -> None:
-    import asyncio
-
     from serve.config import ServiceConfig
     from serve.text_routes import TextRoutes
 
@@ -213,10 +214,7 @@ class RecordingTextHandle:
         self.calls: list[list[str]] = []
         self.embed = self
 
-    def remote(self, texts: list[str], deadline: float) -> "asyncio.Future[np.ndarray]":
-        import asyncio
-        import zlib
-
+    def remote(self, texts: list[str], deadline: float) -> asyncio.Future[np.ndarray]:
         self.calls.append(list(texts))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         future.set_result(np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(4) for t in texts]))
@@ -224,8 +222,6 @@ class RecordingTextHandle:
 
 
 def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
-    import asyncio
-
     from serve.config import ServiceConfig
     from serve.text_routes import TextRoutes
 

@@ -26,10 +26,25 @@ from models.encoder import BackendUnavailable, register_backend
 from models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
 from models.manifest import sha256_file
 from models.settings import ModelSettings
-from models.torchneuron_env import (LNC_ENV, TorchNeuronRefusal, check_environment, check_native_sdk, check_one_core,
-                                    check_versions, environment, installed_versions)
-from models.torchneuron_runtime import (NativeManifest, NativeRuntime, TorchNeuronRuntime, artifact_neff_dir,
-                                        compile_buckets, missing_graphs, read_native_manifest)
+from models.torchneuron_env import (
+    LNC_ENV,
+    TorchNeuronRefusal,
+    check_environment,
+    check_native_sdk,
+    check_one_core,
+    check_versions,
+    environment,
+    installed_versions,
+)
+from models.torchneuron_runtime import (
+    NativeManifest,
+    NativeRuntime,
+    TorchNeuronRuntime,
+    artifact_neff_dir,
+    compile_buckets,
+    missing_graphs,
+    read_native_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +142,10 @@ def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None =
                                        runtime, neff_dir)
     compiled_here = {w.bucket: w.new_graphs for w in warmed if w.new_graphs}
     if compiled_here:
-        raise TorchNeuronRefusal(f"buckets {sorted(compiled_here)} were compiled at start instead of found in {neff_dir}: "
-                                 f"this replica's graphs differ from the artifact's (another torch/open_clip build?). "
-                                 f"Compile again in this venv: siglip-serve compile --backend neuron-native")
+        raise TorchNeuronRefusal(f"buckets {sorted(compiled_here)} were compiled at start instead of found in "
+                                 f"{neff_dir}: this replica's graphs differ from the artifact's (another "
+                                 f"torch/open_clip build?). Compile again in this venv: siglip-serve compile "
+                                 f"--backend neuron-native")
     # Every bucket has its graph now; any other shape is a bug that must fail, not compile for minutes.
     torch.compiler.set_stance("fail_on_recompile")
     log.info("neuron-native: buckets %s warm on NeuronCore %s (%s)", list(buckets), cores,

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-
 HERE = Path(__file__).resolve().parent
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from kernels import matmul_profiler as mp
-from kernels.mlp import SEED_CONFIGS, benchmark_mlp, make_inputs
-from kernels.nki_launch import check_kernel, default_runs, run_on_neuron
 from kernels import references
 from kernels.lnc import runtime_kernel_lnc
+from kernels.mlp import SEED_CONFIGS, benchmark_mlp, make_inputs
+from kernels.nki_launch import check_kernel, default_runs, run_on_neuron
 from kernels.tiling import MatmulConfig
 
 pytestmark = pytest.mark.nki

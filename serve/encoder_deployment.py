@@ -82,7 +82,7 @@ class EncoderReplica:
         results: list[Any] = [None] * len(chunks)
         now = time.time()
         runnable = []
-        for i, (chunk, deadline) in enumerate(zip(chunks, deadlines)):
+        for i, (chunk, deadline) in enumerate(zip(chunks, deadlines, strict=True)):
             try:
                 self.encoder.check_input(chunk)
             except EncoderInputError as exc:

@@ -228,7 +228,7 @@ def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
     handle = RecordingTextHandle()
     routes = TextRoutes()
     routes.config = ServiceConfig.from_args({"model": "tiny-siglip", "classify_cache_size": 3})
-    routes._init_text(handle, routes.config)  # type: ignore[arg-type]
+    routes._init_text(handle, routes.config)  # type: ignore[arg-type]  # a stand-in, not a DeploymentHandle
 
     async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         first = await routes.embed_prompts(["cat", "dog"])

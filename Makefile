@@ -1,4 +1,4 @@
-# Two commands set everything up on a fresh machine: `make serve` and `make test`.
+# Two commands set everything up on a fresh machine: `make serve` and `make test` (lint, types, tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,7 @@ METRICS_PORT ?= 8080
 REPLICAS ?= 1
 PYTEST_ARGS ?=
 
-.PHONY: install serve test bench clean
+.PHONY: install serve lint test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,12 @@ serve: $(STAMP)
 	$(BIN)/siglip-serve run --backend $(BACKEND) --model $(MODEL) $(if $(filter tiny-siglip,$(MODEL)),,$(WEIGHTS)) \
 		--replicas $(REPLICAS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
 
-test: $(STAMP)
+# Lint and types first (seconds), then the suite (minutes). Settings: pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

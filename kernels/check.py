@@ -55,7 +55,8 @@ def _torch_checks(rng: np.random.Generator) -> list[CheckResult]:
                                "torch conv2d + max_pool2d",
                                references.conv2d_bias_maxpool(x, w, bias, pool), expected.numpy()))
     for tokens, hidden, inter in ((64, 256, 384), (5, 128, 128)):
-        x, wg, wu, wd = rand(tokens, hidden), rand(hidden, inter) * 0.1, rand(hidden, inter) * 0.1, rand(inter, hidden) * 0.1
+        x = rand(tokens, hidden)
+        wg, wu, wd = rand(hidden, inter) * 0.1, rand(hidden, inter) * 0.1, rand(inter, hidden) * 0.1
         expected = (F.silu(t(x) @ t(wg)) * (t(x) @ t(wu))) @ t(wd)
         results.append(compare(f"gated_mlp T={tokens} H={hidden} I={inter}", "torch silu/matmul",
                                references.gated_mlp(x, wg, wu, wd), expected.numpy()))

@@ -12,9 +12,10 @@ on every call, so a 45 us kernel "took" ~4 s. Two counters catch that:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from kernels.device import RecompileError
 
@@ -69,7 +70,7 @@ class CompileCache:
         after = self._snapshot()
         if after[0] != before[0]:
             raise RecompileError(f"{what}: the cache compiled {after[0] - before[0]} kernel(s)")
-        if before[1] is not None and after[1] != before[1]:
+        if before[1] is not None and after[1] is not None and after[1] != before[1]:
             raise RecompileError(
                 f"{what}: the backend compiled {after[1] - before[1]} graph(s); "
                 "each call is paying compile time (seed 002's recompile-every-call pitfall)"

@@ -10,8 +10,9 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class LatencyStats:
     iterations: int
 
     @classmethod
-    def from_seconds(cls, samples_s: list[float]) -> "LatencyStats":
+    def from_seconds(cls, samples_s: list[float]) -> LatencyStats:
         if not samples_s:
             raise KernelInputError("need at least one timed iteration")
         ms = np.asarray(samples_s, dtype=np.float64) * 1e3
@@ -154,13 +155,13 @@ class Device:
 
 def _neuron_device() -> Device:
     try:
-        import torch_xla  # noqa: F401
+        import torch_xla
         import torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as met
     except ImportError as exc:
         raise DeviceUnavailableError(f"torch-xla / torch-neuronx is not installed: {exc}") from exc
     try:
-        import torch_neuronx  # noqa: F401  registers the Neuron PJRT plugin
+        import torch_neuronx  # noqa: F401 - imported only to register the Neuron PJRT plugin
     except ImportError as exc:
         raise DeviceUnavailableError(f"torch-neuronx is not installed: {exc}") from exc
     xla_device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()

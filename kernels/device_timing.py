@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kernels.device import DEVICE_TIMING
 from kernels.errors import KernelInputError, KernelUnavailable

@@ -10,9 +10,9 @@ import csv
 import json
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 from kernels.device import Device, LatencyStats, RecompileError, ResultMismatch, torch_dtype
 from kernels.errors import KernelInputError
@@ -79,7 +79,7 @@ def sweep_shapes() -> list[Shape]:
 
 
 def shapes_for_mode(mode: str) -> list[Shape]:
-    builders = {"llm": llm_shapes, "tiling": tiling_shapes, "sweep": sweep_shapes}
+    builders: dict[str, Callable[[], list[Shape]]] = {"llm": llm_shapes, "tiling": tiling_shapes, "sweep": sweep_shapes}
     if mode not in builders:
         raise KernelInputError(f"mode must be one of {MODES}, got {mode!r}")
     return builders[mode]()
@@ -163,7 +163,7 @@ def profile_matmul(
     compiles_before = device.compile_count()
     samples = device.time_calls(call, iterations, check=_matmul_check(a, b, cfg))
     compiles_after = device.compile_count()
-    if compiles_before is not None and compiles_after != compiles_before:
+    if compiles_before is not None and compiles_after is not None and compiles_after != compiles_before:
         raise RecompileError(
             f"{cfg}: {compiles_after - compiles_before} compilation(s) during the timed loop"
         )

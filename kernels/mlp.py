@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ class MLPConfig:
         return 3 * 2 * self.tokens * self.hidden * self.intermediate
 
     @classmethod
-    def parse(cls, text: str) -> "MLPConfig":
+    def parse(cls, text: str) -> MLPConfig:
         """``"1x128x1024x512"`` = batch x seq x hidden x intermediate."""
         try:
             b, s, h, i = (int(v) for v in text.lower().split("x"))
@@ -230,7 +231,7 @@ def benchmark_mlp(
     )
 
 
-def format_mlp_table(results: list[MLPResult], skipped: list[tuple[str, str, str]] = ()) -> str:
+def format_mlp_table(results: list[MLPResult], skipped: Sequence[tuple[str, str, str]] = ()) -> str:
     header = (f"{'Kernel':<12} {'Config':<30} {'Compile (ms)':>12} {'p50 (ms)':>9} {'p99 (ms)':>9} "
               f"{'TFLOP/s':>8} {'max|err|':>9} {'LNC':>3}  timing")
     lines = [header, "-" * len(header)]

@@ -17,25 +17,21 @@ Layout conventions (what the launcher prepares on the host):
 
 LNC: every kernel is launched at the Neuron runtime's LNC (``kernel[2]`` on a default trn2) and
 splits its outermost independent loop between the programs of the launch with
-:func:`_my_share`: program k of n takes steps k, k+n, k+2n, ... (``nl.program_id(0)`` /
-``nl.num_programs(0)`` are plain ints while a kernel is traced, as nki-library's LNC kernels use
-them). At LNC=1 the single program takes every step.
+:func:`kernels.nki_tiles.my_share`: program k of n takes steps k, k+n, k+2n, ...
+(``nl.program_id(0)`` / ``nl.num_programs(0)`` are plain ints while a kernel is traced, as
+nki-library's LNC kernels use them). At LNC=1 the single program takes every step.
 """
-import nki  # noqa: F401  (the launcher applies nki.jit; kept so the module documents its API)
 import nki.isa as nisa
 import nki.language as nl
 
-
-def _my_share(steps):
-    """The steps of an outer loop that this program of the LNC launch owns (interleaved)."""
-    return range(nl.program_id(0), steps, nl.num_programs(0))
+from kernels.nki_tiles import load_tiles, my_share, my_tiles
 
 
 def vector_add_tiled(a, b, row_chunk):
     """c = a + b, ROW_CHUNK elements per step, one element per partition (seed 003 step 1)."""
     n = a.shape[0]
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    for i in _my_share(n // row_chunk):
+    for i in my_share(n // row_chunk):
         a_t = nl.ndarray((row_chunk, 1), dtype=a.dtype, buffer=nl.sbuf)
         b_t = nl.ndarray((row_chunk, 1), dtype=b.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=a_t, src=a[i * row_chunk:(i + 1) * row_chunk, 0:1])
@@ -50,7 +46,7 @@ def vector_add_stream(a, b, free_dim):
     """c = a + b on [128, M] views, FREE_DIM columns per DMA so loads overlap the adds (step 2)."""
     parts, cols = a.shape
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    for i in _my_share(cols // free_dim):
+    for i in my_share(cols // free_dim):
         a_t = nl.ndarray((parts, free_dim), dtype=a.dtype, buffer=nl.sbuf)
         b_t = nl.ndarray((parts, free_dim), dtype=b.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=a_t, src=a[0:parts, i * free_dim:(i + 1) * free_dim])
@@ -66,9 +62,7 @@ def transpose2d(x):
     rows, cols = x.shape
     pmax = nl.tile_size.pmax
     out = nl.ndarray((cols, rows), dtype=x.dtype, buffer=nl.shared_hbm)
-    for i in _my_share((rows + pmax - 1) // pmax):
-        r0 = i * pmax
-        r1 = min(rows, r0 + pmax)
+    for r0, r1 in my_tiles(rows, pmax):
         for j in range((cols + pmax - 1) // pmax):
             c0 = j * pmax
             c1 = min(cols, c0 + pmax)
@@ -102,23 +96,11 @@ def conv2d_bias_maxpool(x, w_t, bias, fh, fw, pool):
     n_co = (c_out + pmax - 1) // pmax
     out = nl.ndarray((batch, c_out, pooled_h, pooled_w), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    w_tiles = []
-    for ci in range(n_ci):
-        ci0 = ci * pmax
-        ci1 = min(c_in, ci0 + pmax)
-        w_tile = nl.ndarray((ci1 - ci0, fh * fw * c_out), dtype=w_t.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_tile, src=w_t[ci0:ci1, 0:fh * fw * c_out])
-        w_tiles.append(w_tile)
-    bias_tiles = []
-    for co in range(n_co):
-        co0 = co * pmax
-        co1 = min(c_out, co0 + pmax)
-        # tensor_scalar's per-partition operand must be float32; the DMA casts the bias to it.
-        b_tile = nl.ndarray((co1 - co0, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=b_tile, src=bias[co0:co1, 0:1])
-        bias_tiles.append(b_tile)
+    w_tiles = load_tiles(w_t, c_in, 0, fh * fw * c_out)
+    # tensor_scalar's per-partition operand must be float32; the DMA casts the bias to it.
+    bias_tiles = load_tiles(bias, c_out, 0, 1, nl.float32)
 
-    for job in _my_share(batch * pooled_h):
+    for job in my_share(batch * pooled_h):
         b, py = divmod(job, pooled_h)
         # The pool+fh-1 input rows that feed this band of `pool` conv rows.
         rows = []
@@ -208,34 +190,17 @@ def gated_mlp_t(x_t, w_gate, w_up, w_down):
     n_h = hidden // pmax
     n_i = inter // pmax
     out_t = nl.ndarray((hidden, tokens), dtype=x_t.dtype, buffer=nl.shared_hbm)
-    my_token_tiles = list(_my_share((tokens + tmax - 1) // tmax))
+    my_token_tiles = my_tiles(tokens, tmax)
     if not my_token_tiles:  # more programs than token tiles: this one has nothing to do
         return out_t
 
     # Weights stay resident for all of this program's token tiles.
-    wg_tiles = []
-    wu_tiles = []
-    for k in range(n_h):
-        wg = nl.ndarray((pmax, inter), dtype=w_gate.dtype, buffer=nl.sbuf)
-        wu = nl.ndarray((pmax, inter), dtype=w_up.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=wg, src=w_gate[k * pmax:(k + 1) * pmax, 0:inter])
-        nisa.dma_copy(dst=wu, src=w_up[k * pmax:(k + 1) * pmax, 0:inter])
-        wg_tiles.append(wg)
-        wu_tiles.append(wu)
-    wd_tiles = []
-    for k in range(n_i):
-        wd = nl.ndarray((pmax, hidden), dtype=w_down.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=wd, src=w_down[k * pmax:(k + 1) * pmax, 0:hidden])
-        wd_tiles.append(wd)
+    wg_tiles = load_tiles(w_gate, hidden, 0, inter)
+    wu_tiles = load_tiles(w_up, hidden, 0, inter)
+    wd_tiles = load_tiles(w_down, inter, 0, hidden)
 
-    for n in my_token_tiles:
-        t0 = n * tmax
-        t1 = min(tokens, t0 + tmax)
-        x_tiles = []
-        for k in range(n_h):
-            xt = nl.ndarray((pmax, t1 - t0), dtype=x_t.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=xt, src=x_t[k * pmax:(k + 1) * pmax, t0:t1])
-            x_tiles.append(xt)
+    for t0, t1 in my_token_tiles:
+        x_tiles = load_tiles(x_t, hidden, t0, t1)
         h_tiles = []
         for m in range(n_i):
             gate = nl.ndarray((pmax, t1 - t0), dtype=nl.float32, buffer=nl.psum)

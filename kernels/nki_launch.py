@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,8 +49,8 @@ def nki_status() -> tuple[bool, str]:
     except ImportError as exc:
         return False, f"nki is not installed ({exc})"
     try:
-        import nki.isa  # noqa: F401
-        import nki.language  # noqa: F401
+        importlib.import_module("nki.isa")
+        importlib.import_module("nki.language")
     except ImportError as exc:
         version = getattr(nki, "__version__", "unknown")
         return False, f"nki {version} has no nki.language/nki.isa (the PyPI placeholder?): {exc}"

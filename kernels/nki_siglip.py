@@ -2,7 +2,8 @@
 
 Like :mod:`kernels.nki_kernels` this imports ``nki`` at load time and is only imported lazily
 by the launcher. Shapes are validated by :mod:`kernels.siglip` before anything compiles.
-Each kernel splits its outer loop between the programs of an LNC launch (``_my_share``).
+Each kernel splits its outer loop between the programs of an LNC launch, and loads its tiles,
+through :mod:`kernels.nki_tiles` as the kernels of :mod:`kernels.nki_kernels` do.
 
 * ``layer_norm``: tokens on partitions, 128 per tile, the 1152 features on the free axis;
   mean and variance by free-axis reductions; gamma/beta broadcast to all partitions once with
@@ -15,14 +16,10 @@ Each kernel splits its outer loop between the programs of an LNC launch (``_my_s
   128 rows per tile: row max, ``exp(scale*s - scale*max)`` fused in one ``activation``, row sum,
   reciprocal, multiply.
 """
-import nki  # noqa: F401  (the launcher applies nki.jit)
 import nki.isa as nisa
 import nki.language as nl
 
-
-def _my_share(steps):
-    """The steps of an outer loop that this program of the LNC launch owns (interleaved)."""
-    return range(nl.program_id(0), steps, nl.num_programs(0))
+from kernels.nki_tiles import load_tile, load_tiles, my_tiles
 
 
 def _broadcast_row(row, width, ones):
@@ -44,24 +41,20 @@ def layer_norm(x, gamma, beta, eps):
     tokens, width = x.shape
     pmax = nl.tile_size.pmax
     out = nl.ndarray((tokens, width), dtype=x.dtype, buffer=nl.shared_hbm)
-    my_tiles = list(_my_share((tokens + pmax - 1) // pmax))
-    if not my_tiles:
+    my_row_tiles = my_tiles(tokens, pmax)
+    if not my_row_tiles:
         return out
 
     ones = nl.ndarray((1, pmax), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     rows_f32 = []
     for vec in (gamma, beta):
-        row = nl.ndarray((1, width), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=row, src=vec[0:1, 0:width])
-        rows_f32.append(_broadcast_row(row, width, ones))
+        rows_f32.append(_broadcast_row(load_tile(vec, 0, 1, 0, width, nl.float32), width, ones))
     gamma_b, beta_b = rows_f32
 
-    for t in my_tiles:
-        r0 = t * pmax
-        rows = min(tokens, r0 + pmax) - r0
-        xt = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt, src=x[r0:r0 + rows, 0:width])
+    for r0, r1 in my_row_tiles:
+        rows = r1 - r0
+        xt = load_tile(x, r0, r1, 0, width)
         total = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=total, op=nl.add, data=xt, axis=1, keepdims=True)
         mean = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -80,7 +73,7 @@ def layer_norm(x, gamma, beta, eps):
         nisa.tensor_tensor(dst=y, data1=y, data2=gamma_b[0:rows, 0:width], op=nl.multiply)
         res = nl.ndarray((rows, width), dtype=x.dtype, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=res, data1=y, data2=beta_b[0:rows, 0:width], op=nl.add)
-        nisa.dma_copy(dst=out[r0:r0 + rows, 0:width], src=res)
+        nisa.dma_copy(dst=out[r0:r1, 0:width], src=res)
     return out
 
 
@@ -96,37 +89,19 @@ def mlp_gelu_t(x_t, w1, b1, w2, b2):
     n_d = width // pmax
     n_i = (inter + pmax - 1) // pmax
     out_t = nl.ndarray((width, tokens), dtype=x_t.dtype, buffer=nl.shared_hbm)
-    my_token_tiles = list(_my_share((tokens + tmax - 1) // tmax))
+    my_token_tiles = my_tiles(tokens, tmax)
     if not my_token_tiles:
         return out_t
 
-    # Weights and biases stay resident for all of this program's token tiles.
-    w1_tiles, w2_tiles, b1_tiles, b2_tiles = [], [], [], []
-    for k in range(n_d):
-        w = nl.ndarray((pmax, inter), dtype=w1.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w, src=w1[k * pmax:(k + 1) * pmax, 0:inter])
-        w1_tiles.append(w)
-        b = nl.ndarray((pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=b, src=b2[k * pmax:(k + 1) * pmax, 0:1])
-        b2_tiles.append(b)
-    for m in range(n_i):
-        i0 = m * pmax
-        i1 = min(inter, i0 + pmax)
-        w = nl.ndarray((i1 - i0, width), dtype=w2.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w, src=w2[i0:i1, 0:width])
-        w2_tiles.append(w)
-        b = nl.ndarray((i1 - i0, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=b, src=b1[i0:i1, 0:1])
-        b1_tiles.append(b)
+    # Weights and biases stay resident for all of this program's token tiles; the biases in
+    # float32, as the per-partition operands of activation and tensor_scalar.
+    w1_tiles = load_tiles(w1, width, 0, inter)
+    b2_tiles = load_tiles(b2, width, 0, 1, nl.float32)
+    w2_tiles = load_tiles(w2, inter, 0, width)
+    b1_tiles = load_tiles(b1, inter, 0, 1, nl.float32)
 
-    for n in my_token_tiles:
-        t0 = n * tmax
-        t1 = min(tokens, t0 + tmax)
-        x_tiles = []
-        for k in range(n_d):
-            xt = nl.ndarray((pmax, t1 - t0), dtype=x_t.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=xt, src=x_t[k * pmax:(k + 1) * pmax, t0:t1])
-            x_tiles.append(xt)
+    for t0, t1 in my_token_tiles:
+        x_tiles = load_tiles(x_t, width, t0, t1)
         h_tiles = []
         for m in range(n_i):
             i0 = m * pmax
@@ -154,11 +129,9 @@ def softmax_rows(scores, scale):
     n_rows, keys = scores.shape
     pmax = nl.tile_size.pmax
     out = nl.ndarray((n_rows, keys), dtype=scores.dtype, buffer=nl.shared_hbm)
-    for t in _my_share((n_rows + pmax - 1) // pmax):
-        r0 = t * pmax
-        rows = min(n_rows, r0 + pmax) - r0
-        s = nl.ndarray((rows, keys), dtype=scores.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=s, src=scores[r0:r0 + rows, 0:keys])
+    for r0, r1 in my_tiles(n_rows, pmax):
+        rows = r1 - r0
+        s = load_tile(scores, r0, r1, 0, keys)
         row_max = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=row_max, op=nl.max, data=s, axis=1, keepdims=True)
         shift = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -171,5 +144,5 @@ def softmax_rows(scores, scale):
         nisa.activation(dst=inv, op=nl.reciprocal, data=total)
         p = nl.ndarray((rows, keys), dtype=scores.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=p, data=e, op0=nl.multiply, operand0=inv)
-        nisa.dma_copy(dst=out[r0:r0 + rows, 0:keys], src=p)
+        nisa.dma_copy(dst=out[r0:r1, 0:keys], src=p)
     return out

@@ -90,7 +90,8 @@ def check_weights_reachable(cfg: dict[str, Any], model: str, tag: str | None) ->
         return cached
     what = f"pretrained weights {tag!r} for {model}"
     if offline_requested():
-        raise HubUnreachable(f"{what} are not in the local cache and HF_HUB_OFFLINE is set (no network). {OFFLINE_HINT}")
+        raise HubUnreachable(f"{what} are not in the local cache and HF_HUB_OFFLINE is set (no network). "
+                             f"{OFFLINE_HINT}")
     host, port = hub_address(cfg)
     if not reachable(host, port):
         raise HubUnreachable(f"{what} are not in the local cache and the model hub {host}:{port} is unreachable "

@@ -52,12 +52,15 @@ class ModelInfo:
 class ImageEmbedder(nn.Module):
     """uint8 [B, 3, H, W] -> float32 [B, D], L2-normalised. Normalisation lives in the graph."""
 
+    scale: torch.Tensor  # buffers, registered in __init__
+    shift: torch.Tensor
+
     def __init__(self, visual: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
         self.visual = visual
         # Fold (x/255 - mean)/std into one multiply-add per channel.
         scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, 3, 1, 1)
-        shift = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, 3, 1, 1)
+        shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(1, 3, 1, 1)
         self.register_buffer("scale", scale, persistent=False)
         self.register_buffer("shift", shift, persistent=False)
 
@@ -137,7 +140,7 @@ def _create_pretrained(settings: ModelSettings) -> nn.Module:
 
     try:
         return open_clip.create_model(settings.model, pretrained=settings.pretrained)
-    except Exception as exc:  # noqa: BLE001 - open_clip/hub raise many kinds; all mean "no weights"
+    except Exception as exc:  # broad on purpose: open_clip/hub raise many kinds; all mean "no weights"
         log.debug("pretrained download failed", exc_info=True)
         raise ModelLoadError(
             f"could not load pretrained weights {settings.pretrained!r} for {settings.model} "
@@ -150,7 +153,7 @@ def _create_pretrained(settings: ModelSettings) -> nn.Module:
 def _load_checkpoint(model: nn.Module, path: Path) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds on a bad file
+    except Exception as exc:  # broad on purpose: torch.load raises many kinds on a bad file
         raise ModelLoadError(f"cannot read checkpoint {path}: not a torch state dict") from exc
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
@@ -159,7 +162,7 @@ def _load_checkpoint(model: nn.Module, path: Path) -> None:
     # Accept a whole-CLIP state dict (the usual) or one of the image tower alone.
     target: nn.Module = model
     if not any(k.startswith("visual.") for k in state):
-        target = model.visual  # type: ignore[assignment]
+        target = model.get_submodule("visual")
     missing, unexpected = target.load_state_dict(state, strict=False)
     if target is not model or any(k.startswith("text.") or k in ("logit_scale", "logit_bias") for k in missing):
         setattr(model, _TEXT_MISSING, True)
@@ -178,7 +181,7 @@ def load_embedder(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
     model = _create(settings)
     # The same source the ingress sizes its images by; Encoder.warmup checks the output width.
     image_size, embed_dim = model_geometry(settings.model)
-    embedder = ImageEmbedder(model.visual, SIGLIP_MEAN, SIGLIP_STD).eval()
+    embedder = ImageEmbedder(model.get_submodule("visual"), SIGLIP_MEAN, SIGLIP_STD).eval()
     embedder.requires_grad_(False)
     info = ModelInfo(settings.model, embed_dim, image_size, settings.weights_source)
     log.info("loaded %s: embed_dim=%d image_size=%s weights=%s", info.name, embed_dim, image_size, info.weights)

@@ -86,7 +86,7 @@ def pretrained_weights_file(settings: ModelSettings, download: bool = True) -> P
         return cached
     try:
         return Path(open_clip.download_pretrained(cfg))
-    except Exception as exc:  # noqa: BLE001 - hub clients raise many kinds; all mean "no weights"
+    except Exception as exc:  # broad on purpose: hub clients raise many kinds; all mean "no weights"
         raise ModelLoadError(
             f"could not fetch pretrained weights {settings.pretrained!r} for {settings.model} "
             f"({type(exc).__name__}); pass --checkpoint PATH instead"
@@ -164,7 +164,7 @@ class Manifest:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
         known = {f for f in cls.__dataclass_fields__}
         missing = [f for f in ("model", "buckets", "lnc", "files", "cache_key") if f not in data]
         if missing:

@@ -22,10 +22,26 @@ import torch
 from models.loading import ImageEmbedder, load_embedder, model_geometry
 from models.manifest import WeightsDigest, artifact_name, cache_key, digest_weights, sha256_file, utc_now
 from models.settings import ModelSettings
-from models.torchneuron_env import (NEFF_CACHE_ENV, NEURONX_CC_VERSION, RECIPE_ENV, TORCH_NEURONX_FAMILY, TORCH_SERIES,
-                                    NativeOptions, TorchNeuronRefusal, environment, sdk_tag)
-from models.torchneuron_runtime import (MANIFEST_NAME, WEIGHTS_NAME, BucketCompile, NativeManifest, NativeRuntime,
-                                        compile_buckets, read_native_manifest)
+from models.torchneuron_env import (
+    NEFF_CACHE_ENV,
+    NEURONX_CC_VERSION,
+    RECIPE_ENV,
+    TORCH_NEURONX_FAMILY,
+    TORCH_SERIES,
+    NativeOptions,
+    TorchNeuronRefusal,
+    environment,
+    sdk_tag,
+)
+from models.torchneuron_runtime import (
+    MANIFEST_NAME,
+    WEIGHTS_NAME,
+    BucketCompile,
+    NativeManifest,
+    NativeRuntime,
+    compile_buckets,
+    read_native_manifest,
+)
 
 log = logging.getLogger("siglip_serve.compile")
 
@@ -137,8 +153,9 @@ def compile_native_artifact(settings: ModelSettings, options: NativeOptions, cac
     expected = environment(options.recipe_env(), staging)
     wrong = {k: os.environ.get(k) for k in RECIPE_ENV if os.environ.get(k) != expected[k]}
     if wrong:
-        raise TorchNeuronRefusal(f"the compile environment is not this plan's ({wrong}); run it as `siglip-serve compile "
-                                 f"--backend neuron-native`, which sets it before torch is imported")
+        raise TorchNeuronRefusal(f"the compile environment is not this plan's ({wrong}); run it as "
+                                 f"`siglip-serve compile --backend neuron-native`, which sets it before torch is "
+                                 f"imported")
     staging.mkdir(parents=True, exist_ok=True)
     weights_path = staging / WEIGHTS_NAME
     torch.save(embedder.state_dict(), weights_path)

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
             tokenizer = open_clip.get_tokenizer(f"local-dir:{directory}", context_length=context)
         else:
             tokenizer = HFTokenizer(str(directory), context_length=context, **(text_cfg.get("tokenizer_kwargs") or {}))
-    except Exception as exc:  # noqa: BLE001 - transformers/hub raise many kinds; all mean "no tokenizer"
+    except Exception as exc:  # broad on purpose: transformers/hub raise many kinds; all mean "no tokenizer"
         log.debug("tokenizer load failed", exc_info=True)
         where = str(directory) if directory is not None else f"the Hugging Face hub for {settings.model}"
         raise ModelLoadError(
@@ -110,12 +110,24 @@ def text_context_length(model: str) -> int:
     return int(cfg.get("text_cfg", {}).get("context_length", 64))
 
 
-def load_text_tower(settings: ModelSettings, with_tokenizer: bool = True) -> tuple[TextEmbedder, Tokenizer | None, TextInfo]:
+@overload
+def load_text_tower(settings: ModelSettings,
+                    with_tokenizer: Literal[True] = True) -> tuple[TextEmbedder, Tokenizer, TextInfo]: ...
+
+
+@overload
+def load_text_tower(settings: ModelSettings,
+                    with_tokenizer: Literal[False]) -> tuple[TextEmbedder, None, TextInfo]: ...
+
+
+def load_text_tower(settings: ModelSettings,
+                    with_tokenizer: bool = True) -> tuple[TextEmbedder, Tokenizer | None, TextInfo]:
     """The text tower, its tokenizer and the zero-shot scale/bias, float32 eval mode on the CPU.
 
     with_tokenizer=False (compiling): no tokenizer is loaded; it runs at serving time only."""
     import open_clip
 
+    model: Any  # open_clip's CLIP is untyped: context_length, vocab_size and the rest are plain attributes
     model, text_loaded = load_clip(settings)
     if not text_loaded:
         raise ModelLoadError(f"checkpoint {settings.checkpoint} has no text-tower weights (or no logit scale/bias); "

@@ -81,7 +81,8 @@ def load_neuron_text_encoder(settings: ModelSettings) -> NeuronTextEncoder:
     missing = [b for b in settings.text_buckets if str(b) not in text["files"]]
     if missing:
         raise ArtifactError(f"text buckets {missing} are not in artifact {directory} (compiled: {text['buckets']}); "
-                            f"serve a subset or compile with --text-buckets {','.join(map(str, settings.text_buckets))}")
+                            f"serve a subset or compile with --text-buckets "
+                            f"{','.join(map(str, settings.text_buckets))}")
     _register_tiny()
     cfg = open_clip.get_model_config(settings.model) or {}
     tokenizer, source = load_tokenizer(settings, {**cfg.get("text_cfg", {}), "context_length": text["context_length"]})

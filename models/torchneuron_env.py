@@ -114,9 +114,9 @@ def check_native_sdk(versions: Mapping[str, str | None]) -> None:
     """Refuse unless the TorchNeuron line (torch-neuronx 2.14.3.0.*, torch 2.14) is installed."""
     neuronx, torch_version = versions.get("torch_neuronx"), versions.get("torch") or "?"
     if neuronx is None:
-        raise TorchNeuronRefusal(f"the neuron-native backend needs TorchNeuron (torch-neuronx {TORCH_NEURONX_FAMILY}.*, "
-                                 f"torch {TORCH_SERIES}, neuronx-cc {NEURONX_CC_VERSION}), which is not installed "
-                                 f"here; {INSTALL_HINT}")
+        raise TorchNeuronRefusal(f"the neuron-native backend needs TorchNeuron (torch-neuronx "
+                                 f"{TORCH_NEURONX_FAMILY}.*, torch {TORCH_SERIES}, neuronx-cc {NEURONX_CC_VERSION}), "
+                                 f"which is not installed here; {INSTALL_HINT}")
     if neuronx == "1.0":
         raise TorchNeuronRefusal(f"the torch-neuronx installed here is PyPI's empty placeholder 1.0, not TorchNeuron; "
                                  f"pip uninstall torch-neuronx, then {INSTALL_HINT}")

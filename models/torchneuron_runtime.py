@@ -175,14 +175,16 @@ def read_native_manifest(directory: Path) -> NativeManifest:
         raise TorchNeuronRefusal(f"{path} is not valid JSON ({exc}); compile the artifact again") from None
     if data.get("line") != LINE:
         raise TorchNeuronRefusal(f"{directory} is an artifact of the trace line (--backend neuron), not of "
-                                 f"neuron-native; serve it with --backend neuron or compile with --backend neuron-native")
+                                 f"neuron-native; serve it with --backend neuron or compile with "
+                                 f"--backend neuron-native")
     known = set(NativeManifest.__dataclass_fields__)
     try:
         manifest = NativeManifest(**{k: v for k, v in data.items() if k in known})
     except TypeError as exc:
         raise TorchNeuronRefusal(f"{path} lacks fields ({exc}); compile the artifact again") from None
     if not (directory / manifest.weights_file).is_file():
-        raise TorchNeuronRefusal(f"artifact {directory} lacks its weights file {manifest.weights_file}; compile it again")
+        raise TorchNeuronRefusal(f"artifact {directory} lacks its weights file {manifest.weights_file}; "
+                                 f"compile it again")
     return manifest
 
 

@@ -82,7 +82,7 @@ class EncoderReplica:
         results: list[Any] = [None] * len(chunks)
         now = time.time()
         runnable = []
-        for i, (chunk, deadline) in enumerate(zip(chunks, deadlines)):
+        for i, (chunk, deadline) in enumerate(zip(chunks, deadlines, strict=True)):
             try:
                 self.encoder.check_input(chunk)
             except EncoderInputError as exc:
@@ -106,7 +106,7 @@ class EncoderReplica:
     def __del__(self) -> None:
         try:
             registry.unregister_replica(self.app_name, self.replica_actor_name)
-        except Exception:  # noqa: BLE001 - best effort at shutdown; live_replicas prunes dead ones anyway
+        except Exception:  # broad on purpose: best effort at shutdown; live_replicas prunes dead ones anyway
             pass
 
 

@@ -62,7 +62,7 @@ def preflight_weights(config: ServiceConfig) -> None:
     log.info("fetching pretrained weights %s/%s (cached after the first time)", config.model, config.pretrained)
     try:
         open_clip.download_pretrained(cfg)
-    except Exception as exc:  # noqa: BLE001 - hub clients raise many kinds; all mean "no weights"
+    except Exception as exc:  # broad on purpose: hub clients raise many kinds; all mean "no weights"
         raise ModelLoadError(
             f"could not download pretrained weights {config.pretrained!r} for {config.model} "
             f"({type(exc).__name__}: no network?). {OFFLINE_HINT}"

@@ -26,16 +26,25 @@ PROGRESS_EVERY_S = 5.0
 _CLIENT_CLOSE_WAIT_S = 1.0
 
 
+class _StagedServer(ThreadingHTTPServer):
+    """The placeholder's server, carrying the start-up stage its 503s name."""
+
+    stage = "starting Ray"
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "siglip-serve"
+    server: _StagedServer
 
     def _answer(self) -> None:
+        body: dict[str, object]
+        headers: dict[str, str]
         if self.path.split("?")[0] == "/healthz":
             status, body, headers = 200, {"status": "starting"}, {}
         else:
             status = 503
-            body = {"error": {"message": f"starting: {self.server.stage}; retry later",  # type: ignore[attr-defined]
+            body = {"error": {"message": f"starting: {self.server.stage}; retry later",
                               "type": "not_ready", "code": 503}}
             headers = {"Retry-After": "1"}
         data = json.dumps(body).encode()
@@ -64,7 +73,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # `format`: the base class names it so
         pass  # probes every second during start-up; not worth a line each
 
 
@@ -72,10 +81,9 @@ class Placeholder:
     """Binds `host:port` now and answers 503 until `release()` hands the port to Serve's proxy."""
 
     def __init__(self, host: str, port: int) -> None:
-        self.server = ThreadingHTTPServer((host, port), _Handler, bind_and_activate=False)
+        self.server = _StagedServer((host, port), _Handler, bind_and_activate=False)
         self.server.allow_reuse_address = False
         self.server.daemon_threads = True
-        self.server.stage = "starting Ray"  # type: ignore[attr-defined]
         try:
             self.server.server_bind()
             self.server.server_activate()
@@ -89,7 +97,7 @@ class Placeholder:
         self._thread.start()
 
     def set_stage(self, stage: str) -> None:
-        self.server.stage = stage  # type: ignore[attr-defined]
+        self.server.stage = stage
 
     def release(self) -> None:
         if not self._thread.is_alive():
@@ -126,7 +134,7 @@ def wait_with_progress(deploy: Callable[[], None], app_name: str, expected: int 
     def target() -> None:
         try:
             deploy()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as exc:  # broad on purpose: handed to the caller's thread
             errors.append(exc)
 
     worker = threading.Thread(target=target, daemon=True, name="serve-deploy")
@@ -138,7 +146,7 @@ def wait_with_progress(deploy: Callable[[], None], app_name: str, expected: int 
                 return False
             try:
                 line = replica_progress(app_name, expected)
-            except Exception as exc:  # noqa: BLE001 - progress is best effort; the deploy decides
+            except Exception as exc:  # broad on purpose: progress is best effort; the deploy decides
                 line = f"deploying ({type(exc).__name__})"
             log.info("%.0f s: %s", time.monotonic() - began, line)
     if errors:

@@ -58,7 +58,7 @@ def versions() -> dict[str, Any]:
     try:
         module = importlib.import_module("torch_neuronx")
         error = None
-    except Exception as exc:  # noqa: BLE001 - absent, PyPI's placeholder, or a broken install: all "no SDK"
+    except Exception as exc:  # broad on purpose: absent, PyPI's placeholder, or a broken install: all "no SDK"
         module, error = None, f"{type(exc).__name__}: {exc}"
     neuronx = package_version("torch-neuronx")
     if module is not None and neuronx in (None, "1.0"):

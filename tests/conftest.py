@@ -1,75 +1,88 @@
-"""Shared fixtures: real photos, a tiny-model reference, and a real local Ray Serve on loopback.
+"""Fixtures (real photos, a tiny-model reference, a real local Ray Serve on loopback) and the one hook
+that skips hardware-marked tests where the hardware or SDK is missing, saying why.
 
 Integration tests run the real application (`serve.app.build`) on `tiny-siglip` under a Ray
-started here, on 127.0.0.1 only, and stop it at the end of the session.
+started here, on 127.0.0.1 only, and stop it at the end of the session. What tests share besides
+fixtures is in tests/helpers.py.
 """
 
 from __future__ import annotations
 
-import io
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from serve.runner import free_port
+from tests.helpers import API_KEY, DEPLOYED, TEST_NEURON_CORES, ServeCluster, TinyReference, deploy, jpeg_bytes
 
 # Tests pin their own Ray: loopback, no token prompts, no usage reporting.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-# Logical NeuronCores declared by the test cluster (no Trainium here: it is a plain Ray resource).
-TEST_NEURON_CORES = 4
-API_KEY = "test-key"
 
+# -- hardware markers: one hook decides, for every test directory ---------------------------
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    neuron_ok = _neuron_sdk_present()
-    native_problem = _torchneuron_problem()
-    for item in items:
-        if "neuron" in item.keywords and not neuron_ok:
-            item.add_marker(pytest.mark.skip(reason="needs a Trainium2 with the Neuron SDK (torch-neuronx); none here"))
-        if "neuron_native" in item.keywords and native_problem:
-            item.add_marker(pytest.mark.skip(reason=f"needs a Trainium2 with TorchNeuron: {native_problem}"))
-        if "cuda" in item.keywords and not _cuda_present():
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none here"))
-
-
-def _neuron_sdk_present() -> bool:
+def _neuron_problem() -> str | None:
+    """The trace line (torch-neuronx 2.9 with trace()), as `--backend neuron` needs it."""
     try:
-        import torch_neuronx  # noqa: F401
-    except Exception:  # noqa: BLE001 - PyPI's placeholder or nothing: either way no SDK
-        return False
-    return hasattr(torch_neuronx, "trace")
+        import torch_neuronx
+    except Exception:  # PyPI's placeholder raises on import, or nothing is there: either way no SDK
+        torch_neuronx = None
+    if hasattr(torch_neuronx, "trace"):
+        return None
+    return "needs a Trainium2 with the Neuron SDK (torch-neuronx); none here"
 
 
-def _torchneuron_problem() -> str | None:
-    """Why the TorchNeuron line (torch-neuronx 2.14) cannot run here, or None. The trace line's
-    check above cannot tell: both lines are the distribution torch-neuronx."""
+def _neuron_native_problem() -> str | None:
+    """The TorchNeuron line (torch-neuronx 2.14). The trace line's check cannot tell: both lines are
+    the distribution torch-neuronx."""
     from models.torchneuron_env import TorchNeuronRefusal, check_native_sdk, installed_versions
 
     try:
         check_native_sdk(installed_versions())
     except TorchNeuronRefusal as exc:
-        return str(exc).split(";")[0]
+        return "needs a Trainium2 with TorchNeuron: " + str(exc).split(";")[0]
     return None
 
 
-def _cuda_present() -> bool:
+def _nki_problem() -> str | None:
+    """The real NKI package (0.2+), which the kernels' simulator runs need; PyPI's nki is a placeholder."""
+    from kernels.nki_launch import nki_status
+
+    usable, reason = nki_status()
+    return None if usable else f"needs the real NKI package: {reason}"
+
+
+def _cuda_problem() -> str | None:
     import torch
 
-    return torch.cuda.is_available()
+    return None if torch.cuda.is_available() else "needs a CUDA GPU; none here"
 
 
+# marker -> why its tests cannot run here (None: they can). Markers are registered in pyproject.toml.
+HARDWARE_MARKERS: dict[str, Callable[[], str | None]] = {
+    "neuron": _neuron_problem,
+    "neuron_native": _neuron_native_problem,
+    "nki": _nki_problem,
+    "cuda": _cuda_problem,
+}
 
 
-def jpeg_bytes(array: np.ndarray, quality: int = 90) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems: dict[str, str | None] = {}
+    for item in items:
+        for marker, probe in HARDWARE_MARKERS.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            if marker not in problems:  # each probe runs once, and only if a collected test needs it
+                problems[marker] = probe()
+            problem = problems[marker]
+            if problem is not None:
+                item.add_marker(pytest.mark.skip(reason=problem))
 
+
+# -- images and the tiny model --------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def photos() -> list[np.ndarray]:
@@ -84,23 +97,6 @@ def photo_jpegs(photos: list[np.ndarray]) -> list[bytes]:
     return [jpeg_bytes(p) for p in photos]
 
 
-@dataclass
-class TinyReference:
-    """The tiny model run in-process, for checking what the server returns."""
-
-    embedder: object
-    image_size: tuple[int, int]
-
-    def embed(self, data: bytes) -> np.ndarray:
-        import torch
-
-        from models.preprocess import preprocess_image
-
-        array = preprocess_image(data, self.image_size)
-        with torch.inference_mode():
-            return self.embedder(torch.from_numpy(array)[None]).numpy()[0]  # type: ignore[operator]
-
-
 @pytest.fixture(scope="session")
 def tiny_reference() -> TinyReference:
     from models.loading import load_embedder
@@ -110,15 +106,7 @@ def tiny_reference() -> TinyReference:
     return TinyReference(embedder, info.image_size)
 
 
-@dataclass
-class ServeCluster:
-    http_port: int
-    base_url: str
-    # Ray's Prometheus endpoint (http://127.0.0.1:<metrics_port>/metrics), as `--metrics-port` sets it.
-    metrics_port: int
-    # "haproxy" (the default, serve/haproxy_front.py) or "python" (Serve's proxy actor).
-    front_end: str = "haproxy"
-
+# -- a real local Ray Serve -----------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def serve_cluster() -> Iterator[ServeCluster]:
@@ -157,36 +145,13 @@ def serve_cluster() -> Iterator[ServeCluster]:
         ray.shutdown()
 
 
-# Applications a test module deployed; each module's are deleted when it ends (see _delete_module_apps),
-# so the session cluster's logical CPUs hold only the apps still in use.
-_DEPLOYED: list[str] = []
-
-
-def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> None:
-    """Build the real application from Serve-YAML-style args and run it under `route_prefix`.
-
-    Text replicas are off unless a test asks for them (`text_replicas=1`): each costs a process."""
-    from ray import serve
-    from ray.serve.api import _run
-
-    from serve.app import build_app
-
-    _DEPLOYED.append(name)
-    app = build_app({"model": "tiny-siglip", "text_replicas": 0, **args})
-    if wait:
-        serve.run(app, name=name, route_prefix=route_prefix)
-    else:
-        # Serve's public run() waits until every replica runs; this test needs the app half-up.
-        _run(app, name=name, route_prefix=route_prefix, _blocking=False)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _delete_module_apps() -> Iterator[None]:
-    """Delete the apps a module deployed once it ends (the session's `main` app stays)."""
-    before = len(_DEPLOYED)
+    """Delete the apps a module deployed (tests.helpers.deploy) once it ends (the session's `main` app stays)."""
+    before = len(DEPLOYED)
     yield
-    names = [name for name in _DEPLOYED[before:] if name != "main"]
-    del _DEPLOYED[before:]
+    names = [name for name in DEPLOYED[before:] if name != "main"]
+    del DEPLOYED[before:]
     if names:
         import ray
         from ray import serve

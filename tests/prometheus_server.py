@@ -19,9 +19,11 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.helpers import REPO
+
 log = logging.getLogger(__name__)
 
-SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "prometheus.yml"
+SHIPPED_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 BINARIES = ("prometheus", "promtool")
 
 
@@ -77,7 +79,8 @@ class PrometheusServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited ({self.process.returncode}): {self.log_path.read_text()[-2000:]}")
+                log_tail = self.log_path.read_text()[-2000:]
+                raise RuntimeError(f"prometheus exited ({self.process.returncode}): {log_tail}")
             try:
                 if self.client.get("/-/ready").status_code == 200:
                     return

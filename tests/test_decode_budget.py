@@ -10,7 +10,6 @@ import asyncio
 import io
 import json
 import os
-import struct
 import subprocess
 import sys
 import threading
@@ -25,24 +24,8 @@ from PIL import Image
 from models.preprocess import ImageLimits, ImageRejected, preprocess_image, probe_image, resize_to_array
 from serve.decode_queue import FairDecodeQueue
 from serve.errors import image_error
-
-ROOT = Path(__file__).resolve().parents[1]
-MiB = 1024 * 1024
-
-
-def streamed_png(width: int, height: int, bit_depth: int, colour_type: int, row: bytes) -> bytes:
-    """A valid PNG of `height` copies of one filtered row, compressed row by row (never whole in memory)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    comp = zlib.compressobj(9)
-    parts = []
-    line = b"\x00" + row
-    step = max(1, (4 * MiB) // len(line))
-    for start in range(0, height, step):
-        parts.append(comp.compress(line * min(step, height - start)))
-    parts.append(comp.flush())
-    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b"")
+from tests.helpers import REPO as ROOT
+from tests.helpers import png_file, streamed_png
 
 
 def line_png() -> bytes:
@@ -53,11 +36,7 @@ def line_png() -> bytes:
     for start in range(0, width, 1_000_000):
         body.append(comp.compress(b"\x10\x20\x30" * min(1_000_000, width - start)))
     body.append(comp.flush())
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    ihdr = struct.pack(">IIBBBBB", width, 1, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"".join(body)) + chunk(b"IEND", b"")
+    return png_file(width, 1, 8, 2, b"".join(body))
 
 
 def grey16_png(side: int = 6300) -> bytes:

@@ -10,7 +10,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from serve.config import ServiceConfig
-from tests.neuron_helpers import REPO
+from tests.helpers import REPO
 
 DEPLOY = REPO / "deploy"
 

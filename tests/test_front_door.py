@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import functools
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import API_KEY, ServeCluster, deploy, jpeg_bytes
-from tests.test_decode_budget import streamed_png
-from tests.test_http_api import AUTH, assert_error, embeddings_of
+from tests.helpers import API_KEY, AUTH, ServeCluster, assert_error, deploy, embeddings_of, jpeg_bytes, streamed_png
 
 TIMEOUT = 120.0
 
@@ -65,7 +65,10 @@ def timed_post(url: str, **kwargs: object) -> tuple[httpx.Response, float]:
     return response, time.monotonic() - began
 
 
-def small_request_beside(heavy: callable, url: str, small: bytes) -> tuple[httpx.Response, float, httpx.Response]:
+Timed = tuple[httpx.Response, float]
+
+
+def small_request_beside(heavy: Callable[[], Timed], url: str, small: bytes) -> tuple[httpx.Response, float, Timed]:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         heavy_future = pool.submit(heavy)
         time.sleep(0.5)  # the heavy request is in and its decodes are queued
@@ -79,7 +82,7 @@ def test_64_huge_16_bit_pngs_are_refused_from_headers_and_a_small_request_is_not
     # The request: 64 x 39.7 MP 16-bit PNGs, ~6 MB of JSON. Before: 42-70 s of every
     # decode thread, and another client's 1 KB image waited 67 s behind it.
     body = {"input": [b64(grey16(6300))] * 64}
-    heavy = lambda: timed_post(budget_app + "/v1/embeddings", json=body)  # noqa: E731
+    heavy = functools.partial(timed_post, budget_app + "/v1/embeddings", json=body)
     response, seconds, (heavy_response, heavy_seconds) = small_request_beside(heavy, budget_app, small_jpeg)
     assert embeddings_of(response).shape == (1, 64)
     assert seconds < 2.0, seconds
@@ -91,7 +94,7 @@ def test_64_huge_16_bit_pngs_are_refused_from_headers_and_a_small_request_is_not
 def test_a_heavy_request_within_limits_shares_decode_threads_fairly(budget_app: str, small_jpeg: bytes) -> None:
     # 64 x 6 MP: seconds of decoding on two threads. A FIFO pool would run the small image last.
     body = {"input": [b64(grey16(2450, value=1000 + i)) for i in range(64)]}
-    heavy = lambda: timed_post(budget_app + "/v1/embeddings", json=body)  # noqa: E731
+    heavy = functools.partial(timed_post, budget_app + "/v1/embeddings", json=body)
     response, seconds, (heavy_response, heavy_seconds) = small_request_beside(heavy, budget_app, small_jpeg)
     assert embeddings_of(response).shape == (1, 64)
     assert embeddings_of(heavy_response).shape == (64, 64)
@@ -111,7 +114,7 @@ def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app
     shed = [(r, s) for r, s in results if r.status_code == 503]
     # At most 17 encoder calls are admitted; the rest are refused before any decoding.
     assert len(shed) >= 30, statuses
-    for response, seconds in shed:
+    for response, _ in shed:
         assert_error(response, 503, "overloaded")
         assert response.headers["retry-after"] == "2"
     assert max(s for _, s in shed) < 2.0, sorted(s for _, s in shed)  # before: none, or after up to 18 s

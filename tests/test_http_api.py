@@ -4,52 +4,32 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import io
 import shutil
-import struct
 import subprocess
 import zlib
 
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
 
-from tests.conftest import API_KEY, TEST_NEURON_CORES, TinyReference, jpeg_bytes
+from tests.helpers import (
+    API_KEY,
+    AUTH,
+    TEST_NEURON_CORES,
+    TinyReference,
+    assert_error,
+    cosine,
+    embeddings_of,
+    jpeg_bytes,
+    png_file,
+)
 
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 60.0
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def assert_error(response: httpx.Response, status: int, error_type: str) -> dict:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert body["error"]["code"] == status
-    assert body["error"]["type"] == error_type
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return body["error"]
-
-
-def embeddings_of(response: httpx.Response) -> np.ndarray:
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["object"] == "list" and body["model"] == "tiny-siglip"
-    assert [item["index"] for item in body["data"]] == list(range(len(body["data"])))
-    assert body["usage"]["images"] == len(body["data"])
-    return np.array([item["embedding"] for item in body["data"]], dtype=np.float32)
 
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header declares width x height but that holds almost no data (a bomb's shape)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
+    return png_file(width, height, 8, 2, zlib.compress(b"\x00" * 16))
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +81,7 @@ def test_json_inputs_data_uri_bare_base64_and_list_order(client: httpx.Client, p
     ]
     got = embeddings_of(client.post("/v1/embeddings", json={"input": items, "model": "tiny-siglip"}))
     assert got.shape == (3, 64)
-    for row, jpeg in zip(got, photo_jpegs[:3]):
+    for row, jpeg in zip(got, photo_jpegs[:3], strict=True):
         assert cosine(row, tiny_reference.embed(jpeg)) >= 0.9999
     single = embeddings_of(client.post("/v1/embeddings", json={"input": items[0]}))
     assert single.shape == (1, 64) and cosine(single[0], got[0]) >= 0.99999
@@ -122,7 +102,7 @@ def test_multipart_files_in_order(client: httpx.Client, photo_jpegs: list[bytes]
     files = [("files", (f"p{i}.jpg", photo_jpegs[i], "image/jpeg")) for i in (2, 0, 1)]
     got = embeddings_of(client.post("/v1/embeddings/image", files=files))
     assert got.shape == (3, 64)
-    for row, i in zip(got, (2, 0, 1)):
+    for row, i in zip(got, (2, 0, 1), strict=True):
         assert cosine(row, tiny_reference.embed(photo_jpegs[i])) >= 0.9999
 
 
@@ -173,7 +153,8 @@ def test_json_errors_name_the_item(client: httpx.Client, photo_jpegs: list[bytes
     error = assert_error(client.post("/v1/embeddings", json={"input": [good, good, bad_image]}), 400, "invalid_image")
     assert "input[2]" in error["message"]
     assert_error(client.post("/v1/embeddings", json={"input": 5}), 422, "invalid_request")
-    assert_error(client.post("/v1/embeddings", json={"input": [good], "encoding_format": "int8"}), 422, "invalid_request")
+    int8 = client.post("/v1/embeddings", json={"input": [good], "encoding_format": "int8"})
+    assert_error(int8, 422, "invalid_request")
     assert_error(client.post("/v1/embeddings", json={"input": []}), 422, "invalid_request")
     assert_error(client.post("/v1/embeddings", content=b"{not json", headers={"Content-Type": "application/json"}),
                  422, "invalid_request")
@@ -214,7 +195,7 @@ def test_bad_image_in_a_batch_fails_alone(main_app: str, photo_jpegs: list[bytes
     payloads.insert(5, corrupt)
     with concurrent.futures.ThreadPoolExecutor(len(payloads)) as pool:
         responses = list(pool.map(post, payloads))
-    for data, response in zip(payloads, responses):
+    for data, response in zip(payloads, responses, strict=True):
         if data is corrupt:
             assert_error(response, 400, "invalid_image")
         else:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from serve.config import ServiceConfig
-from tests.neuron_helpers import REPO
+from tests.helpers import REPO
 
 MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"
 SCHEMA = REPO / "tests" / "data" / "kuberay-v1.7.0-rayservice-v1.schema.json"

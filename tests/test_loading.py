@@ -119,7 +119,8 @@ def large_jpeg(array: np.ndarray, size: tuple[int, int]) -> bytes:
 
 
 @pytest.mark.parametrize("fast_jpeg", [False, True], ids=["exact-decode", "fast-jpeg-decode"])
-@pytest.mark.parametrize("model_name, family", [("tiny-siglip", "ViT-B-16-SigLIP"), ("ViT-B-16-SigLIP", "ViT-B-16-SigLIP")])
+@pytest.mark.parametrize("model_name, family",
+                         [("tiny-siglip", "ViT-B-16-SigLIP"), ("ViT-B-16-SigLIP", "ViT-B-16-SigLIP")])
 def test_embeddings_match_open_clip_pipeline_on_real_photos(model_name: str, family: str, fast_jpeg: bool,
                                                             photos: list[np.ndarray], photo_jpegs: list[bytes]) -> None:
     import open_clip

@@ -24,7 +24,7 @@ from measure import report
 from measure.corpus import CorpusError, build_bodies, folder_corpus, load_corpus, request_name
 from measure.results import LatencyMs, LoadTestSummary, Step
 from measure.seed import multicore_seed_by_lnc
-from tests.conftest import API_KEY, ServeCluster, deploy, jpeg_bytes
+from tests.helpers import API_KEY, ServeCluster, deploy, jpeg_bytes
 
 DATA = Path(__file__).parent / "data"
 
@@ -382,7 +382,7 @@ def test_relative_out_lands_in_the_callers_cwd(tmp_path: Path, lt_app: str,
 
 
 def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
-    from tests.conftest import free_port
+    from serve.runner import free_port
 
     assert cli.main(["--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0",
                      "--out", str(tmp_path)]) == 2

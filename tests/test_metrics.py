@@ -18,17 +18,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
 from serve.errors import ErrorType
 from serve.metrics import METRIC_NAMES
-from tests.conftest import ServeCluster, deploy, free_port
+from serve.runner import free_port
+from tests.helpers import REPO as ROOT
+from tests.helpers import ServeCluster, deploy
 from tests.prometheus_server import SHIPPED_CONFIG, PrometheusServer, ensure_installed, scrape_config_for
 
-ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "siglip-serve.json"
 OBSERVABILITY_DOC = ROOT / "docs" / "observability.md"
 NEURON_MONITOR_CONFIG = ROOT / "deploy" / "neuron-monitor" / "monitor.json"
@@ -218,7 +218,8 @@ def _b64(data: bytes) -> str:
 def _good_requests(jpegs: list[bytes]) -> list[tuple[str, Callable[[httpx.Client], httpx.Response], int]]:
     """(endpoint label, send, images) for each kind of request that should embed."""
     return [
-        ("image", lambda c: c.post("/v1/embeddings/image", content=jpegs[0], headers={"Content-Type": "image/jpeg"}), 1),
+        ("image",
+         lambda c: c.post("/v1/embeddings/image", content=jpegs[0], headers={"Content-Type": "image/jpeg"}), 1),
         ("embeddings", lambda c: c.post("/v1/embeddings", json={"input": [_b64(j) for j in jpegs[1:4]]}), 3),
         ("multipart", lambda c: c.post("/v1/embeddings/image",
                                        files=[("file", ("a.jpg", jpegs[3], "image/jpeg")),
@@ -230,7 +231,8 @@ def _good_requests(jpegs: list[bytes]) -> list[tuple[str, Callable[[httpx.Client
 BAD_REQUESTS: list[tuple[str, int, Callable[[httpx.Client, list[bytes]], httpx.Response]]] = [
     ("invalid_image", 3, lambda c, j: c.post("/v1/embeddings/image", content=b"\x00\x01garbage" * 50,
                                              headers={"Content-Type": "image/jpeg"})),
-    ("invalid_base64", 2, lambda c, j: c.post("/v1/embeddings", json={"input": "data:image/png;base64,not base64 at all!!"})),
+    ("invalid_base64", 2,
+     lambda c, j: c.post("/v1/embeddings", json={"input": "data:image/png;base64,not base64 at all!!"})),
     ("too_many_images", 2, lambda c, j: c.post("/v1/embeddings", json={"input": [_b64(j[0])] * (MAX_IMAGES + 1)})),
     ("unsupported_media_type", 2, lambda c, j: c.post("/v1/embeddings/image", content=b"<html></html>",
                                                       headers={"Content-Type": "text/html"})),
@@ -312,8 +314,11 @@ def test_prometheus_counts_what_the_client_saw(prometheus: PrometheusServer, tra
     sel = f'application="{APP}"'
     _eventually(lambda: _count(prometheus, f"sum(ray_siglip_images_embedded_total{{{sel}}})"),
                 traffic.images_embedded, "images embedded")
-    by_reason = lambda: {r["metric"]["reason"]: int(float(r["value"][1])) for r in prometheus.query(  # noqa: E731
-        f"sum by (reason) (ray_siglip_requests_rejected_total{{{sel}}})")["result"]}
+
+    def by_reason() -> dict[str, int]:
+        query = f"sum by (reason) (ray_siglip_requests_rejected_total{{{sel}}})"
+        return {r["metric"]["reason"]: int(float(r["value"][1])) for r in prometheus.query(query)["result"]}
+
     # Every reason is exported from the start, at 0 until it happens (or rate() would miss it).
     expected = {reason.value: traffic.rejected.get(reason.value, 0) for reason in ErrorType}
     assert set(traffic.rejected) <= set(expected)

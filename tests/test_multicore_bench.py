@@ -10,7 +10,7 @@ from measure.multicore import format_comparison, run_multicore
 from measure.results import MulticoreResult
 from measure.seed import SEED_REFERENCE, SeedRow, multicore_seed_by_lnc, seed_rows_for
 from models.neuron_compile import CompileOptions, compile_artifact
-from tests.neuron_helpers import neuronx_double, tiny_settings, worker_pythonpath
+from tests.helpers import neuronx_double, tiny_settings, worker_pythonpath
 
 
 def check_run(result: MulticoreResult, cores: int, bucket: int, iterations: int) -> None:

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+from tests.helpers import REPO
 from tests.multinode_check import REPORT_MARKER
-from tests.neuron_helpers import REPO
 
 
 def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:

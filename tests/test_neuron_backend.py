@@ -22,14 +22,21 @@ from models.loading import load_embedder
 from models.manifest import ArtifactError
 from models.neuron_compile import CompileOptions, compile_artifact
 from models.neuron_sdk import LNC_ENV, LncMismatch, NeuronSdkMissing, check_lnc, require_torch_neuronx, runtime_lnc
-from tests.conftest import ServeCluster, TinyReference, deploy, free_port
-from tests.neuron_helpers import PLACEHOLDER, REPO, neuronx_double, tiny_settings, torch_neuronx_from, worker_pythonpath
+from serve.runner import free_port
+from tests.helpers import (
+    PLACEHOLDER,
+    REPO,
+    ServeCluster,
+    TinyReference,
+    cosine,
+    deploy,
+    neuronx_double,
+    tiny_settings,
+    torch_neuronx_from,
+    worker_pythonpath,
+)
 
 TIMEOUT = 60.0
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +175,7 @@ def test_neuron_backend_serves_the_cpu_models_embeddings_over_http(
         files = [("file", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(photo_jpegs[:3])]
         many = client.post("/v1/embeddings/image", files=files)
         assert many.status_code == 200, many.text
-        for item, data in zip(many.json()["data"], photo_jpegs[:3]):
+        for item, data in zip(many.json()["data"], photo_jpegs[:3], strict=True):
             assert cosine(np.array(item["embedding"], dtype=np.float32), tiny_reference.embed(data)) >= 0.9999
         models = client.get("/v1/models").json()["data"][0]
     assert models["backend"] == "neuron" and models["lnc"] == 2 and models["buckets"] == [1, 2]

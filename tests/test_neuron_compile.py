@@ -20,7 +20,7 @@ from models.loading import load_embedder
 from models.manifest import MANIFEST_NAME, is_complete, read_manifest
 from models.neuron_compile import CompileOptions, compile_artifact, main, make_plan, point_link
 from models.neuron_sdk import sdk_versions
-from tests.neuron_helpers import neuronx_double, tiny_settings, torch_neuronx_from
+from tests.helpers import neuronx_double, tiny_settings, torch_neuronx_from
 
 SEED_ARGS = ["--optlevel", "3", "--model-type", "transformer", "--verbose", "error"]
 

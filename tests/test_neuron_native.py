@@ -19,11 +19,20 @@ from models.backends.neuron_native import check_available, load_native_encoder, 
 from models.encoder import BackendUnavailable
 from models.loading import load_embedder
 from models.native_compile import compile_native_artifact
-from models.torchneuron_env import (CC_FLAGS_ENV, LNC_ENV, NEFF_CACHE_ENV, OPT_LEVEL_ENV, VISIBLE_CORES_ENV,
-                                    NativeOptions, TorchNeuronRefusal, environment, sdk_tag)
+from models.torchneuron_env import (
+    CC_FLAGS_ENV,
+    LNC_ENV,
+    NEFF_CACHE_ENV,
+    OPT_LEVEL_ENV,
+    VISIBLE_CORES_ENV,
+    NativeOptions,
+    TorchNeuronRefusal,
+    environment,
+    sdk_tag,
+)
 from models.torchneuron_runtime import TorchNeuronRuntime, compile_buckets, read_native_manifest
 from tests.doubles.torchneuron_runtime import DOUBLE_VERSIONS, RecordingRuntime
-from tests.neuron_helpers import neuron_env, tiny_settings
+from tests.helpers import neuron_env, tiny_settings
 
 ENV_KEYS = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV, VISIBLE_CORES_ENV)
 
@@ -39,9 +48,10 @@ def fresh_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch._dynamo.reset()
 
 
-def compile_tiny(root: Path, monkeypatch: pytest.MonkeyPatch, options: NativeOptions = NativeOptions(),
+def compile_tiny(root: Path, monkeypatch: pytest.MonkeyPatch, options: NativeOptions | None = None,
                  buckets: tuple[int, ...] = (1, 2)) -> tuple[Path, RecordingRuntime]:
     """What `siglip-serve compile --backend neuron-native` does, with the double as the runtime."""
+    options = options or NativeOptions()
     staging = root / sdk_tag(DOUBLE_VERSIONS) / ".partial-test"
     for key, value in environment(options.recipe_env(), staging).items():
         monkeypatch.setenv(key, value)
@@ -183,7 +193,8 @@ def test_refuses_versions_other_than_the_manifests(artifact: Path, monkeypatch: 
 
 @pytest.mark.parametrize("key, value, shown", [
     (LNC_ENV, "1", "NEURON_LOGICAL_NC_CONFIG is '1' here but artifact"),
-    (CC_FLAGS_ENV, "--target trn2 --lnc 2 --auto-cast=none", "NEURON_CC_FLAGS is '--target trn2 --lnc 2 --auto-cast=none'"),
+    (CC_FLAGS_ENV, "--target trn2 --lnc 2 --auto-cast=none",
+     "NEURON_CC_FLAGS is '--target trn2 --lnc 2 --auto-cast=none'"),
     (OPT_LEVEL_ENV, "-O1", "NEURON_COMPILER_OPT_LEVEL is '-O1' here"),
     (NEFF_CACHE_ENV, "/tmp/neff_cache", "TORCH_NEURONX_NEFF_CACHE_DIR is '/tmp/neff_cache' here"),
 ])
@@ -292,8 +303,7 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
     from ray import serve
 
     from models.backends.neuron_native import RUNTIME_ENV
-    from tests.conftest import deploy
-    from tests.neuron_helpers import REPO
+    from tests.helpers import REPO, deploy
 
     artifact, _ = compile_tiny(tmp_path / "cache", monkeypatch)
     for key in ENV_KEYS:
@@ -335,9 +345,10 @@ def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 
     from models.torchneuron_env import NEURONX_CC_VERSION, TORCH_NEURONX_FAMILY, TORCH_SERIES
-    from tests.neuron_helpers import REPO
+    from tests.helpers import REPO
 
-    expected = {f"torch-neuronx=={TORCH_NEURONX_FAMILY}.*", f"neuronx-cc=={NEURONX_CC_VERSION}", f"torch=={TORCH_SERIES}.*"}
+    expected = {f"torch-neuronx=={TORCH_NEURONX_FAMILY}.*", f"neuronx-cc=={NEURONX_CC_VERSION}",
+                f"torch=={TORCH_SERIES}.*"}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert set(project["optional-dependencies"]["neuron-native"]) == expected
     lines = (REPO / "constraints-neuron-native.txt").read_text().splitlines()

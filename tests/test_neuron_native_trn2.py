@@ -23,8 +23,7 @@ import pytest
 from models.torchneuron_env import VISIBLE_CORES_ENV, environment
 from models.torchneuron_runtime import neff_files, read_native_manifest
 from serve.runner import free_port
-from tests.conftest import TinyReference
-from tests.neuron_helpers import REPO
+from tests.helpers import REPO, TinyReference
 
 pytestmark = pytest.mark.neuron_native
 LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))

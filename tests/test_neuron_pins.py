@@ -3,9 +3,9 @@ versions, and serving does not pull in the NKI kernel toolchain."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +50,8 @@ def test_the_pinned_torch_satisfies_the_projects_range() -> None:
     base = {(req := Requirement(r)).name: req for r in project["dependencies"]}
     # A version the 2.31 wildcard admits must also be admitted by the serving dependencies.
     assert base["torch"].specifier.contains("2.9.1") and constraints()["torch"].specifier.contains("2.9.1")
-    assert base["torchvision"].specifier.contains("0.24.1") and constraints()["torchvision"].specifier.contains("0.24.1")
+    assert base["torchvision"].specifier.contains("0.24.1")
+    assert constraints()["torchvision"].specifier.contains("0.24.1")
 
 
 def test_nki_is_a_kernels_extra_not_a_serving_one() -> None:

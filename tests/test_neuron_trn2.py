@@ -21,8 +21,7 @@ import pytest
 
 from models.manifest import Manifest, read_manifest
 from models.neuron_sdk import LNC_ENV, runtime_lnc
-from tests.conftest import ServeCluster, TinyReference, deploy
-from tests.neuron_helpers import REPO, tiny_settings
+from tests.helpers import REPO, ServeCluster, TinyReference, deploy, tiny_settings
 
 pytestmark = pytest.mark.neuron
 
@@ -103,7 +102,7 @@ def test_real_artifact_serves_over_http(serve_cluster: ServeCluster, compiled: d
             files = [("file", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(photo_jpegs[:3])]
             response = client.post("/v1/embeddings/image", files=files)
             assert response.status_code == 200, response.text
-            for item, data in zip(response.json()["data"], photo_jpegs[:3]):
+            for item, data in zip(response.json()["data"], photo_jpegs[:3], strict=True):
                 got, want = np.array(item["embedding"]), tiny_reference.embed(data)
                 assert float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want))) >= 0.999
             (replica,) = client.get("/v1/models").json()["data"][0]["replicas"]

@@ -14,9 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.conftest import API_KEY
-
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
+from tests.helpers import AUTH
 
 
 def test_document_describes_bodies_and_errors(main_app: str) -> None:

@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from serve.runner import free_port
-from tests.test_decode_budget import streamed_png
+from tests.helpers import REPO as ROOT
+from tests.helpers import streamed_png
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "env-only-key-7c1f"
 DRAIN_TIMEOUT_S = 20
 
@@ -97,7 +97,8 @@ def test_the_key_comes_from_the_environment_and_guards_docs(service: Service) ->
             continue
     assert httpx.get(service.url + "/docs", timeout=10).status_code == 401
     assert httpx.get(service.url + "/openapi.json", timeout=10).status_code == 401
-    assert httpx.get(service.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).status_code == 200
+    listed = httpx.get(service.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert listed.status_code == 200
 
 
 def test_sigterm_under_load_answers_every_accepted_request(service: Service) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,7 @@ from models.settings import ModelSettings
 from models.text import BUNDLED_TINY_TOKENIZER, create_text_encoder, load_text_tower
 from serve.errors import ApiError
 from serve.text_routes import input_kind, is_image_item, prompts_of, zero_shot
-from tests.conftest import jpeg_bytes
-from tests.text_helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, small_tokenizer
+from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
          " ".join(["photo"] * 40)]
@@ -122,8 +123,9 @@ def test_tokenizer_and_checkpoint_problems_are_one_clear_line(tmp_path: Path) ->
 
 
 def test_input_rule_tells_images_from_texts(photo_jpegs: list[bytes]) -> None:
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     bare = base64.b64encode(photo_jpegs[0]).decode()
     assert is_image_item("data:image/jpeg;base64," + bare) and is_image_item(bare)
@@ -171,8 +173,6 @@ def test_text_config_defaults_and_limits() -> None:
 
 
 def test_text_off_answers_404_and_lists_only_images() -> None:
-    import asyncio
-
     from serve.config import ServiceConfig
     from serve.text_routes import TextRoutes
 
@@ -214,10 +214,7 @@ class RecordingTextHandle:
         self.calls: list[list[str]] = []
         self.embed = self
 
-    def remote(self, texts: list[str], deadline: float) -> "asyncio.Future[np.ndarray]":
-        import asyncio
-        import zlib
-
+    def remote(self, texts: list[str], deadline: float) -> asyncio.Future[np.ndarray]:
         self.calls.append(list(texts))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         future.set_result(np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(4) for t in texts]))
@@ -225,15 +222,13 @@ class RecordingTextHandle:
 
 
 def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
-    import asyncio
-
     from serve.config import ServiceConfig
     from serve.text_routes import TextRoutes
 
     handle = RecordingTextHandle()
     routes = TextRoutes()
     routes.config = ServiceConfig.from_args({"model": "tiny-siglip", "classify_cache_size": 3})
-    routes._init_text(handle, routes.config)  # type: ignore[arg-type]
+    routes._init_text(handle, routes.config)  # type: ignore[arg-type]  # a stand-in, not a DeploymentHandle
 
     async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         first = await routes.embed_prompts(["cat", "dog"])

@@ -12,11 +12,20 @@ import pytest
 from models.settings import ModelSettings
 from models.text import TextEncoder, create_text_encoder
 from serve.text_routes import zero_shot
-from tests.conftest import API_KEY, ServeCluster, TinyReference, deploy
-from tests.test_http_api import assert_error, cosine
-from tests.text_helpers import CHECKPOINT_MODEL, forced_checkpoint, small_tokenizer
+from tests.helpers import (
+    API_KEY,
+    AUTH,
+    CHECKPOINT_MODEL,
+    REPO,
+    ServeCluster,
+    TinyReference,
+    assert_error,
+    cosine,
+    deploy,
+    forced_checkpoint,
+    small_tokenizer,
+)
 
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 60.0
 
 
@@ -49,7 +58,7 @@ def test_text_embeddings_match_the_in_process_text_tower(client: httpx.Client, t
     got = text_embeddings(client.post("/v1/embeddings", json={"input": texts, "model": "tiny-siglip"}))
     want = text_reference.encode(texts)
     assert got.shape == (3, 64)
-    for row, ref in zip(got, want):
+    for row, ref in zip(got, want, strict=True):
         assert cosine(row, ref) >= 0.9999
     single = text_embeddings(client.post("/v1/embeddings", json={"input": "rocket"}))
     assert single.shape == (1, 64) and cosine(single[0], want[1]) >= 0.9999
@@ -96,11 +105,12 @@ def test_classify_scores_are_siglips_sigmoid(client: httpx.Client, photo_jpegs: 
     # The server's own image embeddings (its JPEG decode is checked against open_clip in test_http_api).
     served = client.post("/v1/embeddings", json={"input": [data_uri(photo_jpegs[i]) for i in (0, 3)]}).json()
     images = np.array([item["embedding"] for item in served["data"]], dtype=np.float32)
-    for row, i in zip(images, (0, 3)):
+    for row, i in zip(images, (0, 3), strict=True):
         assert cosine(row, tiny_reference.embed(photo_jpegs[i])) >= 0.9999
     info = text_reference.info
-    want = zero_shot(images, text_reference.encode([f"a photo of {x}" for x in labels]), info.logit_scale, info.logit_bias)
-    for item, row in zip(body["data"], want):
+    prompts = text_reference.encode([f"a photo of {x}" for x in labels])
+    want = zero_shot(images, prompts, info.logit_scale, info.logit_bias)
+    for item, row in zip(body["data"], want, strict=True):
         assert item["object"] == "classification"
         scores = [entry["score"] for entry in item["labels"]]
         assert scores == sorted(scores, reverse=True) and sorted(e["label"] for e in item["labels"]) == sorted(labels)
@@ -165,7 +175,7 @@ def test_locust_text_and_classify_users_run_clean(main_app: str, tmp_path: Path)
     import subprocess
     import sys
 
-    env = {**os.environ, "SIGLIP_LOADTEST_API_KEY": API_KEY, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "SIGLIP_LOADTEST_API_KEY": API_KEY, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
         [sys.executable, "-m", "locust", "-f", "loadtest/text_locustfile.py", "--headless", "--host", main_app,
          "-u", "2", "-r", "2", "-t", "6s", "--texts-per-request", "4", "--labels", "3", "--only-summary",

@@ -16,7 +16,7 @@ from models.accuracy import run_accuracy
 from models.manifest import ArtifactError, read_manifest
 from models.neuron_compile import CompileOptions, compile_artifact, main
 from models.text import create_text_encoder
-from tests.neuron_helpers import neuronx_double, tiny_settings
+from tests.helpers import neuronx_double, tiny_settings
 
 TEXTS = ["a photo of a cat", "rocket", "coffee and a cup", "the astronaut in a large white house"]
 

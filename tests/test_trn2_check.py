@@ -17,7 +17,7 @@ import pytest
 
 from serve import trn2_check
 from serve.trn2_check import Run, Step, run_step, write_summary
-from tests.neuron_helpers import DOUBLES, PLACEHOLDER, REPO
+from tests.helpers import DOUBLES, PLACEHOLDER, REPO
 
 PY = sys.executable
 

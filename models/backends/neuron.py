@@ -13,11 +13,11 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from models.encoder import BackendUnavailable, Encoder, register_backend
+from models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
+from models.encoder import BackendUnavailable, register_backend
 from models.loading import ModelInfo
 from models.manifest import ArtifactError, Manifest, read_manifest
 from models.neuron_sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx
@@ -28,46 +28,22 @@ log = logging.getLogger(__name__)
 
 def artifact_for(settings: ModelSettings) -> tuple[Path, Manifest]:
     """The artifact directory and its manifest, checked against the model and buckets asked for."""
-    if settings.artifact_dir is None:
-        raise ArtifactError("the neuron backend needs artifact_dir (--artifact-dir): a directory written by "
-                            "`siglip-serve compile`")
-    directory = Path(settings.artifact_dir).expanduser()
-    manifest = read_manifest(directory)
-    if manifest.model != settings.model:
-        raise ArtifactError(f"artifact {directory} holds {manifest.model} but the config asks for "
-                            f"{settings.model}; set model: {manifest.model} or compile {settings.model}")
-    missing = [b for b in settings.buckets if b not in manifest.buckets]
-    if missing:
-        raise ArtifactError(f"buckets {missing} are not in artifact {directory} (compiled: {manifest.buckets}); "
-                            f"serve a subset of them or compile with --buckets {','.join(map(str, settings.buckets))}")
-    return directory, manifest
+    return checked_artifact(settings, "neuron", "siglip-serve compile", read_manifest, ArtifactError)
 
 
-class NeuronEncoder(Encoder):
+class NeuronEncoder(ArtifactEncoder):
     backend = "neuron"
+    manifest: Manifest
 
     def __init__(self, models: dict[int, torch.nn.Module], info: ModelInfo, directory: Path,
                  manifest: Manifest, lnc: int) -> None:
-        super().__init__(info, sorted(models))
+        super().__init__(info, sorted(models), directory, manifest, lnc)
         self.models = models
-        self.directory = directory
-        self.manifest = manifest
-        self.lnc = lnc
-        self.visible_cores = os.environ.get(VISIBLE_CORES_ENV)
 
     def _forward(self, batch: torch.Tensor) -> torch.Tensor:
         # no_grad as at trace time; inference_mode is what the Neuron (XLA) graphs do not accept.
         with torch.no_grad():
             return self.models[int(batch.shape[0])](batch)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "lnc": self.lnc,
-            "artifact_dir": str(self.directory.resolve()),
-            "neuron_rt_visible_cores": self.visible_cores,
-            "manifest": self.manifest.summary(),
-        }
 
 
 def load_neuron_encoder(settings: ModelSettings, env: Mapping[str, str] | None = None) -> NeuronEncoder:
@@ -84,8 +60,7 @@ def load_neuron_encoder(settings: ModelSettings, env: Mapping[str, str] | None =
         models[bucket] = torch.jit.load(str(path))
         log.info("loaded bucket %d from %s on NeuronCore(s) %s in %.1f s", bucket, path, cores or "all",
                  time.monotonic() - began)
-    info = ModelInfo(manifest.model, manifest.embed_dim, (manifest.image_size[0], manifest.image_size[1]),
-                     str(manifest.weights.get("source")))
+    info = manifest_model_info(manifest)
     if info.weights != settings.weights_source:
         log.warning("the artifact was compiled from %s; the config's weights (%s) are not used by the neuron "
                     "backend", info.weights, settings.weights_source)

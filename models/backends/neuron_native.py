@@ -21,14 +21,30 @@ from typing import Any
 import open_clip
 import torch
 
-from models.encoder import BackendUnavailable, Encoder, register_backend
+from models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
+from models.encoder import BackendUnavailable, register_backend
 from models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
 from models.manifest import sha256_file
 from models.settings import ModelSettings
-from models.torchneuron_env import (LNC_ENV, TorchNeuronRefusal, check_environment, check_native_sdk, check_one_core,
-                                    check_versions, environment, installed_versions)
-from models.torchneuron_runtime import (NativeManifest, NativeRuntime, TorchNeuronRuntime, artifact_neff_dir,
-                                        compile_buckets, missing_graphs, read_native_manifest)
+from models.torchneuron_env import (
+    LNC_ENV,
+    TorchNeuronRefusal,
+    check_environment,
+    check_native_sdk,
+    check_one_core,
+    check_versions,
+    environment,
+    installed_versions,
+)
+from models.torchneuron_runtime import (
+    NativeManifest,
+    NativeRuntime,
+    TorchNeuronRuntime,
+    artifact_neff_dir,
+    compile_buckets,
+    missing_graphs,
+    read_native_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +64,8 @@ def runtime_from_env() -> NativeRuntime:
 
 
 def native_artifact(settings: ModelSettings) -> tuple[Path, NativeManifest]:
-    if settings.artifact_dir is None:
-        raise TorchNeuronRefusal("the neuron-native backend needs artifact_dir (--artifact-dir): a directory written "
-                                 "by `siglip-serve compile --backend neuron-native`")
-    directory = Path(settings.artifact_dir).expanduser().resolve()
-    manifest = read_native_manifest(directory)
-    if manifest.model != settings.model:
-        raise TorchNeuronRefusal(f"artifact {directory} holds {manifest.model} but the config asks for {settings.model}; "
-                                 f"set model: {manifest.model} or compile {settings.model}")
-    absent = [b for b in settings.buckets if b not in manifest.buckets]
-    if absent:
-        raise TorchNeuronRefusal(f"buckets {absent} are not in artifact {directory} (compiled: {manifest.buckets}); "
-                                 f"serve a subset of them or compile with --buckets "
-                                 f"{','.join(map(str, settings.buckets))}")
-    return directory, manifest
+    return checked_artifact(settings, "neuron-native", "siglip-serve compile --backend neuron-native",
+                            read_native_manifest, TorchNeuronRefusal)
 
 
 def replica_env(settings: ModelSettings) -> dict[str, str]:
@@ -92,26 +96,22 @@ def _build_embedder(manifest: NativeManifest, weights_path: Path) -> ImageEmbedd
     return embedder
 
 
-class NativeNeuronEncoder(Encoder):
+class NativeNeuronEncoder(ArtifactEncoder):
     backend = "neuron-native"
+    manifest: NativeManifest
 
     def __init__(self, compiled: Any, runtime: NativeRuntime, info: ModelInfo, buckets: tuple[int, ...],
                  directory: Path, manifest: NativeManifest, visible_cores: str) -> None:
-        super().__init__(info, buckets)
+        super().__init__(info, buckets, directory, manifest, manifest.lnc, visible_cores)
         self.compiled = compiled
         self.runtime = runtime
-        self.directory = directory
-        self.manifest = manifest
-        self.visible_cores = visible_cores
 
     def _forward(self, batch: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self.runtime.to_host(self.compiled(self.runtime.to_device(batch)))
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "lnc": self.manifest.lnc, "artifact_dir": str(self.directory),
-                "neuron_rt_visible_cores": self.visible_cores, "runtime": self.runtime.name,
-                "manifest": self.manifest.summary()}
+    def artifact_details(self) -> dict[str, Any]:
+        return {"runtime": self.runtime.name}
 
 
 def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
@@ -142,16 +142,15 @@ def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None =
                                        runtime, neff_dir)
     compiled_here = {w.bucket: w.new_graphs for w in warmed if w.new_graphs}
     if compiled_here:
-        raise TorchNeuronRefusal(f"buckets {sorted(compiled_here)} were compiled at start instead of found in {neff_dir}: "
-                                 f"this replica's graphs differ from the artifact's (another torch/open_clip build?). "
-                                 f"Compile again in this venv: siglip-serve compile --backend neuron-native")
+        raise TorchNeuronRefusal(f"buckets {sorted(compiled_here)} were compiled at start instead of found in "
+                                 f"{neff_dir}: this replica's graphs differ from the artifact's (another "
+                                 f"torch/open_clip build?). Compile again in this venv: siglip-serve compile "
+                                 f"--backend neuron-native")
     # Every bucket has its graph now; any other shape is a bug that must fail, not compile for minutes.
     torch.compiler.set_stance("fail_on_recompile")
     log.info("neuron-native: buckets %s warm on NeuronCore %s (%s)", list(buckets), cores,
              {w.bucket: f"{w.seconds:.1f} s" for w in warmed})
-    info = ModelInfo(manifest.model, manifest.embed_dim, (manifest.image_size[0], manifest.image_size[1]),
-                     str(manifest.weights.get("source")))
-    return NativeNeuronEncoder(compiled, runtime, info, buckets, directory, manifest, cores)
+    return NativeNeuronEncoder(compiled, runtime, manifest_model_info(manifest), buckets, directory, manifest, cores)
 
 
 def check_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:

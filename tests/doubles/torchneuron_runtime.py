@@ -29,8 +29,14 @@ from typing import Any
 
 import torch
 
-from models.torchneuron_env import (CC_FLAGS_ENV, LNC_ENV, NEFF_CACHE_ENV, NEURONX_CC_VERSION, OPT_LEVEL_ENV,
-                                    check_native_sdk)
+from models.torchneuron_env import (
+    CC_FLAGS_ENV,
+    LNC_ENV,
+    NEFF_CACHE_ENV,
+    NEURONX_CC_VERSION,
+    OPT_LEVEL_ENV,
+    check_native_sdk,
+)
 from models.torchneuron_runtime import neff_files
 
 DOUBLE_VERSIONS = {"torch": torch.__version__, "torch_neuronx": "2.14.3.0.0+recording-double",

@@ -1,4 +1,6 @@
-"""Skip hardware-marked tests where the hardware or SDK is missing, saying why."""
+"""Fixtures of the kernel tests: a NeuronCore device, the recorded profiles, the NumPy NKI model.
+
+Whether a hardware-marked test runs is decided by tests/conftest.py, for every directory."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,41 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-
-def _real_nki() -> tuple[bool, str]:
-    try:
-        import nki
-        import nki.language  # noqa: F401
-    except ImportError as exc:
-        return False, f"no real NKI package (import nki / nki.language failed: {exc}); PyPI's nki is a placeholder"
-    if not hasattr(nki, "jit"):
-        return False, "installed nki has no nki.jit (placeholder package)"
-    return True, ""
-
-
-def _cuda() -> tuple[bool, str]:
-    import torch
-
-    return (True, "") if torch.cuda.is_available() else (False, "torch.cuda.is_available() is False")
-
-
 HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config, items):
-    checks = {"neuron": _real_nki, "cuda": _cuda}
-    status: dict[str, tuple[bool, str]] = {}
-    for item in items:
-        # Session-wide hook: leave other packages' tests to their own conftest.
-        if HERE not in Path(str(item.fspath)).resolve().parents:
-            continue
-        for marker, probe in checks.items():
-            if marker in item.keywords:
-                if marker not in status:
-                    status[marker] = probe()
-                ok, reason = status[marker]
-                if not ok:
-                    item.add_marker(pytest.mark.skip(reason=f"needs {marker}: {reason}"))
 
 
 @pytest.fixture
@@ -61,7 +29,7 @@ def data_dir():
     return HERE / "data"
 
 
-KERNEL_MODULES = ("nki_kernels", "nki_siglip")  # import nki at load time
+KERNEL_MODULES = ("nki_kernels", "nki_siglip", "nki_tiles")  # import nki at load time
 
 
 def _load_fake_nki():

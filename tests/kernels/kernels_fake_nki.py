@@ -90,7 +90,7 @@ class FakeTensor:
         self.buf, self.values, self.written = buf, data, written
 
     @classmethod
-    def whole(cls, buf: Buffer) -> "FakeTensor":
+    def whole(cls, buf: Buffer) -> FakeTensor:
         return cls(buf, buf.data, buf.written)
 
     @property
@@ -105,7 +105,7 @@ class FakeTensor:
     def buffer(self) -> str:
         return self.buf.kind
 
-    def __getitem__(self, key) -> "FakeTensor":
+    def __getitem__(self, key) -> FakeTensor:
         parts = key if isinstance(key, tuple) else (key,)
         if not all(isinstance(k, (int, np.integer, slice)) for k in parts):
             raise NkiRuleError(f"index {key!r}: only ints and slices are modelled")

@@ -52,7 +52,8 @@ def test_a_legal_matmul_runs(fake_nki):
 
 
 def test_matmul_operand_read_from_hbm_is_refused(fake_nki):
-    with pytest.raises(fake_nki.lib.NkiRuleError, match="stationary is in hbm; nc_matmul reads stationary only from sbuf"):
+    rule = "stationary is in hbm; nc_matmul reads stationary only from sbuf"
+    with pytest.raises(fake_nki.lib.NkiRuleError, match=rule):
         _run(fake_nki, _matmul_body(fake_nki, stationary_from_hbm=True), W, A)
 
 
@@ -121,7 +122,8 @@ def test_dma_from_psum_is_refused(fake_nki):
         nisa.dma_copy(dst=out, src=acc)
         return out
 
-    with pytest.raises(fake_nki.lib.NkiRuleError, match="src is in psum; dma_copy reads src only from hbm/shared_hbm/sbuf"):
+    rule = "src is in psum; dma_copy reads src only from hbm/shared_hbm/sbuf"
+    with pytest.raises(fake_nki.lib.NkiRuleError, match=rule):
         _run(fake_nki, body, A)
 
 
@@ -162,7 +164,8 @@ def test_engine_op_on_hbm_is_refused(fake_nki):
         nisa.tensor_tensor(dst=res, data1=a, data2=_load(fake_nki, a), op=nl.add)
         return _store(fake_nki, res)
 
-    with pytest.raises(fake_nki.lib.NkiRuleError, match="data1 is in hbm; tensor_tensor reads data1 only from sbuf/psum"):
+    rule = "data1 is in hbm; tensor_tensor reads data1 only from sbuf/psum"
+    with pytest.raises(fake_nki.lib.NkiRuleError, match=rule):
         _run(fake_nki, body, A)
 
 

@@ -107,13 +107,15 @@ def test_profile_neff_runs_explorer_capture_then_view_and_reads_device_time(tmp_
 
 def test_profile_neff_errors_are_clear(tmp_path, data_dir):
     neff = tmp_path / "graph.neff"
-    with pytest.raises(DeviceTimingUnavailable, match="neuron-explorer is not on PATH; it ships with aws-neuronx-tools"):
+    with pytest.raises(DeviceTimingUnavailable,
+                       match="neuron-explorer is not on PATH; it ships with aws-neuronx-tools"):
         profile_neff(neff, tmp_path, which=lambda name: None)
     with pytest.raises(DeviceTimingUnavailable, match="no such NEFF; run the benchmark with NEURON_FRAMEWORK_DEBUG=1"):
         profile_neff(neff, tmp_path, which=lambda name: "/x")
     neff.write_bytes(b"neff")
     explorer = _FakeExplorer("{}", fail="capture")
-    with pytest.raises(DeviceTimingUnavailable, match="neuron-explorer capture failed \\(exit 1\\): ERROR: device busy"):
+    with pytest.raises(DeviceTimingUnavailable,
+                       match="neuron-explorer capture failed \\(exit 1\\): ERROR: device busy"):
         profile_neff(neff, tmp_path, run=explorer, which=lambda name: "/x")
 
 

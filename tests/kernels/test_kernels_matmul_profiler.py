@@ -29,7 +29,7 @@ def test_cpu_fallback_warns(caplog):
 
 def test_cpu_end_to_end_results(cpu_results):
     _, results = cpu_results
-    for shape, r in zip(SMALL, results):
+    for shape, r in zip(SMALL, results, strict=True):
         cfg = shape.config
         assert (r.M, r.K, r.N) == (cfg.M, cfg.K, cfg.N)
         assert (r.num_tiles_M, r.num_tiles_K, r.num_tiles_N, r.total_tiles) == (
@@ -52,7 +52,7 @@ def test_csv_schema(cpu_results, tmp_path):
             assert column in reader.fieldnames
         rows = list(reader)
     assert len(rows) == len(results)
-    for row, r in zip(rows, results):
+    for row, r in zip(rows, results, strict=True):
         assert int(row["total_tiles"]) == r.total_tiles
         assert float(row["latency_p99_ms"]) == pytest.approx(r.latency_p99_ms)
         assert row["device"] == "cpu"

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from kernels import matmul_profiler as mp
-from kernels.mlp import SEED_CONFIGS, benchmark_mlp, make_inputs
-from kernels.nki_launch import check_kernel, default_runs, run_on_neuron
 from kernels import references
 from kernels.lnc import runtime_kernel_lnc
+from kernels.mlp import SEED_CONFIGS, benchmark_mlp, make_inputs
+from kernels.nki_launch import check_kernel, default_runs, run_on_neuron
 from kernels.tiling import MatmulConfig
 
-pytestmark = pytest.mark.neuron
+pytestmark = pytest.mark.nki
 
 RUN_NAMES = [f"{r.name}-{i}" for i, r in enumerate(default_runs())]
 LNC = runtime_kernel_lnc()

@@ -105,7 +105,8 @@ def test_command_lines_follow_seed_002(tmp_path):
     inputs = {"hidden_tensor": np.arange(6, dtype=np.float32).reshape(2, 3), "w": np.ones(4, dtype=np.float16)}
     bins = save_input_bins(inputs, tmp_path)
     assert bins["hidden_tensor"].name == "inp-hidden_tensor-000.bin"
-    assert np.array_equal(np.frombuffer(bins["hidden_tensor"].read_bytes(), np.float32), inputs["hidden_tensor"].ravel())
+    hidden = np.frombuffer(bins["hidden_tensor"].read_bytes(), np.float32)
+    assert np.array_equal(hidden, inputs["hidden_tensor"].ravel())
     cmd = capture_command("file.neff", bins, num_exec=10)
     assert cmd[:3] == ["neuron-profile", "capture", "--save-output"]
     assert cmd[cmd.index("--neff") + 1] == "file.neff" and "--num-exec=10" in cmd

@@ -48,7 +48,8 @@ def test_bias_after_pool_equals_bias_before_pool():
 @pytest.mark.parametrize("tokens,hidden,inter", [(1, 8, 16), (37, 64, 96)])
 def test_gated_mlp_matches_torch(tokens, hidden, inter):
     rng = np.random.default_rng(tokens)
-    x, wg, wu, wd = (rng.standard_normal(s) for s in ((tokens, hidden), (hidden, inter), (hidden, inter), (inter, hidden)))
+    shapes = ((tokens, hidden), (hidden, inter), (hidden, inter), (inter, hidden))
+    x, wg, wu, wd = (rng.standard_normal(s) for s in shapes)
     expected = (F.silu(_t(x) @ _t(wg)) * (_t(x) @ _t(wu))) @ _t(wd)
     np.testing.assert_allclose(references.gated_mlp(x, wg, wu, wd), expected.numpy(), rtol=1e-10)
 

@@ -23,7 +23,8 @@ dtypes = st.sampled_from(["float32", "bfloat16", "float16"])
 @given(dims, dims, dims)
 def test_tile_counts_cover_each_dim_with_no_spare_tile(m, k, n):
     cfg = MatmulConfig(m, k, n)
-    for size, tiles, tile in ((m, cfg.num_tiles_M, 128), (k, cfg.num_tiles_K, PMAX), (n, cfg.num_tiles_N, GEMM_MOVING_FMAX)):
+    axes = ((m, cfg.num_tiles_M, 128), (k, cfg.num_tiles_K, PMAX), (n, cfg.num_tiles_N, GEMM_MOVING_FMAX))
+    for size, tiles, tile in axes:
         assert (tiles - 1) * tile < size <= tiles * tile
     assert cfg.total_tiles == cfg.num_tiles_M * cfg.num_tiles_K * cfg.num_tiles_N
 

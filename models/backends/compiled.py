@@ -1,0 +1,80 @@
+"""What the two Neuron backends share: a compiled artifact found from the settings and checked
+against them, the ModelInfo its manifest describes, and an Encoder that reports the artifact.
+
+The trace line (models.backends.neuron) and TorchNeuron (models.backends.neuron_native) differ in
+their manifests, their error classes and how they load; they agree on this shape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from models.encoder import Encoder
+from models.loading import ModelInfo
+from models.neuron_sdk import VISIBLE_CORES_ENV
+from models.settings import ModelSettings
+
+
+class ArtifactManifest(Protocol):
+    """The fields both manifests (models.manifest.Manifest, models.torchneuron_runtime.NativeManifest) have."""
+
+    model: str
+    weights: dict[str, str]
+    image_size: list[int]
+    embed_dim: int
+    buckets: list[int]
+    lnc: int
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+M = TypeVar("M", bound=ArtifactManifest)
+
+
+def checked_artifact(settings: ModelSettings, backend: str, compile_command: str, read: Callable[[Path], M],
+                     refuse: Callable[[str], Exception]) -> tuple[Path, M]:
+    """The artifact directory (absolute) and its manifest, which must hold the model and every bucket
+    asked for; otherwise `refuse(message)` is raised, the message saying what to do."""
+    if settings.artifact_dir is None:
+        raise refuse(f"the {backend} backend needs artifact_dir (--artifact-dir): a directory written by "
+                     f"`{compile_command}`")
+    directory = Path(settings.artifact_dir).expanduser().resolve()
+    manifest = read(directory)
+    if manifest.model != settings.model:
+        raise refuse(f"artifact {directory} holds {manifest.model} but the config asks for {settings.model}; "
+                     f"set model: {manifest.model} or compile {settings.model}")
+    missing = [b for b in settings.buckets if b not in manifest.buckets]
+    if missing:
+        raise refuse(f"buckets {missing} are not in artifact {directory} (compiled: {manifest.buckets}); "
+                     f"serve a subset of them or compile with --buckets {','.join(map(str, settings.buckets))}")
+    return directory, manifest
+
+
+def manifest_model_info(manifest: ArtifactManifest) -> ModelInfo:
+    """The model an artifact was compiled from, as /v1/models shows it."""
+    return ModelInfo(manifest.model, manifest.embed_dim, (manifest.image_size[0], manifest.image_size[1]),
+                     str(manifest.weights.get("source")))
+
+
+class ArtifactEncoder(Encoder):
+    """An Encoder that runs a compiled artifact on the NeuronCore(s) of NEURON_RT_VISIBLE_CORES."""
+
+    def __init__(self, info: ModelInfo, buckets: Sequence[int], directory: Path, manifest: ArtifactManifest,
+                 lnc: int, visible_cores: str | None = None) -> None:
+        super().__init__(info, buckets)
+        self.directory = directory
+        self.manifest = manifest
+        self.lnc = lnc
+        self.visible_cores = os.environ.get(VISIBLE_CORES_ENV) if visible_cores is None else visible_cores
+
+    def artifact_details(self) -> dict[str, Any]:
+        """What a backend adds to describe() before the manifest's summary."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "lnc": self.lnc, "artifact_dir": str(self.directory),
+                "neuron_rt_visible_cores": self.visible_cores, **self.artifact_details(),
+                "manifest": self.manifest.summary()}

@@ -1,0 +1,274 @@
+"""What tests share: the application under test, the HTTP contract's checks, test images, the
+torch_neuronx test double, and a tiny checkpoint whose zero-shot answer is forced.
+
+Test files import from here, never from one another or from conftest.py (pytest imports a
+conftest as its own module, so a second import under `tests.conftest` would be a second copy
+with its own state). conftest.py holds the fixtures and the one hardware-marker hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import struct
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parent.parent
+DOUBLES = REPO / "tests" / "doubles"
+PLACEHOLDER = DOUBLES / "placeholder"
+
+# -- the application under test -------------------------------------------------------------
+
+# Logical NeuronCores declared by the test cluster (no Trainium here: it is a plain Ray resource).
+TEST_NEURON_CORES = 4
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@dataclass
+class ServeCluster:
+    http_port: int
+    base_url: str
+    # Ray's Prometheus endpoint (http://127.0.0.1:<metrics_port>/metrics), as `--metrics-port` sets it.
+    metrics_port: int
+    # "haproxy" (the default, serve/haproxy_front.py) or "python" (Serve's proxy actor).
+    front_end: str = "haproxy"
+
+
+@dataclass
+class TinyReference:
+    """The tiny model run in-process, for checking what the server returns."""
+
+    embedder: Any
+    image_size: tuple[int, int]
+
+    def embed(self, data: bytes) -> np.ndarray:
+        import torch
+
+        from models.preprocess import preprocess_image
+
+        array = preprocess_image(data, self.image_size)
+        with torch.inference_mode():
+            return self.embedder(torch.from_numpy(array)[None]).numpy()[0]
+
+
+# Applications test modules deployed; conftest's module fixture deletes each module's when it ends,
+# so the session cluster's logical CPUs hold only the apps still in use.
+DEPLOYED: list[str] = []
+
+
+def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> None:
+    """Build the real application from Serve-YAML-style args and run it under `route_prefix`.
+
+    Text replicas are off unless a test asks for them (`text_replicas=1`): each costs a process."""
+    from ray import serve
+    from ray.serve.api import _run
+
+    from serve.app import build_app
+
+    DEPLOYED.append(name)
+    app = build_app({"model": "tiny-siglip", "text_replicas": 0, **args})
+    if wait:
+        serve.run(app, name=name, route_prefix=route_prefix)
+    else:
+        # Serve's public run() waits until every replica runs; this test needs the app half-up.
+        _run(app, name=name, route_prefix=route_prefix, _blocking=False)
+
+
+# -- the HTTP contract (docs/http-api.md) ---------------------------------------------------
+
+def assert_error(response: httpx.Response, status: int, error_type: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == status
+    assert body["error"]["type"] == error_type
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def embeddings_of(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == "tiny-siglip"
+    assert [item["index"] for item in body["data"]] == list(range(len(body["data"])))
+    assert body["usage"]["images"] == len(body["data"])
+    return np.array([item["embedding"] for item in body["data"]], dtype=np.float32)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# -- test images ----------------------------------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def jpeg_bytes(array: np.ndarray, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    """One PNG chunk: length, type, data, CRC."""
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def png_file(width: int, height: int, bit_depth: int, colour_type: int, idat: bytes) -> bytes:
+    """A PNG of one IDAT chunk holding `idat` (compressed scanlines), whatever its header declares."""
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
+
+
+def streamed_png(width: int, height: int, bit_depth: int, colour_type: int, row: bytes) -> bytes:
+    """A valid PNG of `height` copies of one filtered row, compressed row by row (never whole in memory)."""
+    comp = zlib.compressobj(9)
+    parts = []
+    line = b"\x00" + row
+    step = max(1, (4 * MiB) // len(line))
+    for start in range(0, height, step):
+        parts.append(comp.compress(line * min(step, height - start)))
+    parts.append(comp.flush())
+    return png_file(width, height, bit_depth, colour_type, b"".join(parts))
+
+
+# -- the torch_neuronx test double (tests/doubles/torch_neuronx) ----------------------------
+# The double is put on sys.path only inside `neuronx_double()`, never at import: conftest decides
+# at collection whether the real SDK is present, and other tests must not see the double.
+
+@contextlib.contextmanager
+def torch_neuronx_from(path: Path | None) -> Iterator[None]:
+    """Make `import torch_neuronx` resolve from `path` (None: not at all), then restore."""
+    saved_module = sys.modules.pop("torch_neuronx", None)
+    saved_path = list(sys.path)
+    sys.path[:] = [p for p in sys.path if not p.startswith(str(DOUBLES))]
+    if path is not None:
+        sys.path.insert(0, str(path))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.pop("torch_neuronx", None)
+        if saved_module is not None:
+            sys.modules["torch_neuronx"] = saved_module
+
+
+@contextlib.contextmanager
+def neuronx_double() -> Iterator[ModuleType]:
+    """The double, imported fresh (its CALLS empty)."""
+    with torch_neuronx_from(DOUBLES):
+        import torch_neuronx
+
+        assert "test double" in (torch_neuronx.__doc__ or ""), torch_neuronx.__file__
+        yield torch_neuronx
+
+
+def tiny_settings(**overrides: Any) -> Any:
+    from models.settings import ModelSettings
+
+    return ModelSettings(**{"model": "tiny-siglip", "buckets": (1, 2), "torch_threads": 1, **overrides})
+
+
+def worker_pythonpath() -> str:
+    """PYTHONPATH that lets Ray workers and subprocesses import the double and this checkout."""
+    return f"{DOUBLES}:{REPO}"
+
+
+def neuron_env() -> dict[str, str]:
+    """The Neuron part of this process's environment (imports may set other variables themselves)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("NEURON_", "TORCH_NEURONX_"))}
+
+
+# -- a small tokenizer and a checkpoint whose zero-shot answer is forced --------------------
+# `forced_checkpoint` builds tiny-siglip-checkpoint (tiny-siglip's architecture, which accepts a
+# checkpoint) so that:
+# - the image tower ignores its input: the attention pool's projection has zero weights and bias `v`,
+#   its MLP adds nothing, so every image embeds to normalize(v);
+# - the text tower pools the mean of its token embeddings: queries and keys are zero (uniform attention),
+#   values and the output projection are identities, the MLP adds nothing, position embeddings and every
+#   token but the label words are zero. A prompt holding label word k then embeds along LayerNorm(e_k);
+# - v = LayerNorm(e_winner), so the winner's cosine is 1 and every other label's is about -0.016.
+# With logit_scale = log(10) and logit_bias = -5, the winner scores sigmoid(5) ~ 0.993 for ANY image and
+# the others sigmoid(-5.16) ~ 0.0057.
+
+CHECKPOINT_MODEL = "tiny-siglip-checkpoint"
+LABEL_WORDS = ("cat", "dog", "car", "tree", "boat")
+PROMPT_WORDS = ("a", "photo", "of", "the")
+FORCED_SCALE = math.log(10.0)
+FORCED_BIAS = -5.0
+
+
+def small_tokenizer(directory: Path, context_length: int = 16) -> Path:
+    from models.tiny_tokenizer import build_tokenizer, tiny_model_cfg
+
+    cfg = tiny_model_cfg(context_length)
+    return build_tokenizer(directory, [*PROMPT_WORDS, *LABEL_WORDS, "rocket", "coffee"], context_length, cfg)
+
+
+def word_id(word: str) -> int:
+    from models.tiny_tokenizer import SPECIALS
+
+    return len(SPECIALS) + [*PROMPT_WORDS, *LABEL_WORDS].index(word)
+
+
+def forced_checkpoint(path: Path, winner: str) -> Path:
+    import open_clip
+    import torch
+
+    from models.loading import _register_tiny
+
+    _register_tiny()
+    torch.manual_seed(1)
+    model = open_clip.create_model(CHECKPOINT_MODEL, pretrained=None)
+    width = model.text.width
+    with torch.no_grad():
+        text = model.text
+        text.positional_embedding.zero_()
+        text.token_embedding.weight.zero_()
+        for i, word in enumerate(LABEL_WORDS):
+            text.token_embedding.weight[word_id(word), i] = 10.0
+        for block in text.transformer.resblocks:
+            attn = block.attn
+            attn.in_proj_weight.zero_()
+            attn.in_proj_bias.zero_()
+            attn.in_proj_weight[2 * width:] = torch.eye(width)  # V = identity; Q = K = 0: uniform attention
+            attn.out_proj.weight.copy_(torch.eye(width))
+            attn.out_proj.bias.zero_()
+            for norm in (block.ln_1, block.ln_2):
+                norm.weight.fill_(1.0)
+                norm.bias.zero_()
+            block.mlp.c_proj.weight.zero_()
+            block.mlp.c_proj.bias.zero_()
+        text.ln_final.weight.fill_(1.0)
+        text.ln_final.bias.zero_()
+        text.text_projection.weight.copy_(torch.eye(width))
+        text.text_projection.bias.zero_()
+        # ln_1 of the residual stream feeds V; with identities the pooled row is x_last + mean(LN(x_j)).
+        # Computing the winner's text embedding with the model itself keeps v exact.
+        ids = torch.full((1, text.context_length), 1, dtype=torch.long)
+        ids[0, 0] = word_id(winner)
+        target = torch.nn.functional.normalize(text(ids), dim=-1)[0]
+        pool = model.visual.trunk.attn_pool
+        pool.proj.weight.zero_()
+        pool.proj.bias.copy_(target)
+        pool.mlp.fc2.weight.zero_()
+        pool.mlp.fc2.bias.zero_()
+        model.logit_scale.fill_(FORCED_SCALE)
+        model.logit_bias.fill_(FORCED_BIAS)
+    torch.save(model.state_dict(), path)
+    return path

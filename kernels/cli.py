@@ -143,7 +143,7 @@ def cmd_mlp(args: argparse.Namespace) -> int:
     _write_json(args.json, {"benchmark": "mlp", "device": device.kind, "device_description": device.description,
                             "npu_numbers": device.is_npu, "lnc": lnc, "timing": device.timing,
                             "results": [asdict(r) for r in results],
-                            "skipped": [dict(zip(("path", "config", "reason"), s)) for s in skipped]})
+                            "skipped": [dict(zip(("path", "config", "reason"), s, strict=True)) for s in skipped]})
     return 0
 
 

@@ -28,7 +28,7 @@ from loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, 
 from loadtest.summary import EXIT_ERROR, build_summary, format_summary
 from measure.corpus import ENDPOINTS, CorpusError, image_files
 from measure.poll import poll
-from measure.results import ResultFileError, RunResults
+from measure.results import RunResults
 from measure.server_cpu import ServerCpu
 from models.cli_args import UserError, key_value, run_main, setup_logging
 

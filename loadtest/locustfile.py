@@ -98,7 +98,7 @@ def _init(environment: Any, **_kw: Any) -> None:
             corpus = load_corpus(options.images or None)
             Setup.bodies = build_bodies(corpus, options.endpoint, options.images_per_request,
                                         options.encoding_format)
-        except Exception as exc:  # noqa: BLE001 - reported once the test starts
+        except Exception as exc:  # reported once the test starts
             Setup.error = f"load-test setup failed: {type(exc).__name__}: {exc}"
             log.error("%s", Setup.error)
 
@@ -116,7 +116,7 @@ def _test_start(environment: Any, **_kw: Any) -> None:
         if Setup.recorder is not None or not options.expect_dim:
             try:
                 model = _fetch_model(host, Setup.headers)
-            except Exception as exc:  # noqa: BLE001 - with --expect-dim the model info is only for the report
+            except Exception as exc:  # with --expect-dim the model info is only for the report
                 if not options.expect_dim:
                     raise
                 log.warning("GET /v1/models failed (%s); going on with --expect-dim %d", exc, options.expect_dim)
@@ -126,7 +126,7 @@ def _test_start(environment: Any, **_kw: Any) -> None:
             if options.expect_dim and model and model.get("embedding_dim") != options.expect_dim:
                 Setup.recorder.notes.append(f"--expect-dim {options.expect_dim} differs from the served "
                                             f"dimension {model.get('embedding_dim')}")
-    except Exception as exc:  # noqa: BLE001 - any setup failure ends the test with one message
+    except Exception as exc:  # any setup failure ends the test with one message
         Setup.error = f"load-test setup failed: {type(exc).__name__}: {exc}"
         log.error("%s", Setup.error)
         environment.process_exit_code = 2
@@ -181,7 +181,8 @@ class SiglipUser(FastHttpUser):
         request_id = uuid.uuid4().hex
         headers = {**Setup.headers, "Content-Type": body.content_type, "X-Request-ID": request_id,
                    "Accept": "application/json"}
-        with self.client.request(METHOD, body.path, name=self.request_label, data=body.data, headers=headers,
+        with self.client.request(METHOD, body.path, name=self.request_label, data=body.data,  # type: ignore[arg-type]  # bytes work
+                                 headers=headers,
                                  catch_response=True) as response:
             if response.status_code == 0:  # connection error: Locust already records the exception
                 return

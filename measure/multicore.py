@@ -92,7 +92,7 @@ def _worker() -> int:
 
 
 class _Worker:
-    def __init__(self, index: int, env: dict[str, str], messages: "queue.Queue[tuple[int, str, Any]]") -> None:
+    def __init__(self, index: int, env: dict[str, str], messages: queue.Queue[tuple[int, str, Any]]) -> None:
         self.index = index
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", "measure.multicore", "--worker"],
@@ -100,7 +100,7 @@ class _Worker:
                                      env=env, text=True)
         threading.Thread(target=self._read, args=(messages,), daemon=True).start()
 
-    def _read(self, messages: "queue.Queue[tuple[int, str, Any]]") -> None:
+    def _read(self, messages: queue.Queue[tuple[int, str, Any]]) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith(_TAG):
@@ -117,7 +117,7 @@ class BenchFailed(UserError, RuntimeError):
     """A worker died or went silent; the message carries its stderr's tail."""
 
 
-def _collect(workers: list[_Worker], messages: "queue.Queue[tuple[int, str, Any]]", kind: str,
+def _collect(workers: list[_Worker], messages: queue.Queue[tuple[int, str, Any]], kind: str,
              timeout_s: float) -> dict[int, Any]:
     deadline = time.monotonic() + timeout_s
     got: dict[int, Any] = {}
@@ -168,7 +168,7 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
         manifest = artifact_for(plain)[1]
         lnc, auto_cast = manifest.lnc, manifest.auto_cast
     spec = {"settings": plain.model_dump(mode="json"), "bucket": bucket, "warmup": warmup, "iterations": iterations}
-    messages: "queue.Queue[tuple[int, str, Any]]" = queue.Queue()
+    messages: queue.Queue[tuple[int, str, Any]] = queue.Queue()
     log.info("starting %d %s workers (bucket %d, warm-up %d, iterations %d)", cores, plain.backend, bucket,
              warmup, iterations)
     from models.encoder import backend_replica_env

@@ -9,10 +9,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the headless backend
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt  # after choosing the headless backend
+from matplotlib.ticker import MaxNLocator
 
-from measure.results import MulticoreWorker, OperatingPoint, Step  # noqa: E402
+from measure.results import MulticoreWorker, OperatingPoint, Step
 
 
 def _finish(fig: Any, ax: Any, title: str, context: str, path: Path) -> Path:

@@ -20,9 +20,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from models.user_error import UserError
-
 from measure.seed import SeedRow
+from models.user_error import UserError
 
 Model = TypeVar("Model", bound="Result")
 

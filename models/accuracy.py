@@ -26,8 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from models.cli_args import (SettingsError, UserError, add_log_level, key_value, run_main, settings_values,
-                             setup_logging, validate_settings)
+from models.cli_args import (
+    SettingsError,
+    UserError,
+    add_log_level,
+    key_value,
+    run_main,
+    settings_values,
+    setup_logging,
+    validate_settings,
+)
 from models.encoder import Encoder, create_encoder
 from models.settings import ModelSettings
 

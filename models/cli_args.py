@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from models.settings import ModelSettings
+
 # Re-exported: a command needs only this module.
 from models.user_error import UserError as UserError
 from models.user_error import describe_validation as describe_validation

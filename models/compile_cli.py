@@ -19,11 +19,16 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from models.cli_args import (SettingsError, add_log_level, add_model_arguments, run_main, settings_from_args,
-                             setup_logging)
+from models.cli_args import (
+    SettingsError,
+    add_log_level,
+    add_model_arguments,
+    run_main,
+    settings_from_args,
+    setup_logging,
+)
 from models.settings import NEURON_BACKENDS
-from models.torchneuron_env import (LNC_ENV, TRN2_DEFAULT_LNC, NativeOptions, environment, installed_versions,
-                                    sdk_tag)
+from models.torchneuron_env import LNC_ENV, TRN2_DEFAULT_LNC, NativeOptions, environment, installed_versions, sdk_tag
 
 LINES = NEURON_BACKENDS
 DEFAULT_CACHE_ROOT = Path("artifacts")
@@ -38,7 +43,8 @@ def build_native_parser() -> argparse.ArgumentParser:
                         help="neuron: the trace line (torch-neuronx 2.9); neuron-native: TorchNeuron (2.14)")
     add_model_arguments(parser, backend=False)
     recipe = parser.add_argument_group("TorchNeuron recipe (NEURON_CC_FLAGS, NEURON_COMPILER_OPT_LEVEL, LNC)")
-    recipe.add_argument("--lnc", type=int, choices=(1, 2), help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
+    recipe.add_argument("--lnc", type=int, choices=(1, 2),
+                        help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
     recipe.add_argument("--optlevel", type=int, choices=(1, 2, 3), default=3)
     recipe.add_argument("--auto-cast", choices=("none", "matmult", "all"), default="matmult")
     recipe.add_argument("--auto-cast-type", choices=("bf16", "fp16", "tf32", "fp8_e4m3"), default="bf16")
@@ -49,7 +55,8 @@ def build_native_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-root", type=Path, default=DEFAULT_CACHE_ROOT,
                         help="artifacts go to CACHE_ROOT/<SDK tag>/<model>-lnc<N>-<key>/")
     parser.add_argument("--link", type=Path, help="also point this symlink at the artifact (stable path for configs)")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON; needs no SDK and reads no weights")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan as JSON; needs no SDK and reads no weights")
     parser.add_argument("--force", action="store_true", help="recompile even if a complete artifact exists")
     add_log_level(parser)
     return parser

@@ -28,8 +28,17 @@ import torch
 from models.cli_args import add_log_level, add_model_arguments, run_main, settings_from_args, setup_logging
 from models.encoder import BackendUnavailable
 from models.loading import ImageEmbedder, load_embedder, model_geometry
-from models.manifest import (ArtifactError, Manifest, WeightsDigest, artifact_name, bucket_file, cache_key,
-                             digest_weights, is_complete, read_manifest)
+from models.manifest import (
+    ArtifactError,
+    Manifest,
+    WeightsDigest,
+    artifact_name,
+    bucket_file,
+    cache_key,
+    digest_weights,
+    is_complete,
+    read_manifest,
+)
 from models.neuron_sdk import LNC_ENV, VALID_LNC, require_torch_neuronx, runtime_lnc, sdk_versions
 from models.settings import ModelSettings
 from models.text import load_text_tower, text_context_length
@@ -282,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON; needs no Neuron SDK")
     parser.add_argument("--force", action="store_true", help="recompile even if a complete artifact exists")
     parser.add_argument("--text", action="store_true",
-                        help="also compile the text tower, one graph per --text-buckets size (for /v1/classify and text)")
+                        help="also compile the text tower, one graph per --text-buckets size "
+                             "(for /v1/classify and text)")
     add_log_level(parser)
     return parser
 

@@ -15,7 +15,12 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from models.image_errors import (
-    CorruptImage, EmptyImage, ImageFileTooLarge, ImageRejected, ImageTooLarge, UnsupportedImage,
+    CorruptImage,
+    EmptyImage,
+    ImageFileTooLarge,
+    ImageRejected,
+    ImageTooLarge,
+    UnsupportedImage,
 )
 
 __all__ = [
@@ -281,7 +286,8 @@ def _decode(data: bytes, limits: ImageLimits, draft_size: tuple[int, int] | None
         return _to_rgb(img, keep_grey)
 
 
-def decode_image(data: bytes, limits: ImageLimits = ImageLimits(), draft_size: tuple[int, int] | None = None) -> Image.Image:
+def decode_image(data: bytes, limits: ImageLimits = ImageLimits(),
+                 draft_size: tuple[int, int] | None = None) -> Image.Image:
     """bytes -> RGB PIL image (EXIF applied, first frame, alpha on white, 16-bit scaled). Raises ImageRejected.
 
     With `draft_size` (W, H), a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 DCT scale that is
@@ -299,7 +305,7 @@ REDUCE_ABOVE = 128
 
 def _reduce_factors(src: tuple[int, int], dst: tuple[int, int]) -> tuple[int, int]:
     return tuple(  # type: ignore[return-value]
-        max(1, s // (DRAFT_MARGIN * d)) if s > REDUCE_ABOVE * d else 1 for s, d in zip(src, dst)
+        max(1, s // (DRAFT_MARGIN * d)) if s > REDUCE_ABOVE * d else 1 for s, d in zip(src, dst, strict=True)
     )
 
 

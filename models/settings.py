@@ -72,7 +72,7 @@ class ModelSettings(BaseModel):
         return tuple(sorted(value))
 
     @model_validator(mode="after")
-    def _check_weights(self) -> "ModelSettings":
+    def _check_weights(self) -> ModelSettings:
         if self.checkpoint is not None and self.random_weights:
             raise ValueError("choose one weights source: --checkpoint or --random-weights, not both")
         if self.checkpoint is not None and self.model == TINY_MODEL:

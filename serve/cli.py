@@ -10,8 +10,18 @@ import sys
 import time
 from typing import Any
 
-from models.cli_args import (add_field_arguments, add_log_level, add_model_arguments, fields_help, key_value,
-                             model_values, option_values, run_main, settings_values, setup_logging)
+from models.cli_args import (
+    add_field_arguments,
+    add_log_level,
+    add_model_arguments,
+    fields_help,
+    key_value,
+    model_values,
+    option_values,
+    run_main,
+    settings_values,
+    setup_logging,
+)
 
 log = logging.getLogger("siglip_serve")
 

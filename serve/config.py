@@ -89,7 +89,7 @@ class ServiceConfig(ModelSettings):
                                                "every replica")
 
     @model_validator(mode="after")
-    def _check_serving(self) -> "ServiceConfig":
+    def _check_serving(self) -> ServiceConfig:
         if isinstance(self.replicas, int) and self.replicas < 1:
             raise ValueError("replicas must be at least 1 (or 'auto')")
         if self.replicas == "auto" and self.cores_per_replica == 0:
@@ -132,7 +132,7 @@ class ServiceConfig(ModelSettings):
         return model_settings_of(self)
 
     @classmethod
-    def from_args(cls, args: dict[str, Any] | None) -> "ServiceConfig":
+    def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:
         """Validate Serve YAML `args:` (or CLI options); raise ConfigError naming every bad key."""
         try:
             return cls.model_validate(args or {})

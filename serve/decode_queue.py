@@ -15,6 +15,7 @@ A decode whose request is cancelled (deadline passed, client gone) before it sta
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -84,7 +85,7 @@ class FairDecodeQueue:
             self.running += 1
             self.running_bytes += job.cost
             work = loop.run_in_executor(self.pool, job.fn)
-            work.add_done_callback(lambda done, job=job: self._finished(job, done))
+            work.add_done_callback(functools.partial(self._finished, job))
 
     def _finished(self, job: _Job, done: asyncio.Future[Any]) -> None:
         self.running -= 1

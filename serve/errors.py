@@ -17,10 +17,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from models.image_errors import (
-    CorruptImage, EmptyImage, ImageFileTooLarge, ImageRejected, ImageTooLarge, UnsupportedImage,
-)
 from models import user_error
+from models.image_errors import (
+    CorruptImage,
+    EmptyImage,
+    ImageFileTooLarge,
+    ImageRejected,
+    ImageTooLarge,
+    UnsupportedImage,
+)
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ class ImagePrep:
     def probe(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[tuple[bytes, ImageHeader]]:
         """Every item's bytes and header, every header-level limit checked; no pixel decoded."""
         out = []
-        for item, label in zip(items, labels):
+        for item, label in zip(items, labels, strict=True):
             try:
                 raw = decode_base64_image(item, self.limits) if isinstance(item, str) else item
                 out.append((raw, probe_image(raw, self.limits)))
@@ -64,7 +64,7 @@ class ImagePrep:
                  for raw, header in probed]
         arrays = []
         try:
-            for task, label in zip(tasks, labels):
+            for task, label in zip(tasks, labels, strict=True):
                 try:
                     arrays.append(await task)
                 except ImageRejected as exc:

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
@@ -31,8 +31,15 @@ from serve.config import ServiceConfig
 from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
 from serve.errors import ApiError, ErrorType, error_response, install_error_handlers
 from serve.http_body import (
-    EmbeddingsRequest, HeaderLimits, check_image_content_type, file_labels, is_multipart, multipart_files,
-    parse_json_request, read_body, render_embeddings,
+    EmbeddingsRequest,
+    HeaderLimits,
+    check_image_content_type,
+    file_labels,
+    is_multipart,
+    multipart_files,
+    parse_json_request,
+    read_body,
+    render_embeddings,
 )
 from serve.image_prep import ImagePrep
 from serve.metrics import IngressMetrics
@@ -96,10 +103,11 @@ class Ingress(TextRoutes):
         # Chunks of concurrent requests travel to the encoder together: one Serve call per group
         # instead of one per request. With no wait, an idle ingress sends at once; under load, the
         # chunks that queue while every replica has two calls in flight form the next group.
-        self._coalesced_embed = serve.batch(
+        # Typed by hand: Ray types serve.batch for one-argument functions.
+        self._coalesced_embed: Callable[[np.ndarray, float], Awaitable[np.ndarray]] = serve.batch(  # type: ignore[assignment]
             max_batch_size=config.max_batch_size, batch_wait_timeout_s=0.0,
             max_concurrent_batches=2 * replicas, batch_size_fn=count_images,
-        )(self._send_group)
+        )(self._send_group)  # type: ignore[arg-type]
         # One replica per process: the latest one counts, so every error is counted exactly once.
         global _count_error_in_replica
         _count_error_in_replica = self._count_error
@@ -155,7 +163,7 @@ class Ingress(TextRoutes):
                     self._draining = True
                     await asyncio.to_thread(registry.publish_in_flight, self.app_name, self.replica_name,
                                             self.requests_in_handler, time.time())
-            except Exception:  # noqa: BLE001 - the GCS briefly unreachable: try again next period
+            except Exception:  # the GCS briefly unreachable: try again next period
                 log.debug("drain poll failed", exc_info=True)
             await asyncio.sleep(DRAIN_POLL_S)
 
@@ -210,7 +218,7 @@ class Ingress(TextRoutes):
         batch = np.concatenate(chunks)
         # The latest deadline: a group is not dropped while any of its requests still waits.
         for attempt in (1, 2):
-            response = self.encoder.embed.remote(batch, max(deadlines))
+            response = cast(DeploymentResponse, self.encoder.embed.remote(batch, max(deadlines)))
             try:
                 embeddings = await _awaited(response)
                 break
@@ -279,7 +287,7 @@ def _gathered(awaitables: Any) -> "asyncio.Future[list[Any]]":
 async def _awaited(response: DeploymentResponse) -> np.ndarray:
     try:
         return await response
-    except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the ones we answer
+    except Exception as exc:  # Ray wraps replica errors; unwrap the ones we answer
         cause = getattr(exc, "cause", None)
         if isinstance(exc, DeadlineExceeded) or isinstance(cause, DeadlineExceeded):
             raise DeadlineExceeded(str(exc)) from None

@@ -105,7 +105,7 @@ class IngressMetrics:
             REQUEST_SECONDS,
             description="Embedding request past the body, schema and auth checks: image decoding to response.",
             boundaries=REQUEST_BUCKETS_S,
-            tag_keys=("endpoint", "status"),
+            tag_keys=("endpoint", "status"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
 
         self.texts_embedded = metrics.Counter(
@@ -135,13 +135,13 @@ class EncoderMetrics:
             FORWARD_SECONDS,
             description="One forward pass, by tower (image or text); bucket = the batch size run.",
             boundaries=FORWARD_BUCKETS_S,
-            tag_keys=("bucket", "neuron_core", "tower"),
+            tag_keys=("bucket", "neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.batch_fill = metrics.Histogram(
             BATCH_FILL_RATIO,
             description="Real inputs (images or texts) divided by the batch size of each forward pass.",
             boundaries=FILL_BUCKETS,
-            tag_keys=("neuron_core", "tower"),
+            tag_keys=("neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.images = metrics.Counter(
             ENCODER_IMAGES,

@@ -168,7 +168,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
 
         registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
         log.info("Ray started in %.0f s", time.monotonic() - began)
-        if started_ray and getattr(context, "dashboard_url", ""):
+        if started_ray and context.dashboard_url:
             # Ray's own CLI defaults to localhost:8265, which may be another cluster on a shared host.
             log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
                      context.dashboard_url)

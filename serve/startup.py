@@ -125,7 +125,7 @@ def replica_progress(app_name: str, expected: int | None) -> str:
     return f"{warm}/{expected if expected is not None else '?'} encoder replicas warm; " + ", ".join(parts)
 
 
-def wait_with_progress(deploy: Callable[[], None], app_name: str, expected: int | None,
+def wait_with_progress(deploy: Callable[[], object], app_name: str, expected: int | None,
                        stop: threading.Event, began: float) -> bool:
     """Run `deploy` (blocks until the application runs) in a thread, logging progress every few
     seconds. True once deployed; False when `stop` was set first. Re-raises deploy's error."""

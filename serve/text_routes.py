@@ -25,7 +25,13 @@ from serve.config import ServiceConfig
 from serve.encoder_deployment import DeadlineExceeded
 from serve.errors import ApiError, ErrorType
 from serve.http_body import (
-    DEFAULT_TEMPLATE, ClassifyRequest, file_labels, is_multipart, multipart_form, parse_json_request, read_body,
+    DEFAULT_TEMPLATE,
+    ClassifyRequest,
+    file_labels,
+    is_multipart,
+    multipart_form,
+    parse_json_request,
+    read_body,
     render_embeddings,
 )
 from serve.image_prep import ImagePrep
@@ -63,7 +69,7 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConf
     if len(texts) > config.max_texts_per_request:
         raise ApiError(422, ErrorType.TOO_MANY_TEXTS,
                        f"{len(texts)} {what} in one request; the limit is {config.max_texts_per_request}")
-    for text, label in zip(texts, labels):
+    for text, label in zip(texts, labels, strict=True):
         if not text.strip():
             raise ApiError(422, ErrorType.INVALID_REQUEST, f"{label}: text is empty")
         if len(text) > config.max_text_chars:
@@ -120,7 +126,7 @@ class TextRoutes:
             try:
                 # Bounded: /v1/models must answer while a text replica is still loading.
                 self._text_info = await asyncio.wait_for(self.text_encoder.describe.remote(), timeout=wait_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
         return self._text_info
 
@@ -136,9 +142,9 @@ class TextRoutes:
         responses = [handle.embed.remote(chunk, deadline) for chunk in chunks]
         try:
             results = await asyncio.wait_for(asyncio.gather(*responses), timeout=self.config.request_timeout_s)
-        except (asyncio.TimeoutError, DeadlineExceeded):
+        except (TimeoutError, DeadlineExceeded):
             results = None
-        except Exception as exc:  # noqa: BLE001 - Ray wraps replica errors; unwrap the one we answer
+        except Exception as exc:  # Ray wraps replica errors; unwrap the one we answer
             if not isinstance(getattr(exc, "cause", None), DeadlineExceeded):
                 raise
             results = None
@@ -161,7 +167,7 @@ class TextRoutes:
         # Snapshot before the await: a concurrent request may evict entries meanwhile.
         missing = [p for p in dict.fromkeys(prompts) if p not in found]
         if missing:
-            for prompt, row in zip(missing, await self.encode_texts(missing)):
+            for prompt, row in zip(missing, await self.encode_texts(missing), strict=True):
                 found[prompt] = row
                 if self.config.classify_cache_size:
                     self._prompt_cache[prompt] = row

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +50,14 @@ class StepResult:
 class Step:
     name: str
     title: str
-    command: Callable[["Run"], list[str]]
+    command: Callable[[Run], list[str]]
     timeout_s: float
     needs: tuple[str, ...] = ()
-    skip_if: Callable[["Run"], str | None] = lambda run: None
+    skip_if: Callable[[Run], str | None] = lambda run: None
     env: dict[str, str] = field(default_factory=dict)
     outputs: tuple[str, ...] = ()
     # Called after a zero exit: may record what later steps use; a returned string fails the step.
-    after: Callable[["Run", Path], str | None] = lambda run, stdout: None
+    after: Callable[[Run, Path], str | None] = lambda run, stdout: None
 
 
 @dataclass
@@ -113,7 +113,8 @@ def run_step(step: Step, run: Run, index: int, total: int, echo: Callable[[str],
     return StepResult(step.name, step.title, status, seconds, code, reason, str(log.relative_to(run.out)), outputs)
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, began: float, echo: Callable[[str], None]) -> tuple[str, int | None]:
+def _wait(proc: subprocess.Popen, timeout_s: float, began: float,
+          echo: Callable[[str], None]) -> tuple[str, int | None]:
     next_beat = began + HEARTBEAT_S
     while True:
         try:
@@ -225,9 +226,12 @@ def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
 
 
 def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[Step]:
+    def versions_command(python: str, i: int) -> Callable[[Run], list[str]]:
+        return lambda run: [python, "-m", "serve.trn2_probes", "versions",
+                            "versions.json" if i == 0 else f"versions-{i + 1}.json"]
+
     steps = [Step("versions" if i == 0 else f"versions-{i + 1}", f"versions and LNC ({python})",
-                  lambda run, python=python, i=i: [python, "-m", "serve.trn2_probes", "versions",
-                                                   "versions.json" if i == 0 else f"versions-{i + 1}.json"],
+                  versions_command(python, i),
                   120 * timeout_scale, outputs=("versions.json" if i == 0 else f"versions-{i + 1}.json",),
                   after=_read_versions("versions" if i == 0 else f"versions-{i + 1}"))
              for i, python in enumerate(run.pythons)]
@@ -253,7 +257,7 @@ def send_back(out: Path) -> list[str]:
 def write_summary(run: Run, started: str) -> dict[str, Any]:
     results = list(run.results.values())
     counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "timeout", "skipped")}
-    summary = {"started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    summary = {"started": started, "finished": datetime.now(UTC).isoformat(timespec="seconds"),
                "out": str(run.out.resolve()), "lnc": run.lnc, "logical_cores": run.cores,
                "lines": run.lines, "counts": counts, "ok": counts["failed"] == 0 and counts["timeout"] == 0,
                "steps": [r.__dict__ for r in results]}
@@ -288,7 +292,7 @@ def write_images(folder: Path) -> None:
 def check(out: Path, pythons: Sequence[str], skip: Sequence[str] = (), cores: int | None = None,
           timeout_scale: float = 1.0, iterations: int = 100, echo: Callable[[str], None] = print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     write_images(out / "images")
     run = Run(out, list(pythons), cores=cores, skip=frozenset(skip))
     steps = plan(run, timeout_scale, iterations)

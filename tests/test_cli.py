@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 import yaml
 
 from serve.runner import free_port

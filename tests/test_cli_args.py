@@ -9,8 +9,15 @@ import logging
 import pytest
 
 from models import compile_cli, multicore_bench, neuron_compile
-from models.cli_args import (BACKEND_OPTIONS, MODEL_OPTIONS, SettingsError, UserError, key_value, run_main,
-                             settings_values)
+from models.cli_args import (
+    BACKEND_OPTIONS,
+    MODEL_OPTIONS,
+    SettingsError,
+    UserError,
+    key_value,
+    run_main,
+    settings_values,
+)
 from models.settings import BACKENDS, ModelSettings
 from serve import cli
 from serve.config import ServiceConfig

@@ -79,7 +79,8 @@ def test_api_key_comes_from_args_then_file_then_environment(tmp_path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
     env = {API_KEY_ENV: "from-env"}
-    assert ServiceConfig.from_args({"api_key": "from-args", "api_key_file": str(key_file)}).resolve_api_key(env) == "from-args"
+    both = ServiceConfig.from_args({"api_key": "from-args", "api_key_file": str(key_file)})
+    assert both.resolve_api_key(env) == "from-args"
     assert ServiceConfig.from_args({"api_key_file": str(key_file)}).resolve_api_key(env) == "from-file"
     assert ServiceConfig.from_args({}).resolve_api_key(env) == "from-env"
     assert ServiceConfig.from_args({}).resolve_api_key({}) is None

@@ -3,9 +3,9 @@ versions, and serving does not pull in the NKI kernel toolchain."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent

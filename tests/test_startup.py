@@ -29,7 +29,8 @@ BIN = Path(sys.executable).parent
 FAST_S = 30
 
 
-def siglip_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+def siglip_serve(*args: str, env: dict[str, str] | None = None,
+                 timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     began = time.monotonic()
     out = subprocess.run([str(BIN / "siglip-serve"), *args], capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, **(env or {})}, cwd=REPO)

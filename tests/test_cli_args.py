@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from models import compile_cli, multicore_bench, neuron_compile
+from measure import multicore
+from models import compile_cli, neuron_compile
 from models.cli_args import (
     BACKEND_OPTIONS,
     MODEL_OPTIONS,
@@ -41,7 +42,7 @@ def flags(names: tuple[str, ...]) -> set[str]:
 def test_every_model_command_takes_the_same_model_flags() -> None:
     with_backend = flags(MODEL_OPTIONS + BACKEND_OPTIONS)
     assert {"--seed", "--cuda-dtype"} <= with_backend
-    for parser in (subcommand("run"), subcommand("bench"), multicore_bench.build_parser()):
+    for parser in (subcommand("run"), subcommand("bench"), multicore.build_parser()):
         assert model_flags(parser) == with_backend
     # The compile commands pick their own --backend (a Neuron line); the rest is the same list.
     assert model_flags(neuron_compile.build_parser()) == flags(MODEL_OPTIONS) | {"--text-buckets"}

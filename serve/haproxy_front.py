@@ -130,7 +130,14 @@ def use_front_end(front_end: str, local_only: bool) -> None:
         os.environ.pop(ENABLE_ENV, None)
         return
     host = "127.0.0.1" if local_only else "0.0.0.0"
-    os.environ.update(front_end_env(local_only, {name: free_port(host) for name in PORT_ENVS}))
+    ports: set[int] = set()
+    while len(ports) < len(PORT_ENVS):  # distinct: a closed probe socket's port can come back
+        ports.add(free_port(host))
+    # An operator's own timeouts, set in the environment, win over ours.
+    os.environ.update(front_end_env(
+        local_only, dict(zip(PORT_ENVS, sorted(ports), strict=True)),
+        header_timeout_s=int(os.environ.get(HEADER_TIMEOUT_ENV, DEFAULT_HEADER_TIMEOUT_S)),
+        client_timeout_s=int(os.environ.get("RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S", DEFAULT_CLIENT_TIMEOUT_S))))
 
 
 def _real_binary() -> str:

@@ -72,3 +72,26 @@ def test_environment_names_every_port_and_the_wrapper(monkeypatch: pytest.Monkey
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["SIGLIP_HAPROXY_LOCAL_ONLY"] == "1"
     assert Path(env["RAY_SERVE_HAPROXY_BINARY_PATH"]).name == "siglip-serve-haproxy"
     assert [env[name] for name in PORT_ENVS] == ["1000", "1001", "1002", "1003"]
+
+
+def test_use_front_end_picks_distinct_ports_and_keeps_an_operators_timeouts() -> None:
+    import os
+
+    from serve.haproxy_front import use_front_end
+
+    saved = dict(os.environ)  # use_front_end sets this process's environment: put it back after
+    try:
+        for name in (*PORT_ENVS, "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"):
+            os.environ.pop(name, None)
+        os.environ["SIGLIP_HAPROXY_HEADER_TIMEOUT_S"] = "3"
+        use_front_end("haproxy", local_only=True)
+        assert len({os.environ[name] for name in PORT_ENVS}) == len(PORT_ENVS)
+        assert os.environ["SIGLIP_HAPROXY_HEADER_TIMEOUT_S"] == "3"
+        assert os.environ["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] == "60"
+        use_front_end("python", local_only=True)
+        assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+        with pytest.raises(ValueError, match="front end"):
+            use_front_end("nginx", local_only=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

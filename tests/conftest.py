@@ -118,8 +118,9 @@ def serve_cluster() -> Iterator[ServeCluster]:
     from serve.haproxy_front import use_front_end
 
     front_end = os.environ.get("SIGLIP_TEST_FRONT_END", "haproxy")
-    saved = dict(os.environ)
+    before = dict(os.environ)
     use_front_end(front_end, local_only=True)
+    front_end_env = {key for key, value in os.environ.items() if before.get(key) != value}
     port = free_port()
     metrics_port = free_port()
     ray.init(
@@ -135,9 +136,12 @@ def serve_cluster() -> Iterator[ServeCluster]:
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     # This Ray's processes have the front end's environment now; services the tests start as
-    # subprocesses must not inherit its ports.
-    os.environ.clear()
-    os.environ.update(saved)
+    # subprocesses must not inherit its ports. Only those keys: what ray.init itself set stays.
+    for key in front_end_env:
+        if key in before:
+            os.environ[key] = before[key]
+        else:
+            os.environ.pop(key, None)
     try:
         yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port, front_end)
     finally:

@@ -40,8 +40,8 @@ def descendants(proc: subprocess.Popen) -> list[psutil.Process]:
 
 def stop_and_check_nothing_left(proc: subprocess.Popen, children: list[psutil.Process], sig: int) -> str:
     proc.send_signal(sig)
-    # Ray's own `serve run` stops every replica gracefully; beside the test session's busy Ray on two
-    # cores that once took over 90 s (CI, 2026-11-23). The bound is for a hang, not for speed.
+    # Ray's own `serve run` stops every replica gracefully: tens of seconds beside the test session's
+    # busy Ray on two cores. The bound is for a hang, not for speed.
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output[-3000:]
     _, alive = psutil.wait_procs(children, timeout=30)

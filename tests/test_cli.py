@@ -101,8 +101,11 @@ def test_serve_cpu_yaml_runs_under_rays_own_serve_run(tmp_path: Path, photo_jpeg
     config.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
+    # SIGINT at its default: a test run started in the background (`cmd &` in a script) ignores
+    # SIGINT, children inherit that, and Ray's `serve run` would never see the Ctrl-C sent below.
     proc = subprocess.Popen([str(BIN / "serve"), "run", str(config)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)

@@ -233,14 +233,18 @@ def test_a_killed_replica_costs_no_500_and_readiness_holds(pair_app: str, small_
 
 
 def _raw_request(port: int, head: bytes) -> bytes:
+    """The reply's head, or b"" when the server reset the connection before a reply could be read."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(head)
         reply = b""
-        while b"\r\n\r\n" not in reply:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            reply += chunk
+        try:
+            sock.sendall(head)
+            while b"\r\n\r\n" not in reply:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused while we were still sending: the reset can discard the answer
         return reply
 
 
@@ -254,8 +258,12 @@ def test_header_floods_are_refused(serve_cluster: ServeCluster, main_app: str, h
     head = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() + b"\r\n"
             + headers + b"Connection: close\r\n\r\n")
     reply = _raw_request(serve_cluster.http_port, head)
-    expected = b"HTTP/1.1 400" if serve_cluster.front_end == "haproxy" else b"HTTP/1.1 431"
-    assert reply.startswith(expected), reply[:200]
+    if serve_cluster.front_end == "haproxy":
+        # HAProxy answers 400 at 16 KiB and closes; with a 1 MiB header still being sent, the
+        # kernel's reset can discard that answer before we read it. Either way: never a 200.
+        assert reply.startswith(b"HTTP/1.1 400") or reply == b"", reply[:200]
+    else:
+        assert reply.startswith(b"HTTP/1.1 431"), reply[:200]
 
 
 def test_101_headers_are_the_contracts_431(serve_cluster: ServeCluster, main_app: str) -> None:

@@ -27,8 +27,11 @@ serve: $(STAMP)
 		--replicas $(REPLICAS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
 
 # Lint and types first (seconds), then the suite (minutes). Settings: pyproject.toml.
+TYPECHECK_VIEW := build/typecheck/siglip_serve
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	mkdir -p $(TYPECHECK_VIEW) && for p in models serve loadtest measure kernels; do \
+		ln -sfn ../../../$$p $(TYPECHECK_VIEW)/$$p; done
 	$(BIN)/mypy
 
 test: lint

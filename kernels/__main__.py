@@ -1,5 +1,5 @@
 import sys
 
-from kernels.cli import main
+from siglip_serve.kernels.cli import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """The ``check`` command: golden references against independent implementations, then kernels.
 
-Step 1 always runs: every NumPy reference in :mod:`kernels.references` is compared
+Step 1 always runs: every NumPy reference in :mod:`siglip_serve.kernels.references` is compared
 with torch on random inputs (e.g. conv2d+bias+maxpool against
 ``torch.nn.functional.conv2d`` + ``max_pool2d``). Step 2 runs each NKI kernel against
 its reference, on the NKI simulator or a NeuronCore, at the runtime's LNC, only where a
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernels import references
-from kernels.errors import KernelInputError
-from kernels.lnc import runtime_kernel_lnc
-from kernels.nki_launch import CheckResult, check_kernel, compare, default_runs, nki_status
+from siglip_serve.kernels import references
+from siglip_serve.kernels.errors import KernelInputError
+from siglip_serve.kernels.lnc import runtime_kernel_lnc
+from siglip_serve.kernels.nki_launch import CheckResult, check_kernel, compare, default_runs, nki_status
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def run_checks(seed: int = 0, kernels_on: str = "simulator") -> CheckReport:
         report.kernels_skipped_reason = f"{reason}; only the references were checked"
         log.warning("NKI kernels skipped: %s", reason)
         return report
-    from kernels.siglip import small_runs
+    from siglip_serve.kernels.siglip import small_runs
 
     lnc = runtime_kernel_lnc()
     for run in default_runs(seed, lnc) + small_runs(lnc, seed):

@@ -12,10 +12,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kernels.errors import KernelInputError, KernelUnavailable
-from models.cli_args import run_main, setup_logging
+from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
+from siglip_serve.models.cli_args import run_main, setup_logging
 
-log = logging.getLogger("kernels")
+log = logging.getLogger("siglip_serve.kernels")
 
 
 def _add_device_args(p: argparse.ArgumentParser, default_dtype: str) -> None:
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _lnc(args: argparse.Namespace, device) -> int:
-    from kernels.lnc import resolve_lnc
+    from siglip_serve.kernels.lnc import resolve_lnc
 
     return resolve_lnc(args.lnc, on_neuron=device.is_npu)
 
@@ -97,8 +97,8 @@ def _write_json(path: Path | None, doc: dict) -> None:
 
 
 def cmd_matmul(args: argparse.Namespace) -> int:
-    from kernels import matmul_profiler as mp
-    from kernels.device import resolve_device
+    from siglip_serve.kernels import matmul_profiler as mp
+    from siglip_serve.kernels.device import resolve_device
 
     shapes = mp.parse_shapes(args.shapes) if args.shapes else mp.shapes_for_mode(args.mode)
     device = resolve_device(args.device)
@@ -113,7 +113,7 @@ def cmd_matmul(args: argparse.Namespace) -> int:
     if args.csv:
         print(f"wrote {mp.write_csv(results, args.csv)}")
     if args.plot:
-        from kernels.plotting import plot_matmul
+        from siglip_serve.kernels.plotting import plot_matmul
 
         print(f"wrote {plot_matmul(results, args.plot, title.splitlines()[0])}")
     if args.json:
@@ -122,8 +122,8 @@ def cmd_matmul(args: argparse.Namespace) -> int:
 
 
 def cmd_mlp(args: argparse.Namespace) -> int:
-    from kernels import mlp
-    from kernels.device import resolve_device
+    from siglip_serve.kernels import mlp
+    from siglip_serve.kernels.device import resolve_device
 
     configs = [mlp.MLPConfig.parse(c) for c in args.configs.split(",") if c.strip()]
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
@@ -148,9 +148,9 @@ def cmd_mlp(args: argparse.Namespace) -> int:
 
 
 def cmd_siglip(args: argparse.Namespace) -> int:
-    from kernels import siglip
-    from kernels.device import resolve_device
-    from kernels.nki_launch import nki_status
+    from siglip_serve.kernels import siglip
+    from siglip_serve.kernels.device import resolve_device
+    from siglip_serve.kernels.nki_launch import nki_status
 
     device = resolve_device(args.device)
     if not device.is_npu:
@@ -171,7 +171,7 @@ def cmd_siglip(args: argparse.Namespace) -> int:
 
 
 def cmd_profile_json(args: argparse.Namespace) -> int:
-    from kernels.profile_json import comparison_rows, format_comparison, load_summary
+    from siglip_serve.kernels.profile_json import comparison_rows, format_comparison, load_summary
 
     for flag, values in (("--kernel", args.kernel), ("--config", args.config)):
         if values and len(values) != len(args.paths):
@@ -187,7 +187,7 @@ def cmd_profile_json(args: argparse.Namespace) -> int:
 
 
 def cmd_profile_neff(args: argparse.Namespace) -> int:
-    from kernels.device_timing import find_neffs, format_device_times, profile_neff
+    from siglip_serve.kernels.device_timing import find_neffs, format_device_times, profile_neff
 
     neffs = [n for p in args.neffs for n in (find_neffs(p) if p.is_dir() else [p])]
     if not neffs:
@@ -206,7 +206,7 @@ EXIT_KERNELS_SKIPPED = 3
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kernels.check import run_checks
+    from siglip_serve.kernels.check import run_checks
 
     report = run_checks(seed=args.seed, kernels_on=args.kernels_on)
     print(report.format())
@@ -223,5 +223,5 @@ COMMANDS = {"matmul": cmd_matmul, "mlp": cmd_mlp, "siglip": cmd_siglip, "profile
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(logging.INFO if args.verbose else logging.WARNING)
-    # Bad shapes, tile-limit violations, missing devices (kernels.errors): one `error:` line, not a traceback.
+    # Bad shapes, tile-limit violations, missing devices (kernels/errors.py): one `error:` line, not a traceback.
     return run_main(lambda: COMMANDS[args.command](args))

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.device import RecompileError
+from siglip_serve.kernels.device import RecompileError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.errors import KernelInputError, KernelUnavailable
+from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def _neuron_device() -> Device:
         data = met.metric_data("CompileTime")
         return int(data[0]) if data else 0
 
-    from kernels.lnc import runtime_kernel_lnc
+    from siglip_serve.kernels.lnc import runtime_kernel_lnc
 
     return Device("neuron", xla_device, f"Neuron {xla_device} (runtime LNC={runtime_kernel_lnc()})", sync,
                   compile_count)

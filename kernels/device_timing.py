@@ -12,7 +12,7 @@ Every timed loop in this package measures host wall clock around call + sync
    it on the device and records the 2nd execution (skipping warm-up effects) to
    ``profile_exec_2.ntff``;
 3. ``neuron-explorer view -n X.neff -s profile_exec_2.ntff --output-format json`` writes the
-   summary that :mod:`kernels.profile_json` reads (``total_time`` in seconds). SDK 2.33 is the
+   summary that :mod:`siglip_serve.kernels.profile_json` reads (``total_time`` in seconds). SDK 2.33 is the
    last release with that JSON; later ones write Parquet (not read here yet).
 
 Results carry ``timing: device``. Capturing needs the NeuronCore to itself (seed 002).
@@ -26,9 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernels.device import DEVICE_TIMING
-from kernels.errors import KernelInputError, KernelUnavailable
-from kernels.profile_json import FRAMEWORK_DEBUG_ENV, ProfileSummary, explorer_capture_command, load_summary
+from siglip_serve.kernels.device import DEVICE_TIMING
+from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
+from siglip_serve.kernels.profile_json import (
+    FRAMEWORK_DEBUG_ENV,
+    ProfileSummary,
+    explorer_capture_command,
+    load_summary,
+)
 
 EXPLORER = "neuron-explorer"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.errors import KernelInputError
+from siglip_serve.kernels.errors import KernelInputError
 
 # --- Tile-size limits (nki.language.tile_size) --------------------------------
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.language.tile_size.html

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kernels.device import Device, LatencyStats, RecompileError, ResultMismatch, torch_dtype
-from kernels.errors import KernelInputError
-from kernels.lnc import runtime_kernel_lnc
-from kernels.tiling import MatmulConfig, achieved_tflops, percent_of_roofline, roofline
+from siglip_serve.kernels.device import Device, LatencyStats, RecompileError, ResultMismatch, torch_dtype
+from siglip_serve.kernels.errors import KernelInputError
+from siglip_serve.kernels.lnc import runtime_kernel_lnc
+from siglip_serve.kernels.tiling import MatmulConfig, achieved_tflops, percent_of_roofline, roofline
 
 log = logging.getLogger(__name__)
 

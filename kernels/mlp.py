@@ -2,17 +2,17 @@
 
 * ``compiler``: the torch module compiled as a whole graph. On Neuron that is
   ``torch_neuronx.trace`` (neuronx-cc); on cpu/cuda ``torch.jit.trace``.
-* ``nki``: the same module whose forward calls :func:`kernels.nki_kernels.gated_mlp_t`,
+* ``nki``: the same module whose forward calls :func:`siglip_serve.kernels.nki_kernels.gated_mlp_t`,
   traced with ``torch_neuronx.trace`` so the kernel is compiled into one NEFF once
   instead of being re-specialised per call (the seed's ~4 s-per-call pitfall). Neuron only.
 
 Compile time is measured on the cache miss, apart from execution; the timed loop
 runs inside ``CompileCache.guard`` so any compile during it raises RecompileError.
 Both paths compile at the Neuron runtime's LNC and the kernel launches with the matching
-grid (:mod:`kernels.lnc`). Latency here is framework wall clock (``timing:
+grid (:mod:`siglip_serve.kernels.lnc`). Latency here is framework wall clock (``timing:
 wall_clock_including_dispatch``: dispatch and, for torch_neuronx.trace, host<->device copies
 included); the kernel's own device time comes from Neuron Explorer
-(:mod:`kernels.device_timing`).
+(:mod:`siglip_serve.kernels.device_timing`).
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from kernels import references
-from kernels.compile_cache import CacheKey, CompileCache
-from kernels.device import Device, LatencyStats, ResultMismatch, torch_dtype
-from kernels.errors import KernelInputError, KernelUnavailable
-from kernels.lnc import runtime_kernel_lnc
-from kernels.nki_launch import nki_status, validate_gated_mlp
+from siglip_serve.kernels import references
+from siglip_serve.kernels.compile_cache import CacheKey, CompileCache
+from siglip_serve.kernels.device import Device, LatencyStats, ResultMismatch, torch_dtype
+from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
+from siglip_serve.kernels.lnc import runtime_kernel_lnc
+from siglip_serve.kernels.nki_launch import nki_status, validate_gated_mlp
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def _build_module(inputs: dict[str, np.ndarray], dtype: str, use_nki: bool, lnc:
 
         def forward(self, x):
             if use_nki:
-                from kernels.nki_launch import jitted_kernel
+                from siglip_serve.kernels.nki_launch import jitted_kernel
 
                 kernel = jitted_kernel("gated_mlp_t")
                 # The kernel's LNC must equal the graph's (--lnc below): NCC_EVRF066 otherwise.

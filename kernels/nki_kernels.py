@@ -2,11 +2,11 @@
 
 This module imports ``nki`` at load time because the NKI compiler resolves the
 ``nl``/``nisa`` globals of the kernel's module; therefore it is only ever imported
-lazily, by :mod:`kernels.nki_launch`, once a real ``nki`` is known to be present.
+lazily, by :mod:`siglip_serve.kernels.nki_launch`, once a real ``nki`` is known to be present.
 
 Kernels are plain functions; the launcher applies ``nki.jit`` at the call site
 (the NKI 0.2 migration guide's advice for kernels that may also be called from
-other kernels). Shapes are checked by ``kernels.nki_launch`` *before* compiling,
+other kernels). Shapes are checked by ``siglip_serve.kernels.nki_launch`` *before* compiling,
 so the asserts here are a second line of defence, not the user-facing errors.
 
 Layout conventions (what the launcher prepares on the host):
@@ -17,14 +17,14 @@ Layout conventions (what the launcher prepares on the host):
 
 LNC: every kernel is launched at the Neuron runtime's LNC (``kernel[2]`` on a default trn2) and
 splits its outermost independent loop between the programs of the launch with
-:func:`kernels.nki_tiles.my_share`: program k of n takes steps k, k+n, k+2n, ...
+:func:`siglip_serve.kernels.nki_tiles.my_share`: program k of n takes steps k, k+n, k+2n, ...
 (``nl.program_id(0)`` / ``nl.num_programs(0)`` are plain ints while a kernel is traced, as
 nki-library's LNC kernels use them). At LNC=1 the single program takes every step.
 """
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels.nki_tiles import load_tiles, my_share, my_tiles
+from siglip_serve.kernels.nki_tiles import load_tiles, my_share, my_tiles
 
 
 def vector_add_tiled(a, b, row_chunk):

@@ -1,4 +1,4 @@
-"""Validate, launch and check the NKI kernels of :mod:`kernels.nki_kernels`.
+"""Validate, launch and check the NKI kernels of :mod:`siglip_serve.kernels.nki_kernels`.
 
 Validation runs first and needs nothing but NumPy, so a tile that breaks a
 NeuronCore limit fails here with a clear :class:`TileSizeError` (worded like the
@@ -7,11 +7,11 @@ instead of deep inside a compile. Only then is ``nki`` imported, lazily.
 
 Runs go to the NKI CPU simulator (``nki.simulate``; ``nki.simulate_kernel`` on
 older SDKs) or to a NeuronCore through torch-xla with the recompile guard. Every
-launch uses the Neuron runtime's LNC (:mod:`kernels.lnc`): ``kernel[2](...)`` on a
+launch uses the Neuron runtime's LNC (:mod:`siglip_serve.kernels.lnc`): ``kernel[2](...)`` on a
 default trn2, plain ``kernel(...)`` at LNC=1. The current ``nki`` package has no
 ``nki.benchmark``, so hardware latencies here are wall clock including dispatch
 (labelled ``timing: wall_clock_including_dispatch``); device time comes from
-Neuron Explorer (:mod:`kernels.device_timing`).
+Neuron Explorer (:mod:`siglip_serve.kernels.device_timing`).
 """
 from __future__ import annotations
 
@@ -24,17 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from kernels import references
-from kernels.device import WALL_CLOCK_TIMING
-from kernels.errors import KernelInputError, KernelUnavailable
-from kernels.hardware import (
+from siglip_serve.kernels import references
+from siglip_serve.kernels.device import WALL_CLOCK_TIMING
+from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
+from siglip_serve.kernels.hardware import (
     GEMM_MOVING_FMAX,
     PMAX,
     check_free,
     check_partitions,
     check_sbuf_budget,
 )
-from kernels.lnc import require_kernel_lnc, runtime_kernel_lnc
+from siglip_serve.kernels.lnc import require_kernel_lnc, runtime_kernel_lnc
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +148,13 @@ class KernelRun:
     """
 
     name: str
-    kernel: str  # function name in kernels.nki_kernels
+    kernel: str  # function name in siglip_serve.kernels.nki_kernels
     args: tuple[Any, ...]
     expected: np.ndarray
     postprocess: Callable[[np.ndarray], np.ndarray]
     lnc: int = 1
     supported_lnc: tuple[int, ...] = (1, 2)
-    module: str = "kernels.nki_kernels"  # where the kernel function lives
+    module: str = "siglip_serve.kernels.nki_kernels"  # where the kernel function lives
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -236,7 +236,7 @@ def default_runs(seed: int = 0, lnc: int | None = None) -> list[KernelRun]:
 _JITTED: dict[str, Any] = {}
 
 
-def jitted_kernel(name: str, module: str = "kernels.nki_kernels"):
+def jitted_kernel(name: str, module: str = "siglip_serve.kernels.nki_kernels"):
     """``nki.jit`` applied once per kernel; the jit object caches compiled NEFFs per input signature."""
     key = f"{module}:{name}"
     if key not in _JITTED:
@@ -282,7 +282,7 @@ class KernelTiming:
 def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20,
                   device: Any = None) -> tuple[np.ndarray, KernelTiming]:
     """Run on a NeuronCore through torch-xla: the result plus wall-clock percentiles in microseconds."""
-    from kernels.device import resolve_device
+    from siglip_serve.kernels.device import resolve_device
 
     kernel = launchable(run)
     return time_kernel(run, kernel, device or resolve_device("neuron"), warmup, iterations)
@@ -296,8 +296,8 @@ def time_kernel(run: KernelRun, kernel: Callable[..., Any], device: Any, warmup:
     ``dtype`` (e.g. bfloat16) casts the floating-point inputs on the way to the device."""
     import torch
 
-    from kernels.compile_cache import CompileCache
-    from kernels.device import LatencyStats, ResultMismatch, torch_dtype
+    from siglip_serve.kernels.compile_cache import CompileCache
+    from siglip_serve.kernels.device import LatencyStats, ResultMismatch, torch_dtype
 
     def to_device(a: np.ndarray):
         t = torch.from_numpy(np.asarray(a))

@@ -1,9 +1,9 @@
 """NKI kernels for the three SigLIP-SO400M/14-384 hot spots: LayerNorm, the MLP, the attention softmax.
 
-Like :mod:`kernels.nki_kernels` this imports ``nki`` at load time and is only imported lazily
-by the launcher. Shapes are validated by :mod:`kernels.siglip` before anything compiles.
+Like :mod:`siglip_serve.kernels.nki_kernels` this imports ``nki`` at load time and is only imported lazily
+by the launcher. Shapes are validated by :mod:`siglip_serve.kernels.siglip` before anything compiles.
 Each kernel splits its outer loop between the programs of an LNC launch, and loads its tiles,
-through :mod:`kernels.nki_tiles` as the kernels of :mod:`kernels.nki_kernels` do.
+through :mod:`siglip_serve.kernels.nki_tiles` as the kernels of :mod:`siglip_serve.kernels.nki_kernels` do.
 
 * ``layer_norm``: tokens on partitions, 128 per tile, the 1152 features on the free axis;
   mean and variance by free-axis reductions; gamma/beta broadcast to all partitions once with
@@ -19,7 +19,7 @@ through :mod:`kernels.nki_tiles` as the kernels of :mod:`kernels.nki_kernels` do
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels.nki_tiles import load_tile, load_tiles, my_tiles
+from siglip_serve.kernels.nki_tiles import load_tile, load_tiles, my_tiles
 
 
 def _broadcast_row(row, width, ones):

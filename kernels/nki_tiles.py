@@ -1,7 +1,7 @@
 """The tiling steps every NKI kernel here repeats: which tiles of an outer loop this program of an
 LNC launch owns, and loading HBM slices into SBUF tiles of at most 128 partitions.
 
-Imported only by the kernel modules (:mod:`kernels.nki_kernels`, :mod:`kernels.nki_siglip`),
+Imported only by the kernel modules (:mod:`siglip_serve.kernels.nki_kernels`, :mod:`siglip_serve.kernels.nki_siglip`),
 themselves imported lazily once a real ``nki`` is present. A kernel calls them as plain functions
 from another module, as nki-library's kernels do (mlp_cte.py loads and stores through
 mlp_cte_tensor_io.py); they use loops and lists only, no generators or comprehensions.

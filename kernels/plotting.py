@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels.errors import KernelInputError
-from kernels.matmul_profiler import MatmulResult
+from siglip_serve.kernels.errors import KernelInputError
+from siglip_serve.kernels.matmul_profiler import MatmulResult
 
 
 def plot_matmul(results: list[MatmulResult], path: str | Path, title: str = "") -> Path:

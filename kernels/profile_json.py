@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.errors import KernelInputError
+from siglip_serve.kernels.errors import KernelInputError
 
 ENGINES = ("tensor", "dma", "vector", "scalar", "gpsimd", "sync")
 

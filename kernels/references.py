@@ -2,7 +2,7 @@
 
 These are the definitions the NKI kernels are checked against. They are written
 for clarity, not speed, and each one is itself checked against an independent
-implementation (torch) by ``kernels.check``.
+implementation (torch) by ``siglip_serve.kernels.check``.
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """SigLIP-SO400M/14-384 kernels: inputs, validation, golden references, trn2 rooflines, benchmark.
 
-The kernels (:mod:`kernels.nki_siglip`) are the three blocks a SigLIP engineer looks at:
+The kernels (:mod:`siglip_serve.kernels.nki_siglip`) are the three blocks a SigLIP engineer looks at:
 LayerNorm over width 1152, the MLP (1152 -> 4304 -> 1152, bias, tanh-GELU; 4304 is not a
 multiple of 128) and the attention softmax over 729 keys (27 x 27 patches at 384 px, 16 heads).
-Each run carries its NumPy golden (:mod:`kernels.references`). On a NeuronCore the benchmark
+Each run carries its NumPy golden (:mod:`siglip_serve.kernels.references`). On a NeuronCore the benchmark
 times each kernel through torch-xla at the runtime's LNC (``timing:
 wall_clock_including_dispatch``) and compares it with the trn2 roofline of
-:func:`kernels.tiling.workload_roofline`; ``kernels profile-neff`` gives the device time.
+:func:`siglip_serve.kernels.tiling.workload_roofline`; ``kernels profile-neff`` gives the device time.
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from kernels import references
-from kernels.errors import KernelInputError
-from kernels.hardware import GEMM_MOVING_FMAX, PMAX, check_sbuf_budget
-from kernels.nki_launch import KernelRun, launchable, time_kernel
-from kernels.tiling import DTYPE_BYTES, workload_roofline
+from siglip_serve.kernels import references
+from siglip_serve.kernels.errors import KernelInputError
+from siglip_serve.kernels.hardware import GEMM_MOVING_FMAX, PMAX, check_sbuf_budget
+from siglip_serve.kernels.nki_launch import KernelRun, launchable, time_kernel
+from siglip_serve.kernels.tiling import DTYPE_BYTES, workload_roofline
 
-MODULE = "kernels.nki_siglip"
+MODULE = "siglip_serve.kernels.nki_siglip"
 # open_clip ViT-SO400M-14-SigLIP-384: width 1152, MLP 4304, 16 heads of 72, 384/14 = 27 -> 729 tokens.
 WIDTH, INTER, HEADS, HEAD_DIM, TOKENS, LN_EPS = 1152, 4304, 16, 72, 729, 1e-6
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernels.errors import KernelInputError
-from kernels.hardware import (
+from siglip_serve.kernels.errors import KernelInputError
+from siglip_serve.kernels.hardware import (
     GEMM_MOVING_FMAX,
     GEMM_STATIONARY_FMAX,
     PMAX,

@@ -24,13 +24,13 @@ from typing import Any
 import httpx
 import psutil
 
-from loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
-from loadtest.summary import EXIT_ERROR, build_summary, format_summary
-from measure.corpus import ENDPOINTS, CorpusError, image_files
-from measure.poll import poll
-from measure.results import RunResults
-from measure.server_cpu import ServerCpu
-from models.cli_args import UserError, key_value, run_main, setup_logging
+from siglip_serve.loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
+from siglip_serve.loadtest.summary import EXIT_ERROR, build_summary, format_summary
+from siglip_serve.measure.corpus import ENDPOINTS, CorpusError, image_files
+from siglip_serve.measure.poll import poll
+from siglip_serve.measure.results import RunResults
+from siglip_serve.measure.server_cpu import ServerCpu
+from siglip_serve.models.cli_args import UserError, key_value, run_main, setup_logging
 
 log = logging.getLogger("siglip_loadtest")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness poll and scrape is noise
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     cpu_before = server.snapshot() if server else None
 
     cmd = locust_command(args, out)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    env = dict(os.environ)
     if args.api_key:
         env[API_KEY_ENV] = args.api_key  # not on the command line, where `ps` shows it
     planned = expected_seconds(args)
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
-        from measure import report
+        from siglip_serve.measure import report
 
         return report.main(argv[1:])
     setup_logging("INFO")

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from loadtest.recorder import Recorder, rewrite_final_csv
-from loadtest.validate import check_response
-from measure.corpus import ENDPOINTS, RequestBody, build_bodies, load_corpus, request_name
+from siglip_serve.loadtest.recorder import Recorder, rewrite_final_csv
+from siglip_serve.loadtest.validate import check_response
+from siglip_serve.measure.corpus import ENDPOINTS, RequestBody, build_bodies, load_corpus, request_name
 
 log = logging.getLogger("siglip_loadtest")
 

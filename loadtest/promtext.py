@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from measure.poll import poll
-from measure.results import MetricsCheck
+from siglip_serve.measure.poll import poll
+from siglip_serve.measure.results import MetricsCheck
 
 IMAGES_METRIC = "ray_siglip_images_embedded_total"
 

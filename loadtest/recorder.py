@@ -17,9 +17,9 @@ from typing import Any
 
 import gevent
 
-from loadtest import windows as win
-from loadtest.windows import Snapshot
-from measure.results import LatencyMs, Machine, RunResults, ServerInfo, Step
+from siglip_serve.loadtest import windows as win
+from siglip_serve.loadtest.windows import Snapshot
+from siglip_serve.measure.results import LatencyMs, Machine, RunResults, ServerInfo, Step
 
 log = logging.getLogger("siglip_loadtest")
 

@@ -1,4 +1,4 @@
-"""`summary.json` (measure.results.LoadTestSummary) from the recorder's results, the thresholds that
+"""`summary.json` (siglip_serve.measure.results.LoadTestSummary) from the recorder's results, the thresholds that
 set the exit code, and a table.
 
 summary.json (every key always present; null where it does not apply):
@@ -7,13 +7,13 @@ summary.json (every key always present; null where it does not apply):
     failure_reasons {reason: count}
     saturation {users, images_per_second, latency_ms, fail_ratio, p99_target_ms} | null
     steps [{users, t_start, t_end, seconds, images, requests, failures, fail_ratio, images_per_second,
-            requests_per_second, latency_ms}]   (measure.results.Step)
+            requests_per_second, latency_ms}]   (siglip_serve.measure.results.Step)
     server   what GET /v1/models said: id, embedding_dim, backend, lnc, buckets, replicas, ...
     server_cpu {ms_per_image, ms_per_image_by_kind {proxy, ingress, encoder, ...}, seconds, processes} | null
-             (measure.results.ServerCpuResult, as siglip-serve bench records it per concurrency)
+             (siglip_serve.measure.results.ServerCpuResult, as siglip-serve bench records it per concurrency)
              the whole service process tree's CPU over the run, when the service runs on this machine
     client   the machine that ran Locust
-    metrics_check  measure.results.MetricsCheck (loadtest.promtext.cross_check) | null
+    metrics_check  siglip_serve.measure.results.MetricsCheck (siglip_serve.loadtest.promtext.cross_check) | null
     thresholds {max_fail_ratio, max_p99_ms, breached: [...]}
     exit_code, settings, outputs, notes
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.windows import saturation
-from measure.results import LoadTestSummary, MetricsCheck, RunResults, ServerCpuResult, Thresholds
+from siglip_serve.loadtest.windows import saturation
+from siglip_serve.measure.results import LoadTestSummary, MetricsCheck, RunResults, ServerCpuResult, Thresholds
 
 EXIT_OK = 0
 EXIT_THRESHOLD = 1

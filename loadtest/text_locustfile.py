@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from loadtest.validate import check_response, error_reason
-from measure.corpus import load_corpus
+from siglip_serve.loadtest.validate import check_response, error_reason
+from siglip_serve.measure.corpus import load_corpus
 
 log = logging.getLogger("siglip_loadtest.text")
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from measure.results import BenchResult, EncoderRow, Machine, PreprocessResult
-from measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
-from measure.server_cpu import KINDS
-from serve.config import ServiceConfig
+from siglip_serve.measure.results import BenchResult, EncoderRow, Machine, PreprocessResult
+from siglip_serve.measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
+from siglip_serve.measure.server_cpu import KINDS
+from siglip_serve.serve.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bench")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the tables
@@ -34,7 +34,7 @@ def machine() -> Machine:
 
 
 def bench_encoder(config: ServiceConfig, warmup: int, iterations: int) -> list[EncoderRow]:
-    from models.encoder import create_encoder
+    from siglip_serve.models.encoder import create_encoder
 
     encoder = create_encoder(config.model_settings())
     height, width = encoder.image_size
@@ -60,8 +60,8 @@ def bench_encoder(config: ServiceConfig, warmup: int, iterations: int) -> list[E
 def bench_preprocess(config: ServiceConfig, iterations: int) -> PreprocessResult:
     import torch
 
-    from models.loading import model_geometry
-    from models.preprocess import preprocess_image
+    from siglip_serve.models.loading import model_geometry
+    from siglip_serve.models.preprocess import preprocess_image
 
     torch.set_num_threads(1)
     image_size, _ = model_geometry(config.model)
@@ -105,7 +105,7 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
                     [{"concurrency": row.concurrency, **row.server_cpu.ms_per_image_by_kind.model_dump()}
                      for row in result.served if row.server_cpu], ["concurrency", *KINDS])
     if args.multicore:
-        from measure.multicore import format_comparison, format_workers, run_multicore
+        from siglip_serve.measure.multicore import format_comparison, format_workers, run_multicore
 
         result.multicore = run_multicore(config.model_settings(), args.multicore, args.multicore_bucket,
                                          args.warmup, args.iterations)

@@ -9,7 +9,7 @@ torch with one thread, so N workers use N cores.
 
 Writes a MulticoreResult (measure/results.py) with the seed's rows (measure/seed.py) beside it.
 
-    python -m measure.multicore --backend neuron --artifact-dir artifacts/so400m-lnc2 --cores 4 --bucket 1
+    python -m siglip_serve.measure.multicore --backend neuron --artifact-dir artifacts/so400m-lnc2 --cores 4 --bucket 1
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from measure.results import Machine, MulticoreResult, MulticoreWorker
-from measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, seed_rows_for
-from models.cli_args import (
+from siglip_serve.measure.results import Machine, MulticoreResult, MulticoreWorker
+from siglip_serve.measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, seed_rows_for
+from siglip_serve.models.cli_args import (
     SettingsError,
     UserError,
     add_log_level,
@@ -45,7 +45,7 @@ from models.cli_args import (
     setup_logging,
     validate_settings,
 )
-from models.settings import ModelSettings
+from siglip_serve.models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.multicore")
 
@@ -60,7 +60,7 @@ def _emit(kind: str, payload: dict[str, Any]) -> None:
 
 def _worker() -> int:
     """One pinned worker: load, warm up, report READY, wait for GO, time, report RESULT."""
-    from models.encoder import create_encoder
+    from siglip_serve.models.encoder import create_encoder
 
     spec = json.loads(os.environ[WORKER_SPEC_ENV])
     settings = ModelSettings.model_validate(spec["settings"])
@@ -95,7 +95,7 @@ class _Worker:
     def __init__(self, index: int, env: dict[str, str], messages: queue.Queue[tuple[int, str, Any]]) -> None:
         self.index = index
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "measure.multicore", "--worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "siglip_serve.measure.multicore", "--worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      env=env, text=True)
         threading.Thread(target=self._read, args=(messages,), daemon=True).start()
@@ -163,7 +163,7 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
     plain = model_settings_of(settings).model_copy(update=overrides)
     lnc = auto_cast = None
     if plain.backend == "neuron":
-        from models.backends.neuron import artifact_for
+        from siglip_serve.models.backends.neuron import artifact_for
 
         manifest = artifact_for(plain)[1]
         lnc, auto_cast = manifest.lnc, manifest.auto_cast
@@ -171,7 +171,7 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
     messages: queue.Queue[tuple[int, str, Any]] = queue.Queue()
     log.info("starting %d %s workers (bucket %d, warm-up %d, iterations %d)", cores, plain.backend, bucket,
              warmup, iterations)
-    from models.encoder import backend_replica_env
+    from siglip_serve.models.encoder import backend_replica_env
 
     # neuron-native: the artifact's recipe, in each worker's environment before it imports torch.
     backend_env = backend_replica_env(plain)
@@ -240,7 +240,7 @@ def format_workers(result: MulticoreResult) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m measure.multicore", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m siglip_serve.measure.multicore", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, backend=True)
     parser.add_argument("--cores", type=int, default=1,

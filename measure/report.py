@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from measure import plots
-from measure.report_text import context_line, cross_check_line, markdown, table
-from measure.results import (
+from siglip_serve.measure import plots
+from siglip_serve.measure.report_text import context_line, cross_check_line, markdown, table
+from siglip_serve.measure.results import (
     BenchResult,
     InstanceReport,
     LoadTestSummary,
@@ -31,8 +31,8 @@ from measure.results import (
     ResultFileError,
     SingleCore,
 )
-from measure.seed import SeedRow, multicore_seed_by_lnc
-from models.cli_args import UserError, key_value, settings_values, setup_logging
+from siglip_serve.measure.seed import SeedRow, multicore_seed_by_lnc
+from siglip_serve.models.cli_args import UserError, key_value, settings_values, setup_logging
 
 log = logging.getLogger("siglip_serve.report")
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--bench-json", help="(a) siglip-serve bench --json output")
     a.add_argument("--run-bench", metavar="ARGS", help="(a) run siglip-serve bench with these arguments")
     b = parser.add_mutually_exclusive_group()
-    b.add_argument("--multicore-json", help="(b) python -m measure.multicore --json output")
+    b.add_argument("--multicore-json", help="(b) python -m siglip_serve.measure.multicore --json output")
     b.add_argument("--run-multicore", metavar="KEY=VALUE", nargs="*", type=key_value,
                    help="(b) run measure.multicore.run_multicore: cores=N [bucket=1 warmup=10 iterations=50] "
                         "and model settings (backend=neuron artifact_dir=DIR ...); values parse as YAML scalars")
@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_bench(arguments: str, out: Path) -> Path:
     path = out / "bench.json"
-    cmd = [sys.executable, "-m", "serve.cli", "bench", *shlex.split(arguments), "--skip", "preprocess,served",
-           "--json", str(path)]
+    cmd = [sys.executable, "-m", "siglip_serve.serve.cli", "bench", *shlex.split(arguments),
+           "--skip", "preprocess,served", "--json", str(path)]
     log.info("(a) running: %s", " ".join(cmd[2:]))
     subprocess.run(cmd, check=True)
     return path
@@ -74,9 +74,9 @@ MULTICORE_KEYS = ("cores", "bucket", "warmup", "iterations")
 
 
 def run_multicore(pairs: list[tuple[str, str]], out: Path) -> Path:
-    """(b) by measure.multicore.run_multicore: `cores`, `bucket`, `warmup`, `iterations` go to
+    """(b) by siglip_serve.measure.multicore.run_multicore: `cores`, `bucket`, `warmup`, `iterations` go to
     the function, every other KEY=VALUE is a model setting (backend=neuron, artifact_dir=DIR, ...)."""
-    from measure.multicore import run_multicore as run
+    from siglip_serve.measure.multicore import run_multicore as run
 
     settings: dict[str, Any] = {}
     options: dict[str, Any] = {}
@@ -97,7 +97,7 @@ def run_multicore(pairs: list[tuple[str, str]], out: Path) -> Path:
 
 def run_loadtest(arguments: str, out: Path) -> Path:
     folder = out / "loadtest"
-    cmd = [sys.executable, "-m", "serve.cli", "loadtest", *shlex.split(arguments), "--out", str(folder)]
+    cmd = [sys.executable, "-m", "siglip_serve.serve.cli", "loadtest", *shlex.split(arguments), "--out", str(folder)]
     log.info("(c) running: %s", " ".join(cmd[2:]))
     # Exit code 1 is a breached threshold: the run was measured, and the report shows it.
     code = subprocess.run(cmd, check=False).returncode

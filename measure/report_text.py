@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from measure.results import InstanceReport, LoadTestSummary, ReportContext, ReportRow, Step
+from siglip_serve.measure.results import InstanceReport, LoadTestSummary, ReportContext, ReportRow, Step
 
 
 def _cell(value: Any, spec: str = ".2f") -> str:

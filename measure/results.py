@@ -7,7 +7,7 @@ models and are read back with `model_validate_json`; a file in another shape is 
 names the file and the field, not a silently missing row.
 
     BenchResult         siglip-serve bench --json FILE        (measure/bench.py, measure/served.py)
-    MulticoreResult     python -m measure.multicore --json    (measure/multicore.py)
+    MulticoreResult     python -m siglip_serve.measure.multicore --json    (measure/multicore.py)
     RunResults          Locust's recorder -> OUT/results.json  (loadtest/recorder.py)
     LoadTestSummary     siglip-serve loadtest -> OUT/summary.json (loadtest/cli.py, loadtest/summary.py)
     InstanceReport      siglip-serve loadtest report -> OUT/report.json (measure/report.py)
@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from measure.seed import SeedRow
-from models.user_error import UserError
+from siglip_serve.measure.seed import SeedRow
+from siglip_serve.models.user_error import UserError
 
 Model = TypeVar("Model", bound="Result")
 
@@ -71,7 +71,7 @@ class Machine(Result):
 
 
 class CpuMsByKind(Result):
-    """Server CPU-ms per image by process kind (measure.server_cpu.KINDS); None where no image was served."""
+    """Server CPU-ms per image by process kind (server_cpu.KINDS); None where no image was served."""
 
     proxy: float | None = None
     ingress: float | None = None

@@ -2,7 +2,7 @@
 
 How seed 000 got its instance figures: its table's footnote, "instance throughput = per-core
 performance x number of cores". A per-core figure measured on one core, times the cores; not all
-cores measured at once (which is what measure.multicore does).
+cores measured at once (which is what siglip_serve.measure.multicore does).
 
 The LNC=2 rows are the `--auto-cast matmult` compile (141.1 = 4 x 35.43 per the seed's formula;
 4 x 35.43 is 141.7, the seed prints 141.1). The LNC=1 row (14.38 per core, 115.0) is the un-cast

@@ -1,7 +1,7 @@
 """The served part of `siglip-serve bench`: the real application under a local Ray, driven over HTTP.
 
-A closed-loop asyncio driver (httpx) posts prebuilt bodies (measure.corpus) at each concurrency
-level; the service's process tree's CPU per image is measured over each level (measure.server_cpu).
+A closed-loop asyncio driver (httpx) posts prebuilt bodies (siglip_serve.measure.corpus) at each concurrency
+level; the service's process tree's CPU per image is measured over each level (siglip_serve.measure.server_cpu).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
-from measure.corpus import Image, build_bodies, skimage_corpus
-from measure.results import ServedRow
-from measure.server_cpu import ServerCpu
-from serve.config import ServiceConfig
+from siglip_serve.measure.corpus import Image, build_bodies, skimage_corpus
+from siglip_serve.measure.results import ServedRow
+from siglip_serve.measure.server_cpu import ServerCpu
+from siglip_serve.serve.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bench")
 
@@ -71,9 +71,9 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int,
     import ray
     from ray import serve
 
-    from serve.app import build
-    from serve.haproxy_front import use_front_end
-    from serve.runner import free_port, ray_resources
+    from siglip_serve.serve.app import build
+    from siglip_serve.serve.haproxy_front import use_front_end
+    from siglip_serve.serve.runner import free_port, ray_resources
 
     use_front_end(front_end, local_only=True)
     port = free_port()

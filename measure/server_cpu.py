@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from measure.results import CpuMsByKind, ServerCpuResult
+from siglip_serve.measure.results import CpuMsByKind, ServerCpuResult
 
 # Process kinds, matched against Ray's process titles (`ray::ServeReplica:<app>:<deployment>...`).
 KINDS = ("proxy", "ingress", "encoder", "serve_controller", "ray_daemons", "other")

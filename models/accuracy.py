@@ -7,7 +7,7 @@ Each side is a backend plus what it loads, as `key=value` pairs of the model set
         --b backend=neuron,artifact_dir=artifacts/so400m-lnc2
 
 A value may itself hold commas (`buckets=1,2,4`): a piece without `=` continues the previous value.
-Images are preprocessed with models.preprocess, as the server does. It prints the cosine
+Images are preprocessed with siglip_serve.models.preprocess, as the server does. It prints the cosine
 similarity (min and mean over images), the mean and max absolute error over all embedding values,
 and exits 1 when the minimum cosine is below --threshold (0.999, seed 000's bar between the
 `--auto-cast matmult` and uncast compiles), so one image that drifts fails the check. With
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from models.cli_args import (
+from siglip_serve.models.cli_args import (
     SettingsError,
     UserError,
     add_log_level,
@@ -36,8 +36,8 @@ from models.cli_args import (
     setup_logging,
     validate_settings,
 )
-from models.encoder import Encoder, create_encoder
-from models.settings import ModelSettings
+from siglip_serve.models.encoder import Encoder, create_encoder
+from siglip_serve.models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.accuracy")
 
@@ -85,7 +85,7 @@ def image_files(folder: Path, limit: int | None = None) -> list[Path]:
 
 def load_images(files: Sequence[Path], size: tuple[int, int]) -> tuple[np.ndarray, list[str], list[str]]:
     """uint8 [N, 3, H, W] of the images that decode, their names, and the names rejected."""
-    from models.preprocess import ImageRejected, preprocess_image
+    from siglip_serve.models.preprocess import ImageRejected, preprocess_image
 
     arrays, names, rejected = [], [], []
     for path in files:
@@ -129,7 +129,7 @@ def describe_side(settings: ModelSettings, encoder: Encoder) -> dict[str, Any]:
 
 def compare_text(a: ModelSettings, b: ModelSettings, texts: Sequence[str]) -> dict[str, Any]:
     """The text towers of both sides on the same texts: the same statistics, per text."""
-    from models.text import create_text_encoder
+    from siglip_serve.models.text import create_text_encoder
 
     stats = compare_embeddings(create_text_encoder(a).encode(texts), create_text_encoder(b).encode(texts))
     stats["texts"] = stats.pop("images")

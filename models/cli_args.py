@@ -1,7 +1,7 @@
 """The plumbing every command line of the project shares: options, errors, `KEY=VALUE`, logging, main().
 
 Options that set a settings field are derived from the pydantic model (`ModelSettings` here,
-`serve.config.ServiceConfig` for the service): the flag is the field name, the help its
+`siglip_serve.serve.config.ServiceConfig` for the service): the flag is the field name, the help its
 description, the choices its Literal type. So `run`, `bench`, `compile` and the multi-core bench
 take the same model flags, and a new field needs no second list. This module lives in models/, the
 lowest layer, so serve/, loadtest/ and kernels/ can all import it.
@@ -20,11 +20,11 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from models.settings import ModelSettings
+from siglip_serve.models.settings import ModelSettings
 
 # Re-exported: a command needs only this module.
-from models.user_error import UserError as UserError
-from models.user_error import describe_validation as describe_validation
+from siglip_serve.models.user_error import UserError as UserError
+from siglip_serve.models.user_error import describe_validation as describe_validation
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.loading import ModelInfo
-from models.settings import BACKENDS, ModelSettings
-from models.user_error import UserError
+from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.settings import BACKENDS, ModelSettings
+from siglip_serve.models.user_error import UserError
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,8 @@ class Encoder(ABC):
 EncoderFactory = Callable[[ModelSettings], Encoder]
 
 # Backends load lazily: importing the registry must not import CUDA or Neuron code. Backend
-# `name` lives in models/backends/<name with _ for ->.py; the names are models.settings.BACKENDS.
-_BACKEND_MODULES = {name: f"models.backends.{name.replace('-', '_')}" for name in BACKENDS}
+# `name` lives in models/backends/<name with _ for ->.py; the names are siglip_serve.models.settings.BACKENDS.
+_BACKEND_MODULES = {name: f"siglip_serve.models.backends.{name.replace('-', '_')}" for name in BACKENDS}
 _FACTORIES: dict[str, EncoderFactory] = {}
 
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.settings import ModelSettings
-from models.user_error import UserError
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.user_error import UserError
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def pretrained_weights_file(settings: ModelSettings, download: bool = True) -> P
     With download=False: the cached file, or None when it is not on disk (no network used)."""
     import open_clip
 
-    from models.hub import HubUnreachable, cached_weights, check_weights_reachable
-    from models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.hub import HubUnreachable, cached_weights, check_weights_reachable
+    from siglip_serve.models.loading import ModelLoadError, _register_tiny
 
     _register_tiny()
     cfg = open_clip.get_pretrained_cfg(settings.model, settings.pretrained or "")

@@ -4,7 +4,7 @@ The artifact is `<cache-root>/<sdk tag>/<model>-lnc<N>-<key12>/`: `manifest.json
 recipe environment, versions, LNC, buckets and the graph files of each bucket), `weights.pt` (the
 state dict replicas load) and `neff/`, the TorchNeuron NEFF cache the replicas point
 TORCH_NEURONX_NEFF_CACHE_DIR at. It is compiled in a hidden staging directory and renamed into
-place when complete. The environment is set by `models.compile_cli` before torch is imported.
+place when complete. The environment is set by `siglip_serve.models.compile_cli` before torch is imported.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from models.loading import ImageEmbedder, load_embedder, model_geometry
-from models.manifest import WeightsDigest, artifact_name, cache_key, digest_weights, sha256_file, utc_now
-from models.settings import ModelSettings
-from models.torchneuron_env import (
+from siglip_serve.models.loading import ImageEmbedder, load_embedder, model_geometry
+from siglip_serve.models.manifest import WeightsDigest, artifact_name, cache_key, digest_weights, sha256_file, utc_now
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.torchneuron_env import (
     NEFF_CACHE_ENV,
     NEURONX_CC_VERSION,
     RECIPE_ENV,
@@ -33,7 +33,7 @@ from models.torchneuron_env import (
     environment,
     sdk_tag,
 )
-from models.torchneuron_runtime import (
+from siglip_serve.models.torchneuron_runtime import (
     MANIFEST_NAME,
     WEIGHTS_NAME,
     BucketCompile,

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from types import ModuleType
 
-from models.encoder import BackendUnavailable
-from models.user_error import UserError
+from siglip_serve.models.encoder import BackendUnavailable
+from siglip_serve.models.user_error import UserError
 
 NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from models.image_errors import (
+from siglip_serve.models.image_errors import (
     CorruptImage,
     EmptyImage,
     ImageFileTooLarge,

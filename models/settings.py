@@ -1,6 +1,6 @@
 """Typed settings for building an encoder: which model, which weights, which backend and buckets.
 
-Knows nothing of Ray or HTTP; `serve.config.ServiceConfig` embeds it.
+Knows nothing of Ray or HTTP; `siglip_serve.serve.config.ServiceConfig` embeds it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ TINY_MODEL = "tiny-siglip"
 MAX_BUCKET = 256
 
 # The one list of backend names: the CLI's --backend choices, the settings' validation and the
-# backend registry (models.encoder) all read it. neuron: the trace line; neuron-native: TorchNeuron.
+# backend registry (siglip_serve.models.encoder) all read it. neuron: the trace line; neuron-native: TorchNeuron.
 Backend = Literal["cpu", "cuda", "neuron", "neuron-native"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 # The backends that run on a NeuronCore (a replica asks Ray for one; artifacts come from `compile`).

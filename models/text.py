@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.encoder import BackendUnavailable, split_into_buckets
-from models.loading import ModelLoadError, load_clip
-from models.settings import TINY_MODEL, ModelSettings
+from siglip_serve.models.encoder import BackendUnavailable, split_into_buckets
+from siglip_serve.models.loading import ModelLoadError, load_clip
+from siglip_serve.models.settings import TINY_MODEL, ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def text_context_length(model: str) -> int:
     """The text tower's fixed context length from open_clip's config, without building the model."""
     import open_clip
 
-    from models.loading import _register_tiny
+    from siglip_serve.models.loading import _register_tiny
 
     _register_tiny()
     cfg = open_clip.get_model_config(model)
@@ -214,7 +214,7 @@ class CpuTextEncoder(TextEncoder):
     backend = "cpu"
 
     def __init__(self, embedder: TextEmbedder, tokenizer: Tokenizer, info: TextInfo, settings: ModelSettings) -> None:
-        from models.backends.cpu import set_torch_threads
+        from siglip_serve.models.backends.cpu import set_torch_threads
 
         super().__init__(tokenizer, info, settings.text_buckets)
         self.embedder = embedder
@@ -229,7 +229,7 @@ class CudaTextEncoder(TextEncoder):
     backend = "cuda"
 
     def __init__(self, embedder: TextEmbedder, tokenizer: Tokenizer, info: TextInfo, settings: ModelSettings) -> None:
-        from models.backends.cuda import choose_autocast_dtype, cuda_problem
+        from siglip_serve.models.backends.cuda import choose_autocast_dtype, cuda_problem
 
         problem = cuda_problem()
         if problem is not None:
@@ -246,7 +246,7 @@ class CudaTextEncoder(TextEncoder):
 
 def create_text_encoder(settings: ModelSettings) -> TextEncoder:
     if settings.backend == "neuron":
-        from models.text_neuron import load_neuron_text_encoder
+        from siglip_serve.models.text_neuron import load_neuron_text_encoder
 
         return load_neuron_text_encoder(settings)
     embedder, tokenizer, info = load_text_tower(settings)

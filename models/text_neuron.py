@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from models.manifest import ArtifactError
-from models.settings import ModelSettings
-from models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer, load_tokenizer
+from siglip_serve.models.manifest import ArtifactError
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,9 @@ class NeuronTextEncoder(TextEncoder):
 def load_neuron_text_encoder(settings: ModelSettings) -> NeuronTextEncoder:
     import open_clip
 
-    from models.backends.neuron import artifact_for
-    from models.loading import _register_tiny
-    from models.neuron_sdk import check_lnc, require_torch_neuronx
+    from siglip_serve.models.backends.neuron import artifact_for
+    from siglip_serve.models.loading import _register_tiny
+    from siglip_serve.models.neuron_sdk import check_lnc, require_torch_neuronx
 
     require_torch_neuronx()
     directory, manifest = artifact_for(settings)

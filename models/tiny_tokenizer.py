@@ -7,7 +7,7 @@ T5 sentencepiece vocabulary it ends every text with `</s>` (id 1) and pads with 
 words are whole-word entries (WordLevel), unknown words map to `<unk>`.
 
 The bundled models/configs/tiny-siglip-tokenizer/ was written by
-`python -m models.tiny_tokenizer models/configs/tiny-siglip-tokenizer` (words: SEED_WORDS, then the
+`python -m siglip_serve.models.tiny_tokenizer models/configs/tiny-siglip-tokenizer` (words: SEED_WORDS, then the
 most frequent words of README.md and docs/*.md at that time).
 """
 
@@ -81,7 +81,7 @@ def corpus_words(paths: Iterable[Path], limit: int) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m models.tiny_tokenizer OUTPUT_DIR", file=sys.stderr)
+        print("usage: python -m siglip_serve.models.tiny_tokenizer OUTPUT_DIR", file=sys.stderr)
         return 2
     root = Path(__file__).resolve().parent.parent
     cfg = tiny_model_cfg(16)

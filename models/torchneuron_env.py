@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.user_error import UserError
+from siglip_serve.models.user_error import UserError
 
 SDK_RELEASE = "2.33.1"
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).

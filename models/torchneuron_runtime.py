@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from models.torchneuron_env import NEFF_DIR, TorchNeuronRefusal, check_native_sdk, installed_versions
+from siglip_serve.models.torchneuron_env import NEFF_DIR, TorchNeuronRefusal, check_native_sdk, installed_versions
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The one base class of errors the user can fix (a bad option, a missing SDK, a taken port), and
 the one way pydantic validation errors are told to a user (CLI, config, HTTP 422).
 
-Every command's main() runs through `models.cli_args.run_main`, which prints such an error as one
+Every command's main() runs through `siglip_serve.models.cli_args.run_main`, which prints such an error as one
 line and returns its `exit_code`; any other exception is a bug and keeps its traceback. Subclasses
 keep their builtin base too (ValueError, RuntimeError), so library callers catch them as before.
 """

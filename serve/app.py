@@ -1,4 +1,4 @@
-"""The Ray Serve application: `serve run serve.app:build_app model=tiny-siglip` or a Serve YAML."""
+"""The Ray Serve application: `serve run siglip_serve.serve.app:build_app model=tiny-siglip` or a Serve YAML."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
-from models.loading import model_geometry
-from models.user_error import UserError
-from serve.config import ConfigError, ServiceConfig
-from serve.encoder_deployment import encoder_deployment
-from serve.ingress import IngressDeployment
-from serve.text_deployment import text_deployment, text_neuron_cores
+from siglip_serve.models.loading import model_geometry
+from siglip_serve.models.user_error import UserError
+from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.encoder_deployment import encoder_deployment
+from siglip_serve.serve.ingress import IngressDeployment
+from siglip_serve.serve.text_deployment import text_deployment, text_neuron_cores
 
 log = logging.getLogger("siglip_serve")
 
@@ -93,7 +93,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     It checks, once, what it can before any replica starts: the config, that the cluster can hold
     the replicas, and that the weights are on disk or the hub answers. It cannot see a replica's
     own machine (an SDK or GPU missing there fails in the replica, which Serve retries)."""
-    from serve.runner import preflight_weights
+    from siglip_serve.serve.runner import preflight_weights
 
     try:
         config = ServiceConfig.from_args(args)

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from models.cli_args import (
+from siglip_serve.models.cli_args import (
     add_field_arguments,
     add_log_level,
     add_model_arguments,
@@ -25,7 +25,7 @@ from models.cli_args import (
 
 log = logging.getLogger("siglip_serve")
 
-# Subcommands owned by other packages: name -> (module with main(argv) -> int, help).
+# Subcommands owned by other packages: name -> (module under siglip_serve with main(argv) -> int, help).
 DELEGATED = {
     "kernels": ("kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
     "compile": ("models.compile_cli", "compile the image tower for Trainium2 (--backend neuron | neuron-native)"),
@@ -37,7 +37,7 @@ DELEGATED = {
 
 
 def add_front_end_option(parser: argparse.ArgumentParser) -> None:
-    from serve.haproxy_front import FRONT_ENDS
+    from siglip_serve.serve.haproxy_front import FRONT_ENDS
 
     parser.add_argument("--front-end", choices=FRONT_ENDS, default="haproxy",
                         help="HTTP front end of a Ray started here: haproxy (default: Serve's HAProxy mode, "
@@ -50,7 +50,7 @@ SERVICE_OPTIONS = ("replicas", "api_key", "api_key_file", "access_log")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from serve.config import ServiceConfig
+    from siglip_serve.serve.config import ServiceConfig
 
     parser = argparse.ArgumentParser(prog="siglip-serve", description=__doc__)
     add_log_level(parser)
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
-        module = importlib.import_module(DELEGATED[argv[0]][0])
+        module = importlib.import_module(f"siglip_serve.{DELEGATED[argv[0]][0]}")
         return int(module.main(argv[1:]) or 0)
     began = time.monotonic()
     args = build_parser().parse_args(argv)
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start(args: argparse.Namespace, began: float) -> int:
-    from serve.preflight import METRICS_CHECK_HOST, check_ports, disable_port_sharing
-    from serve.startup import Placeholder
+    from siglip_serve.serve.preflight import METRICS_CHECK_HOST, check_ports, disable_port_sharing
+    from siglip_serve.serve.startup import Placeholder
 
     placeholder = None
     try:
@@ -135,13 +135,13 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
-    from serve.config import ServiceConfig
+    from siglip_serve.serve.config import ServiceConfig
 
     if args.command == "run":
         config = ServiceConfig.from_args(run_settings(args))
         config.resolve_api_key(os.environ)  # an unreadable key file stops us here, not in a replica
-        from models.encoder import check_backend_available
-        from serve.runner import preflight_tokenizer, preflight_weights, run_service
+        from siglip_serve.models.encoder import check_backend_available
+        from siglip_serve.serve.runner import preflight_tokenizer, preflight_weights, run_service
 
         # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now,
         # not a replica crash later.
@@ -160,7 +160,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
         sys.stderr.flush()
         os._exit(code)
     if args.command == "bench":
-        from measure.bench import run_bench
+        from siglip_serve.measure.bench import run_bench
 
         settings = {**model_values(args), **settings_values(args.set), "replicas": args.replicas}
         return run_bench(ServiceConfig.from_args(settings), args)

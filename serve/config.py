@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from models.cli_args import LogLevel, UserError, describe_validation, model_settings_of
-from models.preprocess import ImageLimits
-from models.settings import NEURON_BACKENDS, ModelSettings
+from siglip_serve.models.cli_args import LogLevel, UserError, describe_validation, model_settings_of
+from siglip_serve.models.preprocess import ImageLimits
+from siglip_serve.models.settings import NEURON_BACKENDS, ModelSettings
 
 MiB = 1024 * 1024
 # The environment variable the ingress reads the API key from when the config names none.

@@ -17,10 +17,10 @@ import numpy as np
 import ray
 from ray import serve
 
-from serve import registry
-from serve.config import ServiceConfig
-from serve.metrics import EncoderMetrics
-from serve.replica_logging import configure_replica_logging
+from siglip_serve.serve import registry
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.encoder")
 
@@ -41,7 +41,7 @@ class EncoderReplica:
     def __init__(self, config: ServiceConfig) -> None:
         # Imported here, not at module level: the ingress imports this module too, and torch would
         # add seconds to its start (during which Serve's proxy holds requests to it unanswered).
-        from models.encoder import create_encoder
+        from siglip_serve.models.encoder import create_encoder
 
         configure_replica_logging(config.log_level)
         self.config = config
@@ -76,7 +76,7 @@ class EncoderReplica:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=count_images)
     async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
-        from models.encoder import EncoderInputError  # loaded by __init__ already
+        from siglip_serve.models.encoder import EncoderInputError  # loaded by __init__ already
 
         # Each chunk is answered on its own: a bad or late chunk gets its own error, the rest run.
         results: list[Any] = [None] * len(chunks)
@@ -127,7 +127,7 @@ def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment
         actor_options["num_gpus"] = 1
     # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
     # at import); a config env_var that contradicts it is refused by the replica, naming both.
-    from models.encoder import backend_replica_env  # here, not at import: the ingress imports this module
+    from siglip_serve.models.encoder import backend_replica_env  # here, not at import: the ingress imports this module
 
     env_vars = {**backend_replica_env(config.model_settings()), **config.env_vars}
     if env_vars:

@@ -17,8 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from models import user_error
-from models.image_errors import (
+from siglip_serve.models import user_error
+from siglip_serve.models.image_errors import (
     CorruptImage,
     EmptyImage,
     ImageFileTooLarge,

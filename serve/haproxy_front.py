@@ -122,7 +122,7 @@ def front_end_env(local_only: bool, ports: Mapping[str, int],
 def use_front_end(front_end: str, local_only: bool) -> None:
     """Set this process's environment for `front_end` before Ray starts here ("python": Serve's
     own proxy actor, as without this module)."""
-    from serve.runner import free_port
+    from siglip_serve.serve.runner import free_port
 
     if front_end not in FRONT_ENDS:
         raise ValueError(f"front end must be one of {', '.join(FRONT_ENDS)}, got {front_end!r}")

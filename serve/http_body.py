@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from models.image_errors import ImageRejected
-from models.preprocess import ImageLimits, check_file_size
-from serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
+from siglip_serve.models.image_errors import ImageRejected
+from siglip_serve.models.preprocess import ImageLimits, check_file_size
+from siglip_serve.serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
 
 # Ray Serve's proxy parses headers with httptools and no limits (docs/http-api.md, Front-end
 # limits); the application refuses what no client needs: nginx's default buffers hold 32 KiB.

@@ -16,12 +16,12 @@ from functools import partial
 
 import numpy as np
 
-from models.image_errors import ImageRejected
-from models.preprocess import ImageHeader, preprocess_image, probe_image
-from serve.config import ServiceConfig
-from serve.decode_queue import FairDecodeQueue
-from serve.errors import ApiError, ErrorType, image_error
-from serve.http_body import decode_base64_image
+from siglip_serve.models.image_errors import ImageRejected
+from siglip_serve.models.preprocess import ImageHeader, preprocess_image, probe_image
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.decode_queue import FairDecodeQueue
+from siglip_serve.serve.errors import ApiError, ErrorType, image_error
+from siglip_serve.serve.http_body import decode_base64_image
 
 
 class ImagePrep:

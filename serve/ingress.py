@@ -26,11 +26,11 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
-from serve import registry
-from serve.config import ServiceConfig
-from serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
-from serve.errors import ApiError, ErrorType, error_response, install_error_handlers
-from serve.http_body import (
+from siglip_serve.serve import registry
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
+from siglip_serve.serve.errors import ApiError, ErrorType, error_response, install_error_handlers
+from siglip_serve.serve.http_body import (
     EmbeddingsRequest,
     HeaderLimits,
     check_image_content_type,
@@ -41,11 +41,11 @@ from serve.http_body import (
     read_body,
     render_embeddings,
 )
-from serve.image_prep import ImagePrep
-from serve.metrics import IngressMetrics
-from serve.openapi import install_openapi, openapi_document
-from serve.replica_logging import configure_replica_logging
-from serve.text_routes import TextRoutes, input_kind
+from siglip_serve.serve.image_prep import ImagePrep
+from siglip_serve.serve.metrics import IngressMetrics
+from siglip_serve.serve.openapi import install_openapi, openapi_document
+from siglip_serve.serve.replica_logging import configure_replica_logging
+from siglip_serve.serve.text_routes import TextRoutes, input_kind
 
 log = logging.getLogger("siglip_serve.ingress")
 

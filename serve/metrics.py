@@ -20,7 +20,7 @@ import os
 
 from ray.serve import metrics
 
-from serve.errors import ErrorType
+from siglip_serve.serve.errors import ErrorType
 
 # Exported names (without Ray's `ray_` prefix). Counters already end in `_total`; Ray's
 # OpenTelemetry exporter does not add a second one.

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from serve.errors import ErrorType
+from siglip_serve.serve.errors import ErrorType
 
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff",
                      "application/octet-stream")

@@ -16,9 +16,9 @@ import threading
 import time
 from typing import Any
 
-from serve.config import ServiceConfig
-from serve.preflight import RAY_HOST
-from serve.startup import Placeholder, replica_progress, wait_with_progress
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.preflight import RAY_HOST
+from siglip_serve.serve.startup import Placeholder, replica_progress, wait_with_progress
 
 log = logging.getLogger("siglip_serve")
 
@@ -46,8 +46,8 @@ def preflight_weights(config: ServiceConfig) -> None:
         return
     import open_clip
 
-    from models.hub import OFFLINE_HINT, HubUnreachable, check_weights_reachable
-    from models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.hub import OFFLINE_HINT, HubUnreachable, check_weights_reachable
+    from siglip_serve.models.loading import ModelLoadError, _register_tiny
 
     _register_tiny()
     cfg = open_clip.get_pretrained_cfg(config.model, config.pretrained or "")
@@ -76,8 +76,8 @@ def preflight_tokenizer(config: ServiceConfig) -> None:
         return
     import open_clip
 
-    from models.loading import _register_tiny
-    from models.text import load_tokenizer
+    from siglip_serve.models.loading import _register_tiny
+    from siglip_serve.models.text import load_tokenizer
 
     _register_tiny()
     cfg = open_clip.get_model_config(config.model) or {}
@@ -97,7 +97,7 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
 
     True when every request finished, False when `timeout_s` ran out first.
     """
-    from serve import registry
+    from siglip_serve.serve import registry
 
     began = time.time()
     registry.set_draining(app_name)
@@ -132,13 +132,13 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         else:
             log.warning("metrics host %s: Ray 2.60 binds its metrics port on every interface, not one address; "
                         "restrict it with a firewall or network policy", metrics_host)
-        from serve.haproxy_front import use_front_end
+        from siglip_serve.serve.haproxy_front import use_front_end
 
         use_front_end(front_end, local_only=metrics_host in LOOPBACK)
     import ray
     from ray import serve
 
-    from serve.app import build, resolve_replicas
+    from siglip_serve.serve.app import build, resolve_replicas
 
     stop = threading.Event()
 
@@ -164,7 +164,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
-        from serve import registry
+        from siglip_serve.serve import registry
 
         registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
         log.info("Ray started in %.0f s", time.monotonic() - began)

@@ -89,7 +89,7 @@ class Placeholder:
             self.server.server_activate()
         except OSError as exc:
             self.server.server_close()
-            from serve.preflight import PortUnavailable
+            from siglip_serve.serve.preflight import PortUnavailable
 
             raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror} (pass --port N)") from None
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -111,7 +111,7 @@ def replica_progress(app_name: str, expected: int | None) -> str:
     """'encoder 1/4 warm (3 starting)' from Serve's status and the replicas' warm-up records."""
     from ray import serve
 
-    from serve import registry
+    from siglip_serve.serve import registry
 
     status = serve.status().applications.get(app_name)
     if status is None:

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from models.text import create_text_encoder
-from serve.config import ServiceConfig
-from serve.encoder_deployment import DeadlineExceeded
-from serve.metrics import EncoderMetrics
-from serve.replica_logging import configure_replica_logging
+from siglip_serve.models.text import create_text_encoder
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.encoder_deployment import DeadlineExceeded
+from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.replica_logging import configure_replica_logging
 
 log = logging.getLogger("siglip_serve.text")
 

@@ -21,10 +21,10 @@ import numpy as np
 from fastapi import Request, Response
 from ray.serve.handle import DeploymentHandle
 
-from serve.config import ServiceConfig
-from serve.encoder_deployment import DeadlineExceeded
-from serve.errors import ApiError, ErrorType
-from serve.http_body import (
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.encoder_deployment import DeadlineExceeded
+from siglip_serve.serve.errors import ApiError, ErrorType
+from siglip_serve.serve.http_body import (
     DEFAULT_TEMPLATE,
     ClassifyRequest,
     file_labels,
@@ -34,8 +34,8 @@ from serve.http_body import (
     read_body,
     render_embeddings,
 )
-from serve.image_prep import ImagePrep
-from serve.text_deployment import text_max_ongoing
+from siglip_serve.serve.image_prep import ImagePrep
+from siglip_serve.serve.text_deployment import text_max_ongoing
 
 # No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
 MIN_BARE_IMAGE_CHARS = 32

@@ -1,7 +1,7 @@
 """`siglip-serve trn2-check --out DIR`: the first command to run on a fresh trn2.
 
 Each step is a subprocess with a timeout, its output in DIR/logs/: the versions and LNC this Python
-sees (serve.trn2_probes), `neuron-ls`, then for each installed Neuron line (trace: torch-neuronx 2.9;
+sees (siglip_serve.serve.trn2_probes), `neuron-ls`, then for each installed Neuron line (trace: torch-neuronx 2.9;
 native: TorchNeuron) compile tiny-siglip, compare it with the CPU, serve it and embed a photo, run the
 multi-core bench and the instance-throughput report. A step whose line or input is missing is
 skipped with the reason; a failed step fails the steps that need it as skipped, not the run.
@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = "tiny-siglip"
 NEURON_LS = "/opt/aws/neuron/bin/neuron-ls"
 HEARTBEAT_S = 30.0
@@ -72,12 +71,6 @@ class Run:
     skip: frozenset[str] = frozenset()
 
 
-def base_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def run_step(step: Step, run: Run, index: int, total: int, echo: Callable[[str], None] = print) -> StepResult:
     """Run one step (or skip it, saying why), with its timeout; output to DIR/logs/<name>.log."""
     missing = [n for n in step.needs if run.results.get(n) is None or run.results[n].status != "passed"]
@@ -96,7 +89,7 @@ def run_step(step: Step, run: Run, index: int, total: int, echo: Callable[[str],
     with open(log, "w") as err, open(stdout, "w") as out:
         err.write(f"$ {' '.join(command)}\n")
         err.flush()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, env={**base_env(), **step.env}, cwd=run.out,
+        proc = subprocess.Popen(command, stdout=out, stderr=err, env={**os.environ, **step.env}, cwd=run.out,
                                 start_new_session=True)
         status, code = _wait(proc, step.timeout_s, began, echo)
     seconds = round(time.monotonic() - began, 1)
@@ -182,7 +175,7 @@ def _line_missing(line: str) -> Callable[[Run], str | None]:
         if line not in run.lines:
             return (f"the {line} line (torch-neuronx {'2.9' if line == 'trace' else '2.13+'}) is not installed in "
                     f"{', '.join(run.pythons)}")
-        if line == "native" and importlib.util.find_spec("models.backends.neuron_native") is None:
+        if line == "native" and importlib.util.find_spec("siglip_serve.models.backends.neuron_native") is None:
             return "this checkout has no neuron-native backend (models/backends/neuron_native.py)"
         return None
     return skip
@@ -198,27 +191,29 @@ def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
 
     return [
         Step(f"compile-{line}", f"compile {MODEL} ({line} line, buckets 1,2)",
-             lambda run: [py(run), "-m", "serve.cli", "compile", *(["--backend", backend] if line == "native" else []),
-                          "--model", MODEL, "--buckets", "1,2", *lnc_env(run), "--cache-root", f"artifacts-{line}"],
+             lambda run: [py(run), "-m", "siglip_serve.serve.cli", "compile",
+                          *(["--backend", backend] if line == "native" else []), "--model", MODEL,
+                          "--buckets", "1,2", *lnc_env(run), "--cache-root", f"artifacts-{line}"],
              1800 * timeout_scale, skip_if=missing, after=_record_artifact(line)),
         Step(f"accuracy-{line}", f"accuracy against the CPU ({line} line, bucket 1, core 0)",
-             lambda run: [py(run), "-m", "serve.cli", "accuracy", "--model", MODEL, "--a", "backend=cpu",
+             lambda run: [py(run), "-m", "siglip_serve.serve.cli", "accuracy", "--model", MODEL, "--a", "backend=cpu",
                           "--b", f"backend={backend},artifact_dir={run.artifacts[line]},buckets=1",
                           "--images", "images", "--json", f"accuracy-{line}.json"],
              900 * timeout_scale, needs=(f"compile-{line}",), env={"NEURON_RT_VISIBLE_CORES": "0"},
              outputs=(f"accuracy-{line}.json",)),
         Step(f"serve-{line}", f"serve it and embed a photo ({line} line)",
-             lambda run: [py(run), "-m", "serve.trn2_probes", "serve", f"serve-{line}.json", "--backend", backend,
-                          "--artifact-dir", run.artifacts[line], "--ready-timeout", str(900 * timeout_scale)],
+             lambda run: [py(run), "-m", "siglip_serve.serve.trn2_probes", "serve", f"serve-{line}.json",
+                          "--backend", backend, "--artifact-dir", run.artifacts[line],
+                          "--ready-timeout", str(900 * timeout_scale)],
              1200 * timeout_scale, needs=(f"compile-{line}",), outputs=(f"serve-{line}.json",)),
         Step(f"multicore-{line}", f"multi-core bench, one worker per logical core ({line} line)",
-             lambda run: [py(run), "-m", "measure.multicore", "--backend", backend, "--model", MODEL,
+             lambda run: [py(run), "-m", "siglip_serve.measure.multicore", "--backend", backend, "--model", MODEL,
                           "--artifact-dir", run.artifacts[line], "--cores", str(run.cores or 8 // (run.lnc or 2)),
                           "--bucket", "1", "--warmup", "5", "--iterations", str(iterations),
                           "--json", f"multicore-{line}.json"],
              1800 * timeout_scale, needs=(f"compile-{line}",), outputs=(f"multicore-{line}.json",)),
         Step(f"report-{line}", f"instance-throughput report ({line} line)",
-             lambda run: [py(run), "-m", "serve.cli", "loadtest", "report", "--multicore-json",
+             lambda run: [py(run), "-m", "siglip_serve.serve.cli", "loadtest", "report", "--multicore-json",
                           f"multicore-{line}.json", *(["--lnc", str(run.lnc)] if run.lnc else []),
                           "--out", f"report-{line}"],
              300 * timeout_scale, needs=(f"multicore-{line}",), outputs=(f"report-{line}/report.md",)),
@@ -227,7 +222,7 @@ def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
 
 def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[Step]:
     def versions_command(python: str, i: int) -> Callable[[Run], list[str]]:
-        return lambda run: [python, "-m", "serve.trn2_probes", "versions",
+        return lambda run: [python, "-m", "siglip_serve.serve.trn2_probes", "versions",
                             "versions.json" if i == 0 else f"versions-{i + 1}.json"]
 
     steps = [Step("versions" if i == 0 else f"versions-{i + 1}", f"versions and LNC ({python})",

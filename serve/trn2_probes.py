@@ -1,6 +1,6 @@
 """The two checks of `siglip-serve trn2-check` that are not another command: what this Python sees
 of the Neuron SDK, and a short life of the served application. Each runs as its own subprocess
-(`python -m serve.trn2_probes versions OUT.json` / `serve OUT.json ...`), so a crash or a held
+(`python -m siglip_serve.serve.trn2_probes versions OUT.json` / `serve OUT.json ...`), so a crash or a held
 NeuronCore ends with it.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from models.cli_args import UserError, run_main
-from models.settings import BACKENDS
+from siglip_serve.models.cli_args import UserError, run_main
+from siglip_serve.models.settings import BACKENDS
 
 # TorchNeuron (the native PyTorch backend) starts at torch-neuronx 2.13 (Neuron 2.33 ships 2.13.3.0 and
 # 2.14.3.0); the trace line is torch-neuronx 2.9.x. Both are the distribution `torch-neuronx`.
@@ -51,7 +51,7 @@ def sdk_line(version: str | None, has_trace: bool) -> str | None:
 
 def versions() -> dict[str, Any]:
     """Versions, the SDK line, the runtime LNC and the Neuron environment, as this Python sees them."""
-    from models.neuron_sdk import LncMismatch, package_version, runtime_lnc
+    from siglip_serve.models.neuron_sdk import LncMismatch, package_version, runtime_lnc
 
     info: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable,
                             "platform": platform.platform()}
@@ -92,11 +92,11 @@ def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) ->
     read /v1/models, stop it. Raises ProbeFailed naming what went wrong."""
     import httpx
 
-    from measure.poll import poll
-    from serve.runner import free_port
+    from siglip_serve.measure.poll import poll
+    from siglip_serve.serve.runner import free_port
 
     port, metrics_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "serve.cli", "run", "--backend", backend, "--artifact-dir", artifact_dir,
+    cmd = [sys.executable, "-m", "siglip_serve.serve.cli", "run", "--backend", backend, "--artifact-dir", artifact_dir,
            "--model", MODEL, "--buckets", "1,2", "--replicas", "1", "--neuron-cores", "1",
            "--port", str(port), "--metrics-port", str(metrics_port)]
     print("starting:", " ".join(cmd[2:]), flush=True)
@@ -135,7 +135,7 @@ def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serve.trn2_probes", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m siglip_serve.serve.trn2_probes", description=__doc__)
     sub = parser.add_subparsers(dest="probe", required=True)
     v = sub.add_parser("versions")
     v.add_argument("out", type=Path)

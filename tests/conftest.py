@@ -1,7 +1,7 @@
 """Fixtures (real photos, a tiny-model reference, a real local Ray Serve on loopback) and the one hook
 that skips hardware-marked tests where the hardware or SDK is missing, saying why.
 
-Integration tests run the real application (`serve.app.build`) on `tiny-siglip` under a Ray
+Integration tests run the real application (`siglip_serve.serve.app.build`) on `tiny-siglip` under a Ray
 started here, on 127.0.0.1 only, and stop it at the end of the session. What tests share besides
 fixtures is in tests/helpers.py.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from serve.runner import free_port
+from siglip_serve.serve.runner import free_port
 from tests.helpers import API_KEY, DEPLOYED, TEST_NEURON_CORES, ServeCluster, TinyReference, deploy, jpeg_bytes
 
 # Tests pin their own Ray: loopback, no token prompts, no usage reporting.
@@ -37,7 +37,7 @@ def _neuron_problem() -> str | None:
 def _neuron_native_problem() -> str | None:
     """The TorchNeuron line (torch-neuronx 2.14). The trace line's check cannot tell: both lines are
     the distribution torch-neuronx."""
-    from models.torchneuron_env import TorchNeuronRefusal, check_native_sdk, installed_versions
+    from siglip_serve.models.torchneuron_env import TorchNeuronRefusal, check_native_sdk, installed_versions
 
     try:
         check_native_sdk(installed_versions())
@@ -48,7 +48,7 @@ def _neuron_native_problem() -> str | None:
 
 def _nki_problem() -> str | None:
     """The real NKI package (0.2+), which the kernels' simulator runs need; PyPI's nki is a placeholder."""
-    from kernels.nki_launch import nki_status
+    from siglip_serve.kernels.nki_launch import nki_status
 
     usable, reason = nki_status()
     return None if usable else f"needs the real NKI package: {reason}"
@@ -99,8 +99,8 @@ def photo_jpegs(photos: list[np.ndarray]) -> list[bytes]:
 
 @pytest.fixture(scope="session")
 def tiny_reference() -> TinyReference:
-    from models.loading import load_embedder
-    from models.settings import ModelSettings
+    from siglip_serve.models.loading import load_embedder
+    from siglip_serve.models.settings import ModelSettings
 
     embedder, info = load_embedder(ModelSettings(model="tiny-siglip"))
     return TinyReference(embedder, info.image_size)
@@ -115,7 +115,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     import ray
     from ray import serve
 
-    from serve.haproxy_front import use_front_end
+    from siglip_serve.serve.haproxy_front import use_front_end
 
     front_end = os.environ.get("SIGLIP_TEST_FRONT_END", "haproxy")
     before = dict(os.environ)

@@ -57,7 +57,7 @@ class TinyReference:
     def embed(self, data: bytes) -> np.ndarray:
         import torch
 
-        from models.preprocess import preprocess_image
+        from siglip_serve.models.preprocess import preprocess_image
 
         array = preprocess_image(data, self.image_size)
         with torch.inference_mode():
@@ -76,7 +76,7 @@ def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> N
     from ray import serve
     from ray.serve.api import _run
 
-    from serve.app import build_app
+    from siglip_serve.serve.app import build_app
 
     DEPLOYED.append(name)
     app = build_app({"model": "tiny-siglip", "text_replicas": 0, **args})
@@ -179,7 +179,7 @@ def neuronx_double() -> Iterator[ModuleType]:
 
 
 def tiny_settings(**overrides: Any) -> Any:
-    from models.settings import ModelSettings
+    from siglip_serve.models.settings import ModelSettings
 
     return ModelSettings(**{"model": "tiny-siglip", "buckets": (1, 2), "torch_threads": 1, **overrides})
 
@@ -214,14 +214,14 @@ FORCED_BIAS = -5.0
 
 
 def small_tokenizer(directory: Path, context_length: int = 16) -> Path:
-    from models.tiny_tokenizer import build_tokenizer, tiny_model_cfg
+    from siglip_serve.models.tiny_tokenizer import build_tokenizer, tiny_model_cfg
 
     cfg = tiny_model_cfg(context_length)
     return build_tokenizer(directory, [*PROMPT_WORDS, *LABEL_WORDS, "rocket", "coffee"], context_length, cfg)
 
 
 def word_id(word: str) -> int:
-    from models.tiny_tokenizer import SPECIALS
+    from siglip_serve.models.tiny_tokenizer import SPECIALS
 
     return len(SPECIALS) + [*PROMPT_WORDS, *LABEL_WORDS].index(word)
 
@@ -230,7 +230,7 @@ def forced_checkpoint(path: Path, winner: str) -> Path:
     import open_clip
     import torch
 
-    from models.loading import _register_tiny
+    from siglip_serve.models.loading import _register_tiny
 
     _register_tiny()
     torch.manual_seed(1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from measure.results import BenchResult
+from siglip_serve.measure.results import BenchResult
 
 BIN = Path(sys.executable).parent
 

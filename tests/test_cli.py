@@ -13,7 +13,7 @@ import httpx
 import psutil
 import yaml
 
-from serve.runner import free_port
+from siglip_serve.serve.runner import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from measure import multicore
-from models import compile_cli, neuron_compile
-from models.cli_args import (
+from siglip_serve.measure import multicore
+from siglip_serve.models import compile_cli, neuron_compile
+from siglip_serve.models.cli_args import (
     BACKEND_OPTIONS,
     MODEL_OPTIONS,
     SettingsError,
@@ -19,9 +19,9 @@ from models.cli_args import (
     run_main,
     settings_values,
 )
-from models.settings import BACKENDS, ModelSettings
-from serve import cli
-from serve.config import ServiceConfig
+from siglip_serve.models.settings import BACKENDS, ModelSettings
+from siglip_serve.serve import cli
+from siglip_serve.serve.config import ServiceConfig
 
 
 def model_flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -70,7 +70,7 @@ def test_every_settings_field_is_described() -> None:
 
 
 def test_backend_registry_reads_the_one_list() -> None:
-    from models.encoder import _BACKEND_MODULES, backend_names
+    from siglip_serve.models.encoder import _BACKEND_MODULES, backend_names
 
     assert tuple(_BACKEND_MODULES) == BACKENDS and set(BACKENDS) <= set(backend_names())
 

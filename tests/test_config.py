@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.config import ConfigError, ServiceConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,14 +67,14 @@ def test_api_key_is_secret_in_reprs() -> None:
 def test_shipped_serve_configs_validate(path: Path) -> None:
     spec = yaml.safe_load(path.read_text())
     for app in spec["applications"]:
-        assert app["import_path"] == "serve.app:build_app"
+        assert app["import_path"] == "siglip_serve.serve.app:build_app"
         args = dict(app["args"])
         args.pop("checkpoint", None)  # a path on the target machine
         ServiceConfig.from_args(args)
 
 
 def test_api_key_comes_from_args_then_file_then_environment(tmp_path) -> None:
-    from serve.config import API_KEY_ENV, ConfigError
+    from siglip_serve.serve.config import API_KEY_ENV, ConfigError
 
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")

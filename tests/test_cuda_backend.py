@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.cuda import choose_autocast_dtype
-from models.encoder import BackendUnavailable, check_backend_available, create_encoder
-from models.loading import load_embedder
-from models.settings import ModelSettings
+from siglip_serve.models.backends.cuda import choose_autocast_dtype
+from siglip_serve.models.encoder import BackendUnavailable, check_backend_available, create_encoder
+from siglip_serve.models.loading import load_embedder
+from siglip_serve.models.settings import ModelSettings
 
 
 def tiny(**overrides: object) -> ModelSettings:

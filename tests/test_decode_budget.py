@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from models.preprocess import ImageLimits, ImageRejected, preprocess_image, probe_image, resize_to_array
-from serve.decode_queue import FairDecodeQueue
-from serve.errors import image_error
+from siglip_serve.models.preprocess import ImageLimits, ImageRejected, preprocess_image, probe_image, resize_to_array
+from siglip_serve.serve.decode_queue import FairDecodeQueue
+from siglip_serve.serve.errors import image_error
 from tests.helpers import REPO as ROOT
 from tests.helpers import png_file, streamed_png
 
@@ -48,8 +48,8 @@ def grey16_png(side: int = 6300) -> bytes:
 PEAK_SCRIPT = """
 import json, sys, time
 import psutil
-from models.preprocess import ImageLimits, ImageRejected, preprocess_image
-from serve.errors import image_error
+from siglip_serve.models.preprocess import ImageLimits, ImageRejected, preprocess_image
+from siglip_serve.serve.errors import image_error
 
 def high_water_mark():
     # VmHWM belongs to this process image; ru_maxrss would carry the forking parent's peak across exec.
@@ -109,7 +109,7 @@ def test_16_bit_scaling_through_the_table_is_round_v_over_257() -> None:
 
 
 def _decode_grey(data: bytes) -> np.ndarray:
-    from models.preprocess import decode_image
+    from siglip_serve.models.preprocess import decode_image
 
     return np.asarray(decode_image(data))[..., 0]
 

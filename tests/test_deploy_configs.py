@@ -9,7 +9,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from serve.config import ServiceConfig
+from siglip_serve.serve.config import ServiceConfig
 from tests.helpers import REPO
 
 DEPLOY = REPO / "deploy"
@@ -18,7 +18,7 @@ DEPLOY = REPO / "deploy"
 def app_args(serve_config: dict) -> dict:
     ServeDeploySchema.model_validate(serve_config)
     (app,) = serve_config["applications"]
-    assert app["import_path"] == "serve.app:build_app"
+    assert app["import_path"] == "siglip_serve.serve.app:build_app"
     return app["args"]
 
 

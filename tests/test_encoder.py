@@ -8,8 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from models.encoder import EncoderInputError, create_encoder, pick_bucket, split_into_buckets
-from models.settings import ModelSettings
+from siglip_serve.models.encoder import EncoderInputError, create_encoder, pick_bucket, split_into_buckets
+from siglip_serve.models.settings import ModelSettings
 
 
 @pytest.mark.parametrize("n, bucket", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)])

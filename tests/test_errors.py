@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from serve.errors import ApiError, ErrorType, install_error_handlers
+from siglip_serve.serve.errors import ApiError, ErrorType, install_error_handlers
 
 
 class Body(BaseModel):
@@ -65,8 +65,8 @@ def test_schema_mismatch_and_unknown_routes_use_the_contract() -> None:
 
 
 def test_every_image_error_of_models_has_one_answer_in_the_table() -> None:
-    from models import image_errors
-    from serve.errors import IMAGE_ERRORS
+    from siglip_serve.models import image_errors
+    from siglip_serve.serve.errors import IMAGE_ERRORS
 
     raised = {cls for cls in vars(image_errors).values()
               if isinstance(cls, type) and issubclass(cls, image_errors.ImageRejected)} - {image_errors.ImageRejected}
@@ -75,7 +75,7 @@ def test_every_image_error_of_models_has_one_answer_in_the_table() -> None:
 
 
 def test_an_image_error_reaching_the_handler_is_answered_from_the_table() -> None:
-    from models.image_errors import ImageTooLarge
+    from siglip_serve.models.image_errors import ImageTooLarge
 
     app, seen = make_app()
 

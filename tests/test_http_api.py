@@ -208,7 +208,7 @@ def test_encoder_answers_a_malformed_chunk_alone(main_app: str) -> None:
 
     from ray import serve
 
-    from models.encoder import EncoderInputError
+    from siglip_serve.models.encoder import EncoderInputError
 
     handle = serve.get_deployment_handle("Encoder", app_name="main")
     deadline = time.time() + 60

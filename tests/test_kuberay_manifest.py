@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from serve.config import ServiceConfig
+from siglip_serve.serve.config import ServiceConfig
 from tests.helpers import REPO
 
 MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"

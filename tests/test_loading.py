@@ -10,9 +10,16 @@ import pytest
 import torch
 from PIL import Image
 
-from models.loading import SIGLIP_MEAN, SIGLIP_STD, ModelLoadError, available_models, load_embedder, model_geometry
-from models.preprocess import preprocess_image
-from models.settings import ModelSettings
+from siglip_serve.models.loading import (
+    SIGLIP_MEAN,
+    SIGLIP_STD,
+    ModelLoadError,
+    available_models,
+    load_embedder,
+    model_geometry,
+)
+from siglip_serve.models.preprocess import preprocess_image
+from siglip_serve.models.settings import ModelSettings
 
 
 def open_clip_reference(model: torch.nn.Module, image_size: int, jpeg: bytes, family: str) -> np.ndarray:
@@ -73,7 +80,7 @@ def test_checkpoint_round_trip(tmp_path: Path, visual_only: bool) -> None:
     torch.save((source.visual if visual_only else source).state_dict(), path)
     with pytest.raises(ValueError, match="always runs with random weights"):
         ModelSettings(model="tiny-siglip", checkpoint=path)
-    from models import loading
+    from siglip_serve.models import loading
 
     model = open_clip.create_model("tiny-siglip", pretrained=None)
     loading._load_checkpoint(model, path)
@@ -85,7 +92,7 @@ def test_checkpoint_round_trip(tmp_path: Path, visual_only: bool) -> None:
 def test_bad_checkpoints_say_what_is_wrong(tmp_path: Path) -> None:
     import open_clip
 
-    from models import loading
+    from siglip_serve.models import loading
 
     load_embedder(ModelSettings(model="tiny-siglip"))
     model = open_clip.create_model("tiny-siglip", pretrained=None)
@@ -140,7 +147,7 @@ def test_embeddings_match_open_clip_pipeline_on_real_photos(model_name: str, fam
 
 
 def test_fast_jpeg_decode_reads_fewer_pixels_and_only_for_jpeg(photos: list[np.ndarray]) -> None:
-    from models.preprocess import decode_image
+    from siglip_serve.models.preprocess import decode_image
 
     jpeg = large_jpeg(photos[0], (4032, 3024))
     assert decode_image(jpeg).size == (4032, 3024)

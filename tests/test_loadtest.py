@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from loadtest import cli, promtext
-from loadtest.summary import breached_thresholds
-from loadtest.validate import check_response
-from loadtest.windows import hist_diff, percentile_ms, saturation, windows
-from measure import report
-from measure.corpus import CorpusError, build_bodies, folder_corpus, load_corpus, request_name
-from measure.results import LatencyMs, LoadTestSummary, Step
-from measure.seed import multicore_seed_by_lnc
+from siglip_serve.loadtest import cli, promtext
+from siglip_serve.loadtest.summary import breached_thresholds
+from siglip_serve.loadtest.validate import check_response
+from siglip_serve.loadtest.windows import hist_diff, percentile_ms, saturation, windows
+from siglip_serve.measure import report
+from siglip_serve.measure.corpus import CorpusError, build_bodies, folder_corpus, load_corpus, request_name
+from siglip_serve.measure.results import LatencyMs, LoadTestSummary, Step
+from siglip_serve.measure.seed import multicore_seed_by_lnc
 from tests.helpers import API_KEY, ServeCluster, deploy, jpeg_bytes
 
 DATA = Path(__file__).parent / "data"
@@ -207,7 +207,7 @@ def test_over_target_run_still_shows_its_measured_figure_marked(tmp_path: Path) 
 
 
 def test_user_axes_have_integer_ticks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from measure import plots
+    from siglip_serve.measure import plots
 
     seen = []
     real_finish = plots._finish
@@ -227,7 +227,7 @@ def test_user_axes_have_integer_ticks(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_a_closed_step_keeps_the_window_it_was_judged_on() -> None:
     """The live step line prints close_window's figure; summary.json's steps come from windows()."""
-    from loadtest.recorder import Recorder
+    from siglip_serve.loadtest.recorder import Recorder
 
     rec = Recorder(environment=None, request_name="r", method="POST", images_per_request=1)
     rec.timeline = [{"t": float(t), "users": 2, "state": "running", "requests": 10 * t, "failures": 0,
@@ -258,7 +258,7 @@ def test_seed_reference_is_the_multicore_modules_table() -> None:
 
 
 def test_report_runs_the_real_multicore_bench_on_cpu(tmp_path: Path) -> None:
-    """--run-multicore calls measure.multicore.run_multicore for real: two pinned CPU workers."""
+    """--run-multicore calls siglip_serve.measure.multicore.run_multicore for real: two pinned CPU workers."""
     code = report.main(["--run-multicore", "cores=2", "model=tiny-siglip", "bucket=2", "warmup=1", "iterations=5",
                         "--out", str(tmp_path)])
     assert code == 0
@@ -382,7 +382,7 @@ def test_relative_out_lands_in_the_callers_cwd(tmp_path: Path, lt_app: str,
 
 
 def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
-    from serve.runner import free_port
+    from siglip_serve.serve.runner import free_port
 
     assert cli.main(["--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0",
                      "--out", str(tmp_path)]) == 2

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from measure.multicore import format_comparison, run_multicore
-from measure.results import MulticoreResult
-from measure.seed import SEED_REFERENCE, SeedRow, multicore_seed_by_lnc, seed_rows_for
-from models.neuron_compile import CompileOptions, compile_artifact
+from siglip_serve.measure.multicore import format_comparison, run_multicore
+from siglip_serve.measure.results import MulticoreResult
+from siglip_serve.measure.seed import SEED_REFERENCE, SeedRow, multicore_seed_by_lnc, seed_rows_for
+from siglip_serve.models.neuron_compile import CompileOptions, compile_artifact
 from tests.helpers import neuronx_double, tiny_settings, worker_pythonpath
 
 
@@ -29,7 +29,7 @@ def check_run(result: MulticoreResult, cores: int, bucket: int, iterations: int)
 
 @pytest.fixture(scope="module")
 def cpu_run() -> MulticoreResult:
-    # Settings as a plain mapping, as measure.report passes them from YAML.
+    # Settings as a plain mapping, as siglip_serve.measure.report passes them from YAML.
     return run_multicore({"model": "tiny-siglip"}, cores=2, bucket=2, warmup=1, iterations=30)
 
 
@@ -70,8 +70,8 @@ def test_seed_reference_rows() -> None:
 
 
 def test_the_load_test_report_reads_our_results(cpu_run: MulticoreResult, tmp_path: Path) -> None:
-    """measure.report reads what run_multicore writes, and the seed's multi-core row per LNC."""
-    from measure.report import build_report
+    """siglip_serve.measure.report reads what run_multicore writes, and the seed's multi-core row per LNC."""
+    from siglip_serve.measure.report import build_report
 
     seed = multicore_seed_by_lnc()
     assert seed[2].instance_images_per_second == 141.1 and seed[2].cores == 4

@@ -17,12 +17,19 @@ import numpy as np
 import pytest
 import torch
 
-from models.encoder import BackendUnavailable, check_backend_available, create_encoder
-from models.loading import load_embedder
-from models.manifest import ArtifactError
-from models.neuron_compile import CompileOptions, compile_artifact
-from models.neuron_sdk import LNC_ENV, LncMismatch, NeuronSdkMissing, check_lnc, require_torch_neuronx, runtime_lnc
-from serve.runner import free_port
+from siglip_serve.models.encoder import BackendUnavailable, check_backend_available, create_encoder
+from siglip_serve.models.loading import load_embedder
+from siglip_serve.models.manifest import ArtifactError
+from siglip_serve.models.neuron_compile import CompileOptions, compile_artifact
+from siglip_serve.models.neuron_sdk import (
+    LNC_ENV,
+    LncMismatch,
+    NeuronSdkMissing,
+    check_lnc,
+    require_torch_neuronx,
+    runtime_lnc,
+)
+from siglip_serve.serve.runner import free_port
 from tests.helpers import (
     PLACEHOLDER,
     REPO,
@@ -87,7 +94,7 @@ def test_missing_sdk_and_pypi_placeholder_are_told_apart() -> None:
 def test_run_without_the_sdk_exits_with_one_line_before_ray(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "serve.cli", "run", "--backend", "neuron", "--model", "tiny-siglip",
+        [sys.executable, "-m", "siglip_serve.serve.cli", "run", "--backend", "neuron", "--model", "tiny-siglip",
          "--artifact-dir", str(tmp_path), "--port", str(free_port())],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.loading import load_embedder
-from models.manifest import MANIFEST_NAME, is_complete, read_manifest
-from models.neuron_compile import CompileOptions, compile_artifact, main, make_plan, point_link
-from models.neuron_sdk import sdk_versions
+from siglip_serve.models.loading import load_embedder
+from siglip_serve.models.manifest import MANIFEST_NAME, is_complete, read_manifest
+from siglip_serve.models.neuron_compile import CompileOptions, compile_artifact, main, make_plan, point_link
+from siglip_serve.models.neuron_sdk import sdk_versions
 from tests.helpers import neuronx_double, tiny_settings, torch_neuronx_from
 
 SEED_ARGS = ["--optlevel", "3", "--model-type", "transformer", "--verbose", "error"]

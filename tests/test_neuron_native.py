@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.backends.neuron_native import check_available, load_native_encoder, replica_env
-from models.encoder import BackendUnavailable
-from models.loading import load_embedder
-from models.native_compile import compile_native_artifact
-from models.torchneuron_env import (
+from siglip_serve.models.backends.neuron_native import check_available, load_native_encoder, replica_env
+from siglip_serve.models.encoder import BackendUnavailable
+from siglip_serve.models.loading import load_embedder
+from siglip_serve.models.native_compile import compile_native_artifact
+from siglip_serve.models.torchneuron_env import (
     CC_FLAGS_ENV,
     LNC_ENV,
     NEFF_CACHE_ENV,
@@ -30,7 +30,7 @@ from models.torchneuron_env import (
     environment,
     sdk_tag,
 )
-from models.torchneuron_runtime import TorchNeuronRuntime, compile_buckets, read_native_manifest
+from siglip_serve.models.torchneuron_runtime import TorchNeuronRuntime, compile_buckets, read_native_manifest
 from tests.doubles.torchneuron_runtime import DOUBLE_VERSIONS, RecordingRuntime
 from tests.helpers import neuron_env, tiny_settings
 
@@ -269,7 +269,7 @@ def test_the_real_runtime_and_the_serving_check_refuse_without_torchneuron(artif
 
 def test_the_serving_check_refuses_a_shell_lnc_other_than_the_artifacts(
         artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import models.backends.neuron_native as native
+    import siglip_serve.models.backends.neuron_native as native
 
     monkeypatch.setattr(native, "installed_versions", lambda: dict(DOUBLE_VERSIONS))  # as if TorchNeuron were here
     settings = tiny_settings(backend="neuron-native", artifact_dir=artifact)
@@ -282,8 +282,8 @@ def test_the_serving_check_refuses_a_shell_lnc_other_than_the_artifacts(
 # -- the serving wiring -----------------------------------------------------------------------------
 
 def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> None:
-    from serve.config import ServiceConfig
-    from serve.encoder_deployment import encoder_deployment
+    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.encoder_deployment import encoder_deployment
 
     config = ServiceConfig(model="tiny-siglip", backend="neuron-native", artifact_dir=artifact, buckets=(1, 2),
                            env_vars={"NEURON_RT_LOG_LEVEL": "WARNING"})
@@ -302,7 +302,7 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
     import httpx
     from ray import serve
 
-    from models.backends.neuron_native import RUNTIME_ENV
+    from siglip_serve.models.backends.neuron_native import RUNTIME_ENV
     from tests.helpers import REPO, deploy
 
     artifact, _ = compile_tiny(tmp_path / "cache", monkeypatch)
@@ -330,7 +330,7 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
 
 def test_compile_cli_without_the_sdk_writes_nothing_and_says_what_to_install(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from serve.cli import main
+    from siglip_serve.serve.cli import main
 
     before = neuron_env()
     code = main(["compile", "--backend", "neuron-native", "--model", "tiny-siglip", "--cache-root", str(tmp_path),
@@ -344,7 +344,7 @@ def test_compile_cli_without_the_sdk_writes_nothing_and_says_what_to_install(
 def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 
-    from models.torchneuron_env import NEURONX_CC_VERSION, TORCH_NEURONX_FAMILY, TORCH_SERIES
+    from siglip_serve.models.torchneuron_env import NEURONX_CC_VERSION, TORCH_NEURONX_FAMILY, TORCH_SERIES
     from tests.helpers import REPO
 
     expected = {f"torch-neuronx=={TORCH_NEURONX_FAMILY}.*", f"neuronx-cc=={NEURONX_CC_VERSION}",
@@ -357,8 +357,8 @@ def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
 
 def test_multicore_bench_workers_start_with_the_artifacts_environment(
         artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from measure.multicore import run_multicore
-    from models.backends.neuron_native import RUNTIME_ENV
+    from siglip_serve.measure.multicore import run_multicore
+    from siglip_serve.models.backends.neuron_native import RUNTIME_ENV
 
     for key in ENV_KEYS:
         monkeypatch.delenv(key, raising=False)  # the workers must get them from the bench, not inherit them

@@ -19,8 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
-from models.manifest import Manifest, read_manifest
-from models.neuron_sdk import LNC_ENV, runtime_lnc
+from siglip_serve.models.manifest import Manifest, read_manifest
+from siglip_serve.models.neuron_sdk import LNC_ENV, runtime_lnc
 from tests.helpers import REPO, ServeCluster, TinyReference, deploy, tiny_settings
 
 pytestmark = pytest.mark.neuron
@@ -39,8 +39,8 @@ class Compiled:
 
 def compile_in_subprocess(root: Path, lnc: int, auto_cast: str) -> Compiled:
     """`siglip-serve compile` in its own process, so the pytest process never holds a NeuronCore."""
-    proc = subprocess.run([sys.executable, "-m", "serve.cli", "compile", "--model", "tiny-siglip", "--buckets", "1,2",
-                           "--lnc", str(lnc), "--auto-cast", auto_cast, "--cache-root", str(root)],
+    proc = subprocess.run([sys.executable, "-m", "siglip_serve.serve.cli", "compile", "--model", "tiny-siglip",
+                           "--buckets", "1,2", "--lnc", str(lnc), "--auto-cast", auto_cast, "--cache-root", str(root)],
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     directory = Path(proc.stdout.strip().splitlines()[-1])
@@ -63,8 +63,8 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory, photo_jpegs: list[byt
 
 def accuracy(a: str, b: str, folder: Path, out: Path) -> tuple[int, dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NEURON_RT_VISIBLE_CORES": "1"}
-    proc = subprocess.run([sys.executable, "-m", "serve.cli", "accuracy", "--model", "tiny-siglip", "--a", a,
-                           "--b", b, "--images", str(folder), "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "siglip_serve.serve.cli", "accuracy", "--model", "tiny-siglip",
+                           "--a", a, "--b", b, "--images", str(folder), "--json", str(out)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-3000:]
     return proc.returncode, json.loads(out.read_text())
@@ -112,7 +112,7 @@ def test_real_artifact_serves_over_http(serve_cluster: ServeCluster, compiled: d
 
 
 def test_multicore_bench_on_two_cores(compiled: dict[str, Compiled]) -> None:
-    from measure.multicore import format_comparison, run_multicore
+    from siglip_serve.measure.multicore import format_comparison, run_multicore
 
     result = run_multicore(tiny_settings(backend="neuron", artifact_dir=compiled["matmult"].artifact_dir),
                            cores=2, bucket=1, warmup=5, iterations=20)

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image, ImageFile, features
 from skimage import data as skdata
 
-from models.image_errors import UnsupportedImage
-from models.preprocess import (
+from siglip_serve.models.image_errors import UnsupportedImage
+from siglip_serve.models.preprocess import (
     SUPPORTED_FORMATS,
     ImageLimits,
     ImageRejected,
@@ -24,9 +24,9 @@ from models.preprocess import (
     preprocess_image,
     resize_to_array,
 )
-from serve import http_body
-from serve.errors import ApiError, image_error
-from serve.http_body import decode_base64_image, media_type_supported
+from siglip_serve.serve import http_body
+from siglip_serve.serve.errors import ApiError, image_error
+from siglip_serve.serve.http_body import decode_base64_image, media_type_supported
 
 WHITE, BLACK, RED, GREEN, BLUE = (255, 255, 255), (0, 0, 0), (255, 0, 0), (0, 255, 0), (0, 0, 255)
 

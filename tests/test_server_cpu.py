@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from measure.poll import poll
-from measure.server_cpu import ServerCpu, process_kind
-from serve.runner import free_port
+from siglip_serve.measure.poll import poll
+from siglip_serve.measure.server_cpu import ServerCpu, process_kind
+from siglip_serve.serve.runner import free_port
 
 BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
 
@@ -91,7 +91,7 @@ def test_a_service_started_by_the_clients_parent_counts_its_daemons() -> None:
         f"import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\ntime.sleep(30)")])
     daemon = subprocess.Popen([sys.executable, "-c", "import time\ntime.sleep(30)"])
     client_code = (
-        "import json, time\nfrom measure.server_cpu import ServerCpu\n"
+        "import json, time\nfrom siglip_serve.measure.server_cpu import ServerCpu\n"
         f"for _ in range(200):\n    try:\n        server = ServerCpu.listening_on({port}); break\n"
         "    except LookupError:\n        time.sleep(0.05)\n"
         "import os, subprocess, sys\nkid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)'])\n"

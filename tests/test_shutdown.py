@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 
-from serve.runner import free_port
+from siglip_serve.serve.runner import free_port
 from tests.helpers import REPO as ROOT
 from tests.helpers import streamed_png
 
@@ -43,8 +43,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     port, metrics_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("service") / "service.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SIGLIP_API_KEY": KEY, "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = [sys.executable, "-m", "serve.cli", "run", "--model", "tiny-siglip", "--random-weights", "--replicas", "1",
-           "--port", str(port), "--metrics-port", str(metrics_port), "--torch-threads", "1",
+    cmd = [sys.executable, "-m", "siglip_serve.serve.cli", "run", "--model", "tiny-siglip", "--random-weights",
+           "--replicas", "1", "--port", str(port), "--metrics-port", str(metrics_port), "--torch-threads", "1",
            "--set", f"drain_timeout_s={DRAIN_TIMEOUT_S}", "--set", "encoder_num_cpus=0.5"]
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve.preflight import port_in_use
-from serve.runner import free_port
-from serve.startup import Placeholder
+from siglip_serve.serve.preflight import port_in_use
+from siglip_serve.serve.runner import free_port
+from siglip_serve.serve.startup import Placeholder
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -81,9 +81,9 @@ def test_a_listener_sharing_its_port_still_blocks_the_check() -> None:
 
 def _weights_check_seconds(monkeypatch: pytest.MonkeyPatch, **env: str) -> tuple[str, float]:
     """The weights preflight in this process (imports already paid): its message and how long it took."""
-    from models.loading import ModelLoadError, _register_tiny
-    from serve.config import ServiceConfig
-    from serve.runner import preflight_weights
+    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.runner import preflight_weights
 
     _register_tiny()  # pays open_clip's and timm's imports before the clock starts
     for key, value in env.items():
@@ -113,8 +113,8 @@ def test_unreachable_hub_fails_in_seconds(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_compile_dry_run_needs_no_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from models.neuron_compile import CompileOptions, dry_run_plan
-    from models.settings import ModelSettings
+    from siglip_serve.models.neuron_compile import CompileOptions, dry_run_plan
+    from siglip_serve.models.settings import ModelSettings
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     dry_run_plan(ModelSettings(model="tiny-siglip"), CompileOptions(), tmp_path)  # imports paid here
@@ -198,7 +198,7 @@ def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> N
 def test_builder_refuses_an_app_the_cluster_cannot_hold_once_without_retry(serve_cluster) -> None:
     from ray.serve.exceptions import RayServeException
 
-    from serve.app import build_app
+    from siglip_serve.serve.app import build_app
 
     # 20 encoders x 1 CPU + the ingress on the test cluster's 8 CPUs: could never all be scheduled.
     with pytest.raises(RayServeException, match=r"needs 20.5 CPUs .* the Ray cluster has 16") as refused:
@@ -209,7 +209,7 @@ def test_builder_refuses_an_app_the_cluster_cannot_hold_once_without_retry(serve
 def test_builder_refuses_unreachable_weights_in_seconds(serve_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.serve.exceptions import RayServeException
 
-    from serve.app import build_app
+    from siglip_serve.serve.app import build_app
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     began = time.monotonic()

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.loading import ModelLoadError, _register_tiny, load_embedder
-from models.settings import ModelSettings
-from models.text import BUNDLED_TINY_TOKENIZER, create_text_encoder, load_text_tower
-from serve.errors import ApiError
-from serve.text_routes import input_kind, is_image_item, prompts_of, zero_shot
+from siglip_serve.models.loading import ModelLoadError, _register_tiny, load_embedder
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, create_text_encoder, load_text_tower
+from siglip_serve.serve.errors import ApiError
+from siglip_serve.serve.text_routes import input_kind, is_image_item, prompts_of, zero_shot
 from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
@@ -50,7 +50,7 @@ def test_tiny_text_embeddings_match_open_clip_encode_text() -> None:
 
 
 def test_zero_shot_probabilities_match_open_clip(photos: list[np.ndarray]) -> None:
-    from models.preprocess import preprocess_image
+    from siglip_serve.models.preprocess import preprocess_image
 
     settings = ModelSettings(model="tiny-siglip", torch_threads=1)
     encoder = create_text_encoder(settings)
@@ -155,8 +155,8 @@ def test_prompt_template_rules() -> None:
 
 
 def test_text_config_defaults_and_limits() -> None:
-    from serve.config import ConfigError, ServiceConfig
-    from serve.text_deployment import text_neuron_cores
+    from siglip_serve.serve.config import ConfigError, ServiceConfig
+    from siglip_serve.serve.text_deployment import text_neuron_cores
 
     assert ServiceConfig.from_args({"model": "tiny-siglip"}).text_replica_count == 1
     for backend in ("cuda", "neuron"):
@@ -173,8 +173,8 @@ def test_text_config_defaults_and_limits() -> None:
 
 
 def test_text_off_answers_404_and_lists_only_images() -> None:
-    from serve.config import ServiceConfig
-    from serve.text_routes import TextRoutes
+    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.text_routes import TextRoutes
 
     routes = TextRoutes()
     routes._init_text(None, ServiceConfig.from_args({"model": "tiny-siglip", "text_replicas": 0}))
@@ -222,8 +222,8 @@ class RecordingTextHandle:
 
 
 def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
-    from serve.config import ServiceConfig
-    from serve.text_routes import TextRoutes
+    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.text_routes import TextRoutes
 
     handle = RecordingTextHandle()
     routes = TextRoutes()

@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
-from models.settings import ModelSettings
-from models.text import TextEncoder, create_text_encoder
-from serve.text_routes import zero_shot
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import TextEncoder, create_text_encoder
+from siglip_serve.serve.text_routes import zero_shot
 from tests.helpers import (
     API_KEY,
     AUTH,

@@ -1,7 +1,8 @@
 """The built wheel is complete: installed into a fresh virtual environment, outside the checkout, it
-embeds an image and a text with `tiny-siglip` (config, tokenizer: package data) and installs both
-commands. The fresh environment borrows this one's third-party packages through a path file, so
-the test needs no network; it does not prove the wheel's dependency list (CI's `make` install does)."""
+embeds an image and a text with `tiny-siglip` (config, tokenizer: package data), installs both
+commands, and puts everything under `siglip_serve` (no generic top-level `models` or `serve`). The
+fresh environment borrows this one's third-party packages through a path file, so the test needs
+no network; it does not prove the wheel's dependency list (CI's `make` install does)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,21 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 from tests.helpers import REPO
 
 CHECK = """
-import numpy as np, models, serve
+import importlib.util, numpy as np
 from pathlib import Path
-from models.encoder import create_encoder
-from models.settings import ModelSettings
-from models.text import create_text_encoder
+import siglip_serve.models as models, siglip_serve.serve
+from siglip_serve.models.encoder import create_encoder
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import create_text_encoder
 assert Path(models.__file__).is_relative_to(Path(__import__("sys").prefix)), models.__file__
+# Nothing generic at the top level of site-packages (the run's cwd is outside the checkout).
+assert all(importlib.util.find_spec(name) is None for name in ("models", "serve", "loadtest", "measure", "kernels"))
 settings = ModelSettings(model="tiny-siglip", torch_threads=1)
 image = np.random.default_rng(0).integers(0, 256, (1, 3, 64, 64), dtype=np.uint8)
 print(create_encoder(settings).encode(image).shape, create_text_encoder(settings).encode(["a cat"]).shape)
@@ -34,6 +39,9 @@ def test_the_wheel_serves_tiny_siglip_from_a_fresh_environment(tmp_path: Path) -
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
                     "-w", str(tmp_path / "dist")], check=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("siglip_serve-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"siglip_serve"}, tops
     env_dir = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
     python = env_dir / "bin" / "python"

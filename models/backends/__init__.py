@@ -1,1 +1,1 @@
-"""Encoder backends. Each module registers itself with `models.encoder.register_backend` on import."""
+"""Encoder backends. Each module registers itself with `siglip_serve.models.encoder.register_backend` on import."""

@@ -1,7 +1,7 @@
 """What the two Neuron backends share: a compiled artifact found from the settings and checked
 against them, the ModelInfo its manifest describes, and an Encoder that reports the artifact.
 
-The trace line (models.backends.neuron) and TorchNeuron (models.backends.neuron_native) differ in
+The trace line (backends/neuron.py) and TorchNeuron (backends/neuron_native.py) differ in
 their manifests, their error classes and how they load; they agree on this shape.
 """
 
@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from models.encoder import Encoder
-from models.loading import ModelInfo
-from models.neuron_sdk import VISIBLE_CORES_ENV
-from models.settings import ModelSettings
+from siglip_serve.models.encoder import Encoder
+from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.neuron_sdk import VISIBLE_CORES_ENV
+from siglip_serve.models.settings import ModelSettings
 
 
 class ArtifactManifest(Protocol):
-    """The fields both manifests (models.manifest.Manifest, models.torchneuron_runtime.NativeManifest) have."""
+    """The fields both manifests (manifest.Manifest, torchneuron_runtime.NativeManifest) have."""
 
     model: str
     weights: dict[str, str]

@@ -7,9 +7,9 @@ import os
 
 import torch
 
-from models.encoder import Encoder, register_backend
-from models.loading import ImageEmbedder, ModelInfo, load_embedder
-from models.settings import ModelSettings
+from siglip_serve.models.encoder import Encoder, register_backend
+from siglip_serve.models.loading import ImageEmbedder, ModelInfo, load_embedder
+from siglip_serve.models.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The Neuron backend: a compiled artifact (models.neuron_compile) on the logical NeuronCore(s) in
+"""The Neuron backend: a compiled artifact (siglip_serve.models.neuron_compile) on the logical NeuronCore(s) in
 NEURON_RT_VISIBLE_CORES, one TorchScript per batch bucket.
 
 Order of checks, each failing with one clear line: the SDK is really there; the artifact is complete
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
-from models.encoder import BackendUnavailable, register_backend
-from models.loading import ModelInfo
-from models.manifest import ArtifactError, Manifest, read_manifest
-from models.neuron_sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx
-from models.settings import ModelSettings
+from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
+from siglip_serve.models.encoder import BackendUnavailable, register_backend
+from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.manifest import ArtifactError, Manifest, read_manifest
+from siglip_serve.models.neuron_sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx
+from siglip_serve.models.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from typing import Any
 import open_clip
 import torch
 
-from models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
-from models.encoder import BackendUnavailable, register_backend
-from models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
-from models.manifest import sha256_file
-from models.settings import ModelSettings
-from models.torchneuron_env import (
+from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
+from siglip_serve.models.encoder import BackendUnavailable, register_backend
+from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
+from siglip_serve.models.manifest import sha256_file
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.torchneuron_env import (
     LNC_ENV,
     TorchNeuronRefusal,
     check_environment,
@@ -36,7 +36,7 @@ from models.torchneuron_env import (
     environment,
     installed_versions,
 )
-from models.torchneuron_runtime import (
+from siglip_serve.models.torchneuron_runtime import (
     NativeManifest,
     NativeRuntime,
     TorchNeuronRuntime,

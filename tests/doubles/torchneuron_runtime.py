@@ -1,4 +1,4 @@
-"""A test double of the TorchNeuron runtime (models.torchneuron_runtime.NativeRuntime) for machines
+"""A test double of the TorchNeuron runtime (siglip_serve.models.torchneuron_runtime.NativeRuntime) for machines
 without Trainium.
 
 It keeps the real seam's signatures and runs the REAL `torch.compile` (Dynamo, guards, fullgraph,
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from models.torchneuron_env import (
+from siglip_serve.models.torchneuron_env import (
     CC_FLAGS_ENV,
     LNC_ENV,
     NEFF_CACHE_ENV,
@@ -37,7 +37,7 @@ from models.torchneuron_env import (
     OPT_LEVEL_ENV,
     check_native_sdk,
 )
-from models.torchneuron_runtime import neff_files
+from siglip_serve.models.torchneuron_runtime import neff_files
 
 DOUBLE_VERSIONS = {"torch": torch.__version__, "torch_neuronx": "2.14.3.0.0+recording-double",
                    "neuronx_cc": NEURONX_CC_VERSION}

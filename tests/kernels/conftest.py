@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 @pytest.fixture
 def neuron_device():
     """A torch-xla Neuron device, or a skip when only the NKI simulator is available."""
-    from kernels.device import DeviceUnavailableError, resolve_device
+    from siglip_serve.kernels.device import DeviceUnavailableError, resolve_device
 
     try:
         return resolve_device("neuron")
@@ -42,13 +42,13 @@ def _load_fake_nki():
 
 @pytest.fixture
 def fake_nki(monkeypatch):
-    """The NumPy NKI model of kernels_fake_nki installed as ``nki``; kernels.nki_kernels reloads on it.
+    """The NumPy NKI model of kernels_fake_nki installed as ``nki``; siglip_serve.kernels.nki_kernels reloads on it.
 
     Yields ``state`` (instruction counts, launch grids), the ``nki``/``nl``/``nisa`` modules and
     ``lib`` (the model module: NkiRuleError, hbm_input, round_to_bf16).
     """
-    import kernels
-    from kernels import nki_launch
+    import siglip_serve.kernels as kernels
+    from siglip_serve.kernels import nki_launch
 
     lib = _load_fake_nki()
     state = lib.FakeNkiState()
@@ -56,13 +56,13 @@ def fake_nki(monkeypatch):
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     for name in KERNEL_MODULES:
-        monkeypatch.delitem(sys.modules, f"kernels.{name}", raising=False)
+        monkeypatch.delitem(sys.modules, f"siglip_serve.kernels.{name}", raising=False)
         monkeypatch.delattr(kernels, name, raising=False)
     monkeypatch.setattr(nki_launch, "_JITTED", {})
     yield SimpleNamespace(state=state, nki=modules["nki"], nl=modules["nki.language"],
                           nisa=modules["nki.isa"], lib=lib)
     # Never leave the fake-bound modules behind for later tests.
     for name in KERNEL_MODULES:
-        sys.modules.pop(f"kernels.{name}", None)
+        sys.modules.pop(f"siglip_serve.kernels.{name}", None)
         if hasattr(kernels, name):
             delattr(kernels, name)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels.cli import main
+from siglip_serve.kernels.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_profile_json_command(data_dir, tmp_path, capsys):
 
 
 def test_check_command_exit_codes(tmp_path, capsys):
-    from kernels.nki_launch import nki_status
+    from siglip_serve.kernels.nki_launch import nki_status
 
     path = tmp_path / "check.json"
     rc = main(["check", "--json", str(path)])
@@ -74,15 +74,15 @@ def test_check_command_exit_codes(tmp_path, capsys):
 def test_check_command_exit_code_through_python_dash_m():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("NEURON_LOGICAL_NC_CONFIG", None)
-    proc = subprocess.run([sys.executable, "-m", "kernels", "check"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "siglip_serve.kernels", "check"], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=300)
-    from kernels.nki_launch import nki_status
+    from siglip_serve.kernels.nki_launch import nki_status
 
     assert proc.returncode == (0 if nki_status()[0] else 3), proc.stdout[-500:]
 
 
 def test_check_command_fails_on_mismatch(monkeypatch):
-    from kernels import references
+    from siglip_serve.kernels import references
 
     monkeypatch.setattr(references, "vector_add", lambda a, b: a - b)
     assert main(["check"]) == 1
@@ -97,7 +97,7 @@ def test_errors_are_one_line_with_exit_code_2(capsys):
 
 def test_python_dash_m_kernels_help():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "kernels", "--help"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "siglip_serve.kernels", "--help"], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=60)
     assert proc.returncode == 0
     for command in ("matmul", "mlp", "profile-json", "check"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.compile_cache import CacheKey, CompileCache
-from kernels.device import RecompileError, resolve_device
-from kernels.mlp import MLPConfig, benchmark_mlp, make_compile_fn, make_inputs
+from siglip_serve.kernels.compile_cache import CacheKey, CompileCache
+from siglip_serve.kernels.device import RecompileError, resolve_device
+from siglip_serve.kernels.mlp import MLPConfig, benchmark_mlp, make_compile_fn, make_inputs
 
 
 def test_compiles_once_per_key():

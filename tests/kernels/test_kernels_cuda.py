@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import matmul_profiler as mp
-from kernels import references
-from kernels.device import resolve_device
-from kernels.mlp import MLPConfig, benchmark_mlp, make_inputs
-from kernels.tiling import MatmulConfig
+from siglip_serve.kernels import matmul_profiler as mp
+from siglip_serve.kernels import references
+from siglip_serve.kernels.device import resolve_device
+from siglip_serve.kernels.mlp import MLPConfig, benchmark_mlp, make_inputs
+from siglip_serve.kernels.tiling import MatmulConfig
 
 pytestmark = pytest.mark.cuda
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import nki_launch, references
-from kernels.lnc import KernelLncError
-from kernels.tiling import MatmulConfig
+from siglip_serve.kernels import nki_launch, references
+from siglip_serve.kernels.lnc import KernelLncError
+from siglip_serve.kernels.tiling import MatmulConfig
 
 
 @pytest.mark.parametrize("lnc", ["1", "2"])
@@ -122,7 +122,7 @@ def test_model_enforces_the_partition_limit_the_launcher_checks_first(fake_nki):
 
 
 def test_check_command_runs_kernels_when_nki_is_present(fake_nki):
-    from kernels.check import run_checks
+    from siglip_serve.kernels.check import run_checks
 
     report = run_checks(seed=4)
     assert report.kernels and not report.kernels_skipped_reason

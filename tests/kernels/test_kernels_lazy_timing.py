@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import matmul_profiler as mp
-from kernels import nki_launch
-from kernels.compile_cache import CompileCache
-from kernels.device import Device, ResultMismatch
-from kernels.mlp import MLPConfig, benchmark_mlp
-from kernels.tiling import MatmulConfig
+from siglip_serve.kernels import matmul_profiler as mp
+from siglip_serve.kernels import nki_launch
+from siglip_serve.kernels.compile_cache import CompileCache
+from siglip_serve.kernels.device import Device, ResultMismatch
+from siglip_serve.kernels.mlp import MLPConfig, benchmark_mlp
+from siglip_serve.kernels.tiling import MatmulConfig
 
 
 class LazyRuntime:

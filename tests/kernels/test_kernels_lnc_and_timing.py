@@ -1,4 +1,4 @@
-"""One LNC for every kernel command (read through models.neuron_sdk), and timing labels."""
+"""One LNC for every kernel command (read through siglip_serve.models.neuron_sdk), and timing labels."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernels.cli import main
-from kernels.device_timing import DeviceTimingUnavailable, format_device_times, profile_neff
-from kernels.lnc import KernelLncError, require_kernel_lnc, resolve_lnc
-from kernels.tiling import MatmulConfig, roofline
+from siglip_serve.kernels.cli import main
+from siglip_serve.kernels.device_timing import DeviceTimingUnavailable, format_device_times, profile_neff
+from siglip_serve.kernels.lnc import KernelLncError, require_kernel_lnc, resolve_lnc
+from siglip_serve.kernels.tiling import MatmulConfig, roofline
 
 
 @pytest.mark.parametrize("env, lnc", [(None, 2), ("1", 1), ("2", 2)])

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from kernels import matmul_profiler as mp
-from kernels.device import CPU_FALLBACK_WARNING, Device, RecompileError, resolve_device
-from kernels.tiling import MatmulConfig
+from siglip_serve.kernels import matmul_profiler as mp
+from siglip_serve.kernels.device import CPU_FALLBACK_WARNING, Device, RecompileError, resolve_device
+from siglip_serve.kernels.tiling import MatmulConfig
 
 SMALL = [mp.Shape(MatmulConfig(1, 64, 32), "tiny"), mp.Shape(MatmulConfig(129, 130, 513), "ragged")]
 
@@ -68,7 +68,7 @@ def test_json_results_are_numbers(cpu_results, tmp_path):
 
 
 def test_table_and_plot(cpu_results, tmp_path):
-    from kernels.plotting import plot_matmul
+    from siglip_serve.kernels.plotting import plot_matmul
 
     _, results = cpu_results
     table = mp.format_table(results, "title")

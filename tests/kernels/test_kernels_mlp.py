@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from kernels import references
-from kernels.device import resolve_device
-from kernels.hardware import TileSizeError
-from kernels.mlp import SEED_CONFIGS, MLPConfig, benchmark_mlp, format_mlp_table, make_inputs, skip_reason
+from siglip_serve.kernels import references
+from siglip_serve.kernels.device import resolve_device
+from siglip_serve.kernels.hardware import TileSizeError
+from siglip_serve.kernels.mlp import SEED_CONFIGS, MLPConfig, benchmark_mlp, format_mlp_table, make_inputs, skip_reason
 
 
 def test_config_parse_label_and_flops():

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import matmul_profiler as mp
-from kernels import references
-from kernels.lnc import runtime_kernel_lnc
-from kernels.mlp import SEED_CONFIGS, benchmark_mlp, make_inputs
-from kernels.nki_launch import check_kernel, default_runs, run_on_neuron
-from kernels.tiling import MatmulConfig
+from siglip_serve.kernels import matmul_profiler as mp
+from siglip_serve.kernels import references
+from siglip_serve.kernels.lnc import runtime_kernel_lnc
+from siglip_serve.kernels.mlp import SEED_CONFIGS, benchmark_mlp, make_inputs
+from siglip_serve.kernels.nki_launch import check_kernel, default_runs, run_on_neuron
+from siglip_serve.kernels.tiling import MatmulConfig
 
 pytestmark = pytest.mark.nki
 
@@ -40,7 +40,7 @@ def test_kernel_on_neuroncore_matches_reference_and_reports_percentiles(neuron_d
 
 
 def test_check_command_runs_every_kernel_in_the_simulator():
-    from kernels.check import run_checks
+    from siglip_serve.kernels.check import run_checks
 
     report = run_checks(seed=13, kernels_on="simulator")
     assert len(report.kernels) == len(RUN_NAMES) and not report.kernels_skipped_reason
@@ -80,14 +80,14 @@ def test_mlp_nki_path_on_neuron_does_not_recompile_per_call(neuron_device):
 
 @pytest.mark.parametrize("index", range(3), ids=["layer_norm", "mlp_gelu", "softmax"])
 def test_siglip_kernel_matches_its_golden_in_nki_simulator(index):
-    from kernels.siglip import small_runs
+    from siglip_serve.kernels.siglip import small_runs
 
     result = check_kernel(small_runs(LNC, seed=21)[index], on="simulator")
     assert result.passed, result
 
 
 def test_siglip_kernels_on_neuroncore_report_percent_of_trn2_roofline(neuron_device):
-    from kernels import siglip
+    from siglip_serve.kernels import siglip
 
     runs = siglip.make_runs(LNC, dtype="bfloat16")
     results = siglip.benchmark(runs, neuron_device, "bfloat16", warmup=3, iterations=20)

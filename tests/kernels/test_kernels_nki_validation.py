@@ -6,8 +6,8 @@ import importlib
 import numpy as np
 import pytest
 
-from kernels import nki_launch as nl_
-from kernels.hardware import PMAX, TileSizeError, check_partitions
+from siglip_serve.kernels import nki_launch as nl_
+from siglip_serve.kernels.hardware import PMAX, TileSizeError, check_partitions
 
 
 def test_seed_row_chunk_256_error_message():

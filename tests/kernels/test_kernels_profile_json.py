@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from kernels.profile_json import (
+from siglip_serve.kernels.profile_json import (
     ENGINES,
     FRAMEWORK_DEBUG_ENV,
     ProfileJSONError,

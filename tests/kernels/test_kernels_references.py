@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import references
-from kernels.check import run_checks
+from siglip_serve.kernels import references
+from siglip_serve.kernels.check import run_checks
 
 
 def _t(x):
@@ -80,7 +80,7 @@ def test_check_command_references_pass_and_kernel_skip_is_explicit():
     names = " ".join(r.name for r in report.references)
     for kernel in ("vector_add", "tensor_add", "transpose2d", "conv2d_bias_maxpool", "gated_mlp"):
         assert kernel in names
-    from kernels.nki_launch import nki_status
+    from siglip_serve.kernels.nki_launch import nki_status
 
     if not nki_status()[0]:
         # Kernels were asked for (the default) and could not run: that is not a pass.

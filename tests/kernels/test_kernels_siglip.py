@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import nki_launch, references, siglip
-from kernels.cli import main
-from kernels.device import Device
-from kernels.hardware import TileSizeError
+from siglip_serve.kernels import nki_launch, references, siglip
+from siglip_serve.kernels.cli import main
+from siglip_serve.kernels.device import Device
+from siglip_serve.kernels.hardware import TileSizeError
 
 
 def test_goldens_match_torch():
@@ -70,7 +70,7 @@ def test_validation_against_the_sbuf_budget():
 
 
 def test_rooflines_put_the_mlp_on_compute_and_the_rest_on_memory():
-    from kernels.tiling import workload_roofline
+    from siglip_serve.kernels.tiling import workload_roofline
 
     ln, mlp, sm = siglip.make_runs(lnc=2, dtype="bfloat16")
     flops, nbytes = siglip.workload(mlp, "bfloat16")

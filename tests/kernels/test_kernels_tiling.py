@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.hardware import GEMM_MOVING_FMAX, PMAX, TRN2_CORE
-from kernels.tiling import (
+from siglip_serve.kernels.hardware import GEMM_MOVING_FMAX, PMAX, TRN2_CORE
+from siglip_serve.kernels.tiling import (
     MatmulConfig,
     achieved_tflops,
     dtype_bytes,

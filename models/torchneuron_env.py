@@ -16,7 +16,7 @@ The docs pages found do not spell out how NEURON_CC_FLAGS and NEURON_COMPILER_OP
 neuronx-cc on the torch.compile path; the torch-neuronx source appends NEURON_CC_FLAGS after its
 own defaults ("--model-type transformer --auto-cast=none") and reads NEURON_COMPILER_OPT_LEVEL
 ("-O1" when unset). That later flags win is neuronx-cc's command-line behaviour, to be confirmed on
-a trn2 (tests/test_neuron_native_trn2.py compares embeddings against the CPU model).
+a trn2 (tests/device/test_neuron_native_trn2.py compares embeddings against the CPU model).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The routes read their bodies themselves (a byte limit comes before any parsing),
 no body parameters and would publish none. Here each route gets, through FastAPI's own
 `openapi_extra` and `responses`, the bodies it accepts (JSON, raw image bytes, multipart) and the
 contract's error shape for every status it can answer. `/docs` can then send an image, and
-schemathesis checks the live app against this document (tests/test_openapi.py).
+schemathesis checks the live app against this document (tests/integration/test_openapi.py).
 """
 
 from __future__ import annotations

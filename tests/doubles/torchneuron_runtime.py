@@ -16,7 +16,7 @@ input, and forbids recompiles after warm-up.
 What it does NOT prove: that TorchNeuron lowers this graph (StableHLO, neuronx-cc), that the flags
 reach neuronx-cc or that later flags override its defaults, TorchNeuron's real cache key and layout,
 bf16 auto-cast numerics (this runs float32), the `neuron` device, NeuronCore placement or LNC in the
-runtime, compile times, or throughput. tests/test_neuron_native_trn2.py does those on a trn2.
+runtime, compile times, or throughput. tests/device/test_neuron_native_trn2.py does those on a trn2.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fixtures of the kernel tests: a NeuronCore device, the recorded profiles, the NumPy NKI model.
+"""Fixtures of the kernel tests: the recorded profiles, the NumPy NKI model.
 
 Whether a hardware-marked test runs is decided by tests/conftest.py, for every directory."""
 from __future__ import annotations
@@ -11,17 +11,6 @@ from types import SimpleNamespace
 import pytest
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-def neuron_device():
-    """A torch-xla Neuron device, or a skip when only the NKI simulator is available."""
-    from siglip_serve.kernels.device import DeviceUnavailableError, resolve_device
-
-    try:
-        return resolve_device("neuron")
-    except DeviceUnavailableError as exc:
-        pytest.skip(f"no NeuronCore: {exc}")
 
 
 @pytest.fixture

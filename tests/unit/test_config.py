@@ -8,8 +8,7 @@ import pytest
 import yaml
 
 from siglip_serve.serve.config import ConfigError, ServiceConfig
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 
 def test_defaults_are_the_production_model_on_cpu() -> None:

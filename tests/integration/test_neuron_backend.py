@@ -2,7 +2,7 @@
 compile -> save -> load -> encode through the serving app over HTTP, against the trace double.
 
 The double (tests/doubles/torch_neuronx) proves our plumbing, not Neuron: no neuronx-cc, no NEFF,
-no bf16 numerics, no NeuronCore placement. tests/test_neuron_trn2.py runs the real thing on a trn2.
+no bf16 numerics, no NeuronCore placement. tests/device/test_neuron_trn2.py runs the real thing on a trn2.
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def test_cuda_text_encoder_matches_the_cpu_one(dtype: str, bar: float) -> None:
 class RecordingTextHandle:
     """Stands in for the TextEncoder deployment handle (`embed.remote(texts, deadline)`, awaitable),
     answering a fixed embedding per text and recording every call. It does not prove Serve's routing,
-    batching or deadlines (tests/test_text_http.py runs the real deployment)."""
+    batching or deadlines (tests/integration/test_text_http.py runs the real deployment)."""
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []

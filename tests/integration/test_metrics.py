@@ -27,7 +27,7 @@ from siglip_serve.serve.metrics import METRIC_NAMES
 from siglip_serve.serve.runner import free_port
 from tests.helpers import REPO as ROOT
 from tests.helpers import ServeCluster, deploy
-from tests.prometheus_server import SHIPPED_CONFIG, PrometheusServer, ensure_installed, scrape_config_for
+from tests.integration.prometheus_server import SHIPPED_CONFIG, PrometheusServer, ensure_installed, scrape_config_for
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "siglip-serve.json"
 OBSERVABILITY_DOC = ROOT / "docs" / "observability.md"

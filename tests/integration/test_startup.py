@@ -21,8 +21,8 @@ import pytest
 from siglip_serve.serve.preflight import port_in_use
 from siglip_serve.serve.runner import free_port
 from siglip_serve.serve.startup import Placeholder
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # The port refusals come before the heavy imports (torch, open_clip), so they are quick even on a
 # busy 2-core machine; where imports come first, the tests time the check itself in-process.

@@ -1,7 +1,7 @@
 """Two Ray nodes on this machine, each declaring 4 logical NeuronCores; the real app with 8 encoder
 replicas (tiny-siglip, cpu backend, one neuron_core each); prints /v1/models and the nodes as JSON.
 
-Run by tests/test_multinode.py in its own process: the test session's in-process Ray (conftest)
+Run by tests/integration/test_multinode.py in its own process: the test session's in-process Ray (conftest)
 cannot host a second cluster. Everything binds to 127.0.0.1. Set RAY_TMPDIR to a private
 directory, so this cluster's address file never redirects anyone else's `ray.init()` to it.
 """

@@ -4,11 +4,11 @@ versions, and serving does not pull in the NKI kernel toolchain."""
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 from packaging.requirements import Requirement
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 CONSTRAINTS = REPO / "constraints-neuron-2.31.txt"
 
 # Neuron SDK 2.31.0's release content: the trace path's last coherent set.

@@ -14,8 +14,8 @@ import psutil
 import yaml
 
 from siglip_serve.serve.runner import free_port
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 150
 

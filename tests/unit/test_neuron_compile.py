@@ -1,7 +1,7 @@
 """`siglip-serve compile`: plan, manifest, artifact reuse and invalidation, against the trace double.
 
 What the double does not prove (no neuronx-cc, no NEFF, no bf16 numerics, no NeuronCore) is said
-in tests/doubles/torch_neuronx; tests/test_neuron_trn2.py does that on a trn2.
+in tests/doubles/torch_neuronx; tests/device/test_neuron_trn2.py does that on a trn2.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """serve/haproxy_front.py on its own: the rewrite of Ray's rendered HAProxy configuration, the error
 pages, and the environment. The running front end (binds, limits, timeouts) is tested on the real
-service in tests/test_front_door.py and tests/test_shutdown.py."""
+service in tests/integration/test_front_door.py and test_shutdown.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CLI contract: subcommands, outputs, exit codes, and ``python -m kernels``."""
+"""The CLI contract: subcommands, outputs, exit codes, and ``python -m siglip_serve.kernels``."""
 from __future__ import annotations
 
 import csv
@@ -6,11 +6,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from siglip_serve.kernels.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def test_matmul_cpu_writes_csv_json_plot(tmp_path, capsys):

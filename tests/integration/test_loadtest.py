@@ -24,9 +24,9 @@ from siglip_serve.measure import report
 from siglip_serve.measure.corpus import CorpusError, build_bodies, folder_corpus, load_corpus, request_name
 from siglip_serve.measure.results import LatencyMs, LoadTestSummary, Step
 from siglip_serve.measure.seed import multicore_seed_by_lnc
-from tests.helpers import API_KEY, ServeCluster, deploy, jpeg_bytes
+from tests.helpers import API_KEY, REPO, ServeCluster, deploy, jpeg_bytes
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
 
 
 # -- pieces on plain data ------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Multi-node placement: 8 encoder replicas over two Ray nodes of 4 logical NeuronCores each, every
-replica on its own (node, core). Runs tests/multinode_check.py in a subprocess with its own Ray."""
+replica on its own (node, core). Runs tests/integration/multinode_check.py in a subprocess with its own Ray."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from tests.helpers import REPO
-from tests.multinode_check import REPORT_MARKER
+from tests.integration.multinode_check import REPORT_MARKER
 
 
 def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
@@ -22,7 +22,8 @@ def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     # Its own session, so that whatever it leaves running (raylets, agents) can be ended as a group.
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "multinode_check.py")], cwd=REPO, env=env,
+    check = REPO / "tests" / "integration" / "multinode_check.py"
+    proc = subprocess.Popen([sys.executable, str(check)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=240)

@@ -32,11 +32,12 @@ MAX_HEADER_BYTES = 64 * 1024
 # a connection reset. Past it the connection is closed.
 OVERSIZE_DISCARD_BYTES = 64 * 1024 * 1024
 
-_SUPPORTED_MEDIA_TYPES = frozenset({
-    "image/jpeg", "image/jpg", "image/png", "image/webp", "image/gif",
-    "image/bmp", "image/x-ms-bmp", "image/tiff", "application/octet-stream",
-})
-_MEDIA_TYPES_TEXT = "image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff"
+# The raw-body media types the contract names (the OpenAPI document lists these), then the
+# spellings some clients send for two of them.
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff",
+                     "application/octet-stream")
+_SUPPORTED_MEDIA_TYPES = frozenset((*IMAGE_MEDIA_TYPES, "image/jpg", "image/x-ms-bmp"))
+_MEDIA_TYPES_TEXT = ", ".join(media for media in IMAGE_MEDIA_TYPES if media.startswith("image/"))
 _URLSAFE_TO_STD = str.maketrans("-_", "+/")
 DEFAULT_TEMPLATE = "{}"
 

@@ -16,9 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from siglip_serve.serve.errors import ErrorType
-
-IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff",
-                     "application/octet-stream")
+from siglip_serve.serve.http_body import IMAGE_MEDIA_TYPES
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -1,4 +1,5 @@
-"""``siglip-serve kernels ...`` / ``python -m siglip_serve.kernels ...``: matmul, mlp, siglip, profile-json, profile-neff, check.
+"""``siglip-serve kernels ...`` or ``python -m siglip_serve.kernels ...``:
+matmul, mlp, siglip, profile-json, profile-neff, check.
 
 Heavy modules (torch, matplotlib) are imported inside each subcommand so that
 ``profile-json`` and ``--help`` work without them.

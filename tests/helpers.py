@@ -13,9 +13,10 @@ import io
 import math
 import os
 import struct
+import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,8 @@ from typing import Any
 import httpx
 import numpy as np
 from PIL import Image
+
+from siglip_serve.measure.poll import poll
 
 REPO = Path(__file__).resolve().parent.parent
 DOUBLES = REPO / "tests" / "doubles"
@@ -85,6 +88,24 @@ def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> N
     else:
         # Serve's public run() waits until every replica runs; this test needs the app half-up.
         _run(app, name=name, route_prefix=route_prefix, _blocking=False)
+
+
+def wait_until_ready(url: str, timeout_s: float, process: subprocess.Popen | None = None,
+                     detail: Callable[[], str] = lambda: "") -> float:
+    """GET `url` until it answers 200 (measure.poll); fail at once if `process` has exited.
+
+    Returns the seconds waited; `detail()` (a log's tail, say) goes into the failure message."""
+    def attempt() -> int | None:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"exited with {process.returncode} before {url} was ready: {detail()}")
+        try:
+            return httpx.get(url, timeout=5).status_code
+        except httpx.TransportError:
+            return None
+
+    _, ready, waited = poll(attempt, lambda status: status == 200, timeout_s, interval_s=0.5)
+    assert ready, f"{url} not ready after {waited:.0f} s: {detail()}"
+    return waited
 
 
 # -- the HTTP contract (docs/http-api.md) ---------------------------------------------------

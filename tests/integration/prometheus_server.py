@@ -12,14 +12,13 @@ import logging
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_until_ready
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +75,7 @@ class PrometheusServer:
         self.client = httpx.Client(base_url=self.url, timeout=10.0)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                log_tail = self.log_path.read_text()[-2000:]
-                raise RuntimeError(f"prometheus exited ({self.process.returncode}): {log_tail}")
-            try:
-                if self.client.get("/-/ready").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"prometheus not ready after {timeout_s:g} s: {self.log_path.read_text()[-2000:]}")
+        wait_until_ready(f"{self.url}/-/ready", timeout_s, self.process, lambda: self.log_path.read_text()[-2000:])
 
     def query(self, promql: str) -> dict[str, Any]:
         """/api/v1/query's JSON; raises with Prometheus's own message when the query is rejected."""

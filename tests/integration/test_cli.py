@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -14,24 +13,15 @@ import psutil
 import yaml
 
 from siglip_serve.serve.runner import free_port
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_until_ready
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 150
 
 
 def wait_ready(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited early with {proc.returncode}: {proc.stdout.read()[-3000:]}")
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    raise AssertionError("server not ready in time")
+    wait_until_ready(url + "/readyz", START_TIMEOUT_S, proc,
+                     lambda: proc.stdout.read()[-3000:] if proc.poll() is not None else "")
 
 
 def descendants(proc: subprocess.Popen) -> list[psutil.Process]:

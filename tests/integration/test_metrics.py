@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from siglip_serve.measure.poll import poll
 from siglip_serve.serve.errors import ErrorType
 from siglip_serve.serve.metrics import METRIC_NAMES
 from siglip_serve.serve.runner import free_port
@@ -297,11 +298,7 @@ def traffic(metrics_app: str, prometheus: PrometheusServer, photo_jpegs: list[by
 
 def _eventually(read: Callable[[], object], expected: object, what: str) -> None:
     """Wait until Prometheus has scraped the final values (Ray pushes every 1 s, scrapes every 1 s)."""
-    deadline = time.monotonic() + CONVERGE_S
-    got = read()
-    while got != expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-        got = read()
+    got, _, _ = poll(read, lambda got: got == expected, CONVERGE_S, interval_s=0.5)
     assert got == expected, f"{what}: Prometheus has {got}, the client saw {expected}"
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from siglip_serve.serve.runner import free_port
 from tests.helpers import REPO as ROOT
-from tests.helpers import streamed_png
+from tests.helpers import streamed_png, wait_until_ready
 
 KEY = "env-only-key-7c1f"
 DRAIN_TIMEOUT_S = 20
@@ -50,16 +50,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"service did not become ready:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+        wait_until_ready(url + "/readyz", 240, process, lambda: log.read_text()[-3000:])
         yield Service(process, url, metrics_port, log)
     finally:
         if process.poll() is None:

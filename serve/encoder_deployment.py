@@ -1,7 +1,7 @@
 """The encoder deployment: one replica per logical NeuronCore (or per configured CPU/GPU worker).
 
-Requests arrive as uint8 chunks of at most the largest bucket's images; `@serve.batch` gathers
-chunks from many requests into one forward pass of the model's buckets.
+Requests arrive as uint8 chunks of at most the largest bucket's images; the replica's Batcher
+(serve/batcher.py) gathers chunks from many requests into one forward pass of the model's buckets.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import ray
 from ray import serve
 
 from siglip_serve.serve import registry
+from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.replica_logging import configure_replica_logging
@@ -29,10 +31,6 @@ WARMUP_ITERATIONS = 2
 
 class DeadlineExceeded(TimeoutError):
     """The request's deadline passed before its batch ran; it was dropped unrun."""
-
-
-def count_images(chunks: list[np.ndarray]) -> int:
-    return sum(int(chunk.shape[0]) for chunk in chunks)
 
 
 class EncoderReplica:
@@ -49,8 +47,11 @@ class EncoderReplica:
         self.metrics = EncoderMetrics()
         self.encoder.forward_observer = self.metrics.forward
         warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS)
-        self._embed_batch.set_max_batch_size(self.encoder.max_batch_size)
-        self._embed_batch.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
+        # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
+        # teams of asyncio.to_thread's rotating workers spin on the same cores after their pass.
+        self.forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self.batcher = Batcher(self._embed_batch, self.encoder.max_batch_size, lambda chunk: int(chunk.shape[0]),
+                               config.batch_wait_timeout_s, on_batch=self.metrics.batch_started)
         context = serve.get_replica_context()
         self.app_name = context.app_name
         self.replica_actor_name = context.replica_id.to_full_id_str()
@@ -69,12 +70,8 @@ class EncoderReplica:
 
     async def embed(self, images: np.ndarray, deadline: float) -> np.ndarray:
         """uint8 [n, 3, H, W] with n <= the largest bucket -> float32 [n, D]."""
-        result = await self._embed_batch(images, deadline)
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return await self.batcher.submit(images, deadline)
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=count_images)
     async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
         from siglip_serve.models.encoder import EncoderInputError  # loaded by __init__ already
 
@@ -95,7 +92,8 @@ class EncoderReplica:
         if runnable:
             batch = np.concatenate([chunks[i] for i in runnable])
             # Off the event loop, so the replica keeps accepting and gathering the next batch.
-            embeddings = await asyncio.to_thread(self.encoder.encode, batch)
+            loop = asyncio.get_running_loop()
+            embeddings = await loop.run_in_executor(self.forward_thread, self.encoder.encode, batch)
             offset = 0
             for i in runnable:
                 n = int(chunks[i].shape[0])
@@ -111,7 +109,7 @@ class EncoderReplica:
 
 
 def encoder_max_ongoing(config: ServiceConfig) -> int:
-    # One batch runs while the next gathers; @serve.batch needs >= max_batch_size calls in flight.
+    # One batch runs while the next gathers: a full batch of single-image calls queued behind it.
     return 2 * config.max_batch_size
 
 

@@ -28,7 +28,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.encoder_deployment import DeadlineExceeded, count_images, encoder_max_ongoing
+from siglip_serve.serve.encoder_deployment import DeadlineExceeded, encoder_max_ongoing
 from siglip_serve.serve.errors import ApiError, ErrorType, error_response, install_error_handlers
 from siglip_serve.serve.http_body import (
     EmbeddingsRequest,
@@ -100,14 +100,6 @@ class Ingress(TextRoutes):
         # any decoding: past it the request is answered 503 at once.
         self.inflight_calls = 0
         self.max_inflight_calls = replicas * encoder_max_ongoing(config) + config.max_queued_requests
-        # Chunks of concurrent requests travel to the encoder together: one Serve call per group
-        # instead of one per request. With no wait, an idle ingress sends at once; under load, the
-        # chunks that queue while every replica has two calls in flight form the next group.
-        # Typed by hand: Ray types serve.batch for one-argument functions.
-        self._coalesced_embed: Callable[[np.ndarray, float], Awaitable[np.ndarray]] = serve.batch(  # type: ignore[assignment]
-            max_batch_size=config.max_batch_size, batch_wait_timeout_s=0.0,
-            max_concurrent_batches=2 * replicas, batch_size_fn=count_images,
-        )(self._send_group)  # type: ignore[arg-type]
         # One replica per process: the latest one counts, so every error is counted exactly once.
         global _count_error_in_replica
         _count_error_in_replica = self._count_error
@@ -208,36 +200,26 @@ class Ingress(TextRoutes):
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
         wall_deadline = time.time() + (deadline - time.monotonic())
         try:
-            results = await _gathered(self._coalesced_embed(chunk, wall_deadline) for chunk in chunks)
+            results = await _gathered(self._send(chunk, wall_deadline) for chunk in chunks)
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s") from None
         return np.concatenate(results)
 
-    async def _send_group(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
-        batch = np.concatenate(chunks)
-        # The latest deadline: a group is not dropped while any of its requests still waits.
+    async def _send(self, chunk: np.ndarray, deadline: float) -> np.ndarray:
+        """One chunk to the encoder deployment; the replica's batcher joins it with other requests' chunks."""
         for attempt in (1, 2):
-            response = cast(DeploymentResponse, self.encoder.embed.remote(batch, max(deadlines)))
+            response = cast(DeploymentResponse, self.encoder.embed.remote(chunk, deadline))
             try:
-                embeddings = await _awaited(response)
-                break
+                return await _awaited(response)
             except asyncio.CancelledError:
                 response.cancel()
                 raise
             except RayActorError:
                 # The replica died under this call: once more on whichever replica Serve picks now.
                 log.warning("an encoder replica stopped during a call (attempt %d of 2)", attempt)
-                if attempt == 2:
-                    raise ApiError(503, ErrorType.REPLICA_UNAVAILABLE,
-                                   "an encoder replica stopped while running this request; retry",
-                                   self._retry_after()) from None
-        # Any other error: Serve's batcher sets it on every waiting request of the group.
-        out, offset = [], 0
-        for chunk in chunks:
-            out.append(embeddings[offset: offset + len(chunk)])
-            offset += len(chunk)
-        return out
+        raise ApiError(503, ErrorType.REPLICA_UNAVAILABLE,
+                       "an encoder replica stopped while running this request; retry", self._retry_after())
 
     async def _timed(self, endpoint: str, work: Awaitable[Response], deadline: float) -> Response:
         """Await a route's work and observe siglip_request_seconds with the status it ended in."""

@@ -32,9 +32,12 @@ FORWARD_SECONDS = "siglip_encoder_forward_seconds"
 BATCH_FILL_RATIO = "siglip_batch_fill_ratio"
 ENCODER_IMAGES = "siglip_encoder_images_total"
 TEXTS_EMBEDDED = "siglip_texts_embedded_total"
+BATCH_QUEUE_SECONDS = "siglip_batch_queue_seconds"
+BATCH_QUEUED_INPUTS = "siglip_batch_queued_inputs"
 METRIC_NAMES = (
     IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS,
     FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES, TEXTS_EMBEDDED,
+    BATCH_QUEUE_SECONDS, BATCH_QUEUED_INPUTS,
 )
 
 # Decode + validate + resize of one image on one thread: ~3-7 ms for a 512x512 JPEG, ~20 ms for
@@ -65,7 +68,7 @@ ENDPOINTS = ("image", "multipart", "embeddings", "classify")
 # The `endpoint` label of siglip_texts_embedded_total: text inputs and classify labels (and of
 # siglip_request_seconds for those requests: "text", "classify").
 TEXT_ENDPOINTS = ("embeddings", "classify")
-# The `tower` label of siglip_encoder_forward_seconds and siglip_batch_fill_ratio.
+# The `tower` label of siglip_encoder_forward_seconds, siglip_batch_fill_ratio and the batch queue's two.
 TOWERS = ("image", "text")
 
 
@@ -143,6 +146,17 @@ class EncoderMetrics:
             boundaries=FILL_BUCKETS,
             tag_keys=("neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
+        self.queue_seconds = metrics.Histogram(
+            BATCH_QUEUE_SECONDS,
+            description="How long a call's inputs waited in the replica's batch queue before their forward pass began.",
+            boundaries=REQUEST_BUCKETS_S,
+            tag_keys=("neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
+        )
+        self.queued_inputs = metrics.Gauge(
+            BATCH_QUEUED_INPUTS,
+            description="Inputs (images or texts) left waiting in the replica's batch queue as a batch starts.",
+            tag_keys=("neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
+        )
         self.images = metrics.Counter(
             ENCODER_IMAGES,
             description="Images run through this replica's model (per-replica throughput).",
@@ -150,6 +164,9 @@ class EncoderMetrics:
         )
         self.forward_seconds.set_default_tags({"neuron_core": core, "tower": tower})
         self.batch_fill.set_default_tags({"neuron_core": core, "tower": tower})
+        self.queue_seconds.set_default_tags({"neuron_core": core, "tower": tower})
+        self.queued_inputs.set_default_tags({"neuron_core": core, "tower": tower})
+        self.queued_inputs.set(0)
         self.images.set_default_tags({"neuron_core": core})
         if tower == "image":
             start_at_zero(self.images)
@@ -160,3 +177,9 @@ class EncoderMetrics:
         self.batch_fill.observe(items / bucket)
         if self.tower == "image":
             self.images.inc(items)
+
+    def batch_started(self, waited_seconds: list[float], still_queued: int) -> None:
+        """The Batcher's `on_batch`: each call's queue wait, and what is left waiting."""
+        for seconds in waited_seconds:
+            self.queue_seconds.observe(seconds)
+        self.queued_inputs.set(still_queued)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from ray import serve
 
 from siglip_serve.models.text import create_text_encoder
+from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.encoder_deployment import DeadlineExceeded
 from siglip_serve.serve.metrics import EncoderMetrics
@@ -24,10 +26,6 @@ from siglip_serve.serve.replica_logging import configure_replica_logging
 log = logging.getLogger("siglip_serve.text")
 
 WARMUP_ITERATIONS = 2
-
-
-def count_texts(chunks: list[list[str]]) -> int:
-    return sum(len(chunk) for chunk in chunks)
 
 
 class TextEncoderReplica:
@@ -39,8 +37,11 @@ class TextEncoderReplica:
         self.metrics = EncoderMetrics(tower="text")
         self.encoder.forward_observer = self.metrics.forward
         warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS)
-        self._embed_batch.set_max_batch_size(self.encoder.max_batch_size)
-        self._embed_batch.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
+        # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
+        # teams of asyncio.to_thread's rotating workers spin on the same cores after their pass.
+        self.forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self.batcher = Batcher(self._embed_batch, self.encoder.max_batch_size, len, config.batch_wait_timeout_s,
+                               on_batch=self.metrics.batch_started)
         self.info: dict[str, Any] = {
             **self.encoder.describe(),
             "warmup_seconds": {str(b): round(s, 6) for b, s in warm.items()},
@@ -53,12 +54,8 @@ class TextEncoderReplica:
 
     async def embed(self, texts: list[str], deadline: float) -> np.ndarray:
         """At most the largest text bucket's texts -> float32 [n, D]."""
-        result = await self._embed_batch(texts, deadline)
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return await self.batcher.submit(texts, deadline)
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=count_texts)
     async def _embed_batch(self, chunks: list[list[str]], deadlines: list[float]) -> list[Any]:
         results: list[Any] = [None] * len(chunks)
         now = time.time()
@@ -71,7 +68,8 @@ class TextEncoderReplica:
         if runnable:
             texts = [text for i in runnable for text in chunks[i]]
             # Off the event loop: tokenizing and the forward pass; the batcher keeps gathering.
-            embeddings = await asyncio.to_thread(self.encoder.encode, texts)
+            loop = asyncio.get_running_loop()
+            embeddings = await loop.run_in_executor(self.forward_thread, self.encoder.encode, texts)
             offset = 0
             for i in runnable:
                 results[i] = embeddings[offset: offset + len(chunks[i])]

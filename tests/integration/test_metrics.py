@@ -137,7 +137,7 @@ def test_dashboard_covers_what_users_ask() -> None:
         assert any(n.startswith(f"ray_{histogram}") for n in used), histogram
     assert "ray_siglip_requests_rejected_total" in used
     assert {"ray_serve_http_request_latency_ms_bucket", "ray_serve_deployment_queued_queries",
-            "ray_serve_batch_queue_length", "ray_serve_deployment_replica_healthy"} <= used
+            "ray_siglip_batch_queued_inputs", "ray_serve_deployment_replica_healthy"} <= used
     assert {"neuroncore_utilization_ratio", "neuron_runtime_memory_used_bytes"} <= used
     assert all(any(n.startswith(name) for n in used) for name in ours), ours
     exprs = [q.expr for q in dashboard_queries()]

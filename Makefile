@@ -35,7 +35,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/siglip-serve bench --model ViT-B-16-SigLIP --random-weights --json bench-vit-b16.json

@@ -120,6 +120,10 @@ def serve_cluster() -> Iterator[ServeCluster]:
     front_end = os.environ.get("SIGLIP_TEST_FRONT_END", "haproxy")
     before = dict(os.environ)
     use_front_end(front_end, local_only=True)
+    # Serve keeps a deleted app's direct-ingress replica draining for at least 30 s (Ray 2.60,
+    # serve/_private/constants.py), time for an outside load balancer to stop sending to it. No
+    # outside balancer here: 2 s, so a test module's app teardown costs 2 s, not 30.
+    os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "2"
     front_end_env = {key for key, value in os.environ.items() if before.get(key) != value}
     port = free_port()
     metrics_port = free_port()

@@ -123,7 +123,10 @@ class Batcher:
             return
         if self.on_batch is not None:
             now = time.monotonic()
-            self.on_batch([now - w.queued_at for w in live], self.queued)
+            try:
+                self.on_batch([now - w.queued_at for w in live], self.queued)
+            except Exception:  # broad on purpose: a metrics hiccup must not strand the batch's callers
+                log.warning("on_batch failed", exc_info=True)
         try:
             results = await self.run([w.item for w in live], [w.deadline for w in live])
         except asyncio.CancelledError:

@@ -157,3 +157,16 @@ def test_on_batch_hears_each_calls_queue_wait_and_what_is_left() -> None:
     assert [len(waits) for waits, _ in seen] == [1, 2, 1]
     assert [queued for _, queued in seen] == [0, 1, 0]
     assert seen[1][0][0] >= 0.03  # b waited for a's forward pass
+
+
+def test_a_failing_on_batch_hook_does_not_strand_the_batch() -> None:
+    model = Model(seconds=0.0)
+
+    def broken(waits: list[float], queued: int) -> None:
+        raise RuntimeError("metrics backend down")
+
+    async def main() -> list[Any]:
+        batcher = Batcher(model.run, max_size=8, size_of=one, wait_s=0.0, on_batch=broken)
+        return await asyncio.wait_for(asyncio.gather(*(batcher.submit(x, 0.0) for x in "ab")), 2)
+
+    assert asyncio.run(main()) == ["out-a", "out-b"]

@@ -92,10 +92,22 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         print_table("preprocessing, one thread, ~640x480 JPEG photos", [result.preprocess],
                     ["images", "images_per_second", "threads", "fast_jpeg_decode"])
     if "served" not in skip:
+        from siglip_serve.models.backends.cpu import usable_cpus
+        from siglip_serve.serve.app import pin_replicas
+        from siglip_serve.serve.cpu_plan import encoder_torch_threads
+
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
         result.front_end = args.front_end
-        result.served = bench_served(config, levels, args.requests, args.images_per_request, args.front_end)
-        print_table(f"served over HTTP: {config.model}, {config.replicas} encoder replica(s), "
+        served_config = pin_replicas(config)
+        setting = served_config.replica_setting  # neuron's 'auto' is counted once Ray is up
+        result.replicas = setting if isinstance(setting, int) else None
+        shape = f"{setting} encoder replica(s)"
+        if config.backend == "cpu":
+            result.torch_threads = encoder_torch_threads(served_config, result.replicas or 1) or usable_cpus()
+            shape += f" x {result.torch_threads} torch thread(s)"
+        result.served = bench_served(served_config, levels, args.requests, args.images_per_request,
+                                     args.front_end)
+        print_table(f"served over HTTP: {config.model}, {shape}, "
                     f"{args.images_per_request} image(s) per request",
                     [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image}
                      for row in result.served],

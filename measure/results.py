@@ -173,11 +173,15 @@ class BenchResult(Commented):
     served: list[ServedRow] | None = None
     # The HTTP front end of the served part: "haproxy" or "python" (serve/haproxy_front.py).
     front_end: str | None = None
+    # The served part's encoder replicas and the torch threads each ran (cpu: serve/cpu_plan.py).
+    replicas: int | None = None
+    torch_threads: int | None = None
     multicore: MulticoreResult | None = None
     served_over_bare: float | None = None
 
     def _absent(self) -> set[str]:
-        parts = ("encoder", "preprocess", "served", "front_end", "multicore", "served_over_bare")
+        parts = ("encoder", "preprocess", "served", "front_end", "replicas", "torch_threads", "multicore",
+                 "served_over_bare")
         return super()._absent() | {part for part in parts if getattr(self, part) is None}
 
 

@@ -71,12 +71,13 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int,
     import ray
     from ray import serve
 
-    from siglip_serve.serve.app import build
+    from siglip_serve.serve.app import build, pin_replicas
     from siglip_serve.serve.haproxy_front import use_front_end
     from siglip_serve.serve.runner import free_port, ray_resources
 
     use_front_end(front_end, local_only=True)
     port = free_port()
+    config = pin_replicas(config)
     replicas = config.replicas if isinstance(config.replicas, int) else None
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace="siglip-bench",
              log_to_driver=False, **ray_resources(config, replicas))

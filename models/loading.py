@@ -199,3 +199,31 @@ def model_geometry(model: str) -> tuple[tuple[int, int], int]:
     size = cfg["vision_cfg"].get("image_size", 224)
     height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
     return (height, width), int(cfg["embed_dim"])
+
+
+def _no_weights_warning(record: logging.LogRecord) -> bool:
+    return "No pretrained weights loaded" not in record.getMessage()
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    image: int  # the image tower's, which a replica keeps
+    total: int  # both towers', which a replica builds while it loads
+
+
+def parameter_counts(model: str) -> ParameterCounts:
+    """The open_clip model's parameter counts, built on the meta device: nothing allocated or downloaded."""
+    _register_tiny()
+    import open_clip
+
+    if model not in open_clip.list_models():
+        raise ModelLoadError(f"unknown model {model!r}; SigLIP models: {', '.join(available_models())}")
+    root = logging.getLogger()  # open_clip warns on the root logger that no weights were loaded
+    root.addFilter(_no_weights_warning)
+    try:
+        with torch.device("meta"):
+            built = open_clip.create_model(model, pretrained=None, device="meta")
+    finally:
+        root.removeFilter(_no_weights_warning)
+    return ParameterCounts(image=sum(p.numel() for p in built.get_submodule("visual").parameters()),
+                           total=sum(p.numel() for p in built.parameters()))

@@ -39,7 +39,8 @@ class ModelSettings(BaseModel):
     # None: the backend decides (CPU: the cores this process may use). Ray sets OMP_NUM_THREADS=1 in
     # workers, so leaving torch to its own default would run a CPU replica on one core.
     torch_threads: int | None = Field(default=None, ge=1,
-                                      description="cpu: torch threads per encoder (default: all usable cores)")
+                                      description="cpu: torch threads per encoder (default: the usable cores "
+                                                  "split across the encoder replicas)")
     artifact_dir: Path | None = Field(None, description="neuron: compiled artifact directory (siglip-serve compile)")
     cuda_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="cuda: autocast dtype")
     # Off until measured on a GPU (see models/backends/cuda.py).

@@ -13,6 +13,7 @@ from ray.serve.exceptions import RayServeException
 from siglip_serve.models.loading import model_geometry
 from siglip_serve.models.user_error import UserError
 from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads
 from siglip_serve.serve.encoder_deployment import encoder_deployment
 from siglip_serve.serve.ingress import IngressDeployment
 from siglip_serve.serve.text_deployment import text_deployment, text_neuron_cores
@@ -24,9 +25,13 @@ INGRESS_MAX_ONGOING = 1024
 
 
 def resolve_replicas(config: ServiceConfig) -> int:
-    """The encoder replica count; 'auto' counts the logical NeuronCores the cluster declares."""
-    if config.replicas != "auto":
-        return int(config.replicas)
+    """The encoder replica count; 'auto' counts the logical NeuronCores the cluster declares when the
+    replicas ask for them, else (cpu) the cores of this machine (serve/cpu_plan.py)."""
+    setting = config.replica_setting
+    if setting != "auto":
+        return setting
+    if config.cores_per_replica == 0:
+        return auto_cpu_replicas(config, ray.cluster_resources().get("CPU") if ray.is_initialized() else None)
     if not ray.is_initialized():
         raise ConfigError("replicas: auto needs a running Ray cluster to count neuron_cores")
     cores = int(ray.cluster_resources().get("neuron_cores", 0))
@@ -39,11 +44,22 @@ def resolve_replicas(config: ServiceConfig) -> int:
     return (cores - config.text_replica_count * text_neuron_cores(config)) // max(config.cores_per_replica, 1)
 
 
+def pin_replicas(config: ServiceConfig) -> ServiceConfig:
+    """The config with the encoder count decided, where that needs no Ray cluster (all but 'auto' over
+    NeuronCores): a local Ray is then started with CPUs for all of them, and the count cannot change
+    between that start and the deployment (the available memory moves as Ray starts)."""
+    if config.replica_setting == "auto" and config.cores_per_replica > 0:
+        return config
+    return config.model_copy(update={"replicas": resolve_replicas(config)})
+
+
 def build(config: ServiceConfig) -> Application:
     replicas = resolve_replicas(config)
     image_size, embed_dim = model_geometry(config.model)
     model = {"name": config.model, "image_size": list(image_size), "embed_dim": embed_dim}
-    encoder = encoder_deployment(config, replicas).bind(config)
+    # Only the image replicas split the cores; the text replica keeps its own default.
+    encoder_config = config.model_copy(update={"torch_threads": encoder_torch_threads(config, replicas)})
+    encoder = encoder_deployment(encoder_config, replicas).bind(encoder_config)
     ingress = serve.deployment(
         IngressDeployment,
         name="Ingress",
@@ -52,8 +68,10 @@ def build(config: ServiceConfig) -> Application:
         max_ongoing_requests=INGRESS_MAX_ONGOING,
     )
     text = text_deployment(config).bind(config) if config.text_replica_count else None
-    log.info("application: %s on %s, %d encoder replica(s), buckets %s, %d text replica(s)",
-             config.model, config.backend, replicas, list(config.buckets), config.text_replica_count)
+    log.info("application: %s on %s, %d encoder replica(s)%s, buckets %s, %d text replica(s)",
+             config.model, config.backend, replicas,
+             f" x {encoder_config.torch_threads} torch thread(s)" if encoder_config.torch_threads else "",
+             list(config.buckets), config.text_replica_count)
     return ingress.bind(encoder, config, replicas, model, text)
 
 

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--iterations", type=int, default=50)
     bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
     bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
-    bench.add_argument("--replicas", type=int, default=1)
+    add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
     bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: >1 sends multipart")
     bench.add_argument("--multicore", type=int, default=0, metavar="N",
                        help="also run seed 000's multi-core bench: N pinned workers, summed (neuron: N logical cores)")
@@ -162,7 +162,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
     if args.command == "bench":
         from siglip_serve.measure.bench import run_bench
 
-        settings = {**model_values(args), **settings_values(args.set), "replicas": args.replicas}
+        settings = {**model_values(args), **settings_values(args.set), **option_values(args, ("replicas",))}
         return run_bench(ServiceConfig.from_args(settings), args)
     return 1
 

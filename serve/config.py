@@ -25,8 +25,11 @@ class ServiceConfig(ModelSettings):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    replicas: int | Literal["auto"] = Field(
-        1, description="encoder replicas, or 'auto': one per logical NeuronCore the Ray cluster declares")
+    # On cpu one replica per core beat one replica with a thread per core for small models (serve/cpu_plan.py).
+    replicas: int | Literal["auto"] | None = Field(
+        None, description="encoder replicas, or 'auto': on neuron one per logical NeuronCore the Ray cluster "
+                          "declares; on cpu one per core for an image tower up to 150 M parameters (one with "
+                          "every core above), as many as memory holds (default: auto on cpu, else 1)")
     neuron_cores_per_replica: int | None = Field(
         None, ge=0, le=1, description="logical NeuronCores each encoder replica asks Ray for (default: 1 on the "
                                       "neuron backends, else 0)")
@@ -92,9 +95,17 @@ class ServiceConfig(ModelSettings):
     def _check_serving(self) -> ServiceConfig:
         if isinstance(self.replicas, int) and self.replicas < 1:
             raise ValueError("replicas must be at least 1 (or 'auto')")
-        if self.replicas == "auto" and self.cores_per_replica == 0:
-            raise ValueError("replicas: auto counts logical NeuronCores; it needs neuron_cores_per_replica: 1")
+        if self.replica_setting == "auto" and self.cores_per_replica == 0 and self.backend != "cpu":
+            raise ValueError("replicas: auto counts logical NeuronCores (or cores on cpu); on "
+                             f"{self.backend} it needs neuron_cores_per_replica: 1, or name a count")
         return self
+
+    @property
+    def replica_setting(self) -> int | Literal["auto"]:
+        """`replicas` as given, else the backend's default."""
+        if self.replicas is not None:
+            return self.replicas
+        return "auto" if self.backend == "cpu" else 1
 
     @property
     def cores_per_replica(self) -> int:

@@ -138,7 +138,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     import ray
     from ray import serve
 
-    from siglip_serve.serve.app import build, resolve_replicas
+    from siglip_serve.serve.app import build, pin_replicas, resolve_replicas
 
     stop = threading.Event()
 
@@ -148,6 +148,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
 
     started_ray = address is None
     init_args: dict[str, Any] = {"namespace": "siglip-serve", "log_to_driver": True}
+    config = pin_replicas(config)
     if started_ray:
         replicas = config.replicas if isinstance(config.replicas, int) else None
         init_args.update(ray_resources(config, replicas))

@@ -75,14 +75,15 @@ DEPLOYED: list[str] = []
 def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> None:
     """Build the real application from Serve-YAML-style args and run it under `route_prefix`.
 
-    Text replicas are off unless a test asks for them (`text_replicas=1`): each costs a process."""
+    One encoder replica and no text replica unless a test asks (`replicas=2`, `text_replicas=1`):
+    each costs a process on a small shared cluster."""
     from ray import serve
     from ray.serve.api import _run
 
     from siglip_serve.serve.app import build_app
 
     DEPLOYED.append(name)
-    app = build_app({"model": "tiny-siglip", "text_replicas": 0, **args})
+    app = build_app({"model": "tiny-siglip", "replicas": 1, "text_replicas": 0, **args})
     if wait:
         serve.run(app, name=name, route_prefix=route_prefix)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,8 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
         assert by_kind["encoder"] > 0 and by_kind["ingress"] > 0 and by_kind["proxy"] >= 0
     assert result["multicore"]["cores"] == 2 and len(result["multicore"]["workers"]) == 2
     assert 0 < result["served_over_bare"] and result["front_end"] == "haproxy"
+    # replicas: auto (the cpu default) with one thread each: one replica per usable core.
+    assert result["replicas"] == len(os.sched_getaffinity(0)) and result["torch_threads"] == 1
     for title in ("bare encoder", "preprocessing", "served over HTTP", "server CPU-ms per image", "multi-core",
                   "served / bare"):
         assert title in run.stdout

@@ -12,6 +12,7 @@ import httpx
 import psutil
 import yaml
 
+from siglip_serve.measure.poll import poll
 from siglip_serve.serve.runner import free_port
 from tests.helpers import REPO, wait_until_ready
 
@@ -61,10 +62,12 @@ def test_bad_option_value_stops_before_ray(tmp_path: Path) -> None:
 
 
 def test_run_serves_and_sigterm_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:
+    """Run with the defaults, whose CPU plan (serve/cpu_plan.py) gives a small model one replica
+    per usable core, one torch thread each."""
     port = free_port()
     proc = subprocess.Popen(
-        [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--replicas", "1", "--port", str(port),
-         "--metrics-port", str(free_port()), "--set", "torch_threads=1"],
+        [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
+         "--metrics-port", str(free_port())],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -73,6 +76,11 @@ def test_run_serves_and_sigterm_leaves_no_ray_process(photo_jpegs: list[bytes]) 
         children = descendants(proc)
         assert any("raylet" in " ".join(p.cmdline()) for p in children)
         assert len(post_photo(url, photo_jpegs[0]).json()["data"][0]["embedding"]) == 64
+        cores = len(os.sched_getaffinity(0))
+        model, every_replica_up, _ = poll(lambda: httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0],
+                                          lambda m: len(m["replicas"]) == cores, START_TIMEOUT_S)
+        assert every_replica_up and model["replicas_expected"] == cores, model
+        assert [replica["torch_threads"] for replica in model["replicas"]] == [1] * cores
         output = stop_and_check_nothing_left(proc, children, signal.SIGTERM)
         assert "stopping Serve and Ray" in output
     finally:

@@ -1,0 +1,110 @@
+"""The CPU plan (serve/cpu_plan.py): how many encoder replicas `auto` runs and how many torch threads
+each gets. The machine (cores, memory) is set through the two functions that read it; the model
+sizes are open_clip's own, counted on the meta device."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from siglip_serve.models.loading import ParameterCounts, load_clip, parameter_counts
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.serve import cpu_plan
+from siglip_serve.serve.app import pin_replicas, resolve_replicas
+from siglip_serve.serve.config import ServiceConfig
+
+GiB = 2**30
+
+
+@pytest.fixture
+def machine(monkeypatch: pytest.MonkeyPatch):
+    """Set this machine's usable cores and available memory as cpu_plan sees them."""
+    def set_machine(cores: int, available_bytes: int) -> None:
+        monkeypatch.setattr(cpu_plan, "usable_cpus", lambda: cores)
+        monkeypatch.setattr(cpu_plan.psutil, "virtual_memory", lambda: SimpleNamespace(available=available_bytes))
+    return set_machine
+
+
+def test_parameter_counts_are_the_built_models() -> None:
+    model, _ = load_clip(ModelSettings(model="tiny-siglip", random_weights=True))
+    counts = parameter_counts("tiny-siglip")
+    assert counts.total == sum(p.numel() for p in model.parameters())
+    assert counts.image == sum(p.numel() for p in model.get_submodule("visual").parameters())
+
+
+def test_measured_models_fall_on_the_measured_side_of_the_split() -> None:
+    assert parameter_counts("ViT-B-16-SigLIP").image <= cpu_plan.SPLIT_MAX_IMAGE_PARAMETERS
+    assert parameter_counts("ViT-SO400M-14-SigLIP-384").image > cpu_plan.SPLIT_MAX_IMAGE_PARAMETERS
+
+
+def test_config_defaults_to_auto_on_cpu_only() -> None:
+    assert ServiceConfig.from_args({}).replica_setting == "auto"
+    assert ServiceConfig.from_args({"backend": "neuron"}).replica_setting == 1
+    assert ServiceConfig.from_args({"backend": "cuda"}).replica_setting == 1
+    assert ServiceConfig.from_args({"replicas": 3}).replica_setting == 3
+
+
+def test_small_model_gets_a_replica_per_core_with_one_thread(machine) -> None:
+    machine(cores=8, available_bytes=64 * GiB)
+    config = ServiceConfig.from_args({"model": "tiny-siglip"})
+    assert resolve_replicas(config) == 8
+    assert cpu_plan.encoder_torch_threads(config, 8) == 1
+
+
+def test_named_threads_set_the_replicas_per_core(machine) -> None:
+    machine(cores=8, available_bytes=64 * GiB)
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "torch_threads": 2})
+    assert resolve_replicas(config) == 4
+    assert cpu_plan.encoder_torch_threads(config, 4) == 2
+
+
+def test_large_model_keeps_one_replica_with_every_core(machine) -> None:
+    machine(cores=8, available_bytes=64 * GiB)
+    config = ServiceConfig.from_args({"model": "ViT-SO400M-14-SigLIP-384", "random_weights": True})
+    assert resolve_replicas(config) == 1
+    assert cpu_plan.encoder_torch_threads(config, 1) is None  # the replica takes its machine's cores
+
+
+def test_memory_caps_the_replicas_and_the_cores_are_split_among_those(machine, monkeypatch) -> None:
+    total = 100_000_000  # 0.8 GB of float32 weights: each replica needs ~2.1 GiB while it loads
+    monkeypatch.setattr(cpu_plan, "parameter_counts", lambda _model: ParameterCounts(image=total // 2, total=total))
+    need = cpu_plan.replica_load_bytes(total)
+    machine(cores=8, available_bytes=int(3.5 * need / cpu_plan.MEMORY_SHARE))
+    config = ServiceConfig.from_args({"model": "tiny-siglip"})
+    assert resolve_replicas(config) == 3
+    assert cpu_plan.encoder_torch_threads(config, 3) == 2
+    machine(cores=8, available_bytes=need // 10)
+    assert resolve_replicas(config) == 1  # never none
+
+
+def test_a_named_replica_count_splits_the_cores_without_oversubscribing(machine) -> None:
+    machine(cores=2, available_bytes=64 * GiB)
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "replicas": 2})
+    assert cpu_plan.encoder_torch_threads(config, 2) == 1
+    assert cpu_plan.encoder_torch_threads(config, 4) == 1  # more replicas than cores: still one thread
+    assert cpu_plan.encoder_torch_threads(ServiceConfig.from_args({"replicas": 1}), 1) is None
+    assert cpu_plan.encoder_torch_threads(ServiceConfig.from_args({"backend": "cuda", "replicas": 2}), 2) is None
+
+
+def test_pin_decides_the_count_before_ray_except_neurons_auto(machine) -> None:
+    machine(cores=2, available_bytes=64 * GiB)
+    assert pin_replicas(ServiceConfig.from_args({"model": "tiny-siglip"})).replicas == 2
+    assert pin_replicas(ServiceConfig.from_args({"backend": "cuda"})).replicas == 1
+    neuron_auto = ServiceConfig.from_args({"backend": "neuron", "replicas": "auto"})
+    assert pin_replicas(neuron_auto).replicas == "auto"  # counted from the cluster's neuron_cores
+
+
+def test_a_running_clusters_cpus_cap_auto_beside_the_ingress_and_text(machine) -> None:
+    machine(cores=8, available_bytes=64 * GiB)
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "text_replicas": 1})  # 0.5 + 0.5 CPUs beside
+    assert cpu_plan.auto_cpu_replicas(config, cluster_cpus=8) == 7
+    assert cpu_plan.auto_cpu_replicas(config, cluster_cpus=2) == 1  # `ray start` on a 2-core machine
+    assert cpu_plan.auto_cpu_replicas(config, cluster_cpus=64) == 8  # the cores still count
+
+
+def test_auto_on_cpu_placed_on_neuron_cores_still_counts_neuron_cores(machine) -> None:
+    """The tests' stand-in for neuron (cpu replicas asking for neuron_cores) keeps 'auto' on the cluster."""
+    machine(cores=2, available_bytes=64 * GiB)
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "replicas": "auto", "neuron_cores_per_replica": 1})
+    assert pin_replicas(config).replicas == "auto"

@@ -116,6 +116,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     try:
         config = ServiceConfig.from_args(args)
         if ray.is_initialized():
+            # Decided once, for the check and the build: cpu's auto builds the model on the meta device.
+            config = pin_replicas(config)
             check_cluster_fits(config, resolve_replicas(config))
         preflight_weights(config)
         return build(config)

@@ -16,9 +16,12 @@ TINY_MODEL = "tiny-siglip"
 MAX_BUCKET = 256
 
 # The one list of backend names: the CLI's --backend choices, the settings' validation and the
-# backend registry (siglip_serve.models.encoder) all read it. neuron: the trace line; neuron-native: TorchNeuron.
-Backend = Literal["cpu", "cuda", "neuron", "neuron-native"]
+# backend registry (siglip_serve.models.encoder) all read it. neuron: the trace line; neuron-native: TorchNeuron;
+# zeros-no-model: no model at all, the host ceiling (models/backends/zeros_no_model.py).
+Backend = Literal["cpu", "cuda", "neuron", "neuron-native", "zeros-no-model"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
+# Answers zero vectors without running any model: what the host side alone can serve. Never a default.
+NO_MODEL_BACKEND = "zeros-no-model"
 # The backends that run on a NeuronCore (a replica asks Ray for one; artifacts come from `compile`).
 NEURON_BACKENDS: tuple[str, ...] = ("neuron", "neuron-native")
 
@@ -89,8 +92,15 @@ class ModelSettings(BaseModel):
         return self.random_weights or self.model == TINY_MODEL
 
     @property
+    def needs_weights(self) -> bool:
+        """Whether anything must be loaded or downloaded: not for random weights nor for no model at all."""
+        return not self.uses_random_weights and self.backend != NO_MODEL_BACKEND
+
+    @property
     def weights_source(self) -> str:
-        """A short human/machine label: 'random', 'checkpoint:<path>' or 'pretrained:<tag>'."""
+        """A short human/machine label: 'random', 'checkpoint:<path>', 'pretrained:<tag>' or 'none'."""
+        if self.backend == NO_MODEL_BACKEND:
+            return f"none ({NO_MODEL_BACKEND}: zero vectors, no model runs)"
         if self.uses_random_weights:
             return f"random(seed={self.seed})"
         if self.checkpoint is not None:

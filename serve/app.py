@@ -13,7 +13,7 @@ from ray.serve.exceptions import RayServeException
 from siglip_serve.models.loading import model_geometry
 from siglip_serve.models.user_error import UserError
 from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads
+from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
 from siglip_serve.serve.encoder_deployment import encoder_deployment
 from siglip_serve.serve.ingress import IngressDeployment
 from siglip_serve.serve.text_deployment import text_deployment, text_neuron_cores
@@ -50,11 +50,13 @@ def pin_replicas(config: ServiceConfig) -> ServiceConfig:
     between that start and the deployment (the available memory moves as Ray starts)."""
     if config.replica_setting == "auto" and config.cores_per_replica > 0:
         return config
-    return config.model_copy(update={"replicas": resolve_replicas(config)})
+    replicas = resolve_replicas(config)
+    return config.model_copy(update={"replicas": replicas, "ingress_replicas": ingress_replicas_for(config, replicas)})
 
 
 def build(config: ServiceConfig) -> Application:
     replicas = resolve_replicas(config)
+    config = config.model_copy(update={"ingress_replicas": ingress_replicas_for(config, replicas)})
     image_size, embed_dim = model_geometry(config.model)
     model = {"name": config.model, "image_size": list(image_size), "embed_dim": embed_dim}
     # Only the image replicas split the cores; the text replica keeps its own default.
@@ -63,15 +65,15 @@ def build(config: ServiceConfig) -> Application:
     ingress = serve.deployment(
         IngressDeployment,
         name="Ingress",
-        num_replicas=config.ingress_replicas,
+        num_replicas=config.ingress_count,
         ray_actor_options={"num_cpus": config.ingress_num_cpus},
         max_ongoing_requests=INGRESS_MAX_ONGOING,
     )
     text = text_deployment(config).bind(config) if config.text_replica_count else None
-    log.info("application: %s on %s, %d encoder replica(s)%s, buckets %s, %d text replica(s)",
+    log.info("application: %s on %s, %d encoder replica(s)%s, buckets %s, %d ingress replica(s), %d text replica(s)",
              config.model, config.backend, replicas,
              f" x {encoder_config.torch_threads} torch thread(s)" if encoder_config.torch_threads else "",
-             list(config.buckets), config.text_replica_count)
+             list(config.buckets), config.ingress_count, config.text_replica_count)
     return ingress.bind(encoder, config, replicas, model, text)
 
 
@@ -90,11 +92,12 @@ def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
     which would otherwise leave replicas pending and /readyz unanswered for ever. Totals, not what is
     free now: a replica waiting for another application's resources is not refused."""
     total = ray.cluster_resources()
-    cpus = replicas * config.encoder_num_cpus + config.ingress_replicas * config.ingress_num_cpus
+    ingress = ingress_replicas_for(config, replicas)
+    cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus
     if cpus > total.get("CPU", 0) + 1e-9:
         raise ConfigError(
             f"this application needs {cpus:g} CPUs ({replicas} encoder replica(s) x encoder_num_cpus "
-            f"{config.encoder_num_cpus:g} + {config.ingress_replicas} ingress x ingress_num_cpus "
+            f"{config.encoder_num_cpus:g} + {ingress} ingress x ingress_num_cpus "
             f"{config.ingress_num_cpus:g}) but the Ray cluster has {total.get('CPU', 0):g}; lower "
             "replicas or encoder_num_cpus (Ray's CPUs are logical, e.g. encoder_num_cpus: 0.5), or start "
             "Ray with more: ray start --head --num-cpus N")

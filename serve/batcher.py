@@ -9,6 +9,10 @@ batch is formed only when the previous one has returned, up to `max_size` inputs
 
 Every input gets an answer: its result, its own error, the batch's error (every waiter of a batch
 that fails), or, when the replica stops the loop, a cancellation.
+
+The same queue coalesces the ingress's encoder calls (serve/ingress.py), with `concurrency` batches
+in flight at once and no wait: at low load each request's chunk goes out alone at once; past
+`concurrency` calls in flight, what queued meanwhile goes out as one call when one returns.
 """
 
 from __future__ import annotations
@@ -40,15 +44,18 @@ class Batcher:
     """Queue inputs from concurrent calls; run them in batches of at most `max_size` (by `size_of`)."""
 
     def __init__(self, run: RunBatch, max_size: int, size_of: Callable[[Any], int], wait_s: float,
-                 on_batch: Callable[[list[float], int], None] | None = None) -> None:
+                 on_batch: Callable[[list[float], int], None] | None = None, concurrency: int = 1) -> None:
         if max_size < 1:
             raise ValueError(f"max_size must be at least 1, got {max_size}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.run = run
         self.max_size = max_size
         self.size_of = size_of
         self.wait_s = wait_s
         # Called as each batch starts: the seconds each of its inputs waited, and what still waits.
         self.on_batch = on_batch
+        self.concurrency = concurrency
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -73,12 +80,29 @@ class Batcher:
         return await waiter.future
 
     async def _serve_forever(self) -> None:
+        slots = asyncio.Semaphore(self.concurrency)
+        running: set[asyncio.Task[None]] = set()
+
+        def finished(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            slots.release()
+
         try:
             while True:
-                batch = await self._next_batch()
-                await self._run(batch)
+                # The next batch forms only once a slot is free: what queues meanwhile joins it.
+                await slots.acquire()
+                try:
+                    batch = await self._next_batch()
+                except BaseException:
+                    slots.release()
+                    raise
+                task = asyncio.get_running_loop().create_task(self._run(batch))
+                running.add(task)
+                task.add_done_callback(finished)
         except BaseException:
             # Stopped (the replica is shutting down) or broken: nobody is left waiting forever.
+            for task in running:
+                task.cancel()
             self._cancel_queued()
             raise
 

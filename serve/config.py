@@ -34,7 +34,10 @@ class ServiceConfig(ModelSettings):
         None, ge=0, le=1, description="logical NeuronCores each encoder replica asks Ray for (default: 1 on the "
                                       "neuron backends, else 0)")
     encoder_num_cpus: float = Field(1.0, ge=0, description="CPUs each encoder replica asks Ray for")
-    ingress_replicas: int = Field(1, ge=1, description="HTTP ingress replicas")
+    # One ingress process carries about two cores of decoding and HTTP (serve/cpu_plan.py).
+    ingress_replicas: int | Literal["auto"] = Field(
+        "auto", description="HTTP ingress replicas, or 'auto': one per two of this host's cores that the encoder "
+                            "replicas and Ray's own processes leave free (at least 1)")
     ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs each ingress replica asks Ray for")
     # Pillow releases the GIL, so decode threads run in parallel.
     decode_threads: int = Field(4, ge=1, le=64, description="threads per ingress replica that decode and resize")
@@ -95,6 +98,8 @@ class ServiceConfig(ModelSettings):
     def _check_serving(self) -> ServiceConfig:
         if isinstance(self.replicas, int) and self.replicas < 1:
             raise ValueError("replicas must be at least 1 (or 'auto')")
+        if isinstance(self.ingress_replicas, int) and self.ingress_replicas < 1:
+            raise ValueError("ingress_replicas must be at least 1 (or 'auto')")
         if self.replica_setting == "auto" and self.cores_per_replica == 0 and self.backend != "cpu":
             raise ValueError("replicas: auto counts logical NeuronCores (or cores on cpu); on "
                              f"{self.backend} it needs neuron_cores_per_replica: 1, or name a count")
@@ -106,6 +111,14 @@ class ServiceConfig(ModelSettings):
         if self.replicas is not None:
             return self.replicas
         return "auto" if self.backend == "cpu" else 1
+
+    @property
+    def ingress_count(self) -> int:
+        """`ingress_replicas` once decided (serve/app.py pins 'auto' before anything is built)."""
+        if self.ingress_replicas == "auto":
+            raise ConfigError("ingress_replicas: auto is decided when the application is built; "
+                              "call siglip_serve.serve.app.pin_replicas first")
+        return self.ingress_replicas
 
     @property
     def cores_per_replica(self) -> int:

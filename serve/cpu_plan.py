@@ -1,4 +1,4 @@
-"""How a CPU service splits the machine's cores across encoder replicas.
+"""How a service splits the host's cores: encoder replicas on cpu, and ingress replicas everywhere.
 
 Measured on a 2-core VM (README, Benchmarks; A/B in one sitting): for small models one torch thread
 per replica, a replica per core, serves more images per second at fewer CPU-ms per image than one
@@ -51,7 +51,7 @@ def auto_cpu_replicas(config: ServiceConfig, cluster_cpus: float | None = None) 
     by_memory = max(1, int(available * MEMORY_SHARE) // need)
     replicas = min(by_cores, by_memory)
     if cluster_cpus is not None and config.encoder_num_cpus > 0:
-        others = (config.ingress_replicas * config.ingress_num_cpus
+        others = (ingress_replicas_for(config, 1) * config.ingress_num_cpus
                   + config.text_replica_count * config.text_num_cpus)
         replicas = max(1, min(replicas, int((cluster_cpus - others + 1e-9) // config.encoder_num_cpus)))
     log.info("replicas: auto on cpu -> %d: %d usable core(s) / %d torch thread(s) each (image tower %.0f M "
@@ -68,3 +68,31 @@ def encoder_torch_threads(config: ServiceConfig, replicas: int) -> int | None:
     if config.backend != "cpu" or config.torch_threads is not None or replicas <= 1:
         return config.torch_threads
     return max(1, usable_cpus() // replicas)
+
+
+# One ingress process saturates at about two cores: its event loop holds the GIL for HTTP, JSON and
+# Ray's calls while `decode_threads` decode beside it. Measured on the H100 host (16 cores, README):
+# one ingress served 118 img/s of ViT-B-16 at 16.3 ingress CPU-ms per image, 1.9 cores, as the limit.
+INGRESS_CORES = 2
+# HAProxy, Ray's GCS, raylet and dashboard agent, and Serve's controller.
+RESERVED_CORES = 2
+
+
+def encoder_host_cores(config: ServiceConfig, replicas: int) -> int:
+    """Host cores the encoder replicas keep busy: their torch threads on cpu, one each elsewhere (the
+    Python that feeds a GPU or NeuronCore)."""
+    if config.backend != "cpu":
+        return replicas
+    return replicas * (encoder_torch_threads(config, replicas) or usable_cpus())
+
+
+def ingress_replicas_for(config: ServiceConfig, encoder_replicas: int) -> int:
+    """`ingress_replicas` as a count: as given, or for 'auto' one per INGRESS_CORES of this host's
+    usable cores left by the encoders and RESERVED_CORES, at least one. On a CPU host the encoders
+    take the cores, so auto stays at 1; on an accelerator host it grows with the host (16 cores, one
+    GPU: 6; trn2.3xlarge at LNC=2, 12 vCPUs, 4 encoders: 3). It counts the machine that builds the
+    application: on a multi-node cluster name the count."""
+    if config.ingress_replicas != "auto":
+        return config.ingress_replicas
+    spare = usable_cpus() - encoder_host_cores(config, encoder_replicas) - RESERVED_CORES
+    return max(1, spare // INGRESS_CORES)

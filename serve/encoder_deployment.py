@@ -72,6 +72,18 @@ class EncoderReplica:
         """uint8 [n, 3, H, W] with n <= the largest bucket -> float32 [n, D]."""
         return await self.batcher.submit(images, deadline)
 
+    async def embed_chunks(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+        """Several callers' chunks in one call (serve/encoder_client.py): one result per chunk, its
+        float32 [n, D] or the exception it alone failed with; each joins the batch queue on its own."""
+        results = await asyncio.gather(*(self.batcher.submit(chunk, deadline)
+                                         for chunk, deadline in zip(chunks, deadlines, strict=True)),
+                                       return_exceptions=True)
+        # A cancellation (the replica stopping) is no answer to pickle back; the call as a whole fails.
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
+        return list(results)
+
     async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
         from siglip_serve.models.encoder import EncoderInputError  # loaded by __init__ already
 

@@ -216,6 +216,9 @@ def decode_base64_image(item: str, limits: ImageLimits = ImageLimits()) -> bytes
 
     # Cheap bound on the raw text first; whitespace can inflate it, so only a failing
     # item pays for the exact count.
+    if len(payload) * 3 // 4 <= limits.max_bytes and (data := _canonical_base64(payload)) is not None:
+        _check_size(len(data), limits)
+        return data
     if len(payload) * 3 // 4 > limits.max_bytes:
         payload = "".join(payload.split())
         _check_size(len(payload.rstrip("=")) * 3 // 4, limits)
@@ -232,6 +235,16 @@ def decode_base64_image(item: str, limits: ImageLimits = ImageLimits()) -> bytes
         raise _invalid_base64("image is not valid base64") from None
     _check_size(len(data), limits)
     return data
+
+
+def _canonical_base64(payload: str) -> bytes | None:
+    """Standard, padded base64 without whitespace (what nearly every client sends), decoded and checked
+    in C; None for anything else, which the tolerant path then reads or refuses with its reason.
+    The tolerant path costs ~10x more CPU per byte (whitespace split, translate, regex validation)."""
+    try:
+        return binascii.a2b_base64(payload.encode("ascii"), strict_mode=True) if payload else None
+    except (UnicodeEncodeError, binascii.Error):
+        return None
 
 
 def safe_filename(name: str, limit: int = 64) -> str:

@@ -17,17 +17,17 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 from ray import serve
-from ray.exceptions import RayActorError
-from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.encoder_client import EncoderClient
 from siglip_serve.serve.encoder_deployment import DeadlineExceeded, encoder_max_ongoing
 from siglip_serve.serve.errors import ApiError, ErrorType, error_response, install_error_handlers
 from siglip_serve.serve.http_body import (
@@ -77,6 +77,8 @@ class Ingress(TextRoutes):
         configure_replica_logging(config.log_level)
         self._init_text(text_encoder, config)
         self.encoder = encoder
+        self.encoder_client = EncoderClient(encoder, replicas, config.ingress_count, config.max_batch_size,
+                                            config.retry_after_s)
         self.config = config
         self.expected_replicas = replicas
         self.min_ready = min(config.min_ready_replicas, replicas)
@@ -196,30 +198,12 @@ class Ingress(TextRoutes):
     # -- the embedding path -----------------------------------------------------------------
 
     async def _encode(self, images: np.ndarray, deadline: float) -> np.ndarray:
-        step = self.config.max_batch_size
-        chunks = [images[start: start + step] for start in range(0, len(images), step)]
         wall_deadline = time.time() + (deadline - time.monotonic())
         try:
-            results = await _gathered(self._send(chunk, wall_deadline) for chunk in chunks)
+            return await self.encoder_client.embed(images, wall_deadline)
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s") from None
-        return np.concatenate(results)
-
-    async def _send(self, chunk: np.ndarray, deadline: float) -> np.ndarray:
-        """One chunk to the encoder deployment; the replica's batcher joins it with other requests' chunks."""
-        for attempt in (1, 2):
-            response = cast(DeploymentResponse, self.encoder.embed.remote(chunk, deadline))
-            try:
-                return await _awaited(response)
-            except asyncio.CancelledError:
-                response.cancel()
-                raise
-            except RayActorError:
-                # The replica died under this call: once more on whichever replica Serve picks now.
-                log.warning("an encoder replica stopped during a call (attempt %d of 2)", attempt)
-        raise ApiError(503, ErrorType.REPLICA_UNAVAILABLE,
-                       "an encoder replica stopped while running this request; retry", self._retry_after())
 
     async def _timed(self, endpoint: str, work: Awaitable[Response], deadline: float) -> Response:
         """Await a route's work and observe siglip_request_seconds with the status it ended in."""
@@ -256,26 +240,6 @@ class Ingress(TextRoutes):
             return response
 
         return await self._timed(endpoint, work(), deadline)
-
-
-def _gathered(awaitables: Any) -> "asyncio.Future[list[Any]]":
-    """asyncio.gather whose outcome is always retrieved: when a client goes away mid-request, the
-    cancelled gather would otherwise log "exception was never retrieved" with a traceback."""
-    group = asyncio.gather(*awaitables)
-    group.add_done_callback(lambda done: done.cancelled() or done.exception())
-    return group
-
-
-async def _awaited(response: DeploymentResponse) -> np.ndarray:
-    try:
-        return await response
-    except Exception as exc:  # Ray wraps replica errors; unwrap the ones we answer
-        cause = getattr(exc, "cause", None)
-        if isinstance(exc, DeadlineExceeded) or isinstance(cause, DeadlineExceeded):
-            raise DeadlineExceeded(str(exc)) from None
-        if isinstance(cause, RayActorError):
-            raise cause from None
-        raise
 
 
 @serve.ingress(app)
@@ -329,6 +293,8 @@ class IngressDeployment(Ingress):
             "lnc": int(lnc) if lnc is not None else None,
             "buckets": list(self.config.buckets),
             "replicas_expected": self.expected_replicas,
+            "ingress_replicas": self.config.ingress_count,
+            "ingress_replica": self.replica_name,
             "replicas_min_ready": self.min_ready,
             "replicas": replicas,
             "modalities": self.modalities,

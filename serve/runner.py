@@ -42,7 +42,7 @@ def preflight_weights(config: ServiceConfig) -> None:
 
     Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the
     hub client's minute of retries."""
-    if config.uses_random_weights or config.checkpoint is not None:
+    if not config.needs_weights or config.checkpoint is not None:
         return
     import open_clip
 
@@ -86,8 +86,10 @@ def preflight_tokenizer(config: ServiceConfig) -> None:
 
 def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]:
     """CPUs to declare so every replica fits even on a 2-core machine (Ray's CPUs are logical)."""
+    from siglip_serve.serve.cpu_plan import ingress_replicas_for
+
     count = replicas if replicas is not None else 1
-    needed = (count * config.encoder_num_cpus + config.ingress_replicas * config.ingress_num_cpus
+    needed = (count * config.encoder_num_cpus + ingress_replicas_for(config, count) * config.ingress_num_cpus
               + config.text_replica_count * config.text_num_cpus)
     return {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed))}
 

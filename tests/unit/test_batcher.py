@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -170,3 +171,27 @@ def test_a_failing_on_batch_hook_does_not_strand_the_batch() -> None:
         return await asyncio.wait_for(asyncio.gather(*(batcher.submit(x, 0.0) for x in "ab")), 2)
 
     assert asyncio.run(main()) == ["out-a", "out-b"]
+
+
+def test_with_concurrency_batches_overlap_and_the_queue_forms_the_next_one_when_a_slot_frees() -> None:
+    """The ingress's use (serve/encoder_client.py): two calls in flight, no wait; the rest coalesce."""
+    model = Model(seconds=0.1)
+
+    async def main() -> list[Any]:
+        batcher = Batcher(model.run, max_size=8, size_of=one, wait_s=0.0, concurrency=2)
+        first = []
+        for x in "ab":  # b arrives while a runs and a slot is free: it leaves at once, alone
+            first.append(asyncio.ensure_future(batcher.submit(x, 0.0)))
+            await asyncio.sleep(0.01)
+        rest = [asyncio.ensure_future(batcher.submit(x, 0.0)) for x in "cdef"]
+        return await asyncio.wait_for(asyncio.gather(*first, *rest), 2)
+
+    began = time.monotonic()
+    assert asyncio.run(main()) == [f"out-{x}" for x in "abcdef"]
+    assert model.batches == [["a"], ["b"], ["c", "d", "e", "f"]]
+    assert time.monotonic() - began < 0.35  # a and b overlapped: two rounds of 0.1 s, not three
+
+
+def test_concurrency_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        Batcher(Model().run, max_size=1, size_of=one, wait_s=0.0, concurrency=0)

@@ -108,3 +108,28 @@ def test_auto_on_cpu_placed_on_neuron_cores_still_counts_neuron_cores(machine) -
     machine(cores=2, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "replicas": "auto", "neuron_cores_per_replica": 1})
     assert pin_replicas(config).replicas == "auto"
+
+
+@pytest.mark.parametrize("backend,cores,encoders,expected", [
+    ("cpu", 2, 2, 1),        # the encoders take the cores: one ingress, as before auto
+    ("cpu", 64, 1, 1),       # one replica with every core (SO400M): still one
+    ("cuda", 16, 1, 6),      # the lent H100 host: (16 - 1 - 2) // 2
+    ("zeros-no-model", 16, 1, 6),
+    ("neuron", 12, 4, 3),    # trn2.3xlarge at LNC=2
+    ("neuron", 12, 8, 1),    # trn2.3xlarge at LNC=1
+    ("neuron", 192, 64, 63),  # trn2.48xlarge at LNC=2
+])
+def test_auto_ingress_replicas_take_the_cores_the_encoders_leave(machine, backend: str, cores: int, encoders: int,
+                                                                 expected: int) -> None:
+    machine(cores, 64 * GiB)
+    config = ServiceConfig(model="tiny-siglip", backend=backend, replicas=encoders)
+    assert cpu_plan.ingress_replicas_for(config, encoders) == expected
+    assert cpu_plan.ingress_replicas_for(config.model_copy(update={"ingress_replicas": 2}), encoders) == 2
+
+
+def test_pinning_decides_the_ingress_count_and_an_unpinned_count_is_refused(machine) -> None:
+    machine(16, 64 * GiB)
+    config = ServiceConfig(model="tiny-siglip", backend="cuda")
+    with pytest.raises(ValueError, match="decided when the application is built"):
+        _ = config.ingress_count
+    assert pin_replicas(config).ingress_count == 6

@@ -135,3 +135,13 @@ def test_warmup_runs_every_bucket(tiny_encoder) -> None:
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(Exception, match="backend"):
         create_encoder(ModelSettings.model_construct(model="tiny-siglip", backend="tpu", buckets=(1,)))
+
+
+def test_the_no_model_backend_answers_zero_vectors_of_the_models_shape_and_reads_no_weights() -> None:
+    settings = ModelSettings(model="ViT-B-16-SigLIP", backend="zeros-no-model")  # pretrained tag, nothing fetched
+    assert not settings.needs_weights and settings.weights_source.startswith("none (zeros-no-model")
+    encoder = create_encoder(settings)
+    out = encoder.encode(np.zeros((3, 3, 224, 224), dtype=np.uint8))
+    assert out.shape == (3, 768) and out.dtype == np.float32 and not out.any()
+    assert encoder.describe()["backend"] == "zeros-no-model"
+    assert ModelSettings().backend == "cpu"  # never the default

@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from siglip_serve.measure.bound import judge
 from siglip_serve.measure.results import BenchResult, EncoderRow, Machine, PreprocessResult
 from siglip_serve.measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
 from siglip_serve.measure.server_cpu import KINDS
+from siglip_serve.models.settings import NO_MODEL_BACKEND
 from siglip_serve.serve.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bench")
@@ -94,7 +96,7 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
     if "served" not in skip:
         from siglip_serve.models.backends.cpu import usable_cpus
         from siglip_serve.serve.app import pin_replicas
-        from siglip_serve.serve.cpu_plan import encoder_torch_threads
+        from siglip_serve.serve.cpu_plan import encoder_torch_threads, ingress_replicas_for
 
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
         result.front_end = args.front_end
@@ -105,10 +107,15 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         if config.backend == "cpu":
             result.torch_threads = encoder_torch_threads(served_config, result.replicas or 1) or usable_cpus()
             shape += f" x {result.torch_threads} torch thread(s)"
-        result.served = bench_served(served_config, levels, args.requests, args.images_per_request,
-                                     args.front_end)
+        endpoint = args.endpoint or ("raw" if args.images_per_request == 1 else "multipart")
+        result.endpoint = endpoint
+        result.ingress_replicas = ingress_replicas_for(served_config, result.replicas or 1)
+        shape += f", {result.ingress_replicas} ingress replica(s)"
+        result.served, result.host_ceiling = bench_served(
+            served_config, levels, args.requests, args.images_per_request, args.front_end, endpoint,
+            host_ceiling="host-ceiling" not in skip)
         print_table(f"served over HTTP: {config.model}, {shape}, "
-                    f"{args.images_per_request} image(s) per request",
+                    f"{args.images_per_request} image(s) per request ({endpoint})",
                     [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image}
                      for row in result.served],
                     ["concurrency", "images_per_second", "server_cpu_ms_per_image", "latency_p50_ms",
@@ -116,6 +123,12 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         print_table("server CPU-ms per image by process kind (the whole service process tree)",
                     [{"concurrency": row.concurrency, **row.server_cpu.ms_per_image_by_kind.model_dump()}
                      for row in result.served if row.server_cpu], ["concurrency", *KINDS])
+        if result.host_ceiling is not None:
+            print_table(f"host ceiling: the same deployment with no model ({NO_MODEL_BACKEND}), same client",
+                        [{**result.host_ceiling.model_dump(),
+                          "server_cpu_ms_per_image": result.host_ceiling.server_cpu
+                          and result.host_ceiling.server_cpu.ms_per_image}],
+                        ["concurrency", "images_per_second", "server_cpu_ms_per_image", "images_per_second_per_core"])
     if args.multicore:
         from siglip_serve.measure.multicore import format_comparison, format_workers, run_multicore
 
@@ -129,6 +142,11 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         served = max(row.images_per_second for row in result.served)
         result.served_over_bare = served / bare
         print(f"\nserved / bare (saturation): {served:.1f} / {bare:.1f} = {served / bare:.3f}")
+        if result.host_ceiling is not None:
+            # Each replica has a device of its own on an accelerator; on cpu they share the one host.
+            device = bare * (result.replicas or 1 if config.backend != "cpu" else 1)
+            result.bound = judge(result.host_ceiling.images_per_second, device, served)
+            print(f"{result.bound.verdict}: {result.bound.explanation}")
     result.write(args.json_out)
     print(f"wrote {args.json_out}")
     return 0

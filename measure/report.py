@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from siglip_serve.measure import plots
-from siglip_serve.measure.report_text import context_line, cross_check_line, markdown, table
+from siglip_serve.measure.bound import judge
+from siglip_serve.measure.report_text import bound_line, context_line, cross_check_line, markdown, table
 from siglip_serve.measure.results import (
     BenchResult,
+    Bound,
     InstanceReport,
     LoadTestSummary,
     MulticoreResult,
@@ -206,6 +208,21 @@ def efficiency(b: MulticoreResult | None, c: LoadTestSummary | None) -> float | 
     return c.saturation.images_per_second / b.instance_images_per_second
 
 
+def bound(bench: BenchResult | None, a: SingleCore | None, b: MulticoreResult | None,
+          served: OperatingPoint | None, ctx: ReportContext) -> Bound | None:
+    """Host- or device-bound, when the bench JSON holds a host ceiling: the device's rate is (b), all cores
+    at once, else (a)'s best bucket times the replicas (each has a device of its own off cpu)."""
+    if bench is None or bench.host_ceiling is None:
+        return None
+    if b is not None and b.instance_images_per_second:
+        device = b.instance_images_per_second
+    elif a is not None:
+        device = a.best_images_per_second * (ctx.replicas or 1 if ctx.backend != "cpu" else 1)
+    else:
+        return None
+    return judge(bench.host_ceiling.images_per_second, device, served.images_per_second if served else None)
+
+
 def draw_figures(out: Path, a: SingleCore | None, b: MulticoreResult | None, c: LoadTestSummary | None,
                  ref: SeedRow | None, line: str) -> dict[str, str | None]:
     steps = c.steps if c else []
@@ -230,12 +247,15 @@ def build_report(out: Path, bench: BenchResult | None, b: MulticoreResult | None
     over = over_target(c)
     # Seed lines on the figures only where the seed measured the same thing (SO400M on Neuron).
     ref = seed.get(ctx.lnc) if seed_comparable(ctx) and ctx.lnc is not None else None
+    verdict = bound(bench, a, b, (c.saturation if c else None) or over, ctx)
     missing = [name for name, part in (("(a) single-core bench", a), ("(b) multi-core bench", b),
-                                       ("(c) served saturation", c and (c.saturation or over))) if not part]
+                                       ("(c) served saturation", c and (c.saturation or over)),
+                                       ("host ceiling (siglip-serve bench with its served part)",
+                                        bench and bench.host_ceiling)) if not part]
     return InstanceReport(context=ctx, rows=rows(a, b, c, over, seed, ctx), serving_efficiency=efficiency(b, c),
                           single_core=a, multi_core=b, served=c, over_target=over, seed_reference=seed,
                           figures=draw_figures(out, a, b, c, ref, context_line(ctx)), inputs=sources,
-                          missing=missing)
+                          missing=missing, bound=verdict)
 
 
 def seed_comparable(ctx: ReportContext) -> bool:
@@ -276,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(report.rows)))
     eff = report.serving_efficiency
     print(f"serving efficiency (c)/(b): {eff:.1%}" if eff is not None else "serving efficiency: n/a")
+    print(bound_line(report.bound))
     print(cross_check_line(served))
     print(f"report: {out / 'report.md'}")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from siglip_serve.measure.results import InstanceReport, LoadTestSummary, ReportContext, ReportRow, Step
+from siglip_serve.measure.results import Bound, InstanceReport, LoadTestSummary, ReportContext, ReportRow, Step
 
 
 def _cell(value: Any, spec: str = ".2f") -> str:
@@ -49,6 +49,12 @@ def steps_table(steps: list[Step]) -> list[str]:
     return lines
 
 
+def bound_line(bound: Bound | None) -> str:
+    if bound is None:
+        return "host- or device-bound: not known (needs a bench JSON with a host ceiling: siglip-serve bench)"
+    return f"{bound.verdict.upper()}: {bound.explanation}"
+
+
 def markdown(report: InstanceReport, seed_comparable: bool) -> str:
     ctx, c, eff = report.context, report.served, report.serving_efficiency
     md = [f"# Instance throughput: {ctx.model} on {ctx.machine}", "",
@@ -57,6 +63,7 @@ def markdown(report: InstanceReport, seed_comparable: bool) -> str:
           *table(report.rows), "",
           f"Serving efficiency (c) ÷ (b): **{eff:.1%}**" if eff is not None
           else "Serving efficiency (c) ÷ (b): not available (needs both (b) and (c)).", "",
+          bound_line(report.bound), "",
           cross_check_line(c), "",
           "Latency: seed, (a) and (b) = mean time of one batch-1 call; (c) = request p50 at saturation "
           "(queueing and batching included). Cores for (c) = encoder replicas.", ""]

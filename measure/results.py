@@ -16,7 +16,7 @@ names the file and the field, not a silently missing row.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -126,6 +126,30 @@ class ServedRow(Result):
     server_cpu: ServerCpuResult | None = None
 
 
+class HostCeiling(Result):
+    """The served path with the model taken out (backend zeros-no-model, same replicas, same client):
+    what this host's serving side alone carries. Per core = 1000 / server CPU-ms per image."""
+
+    concurrency: int
+    replicas: int | None
+    ingress_replicas: int | None
+    images_per_second: float
+    images_per_second_per_core: float | None
+    server_cpu: ServerCpuResult | None
+
+
+class Bound(Result):
+    """Which side limits a deployment: the host's ceiling against the device's own rate (docs/capacity.md)."""
+
+    verdict: Literal["host-bound", "device-bound"]
+    host_ceiling_images_per_second: float
+    device_images_per_second: float
+    served_images_per_second: float | None
+    # served / the lower of the two: how close the service came to what it could do here.
+    served_over_limit: float | None
+    explanation: str
+
+
 # -- multi-core (seed 000's method) ----------------------------------------------------------
 
 class MulticoreWorker(Result):
@@ -178,10 +202,15 @@ class BenchResult(Commented):
     torch_threads: int | None = None
     multicore: MulticoreResult | None = None
     served_over_bare: float | None = None
+    # The served part's request body: raw bytes, multipart or JSON base64 (measure/corpus.py).
+    endpoint: str | None = None
+    ingress_replicas: int | None = None
+    host_ceiling: HostCeiling | None = None
+    bound: Bound | None = None
 
     def _absent(self) -> set[str]:
         parts = ("encoder", "preprocess", "served", "front_end", "replicas", "torch_threads", "multicore",
-                 "served_over_bare")
+                 "served_over_bare", "endpoint", "ingress_replicas", "host_ceiling", "bound")
         return super()._absent() | {part for part in parts if getattr(self, part) is None}
 
 
@@ -356,3 +385,5 @@ class InstanceReport(Result):
     figures: dict[str, str | None]
     inputs: dict[str, str | None]
     missing: list[str]
+    # Host- or device-bound, when the bench JSON holds a host ceiling (siglip-serve bench).
+    bound: Bound | None = None

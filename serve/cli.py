@@ -50,6 +50,7 @@ SERVICE_OPTIONS = ("replicas", "api_key", "api_key_file", "access_log")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from siglip_serve.measure.corpus import ENDPOINTS
     from siglip_serve.serve.config import ServiceConfig
 
     parser = argparse.ArgumentParser(prog="siglip-serve", description=__doc__)
@@ -82,11 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
     bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
     add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
-    bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: >1 sends multipart")
+    bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: images in each request")
     bench.add_argument("--multicore", type=int, default=0, metavar="N",
                        help="also run seed 000's multi-core bench: N pinned workers, summed (neuron: N logical cores)")
     bench.add_argument("--multicore-bucket", type=int, default=1, help="batch each multi-core worker runs (seed: 1)")
-    bench.add_argument("--skip", default="", help="comma list of parts to skip: encoder,preprocess,served")
+    bench.add_argument("--skip", default="", help="comma list of parts to skip: encoder,preprocess,served,"
+                                                  "host-ceiling (the served path with no model, zeros-no-model)")
+    bench.add_argument("--endpoint", choices=ENDPOINTS, help="served benchmark's body: raw bytes (the default for "
+                                                             "one image a request), multipart (for more), or json "
+                                                             "(base64 data URIs)")
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
     bench.add_argument("--set", action="append", default=[], type=key_value, metavar="KEY=VALUE")
     add_front_end_option(bench)

@@ -19,8 +19,8 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = subprocess.run(
         [str(BIN / "siglip-serve"), "bench", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3",
-         "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--multicore", "2",
-         "--set", "torch_threads=1", "--json", str(out)],
+         "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--endpoint", "json",
+         "--multicore", "2", "--set", "torch_threads=1", "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -43,9 +43,15 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
         # psutil's 10 ms ticks, so its presence is checked, not its size.
         assert by_kind["encoder"] > 0 and by_kind["ingress"] > 0 and by_kind["proxy"] >= 0
     assert result["multicore"]["cores"] == 2 and len(result["multicore"]["workers"]) == 2
-    assert 0 < result["served_over_bare"] and result["front_end"] == "haproxy"
+    assert 0 < result["served_over_bare"] and result["front_end"] == "haproxy" and result["endpoint"] == "json"
+    # The host ceiling: the same deployment with the model taken out, at the highest concurrency.
+    ceiling = result["host_ceiling"]
+    assert ceiling["concurrency"] == 2 and ceiling["images_per_second"] > 0
+    assert ceiling["images_per_second_per_core"] == pytest.approx(1000 / ceiling["server_cpu"]["ms_per_image"])
+    assert result["bound"]["verdict"] in ("host-bound", "device-bound")
+    assert result["bound"]["host_ceiling_images_per_second"] == ceiling["images_per_second"]
     # replicas: auto (the cpu default) with one thread each: one replica per usable core.
     assert result["replicas"] == len(os.sched_getaffinity(0)) and result["torch_threads"] == 1
     for title in ("bare encoder", "preprocessing", "served over HTTP", "server CPU-ms per image", "multi-core",
-                  "served / bare"):
+                  "served / bare", "host ceiling", result["bound"]["verdict"]):
         assert title in run.stdout

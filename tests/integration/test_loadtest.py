@@ -179,8 +179,13 @@ def test_report_builds_from_recorded_results(tmp_path: Path) -> None:
     assert sources == ["seed 000, LNC=2", "seed 000, LNC=1", "(a) this run", "(b) this run", "(c) this run"]
     bench = json.loads((DATA / "bench.json").read_text())
     assert result["rows"][2]["per_core"] == next(r["images_per_second"] for r in bench["encoder"] if r["bucket"] == 1)
+    # The host ceiling (250 img/s, no model) against (b), all cores at once: the device is the limit here.
+    assert result["bound"]["verdict"] == "device-bound"
+    assert result["bound"]["device_images_per_second"] == pytest.approx(total)
+    assert result["bound"]["served_images_per_second"] == summary["saturation"]["images_per_second"]
     md = (tmp_path / "report.md").read_text()
     assert f"{result['serving_efficiency']:.1%}" in md and "141.10" in md and "115.00" in md
+    assert "DEVICE-BOUND" in md
     assert "Metrics cross-check" in md and str(summary["metrics_check"]["client_images"]) in md
     for name in ("throughput_vs_users", "latency_vs_users", "per_core"):
         png = tmp_path / f"{name}.png"
@@ -243,7 +248,8 @@ def test_a_closed_step_keeps_the_window_it_was_judged_on() -> None:
 def test_report_tolerates_missing_parts(tmp_path: Path) -> None:
     assert report.main(["--loadtest-summary", str(DATA / "loadtest_summary.json"), "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "report.json").read_text())
-    assert result["serving_efficiency"] is None and len(result["missing"]) == 2
+    assert result["serving_efficiency"] is None and len(result["missing"]) == 3 and result["bound"] is None
+    assert any("host ceiling" in part for part in result["missing"])
     assert result["figures"]["per_core"] is None and (tmp_path / "throughput_vs_users.png").exists()
     assert report.main(["--out", str(tmp_path / "none")]) == 2
     assert report.main(["--bench-json", str(tmp_path / "absent.json"), "--out", str(tmp_path)]) == 2

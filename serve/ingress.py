@@ -78,7 +78,7 @@ class Ingress(TextRoutes):
         self._init_text(text_encoder, config)
         self.encoder = encoder
         self.encoder_client = EncoderClient(encoder, replicas, config.ingress_count, config.max_batch_size,
-                                            config.retry_after_s)
+                                            config.retry_after_s, model_on_host_cores=config.backend == "cpu")
         self.config = config
         self.expected_replicas = replicas
         self.min_ready = min(config.min_ready_replicas, replicas)

@@ -122,3 +122,4 @@ def test_the_window_is_shared_between_ingress_replicas() -> None:
     assert calls_in_flight(replicas=4, ingress_replicas=1) == 8
     assert calls_in_flight(replicas=4, ingress_replicas=3) == 3
     assert calls_in_flight(replicas=1, ingress_replicas=6) == 2  # never below one running and one queued
+    assert calls_in_flight(replicas=4, ingress_replicas=1, model_on_host_cores=True) == 4  # cpu: one per replica

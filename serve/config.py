@@ -59,6 +59,9 @@ class ServiceConfig(ModelSettings):
     # A deliberate, documented difference from open_clip (cosine >= 0.9999 kept).
     fast_jpeg_decode: bool = Field(True, description="decode large JPEGs at a reduced DCT scale (>= 2x the model's "
                                                      "input), then resize; false gives open_clip's exact pixels")
+    # nvJPEG on the GPU instead of the ingress's cores (models/device_decode.py); cpu allows it for tests.
+    device_jpeg_decode: bool = Field(False, description="cuda: decode 8-bit RGB/grey JPEGs in the encoder replica on "
+                                                        "the GPU (nvJPEG); every limit is still checked in the ingress")
     max_body_bytes: int = Field(20 * MiB, ge=1024, description="largest request body")
     max_image_pixels: int = Field(40_000_000, ge=1, description="most pixels of one image, from its header")
     # A 1 x 39,000,000 PNG is 76 KB.
@@ -100,6 +103,8 @@ class ServiceConfig(ModelSettings):
             raise ValueError("replicas must be at least 1 (or 'auto')")
         if isinstance(self.ingress_replicas, int) and self.ingress_replicas < 1:
             raise ValueError("ingress_replicas must be at least 1 (or 'auto')")
+        if self.device_jpeg_decode and self.backend not in ("cuda", "cpu"):
+            raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
         if self.replica_setting == "auto" and self.cores_per_replica == 0 and self.backend != "cpu":
             raise ValueError("replicas: auto counts logical NeuronCores (or cores on cpu); on "
                              f"{self.backend} it needs neuron_cores_per_replica: 1, or name a count")

@@ -23,6 +23,7 @@ import numpy as np
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
+from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.errors import ApiError, ErrorType
 
@@ -50,11 +51,11 @@ class EncoderClient:
                  retry_after_s: int, model_on_host_cores: bool = False) -> None:
         self.handle = handle
         self.retry_after_s = retry_after_s
-        self.calls = Batcher(self._call, max_images, lambda chunk: int(chunk.shape[0]), wait_s=0.0,
+        self.calls = Batcher(self._call, max_images, len, wait_s=0.0,
                              concurrency=calls_in_flight(replicas, ingress_replicas, model_on_host_cores))
 
-    async def embed(self, images: np.ndarray, deadline: float) -> np.ndarray:
-        """uint8 [n, 3, H, W] (any n) -> float32 [n, D]; `deadline` in time.time() seconds."""
+    async def embed(self, images: np.ndarray | JpegFiles, deadline: float) -> np.ndarray:
+        """uint8 [n, 3, H, W] or n JPEG files (any n) -> float32 [n, D]; `deadline` in time.time() seconds."""
         step = self.calls.max_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
         group = asyncio.gather(*(self.calls.submit(chunk, deadline) for chunk in chunks))
@@ -63,7 +64,7 @@ class EncoderClient:
         group.add_done_callback(lambda done: done.cancelled() or done.exception())
         return np.concatenate(await group) if len(chunks) > 1 else (await group)[0]
 
-    async def _call(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+    async def _call(self, chunks: list[np.ndarray | JpegFiles], deadlines: list[float]) -> list[Any]:
         """One encoder call for `chunks`; one result (array or exception) per chunk."""
         for attempt in (1, 2):
             response = cast(DeploymentResponse, self.handle.embed_chunks.remote(chunks, deadlines))

@@ -18,6 +18,7 @@ import numpy as np
 import ray
 from ray import serve
 
+from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve import registry
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
@@ -50,7 +51,7 @@ class EncoderReplica:
         # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
         # teams of asyncio.to_thread's rotating workers spin on the same cores after their pass.
         self.forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-        self.batcher = Batcher(self._embed_batch, self.encoder.max_batch_size, lambda chunk: int(chunk.shape[0]),
+        self.batcher = Batcher(self._embed_batch, self.encoder.max_batch_size, len,
                                config.batch_wait_timeout_s, on_batch=self.metrics.batch_started)
         context = serve.get_replica_context()
         self.app_name = context.app_name
@@ -84,7 +85,7 @@ class EncoderReplica:
                 raise result
         return list(results)
 
-    async def _embed_batch(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+    async def _embed_batch(self, chunks: list[np.ndarray | JpegFiles], deadlines: list[float]) -> list[Any]:
         from siglip_serve.models.encoder import EncoderInputError  # loaded by __init__ already
 
         # Each chunk is answered on its own: a bad or late chunk gets its own error, the rest run.
@@ -93,7 +94,8 @@ class EncoderReplica:
         runnable = []
         for i, (chunk, deadline) in enumerate(zip(chunks, deadlines, strict=True)):
             try:
-                self.encoder.check_input(chunk)
+                if not isinstance(chunk, JpegFiles):
+                    self.encoder.check_input(chunk)
             except EncoderInputError as exc:
                 results[i] = exc
                 continue
@@ -102,22 +104,47 @@ class EncoderReplica:
                 continue
             runnable.append(i)
         if runnable:
-            batch = np.concatenate([chunks[i] for i in runnable])
             # Off the event loop, so the replica keeps accepting and gathering the next batch.
             loop = asyncio.get_running_loop()
-            embeddings = await loop.run_in_executor(self.forward_thread, self.encoder.encode, batch)
-            offset = 0
-            for i in runnable:
-                n = int(chunks[i].shape[0])
-                results[i] = embeddings[offset: offset + n]
-                offset += n
+            taken = [chunks[i] for i in runnable]
+            outcome = await loop.run_in_executor(self.forward_thread, self._encode_chunks, taken)
+            for i, result in zip(runnable, outcome, strict=True):
+                results[i] = result
         return results
+
+    def _encode_chunks(self, chunks: list[np.ndarray | JpegFiles]) -> list[Any]:
+        """One forward pass over the chunks (JPEG files decoded on the model's device first): each
+        chunk's embeddings, or the decode error that chunk alone failed with."""
+        if not any(isinstance(chunk, JpegFiles) for chunk in chunks):
+            embeddings = self.encoder.encode(np.concatenate(chunks))
+            return _split(embeddings, [len(chunk) for chunk in chunks])
+        import torch
+
+        from siglip_serve.models.device_decode import DeviceDecodeError, decode_resize
+        from siglip_serve.models.image_errors import CorruptImage
+
+        device = getattr(self.encoder, "device", torch.device("cpu"))
+        pixels: list[Any] = []
+        for chunk in chunks:
+            try:
+                pixels.append(decode_resize(chunk.files, self.encoder.image_size, device)
+                              if isinstance(chunk, JpegFiles) else torch.from_numpy(chunk).to(device))
+            except DeviceDecodeError:
+                pixels.append(CorruptImage("image data is truncated or corrupt"))
+        good = [p for p in pixels if not isinstance(p, Exception)]
+        parts = iter(_split(self.encoder.encode(torch.cat(good)), [len(p) for p in good]) if good else [])
+        return [p if isinstance(p, Exception) else next(parts) for p in pixels]
 
     def __del__(self) -> None:
         try:
             registry.unregister_replica(self.app_name, self.replica_actor_name)
         except Exception:  # broad on purpose: best effort at shutdown; live_replicas prunes dead ones anyway
             pass
+
+
+def _split(embeddings: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    offsets = np.cumsum([0, *sizes])
+    return [embeddings[start:stop] for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
 def encoder_max_ongoing(config: ServiceConfig) -> int:

@@ -16,6 +16,7 @@ from functools import partial
 
 import numpy as np
 
+from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageHeader, preprocess_image, probe_image
 from siglip_serve.serve.config import ServiceConfig
@@ -27,6 +28,10 @@ from siglip_serve.serve.http_body import decode_base64_image
 # header cost ~40 us there, a hop to a thread ~80 us of CPU. Larger inputs (a PNG's metadata chunks
 # are read up to its pixels) go to a thread, so the loop never stalls for long.
 INLINE_PROBE_BYTES = 1024 * 1024
+
+
+# What the device decoder reads as the host does: CMYK, MPO and other JPEGs decode on the host.
+DEVICE_JPEG_MODES = ("RGB", "L")
 
 
 class ImagePrep:
@@ -61,12 +66,16 @@ class ImagePrep:
         self._observe_seconds(time.perf_counter() - began)
         return array
 
-    async def prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str]) -> np.ndarray:
-        """uint8 [N, 3, H, W] of the request's images in order, or the first rejected image's ApiError."""
+    async def prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str]) -> np.ndarray | JpegFiles:
+        """uint8 [N, 3, H, W] of the request's images in order, or the first rejected image's ApiError.
+        With `device_jpeg_decode`, a request of only 8-bit RGB or grey JPEGs goes on undecoded (JpegFiles)."""
         if sum(len(item) for item in items) <= INLINE_PROBE_BYTES:
             probed = self.probe(items, labels)
         else:
             probed = await asyncio.to_thread(self.probe, items, labels)
+        if self.config.device_jpeg_decode and all(header.format == "JPEG" and header.mode in DEVICE_JPEG_MODES
+                                                  for _, header in probed):
+            return JpegFiles(tuple(raw for raw, _ in probed))
         turn = object()  # this request's queue in the fair decode queue
         tasks = [asyncio.ensure_future(self.decoder.run(turn, partial(self._prepare, raw), header.decode_bytes))
                  for raw, header in probed]

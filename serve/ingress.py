@@ -25,11 +25,13 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from siglip_serve.models.device_decode import JpegFiles
+from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.encoder_client import EncoderClient
 from siglip_serve.serve.encoder_deployment import DeadlineExceeded, encoder_max_ongoing
-from siglip_serve.serve.errors import ApiError, ErrorType, error_response, install_error_handlers
+from siglip_serve.serve.errors import ApiError, ErrorType, error_response, image_error, install_error_handlers
 from siglip_serve.serve.http_body import (
     EmbeddingsRequest,
     HeaderLimits,
@@ -197,13 +199,15 @@ class Ingress(TextRoutes):
 
     # -- the embedding path -----------------------------------------------------------------
 
-    async def _encode(self, images: np.ndarray, deadline: float) -> np.ndarray:
+    async def _encode(self, images: np.ndarray | JpegFiles, deadline: float) -> np.ndarray:
         wall_deadline = time.time() + (deadline - time.monotonic())
         try:
             return await self.encoder_client.embed(images, wall_deadline)
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s") from None
+        except ImageRejected as exc:  # a JPEG the device decoder refused (device_jpeg_decode)
+            raise image_error(exc) from None
 
     async def _timed(self, endpoint: str, work: Awaitable[Response], deadline: float) -> Response:
         """Await a route's work and observe siglip_request_seconds with the status it ended in."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Batcher:
         self.concurrency = concurrency
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._arrived = asyncio.Event()
+        self._slot_freed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -79,23 +81,25 @@ class Batcher:
         # A caller that goes away (cancelled) leaves its waiter done: the next batch skips it.
         return await waiter.future
 
+    def set_concurrency(self, concurrency: int) -> None:
+        """Batches in flight from now on (at least 1); running ones are not touched."""
+        self.concurrency = max(1, concurrency)
+        self._slot_freed.set()
+
     async def _serve_forever(self) -> None:
-        slots = asyncio.Semaphore(self.concurrency)
         running: set[asyncio.Task[None]] = set()
 
         def finished(task: asyncio.Task[None]) -> None:
             running.discard(task)
-            slots.release()
+            self._slot_freed.set()
 
         try:
             while True:
                 # The next batch forms only once a slot is free: what queues meanwhile joins it.
-                await slots.acquire()
-                try:
-                    batch = await self._next_batch()
-                except BaseException:
-                    slots.release()
-                    raise
+                while len(running) >= self.concurrency:
+                    self._slot_freed.clear()
+                    await self._slot_freed.wait()
+                batch = await self._next_batch(free_slots=self.concurrency - len(running))
                 task = asyncio.get_running_loop().create_task(self._run(batch))
                 running.add(task)
                 task.add_done_callback(finished)
@@ -106,13 +110,13 @@ class Batcher:
             self._cancel_queued()
             raise
 
-    async def _next_batch(self) -> list[_Waiter]:
+    async def _next_batch(self, free_slots: int = 1) -> list[_Waiter]:
         batch: list[_Waiter] = []
-        size = self._take(batch, 0)
+        size = self._take(batch, 0, free_slots)
         while not batch:
             self._arrived.clear()
             await self._arrived.wait()
-            size = self._take(batch, 0)
+            size = self._take(batch, 0, free_slots)
         deadline = time.monotonic() + self.wait_s
         while size < self.max_size and self._fits_next(size) and (remaining := deadline - time.monotonic()) > 0:
             self._arrived.clear()
@@ -128,14 +132,21 @@ class Batcher:
         head = next((w for w in self._queue if not w.future.done()), None)
         return head is None or size + head.size <= self.max_size
 
-    def _take(self, batch: list[_Waiter], size: int) -> int:
-        """Move queued inputs into `batch` in arrival order while they fit; returns the batch's size."""
+    def _take(self, batch: list[_Waiter], size: int, free_slots: int = 1) -> int:
+        """Move queued inputs into `batch` in arrival order while they fit; returns the batch's size.
+
+        With other slots free too, the batch takes only its share of the queue: eight requests that
+        arrive together at an ingress with two encoder replicas idle leave as two calls of four, not
+        one of eight while the other replica waits (ViT-B-16, c=8: 3.6 img/s before this, 4.5 old)."""
+        limit = self.max_size
+        if free_slots > 1:
+            limit = min(limit, max(1, math.ceil((size + self.queued) / free_slots)))
         while self._queue:
             head = self._queue[0]
             if head.future.done():
                 self._queue.popleft()
                 continue
-            if size + head.size > self.max_size:
+            if size + head.size > self.max_size or (batch and size + head.size > limit):
                 break
             batch.append(self._queue.popleft())
             size += head.size

@@ -2,10 +2,13 @@
 
 Every call through a Serve handle costs host CPU on both sides whatever it carries (routing,
 tracing hooks, Ray's task submission and reply, the replica's request wrapper): measured on
-tiny-siglip, about 4 ms of CPU per single-image call, against ~1.5 ms to decode the image. So the
-ingress keeps at most `CALLS_IN_FLIGHT_PER_REPLICA` calls per encoder replica in flight; while they
-run, chunks queue here, and when one returns, what queued meanwhile (up to the largest bucket's
-images) goes out as one call. At low load a chunk still goes out alone and at once.
+tiny-siglip, about 4 ms of CPU per single-image call, against ~1.5 ms to decode the image. Where the
+model is that fast (a full batch in less than the CPU its calls would cost one by one, read from the
+replicas' warm-up), the ingress keeps only a few calls in flight per encoder replica; while they run,
+chunks queue here, and when one returns, what queued meanwhile (up to the largest bucket's images,
+shared fairly when several calls are free) goes out as one call. At low load a chunk still goes out
+alone and at once. Behind a slow model every chunk goes at once, as before: held back here, it would
+miss the replica's next batch.
 
 Each chunk keeps its own answer: the replica returns one result per chunk (its embeddings, or the
 error only it failed with, e.g. its deadline passed in the queue), a dead replica is retried once
@@ -35,6 +38,8 @@ log = logging.getLogger("siglip_serve.ingress")
 # calls cost less CPU per image (tiny-siglip, c=32, alternating: 6.2 vs 7.0-8.5 ms per image).
 CALLS_IN_FLIGHT_PER_REPLICA = 2
 CALLS_IN_FLIGHT_PER_CPU_REPLICA = 1
+# Host CPU one encoder call costs on both sides, whatever it carries (tiny-siglip on the dev VM).
+CALL_CPU_SECONDS = 0.004
 
 
 def calls_in_flight(replicas: int, ingress_replicas: int, model_on_host_cores: bool = False) -> int:
@@ -46,13 +51,37 @@ def calls_in_flight(replicas: int, ingress_replicas: int, model_on_host_cores: b
     return max(per_replica, math.ceil(wanted / max(ingress_replicas, 1)))
 
 
+def worth_coalescing(full_batch_seconds: float, max_images: int) -> bool:
+    """Whether holding requests back to share calls pays: only while the calls a full batch would take
+    one by one cost more host CPU than the batch's own forward pass. Behind a slow model (ViT-B-16 on
+    cpu, 1.7 s a batch of 8) requests held back at the ingress miss the replica's next batch and leave
+    a replica idle (3.3-3.6 img/s against 4.5 sending each at once, alternating); there a call's few
+    ms of CPU do not matter."""
+    return full_batch_seconds < CALL_CPU_SECONDS * max_images
+
+
 class EncoderClient:
+    """Sends each request's chunks at once (up to `max_in_flight` calls) until `tune` learns the model
+    is fast enough for coalescing to pay; then at most `calls_in_flight` calls, the rest coalesced."""
+
     def __init__(self, handle: DeploymentHandle, replicas: int, ingress_replicas: int, max_images: int,
-                 retry_after_s: int, model_on_host_cores: bool = False) -> None:
+                 retry_after_s: int, max_in_flight: int, model_on_host_cores: bool = False) -> None:
         self.handle = handle
         self.retry_after_s = retry_after_s
-        self.calls = Batcher(self._call, max_images, len, wait_s=0.0,
-                             concurrency=calls_in_flight(replicas, ingress_replicas, model_on_host_cores))
+        self.coalescing_window = calls_in_flight(replicas, ingress_replicas, model_on_host_cores)
+        self.tuned = False
+        self.calls = Batcher(self._call, max_images, len, wait_s=0.0, concurrency=max(1, max_in_flight))
+
+    def tune(self, full_batch_seconds: float | None) -> None:
+        """Given the replicas' forward time of a full batch (their warm-up), coalesce if that pays."""
+        if self.tuned or full_batch_seconds is None:
+            return
+        self.tuned = True
+        if worth_coalescing(full_batch_seconds, self.calls.max_size):
+            self.calls.set_concurrency(self.coalescing_window)
+        log.info("encoder calls: a full batch runs in %.1f ms; %s", full_batch_seconds * 1e3,
+                 f"coalescing, {self.calls.concurrency} call(s) in flight" if self.calls.concurrency ==
+                 self.coalescing_window else "each request's chunks sent at once")
 
     async def embed(self, images: np.ndarray | JpegFiles, deadline: float) -> np.ndarray:
         """uint8 [n, 3, H, W] or n JPEG files (any n) -> float32 [n, D]; `deadline` in time.time() seconds."""

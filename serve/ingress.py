@@ -80,7 +80,8 @@ class Ingress(TextRoutes):
         self._init_text(text_encoder, config)
         self.encoder = encoder
         self.encoder_client = EncoderClient(encoder, replicas, config.ingress_count, config.max_batch_size,
-                                            config.retry_after_s, model_on_host_cores=config.backend == "cpu")
+                                            config.retry_after_s, max_in_flight=replicas * encoder_max_ongoing(config),
+                                            model_on_host_cores=config.backend == "cpu")
         self.config = config
         self.expected_replicas = replicas
         self.min_ready = min(config.min_ready_replicas, replicas)
@@ -139,8 +140,11 @@ class Ingress(TextRoutes):
         # a burst on a fresh ingress must not queue a GCS call per request.
         if self._ready_check is None or self._ready_check.done():
             self._ready_check = asyncio.ensure_future(self._replicas())
-        live = len(await asyncio.shield(self._ready_check))
+        replicas = await asyncio.shield(self._ready_check)
+        live = len(replicas)
         ready = live >= self.min_ready
+        if ready:
+            self.encoder_client.tune(full_batch_seconds(replicas, self.config.max_batch_size))
         self._accepting = self._accepting or ready
         return ready, live
 
@@ -244,6 +248,13 @@ class Ingress(TextRoutes):
             return response
 
         return await self._timed(endpoint, work(), deadline)
+
+
+def full_batch_seconds(replicas: list[dict[str, Any]], max_batch_size: int) -> float | None:
+    """The slowest warm replica's forward time of its largest bucket, from its warm-up."""
+    times = [r.get("warmup_seconds", {}).get(str(max_batch_size)) for r in replicas]
+    known = [float(t) for t in times if t is not None]
+    return max(known) if known else None
 
 
 @serve.ingress(app)

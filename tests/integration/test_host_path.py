@@ -4,16 +4,23 @@ to the encoder replica (`device_jpeg_decode`: nvJPEG on cuda, here torchvision o
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.helpers import ServeCluster, TinyReference, assert_error, cosine, deploy, embeddings_of
 
 TIMEOUT = 60.0
+ROUTE = "/host-path"
 
 
-def test_two_ingress_replicas_both_answer_and_embed_correctly(serve_cluster: ServeCluster, photo_jpegs: list[bytes],
+@pytest.fixture(scope="module")
+def url(serve_cluster: ServeCluster) -> str:
+    """One application with both options (each deploy costs CI seconds): two ingress replicas, device decode."""
+    deploy("host_path", ROUTE, ingress_replicas=2, device_jpeg_decode=True)
+    return f"{serve_cluster.base_url}{ROUTE}"
+
+
+def test_two_ingress_replicas_both_answer_and_embed_correctly(url: str, photo_jpegs: list[bytes],
                                                               tiny_reference: TinyReference) -> None:
-    deploy("two_ingress", "/two-ingress", ingress_replicas=2)
-    url = f"{serve_cluster.base_url}/two-ingress"
     seen: set[str] = set()
     for attempt in range(40):
         # A new connection each time: the front end balances connections over the ingress replicas.
@@ -25,21 +32,20 @@ def test_two_ingress_replicas_both_answer_and_embed_correctly(serve_cluster: Ser
             data = photo_jpegs[attempt % len(photo_jpegs)]
             got = embeddings_of(client.post("/v1/embeddings/image", content=data,
                                             headers={"Content-Type": "image/jpeg"}))
-            assert got.shape == (1, 64) and cosine(got[0], tiny_reference.embed(data)) >= 0.9999
+            assert got.shape == (1, 64) and cosine(got[0], tiny_reference.embed(data)) >= 0.999
         if len(seen) == 2 and attempt >= 3:
             break
     assert len(seen) == 2, seen
 
 
 def test_device_jpeg_decode_serves_jpegs_undecoded_and_other_images_as_before(
-        serve_cluster: ServeCluster, photo_jpegs: list[bytes], tiny_reference: TinyReference) -> None:
+        url: str, photo_jpegs: list[bytes], tiny_reference: TinyReference) -> None:
     import base64
     import io
 
     from PIL import Image
 
-    deploy("device_decode", "/device-decode", device_jpeg_decode=True)
-    with httpx.Client(base_url=f"{serve_cluster.base_url}/device-decode", timeout=TIMEOUT) as client:
+    with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
         items = [base64.b64encode(data).decode() for data in photo_jpegs[:3]]
         got = embeddings_of(client.post("/v1/embeddings", json={"input": items}))
         for row, data in zip(got, photo_jpegs[:3], strict=True):

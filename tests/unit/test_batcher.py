@@ -195,3 +195,15 @@ def test_with_concurrency_batches_overlap_and_the_queue_forms_the_next_one_when_
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="concurrency"):
         Batcher(Model().run, max_size=1, size_of=one, wait_s=0.0, concurrency=0)
+
+
+def test_with_slots_free_a_burst_is_shared_between_them_not_packed_into_one() -> None:
+    """Eight arrivals at once with two idle encoder replicas: two calls of four, both replicas busy."""
+    model = Model(seconds=0.05)
+
+    async def main() -> list[Any]:
+        batcher = Batcher(model.run, max_size=8, size_of=one, wait_s=0.0, concurrency=2)
+        return await asyncio.wait_for(asyncio.gather(*(batcher.submit(i, 0.0) for i in range(8))), 2)
+
+    assert asyncio.run(main()) == [f"out-{i}" for i in range(8)]
+    assert model.batches == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -43,6 +43,9 @@ def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> N
         ({"no_such_key": 1}, "no_such_key"),
         ({"random_weights": True, "checkpoint": __file__}, "weights source"),
         ({"checkpoint": "/nonexistent/model.pt"}, "checkpoint file not found"),
+        ({"ingress_replicas": 0}, "ingress_replicas"),
+        ({"ingress_replicas": "many"}, "ingress_replicas"),
+        ({"device_jpeg_decode": True, "backend": "neuron"}, "device_jpeg_decode needs backend cuda"),
     ],
 )
 def test_bad_config_is_refused_with_the_key_named(args: dict, needle: str) -> None:

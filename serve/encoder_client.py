@@ -77,11 +77,12 @@ class EncoderClient:
         if self.tuned or full_batch_seconds is None:
             return
         self.tuned = True
-        if worth_coalescing(full_batch_seconds, self.calls.max_size):
+        coalesce = worth_coalescing(full_batch_seconds, self.calls.max_size)
+        if coalesce:
             self.calls.set_concurrency(self.coalescing_window)
         log.info("encoder calls: a full batch runs in %.1f ms; %s", full_batch_seconds * 1e3,
-                 f"coalescing, {self.calls.concurrency} call(s) in flight" if self.calls.concurrency ==
-                 self.coalescing_window else "each request's chunks sent at once")
+                 f"coalescing, {self.coalescing_window} call(s) in flight" if coalesce
+                 else "each request's chunks sent at once")
 
     async def embed(self, images: np.ndarray | JpegFiles, deadline: float) -> np.ndarray:
         """uint8 [n, 3, H, W] or n JPEG files (any n) -> float32 [n, D]; `deadline` in time.time() seconds."""

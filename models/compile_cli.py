@@ -48,7 +48,10 @@ def build_native_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=LINES, default="neuron",
                         help="neuron: the trace line (torch-neuronx 2.9); neuron-native: TorchNeuron (2.14)")
-    add_model_arguments(parser, backend=False)
+    add_model_arguments(parser, backend=False, extra=("text_buckets",))
+    parser.add_argument("--text", action="store_true",
+                        help="also compile the text tower, one graph per --text-buckets size (for /v1/classify and "
+                             "text), into the same artifact")
     recipe = parser.add_argument_group("TorchNeuron recipe (NEURON_CC_FLAGS, NEURON_COMPILER_OPT_LEVEL, LNC)")
     recipe.add_argument("--lnc", type=int, choices=(1, 2),
                         help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
@@ -102,12 +105,13 @@ def _native(args: argparse.Namespace) -> int:
             log.info("TorchNeuron environment: %s", " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
         native = importlib.import_module("siglip_serve.models.native_compile")  # torch is imported from here on
         if args.dry_run:
-            print(json.dumps(native.dry_run_plan(settings, options, args.cache_root, versions).as_json(), indent=2))
+            print(json.dumps(native.dry_run_plan(settings, options, args.cache_root, versions, args.text).as_json(),
+                             indent=2))
             return 0
         from siglip_serve.models.torchneuron_runtime import TorchNeuronRuntime
 
         result = native.compile_native_artifact(settings, options, args.cache_root, staging, TorchNeuronRuntime(),
-                                                force=args.force)
+                                                force=args.force, text=args.text)
         if args.link is not None:
             importlib.import_module("siglip_serve.models.neuron_compile").point_link(args.link, result.artifact_dir)
     finally:

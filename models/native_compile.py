@@ -22,6 +22,8 @@ import torch
 from siglip_serve.models.loading import ImageEmbedder, load_embedder, model_geometry
 from siglip_serve.models.manifest import WeightsDigest, artifact_name, cache_key, digest_weights, sha256_file, utc_now
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import load_text_tower, text_context_length
+from siglip_serve.models.text_neuron import text_cache_inputs, text_manifest_entry
 from siglip_serve.models.torchneuron_env import (
     NEFF_CACHE_ENV,
     NEURONX_CC_VERSION,
@@ -35,12 +37,15 @@ from siglip_serve.models.torchneuron_env import (
 )
 from siglip_serve.models.torchneuron_runtime import (
     MANIFEST_NAME,
+    TEXT_WEIGHTS_NAME,
     WEIGHTS_NAME,
     BucketCompile,
     NativeManifest,
     NativeRuntime,
     compile_buckets,
+    image_input,
     read_native_manifest,
+    text_input,
 )
 
 log = logging.getLogger("siglip_serve.compile")
@@ -55,6 +60,7 @@ class NativePlan:
     sdk_dir: Path
     weights: WeightsDigest | None  # None in a dry run of file/pretrained weights: they are not read
     key: str | None
+    text: dict[str, Any] | None = None  # text_cache_inputs with --text, else None (image only)
 
     @property
     def artifact_dir(self) -> Path | None:
@@ -83,33 +89,39 @@ class NativePlan:
             "buckets": [{"batch": b, "input_shape": [b, 3, *self.image_size], "input_dtype": "uint8",
                          "compile": 'torch.compile(backend="neuron", fullgraph=True, dynamic=False)'}
                         for b in self.settings.buckets],
+            "text_buckets": [{"batch": b, "input_shape": [b, self.text["context_length"]], "input_dtype": "int64",
+                              "compile": 'torch.compile(backend="neuron", fullgraph=True, dynamic=False)'}
+                             for b in self.text["buckets"]] if self.text else [],
         }
 
 
 def native_key(settings: ModelSettings, options: NativeOptions, image_size: tuple[int, int], weights_sha256: str,
-               versions: dict[str, str | None]) -> str:
+               versions: dict[str, str | None], text: dict[str, Any] | None = None) -> str:
+    # Text graphs join the key only when asked for: image-only artifacts keep their keys.
     return cache_key({"line": "neuron-native", "model": settings.model, "weights_sha256": weights_sha256,
                       "image_size": list(image_size), "buckets": list(settings.buckets),
                       "recipe_env": options.recipe_env(), "versions": versions,
-                      "input": {"dtype": "uint8", "layout": "NCHW"}})
+                      "input": {"dtype": "uint8", "layout": "NCHW"}, **({"text": text} if text else {})})
 
 
 def make_native_plan(settings: ModelSettings, options: NativeOptions, cache_root: Path,
                      versions: dict[str, str | None], embedder: ImageEmbedder | None = None,
-                     read_weights: bool = True) -> NativePlan:
+                     read_weights: bool = True, text: bool = False) -> NativePlan:
     image_size, _ = model_geometry(settings.model)
     weights = None
     if embedder is not None or (read_weights and not settings.uses_random_weights):
         weights = digest_weights(settings, embedder)
-    key = native_key(settings, options, image_size, weights.sha256, versions) if weights else None
-    return NativePlan(settings, options, image_size, versions, Path(cache_root) / sdk_tag(versions), weights, key)
+    text_key = text_cache_inputs(settings, text_context_length(settings.model)) if text else None
+    key = native_key(settings, options, image_size, weights.sha256, versions, text_key) if weights else None
+    return NativePlan(settings, options, image_size, versions, Path(cache_root) / sdk_tag(versions), weights, key,
+                      text_key)
 
 
 def dry_run_plan(settings: ModelSettings, options: NativeOptions, cache_root: Path,
-                 versions: dict[str, str | None]) -> NativePlan:
+                 versions: dict[str, str | None], text: bool = False) -> NativePlan:
     """The plan with no SDK and no weights read: only random weights (built on the CPU) are hashed."""
     embedder = load_embedder(settings)[0] if settings.uses_random_weights else None
-    return make_native_plan(settings, options, cache_root, versions, embedder, read_weights=False)
+    return make_native_plan(settings, options, cache_root, versions, embedder, read_weights=False, text=text)
 
 
 def is_complete(directory: Path) -> bool:
@@ -136,13 +148,28 @@ def _progress(i: int, total: int, bucket: int, done: BucketCompile | None) -> No
                  len(done.new_graphs))
 
 
+def _compile_text(settings: ModelSettings, runtime: NativeRuntime, staging: Path) -> dict[str, Any]:
+    """One graph per text bucket into the same NEFF cache; returns the manifest's `text` entry."""
+    embedder, _, info = load_text_tower(settings, with_tokenizer=False)
+    weights_path = staging / TEXT_WEIGHTS_NAME
+    torch.save(embedder.state_dict(), weights_path)
+    log.info("compiling the text tower for text buckets %s at context length %d", list(settings.text_buckets),
+             info.context_length)
+    _, results = compile_buckets(embedder.to(runtime.device), settings.text_buckets, text_input(info.context_length),
+                                 runtime, staging / "neff", progress=_progress)
+    return {**text_manifest_entry(info, settings.text_buckets, {str(r.bucket): r.seconds for r in results}),
+            "graphs": {str(r.bucket): r.new_graphs for r in results}, "weights_file": TEXT_WEIGHTS_NAME,
+            "weights_file_sha256": sha256_file(weights_path)}
+
+
 def compile_native_artifact(settings: ModelSettings, options: NativeOptions, cache_root: Path, staging: Path,
-                            runtime: NativeRuntime, force: bool = False) -> NativeCompileResult:
-    """Compile every bucket into `staging` (whose neff/ the environment already names), then publish it."""
+                            runtime: NativeRuntime, force: bool = False, text: bool = False) -> NativeCompileResult:
+    """Compile every bucket into `staging` (whose neff/ the environment already names), then publish it.
+    text: also one graph per text bucket, in the same NEFF cache and manifest."""
     runtime.check_sdk()
     versions = runtime.versions()
     embedder, info = load_embedder(settings)
-    plan = make_native_plan(settings, options, cache_root, versions, embedder)
+    plan = make_native_plan(settings, options, cache_root, versions, embedder, text=text)
     final, weights = plan.artifact_dir, plan.weights
     if final is None or weights is None or plan.key is None:
         raise RuntimeError("a plan built from the model always has its weights digest and key")
@@ -162,9 +189,11 @@ def compile_native_artifact(settings: ModelSettings, options: NativeOptions, cac
     log.info("compiling %s (%s) for LNC=%d, buckets %s into %s", settings.model, weights.source, options.lnc,
              list(settings.buckets), final)
     try:
-        _, results = compile_buckets(embedder.to(runtime.device), settings.buckets, plan.image_size, runtime,
-                                     staging / "neff", progress=_progress)
-        empty = [r.bucket for r in results if not r.new_graphs]
+        _, results = compile_buckets(embedder.to(runtime.device), settings.buckets, image_input(plan.image_size),
+                                     runtime, staging / "neff", progress=_progress)
+        text_entry = _compile_text(settings, runtime, staging) if text else {}
+        empty = [r.bucket for r in results if not r.new_graphs] + [
+            f"text {b}" for b, graphs in text_entry.get("graphs", {}).items() if not graphs]
         if empty:
             raise TorchNeuronRefusal(f"buckets {empty} compiled but wrote no graph into {staging / 'neff'}; is "
                                      f"TORCH_NEURONX_NEFF_DISABLE_CACHE set? Unset it and compile again")
@@ -173,7 +202,7 @@ def compile_native_artifact(settings: ModelSettings, options: NativeOptions, cac
             weights_file_sha256=sha256_file(weights_path), image_size=list(plan.image_size), embed_dim=info.embed_dim,
             buckets=list(settings.buckets), lnc=options.lnc, recipe_env=options.recipe_env(), versions=versions,
             cache_key=plan.key, graphs={str(r.bucket): r.new_graphs for r in results},
-            compile_seconds={str(r.bucket): r.seconds for r in results}, created_at=utc_now(),
+            compile_seconds={str(r.bucket): r.seconds for r in results}, created_at=utc_now(), text=text_entry,
         ).write(staging)
     except BaseException:
         log.error("compile failed; the partial output stays at %s (never taken for an artifact)", staging)

@@ -244,14 +244,50 @@ class CudaTextEncoder(TextEncoder):
             return self.embedder(ids.to(self.device, non_blocking=True)).float().cpu()
 
 
+# The backends the text tower is built for; any other (a new image backend) is refused at start.
+TEXT_BACKENDS = ("cpu", "cuda", "neuron", "neuron-native")
+
+
+def check_text_backend(backend: str) -> None:
+    if backend not in TEXT_BACKENDS:
+        raise BackendUnavailable(f"the text tower has no {backend!r} backend ({', '.join(TEXT_BACKENDS)} have one); "
+                                 "set text_replicas: 0 or serve text from one of those")
+
+
+def check_text_artifact(settings: ModelSettings) -> None:
+    """Before any replica starts: a Neuron artifact must hold the text graphs of every text bucket.
+    Reads only the manifest (no SDK), so the service refuses in one line instead of text replicas
+    that die at start while Serve retries them."""
+    check_text_backend(settings.backend)
+    from siglip_serve.models.text_neuron import checked_text_entry
+
+    if settings.backend == "neuron":
+        from siglip_serve.models.backends.neuron import artifact_for
+
+        directory, manifest = artifact_for(settings)
+        checked_text_entry(settings, directory, manifest.text, "siglip-serve compile")
+    elif settings.backend == "neuron-native":
+        from siglip_serve.models.backends.neuron_native import native_artifact
+
+        directory, native = native_artifact(settings)
+        checked_text_entry(settings, directory, native.text, "siglip-serve compile --backend neuron-native")
+
+
 def create_text_encoder(settings: ModelSettings) -> TextEncoder:
+    check_text_backend(settings.backend)
     if settings.backend == "neuron":
         from siglip_serve.models.text_neuron import load_neuron_text_encoder
 
         return load_neuron_text_encoder(settings)
+    if settings.backend == "neuron-native":
+        from siglip_serve.models.backends.neuron_native import TorchNeuronRefusal
+        from siglip_serve.models.text_neuron import load_native_text_encoder
+
+        try:
+            return load_native_text_encoder(settings)
+        except TorchNeuronRefusal as exc:
+            raise BackendUnavailable(str(exc)) from None
     embedder, tokenizer, info = load_text_tower(settings)
     if settings.backend == "cuda":
         return CudaTextEncoder(embedder, tokenizer, info, settings)
-    if settings.backend == "cpu":
-        return CpuTextEncoder(embedder, tokenizer, info, settings)
-    raise BackendUnavailable(f"the text tower has no {settings.backend!r} backend; use cpu, cuda or neuron")
+    return CpuTextEncoder(embedder, tokenizer, info, settings)

@@ -1,5 +1,6 @@
-"""The text tower on Neuron: one compiled graph per text bucket at the model's fixed context length,
-in the same artifact directory and manifest as the image tower (`siglip-serve compile --text`).
+"""The text tower on Neuron, both lines: one compiled graph per text bucket at the model's fixed
+context length, in the same artifact directory and manifest as the image tower
+(`siglip-serve compile [--backend neuron-native] --text`).
 
 SigLIP's text tower takes int64 token ids [bucket, context_length] with no padding mask (it pools
 the last position), so every bucket is one static shape, which is what neuronx-cc compiles best.
@@ -33,6 +34,42 @@ def text_cache_inputs(settings: ModelSettings, context_length: int) -> dict[str,
     return {"buckets": list(settings.text_buckets), "context_length": context_length, "input": {"dtype": "int64"}}
 
 
+def text_manifest_entry(info: TextInfo, buckets: tuple[int, ...], seconds: dict[str, float]) -> dict[str, Any]:
+    """The part of the manifest's `text` entry both Neuron lines write (each adds its graph files)."""
+    return {
+        "context_length": info.context_length, "vocab_size": info.vocab_size, "embed_dim": info.embed_dim,
+        "buckets": list(buckets), "logit_scale": info.logit_scale, "logit_bias": info.logit_bias,
+        "input": {"dtype": "int64"}, "compile_seconds": seconds,
+    }
+
+
+def checked_text_entry(settings: ModelSettings, directory: Path, text: dict[str, Any], compile_command: str) -> None:
+    """Refuse an artifact without text graphs, or without one of the text buckets asked for."""
+    if not text:
+        raise ArtifactError(f"artifact {directory} has no text graphs; compile it with `{compile_command} --text` "
+                            "or set text_replicas: 0")
+    missing = [b for b in settings.text_buckets if b not in text["buckets"]]
+    if missing:
+        raise ArtifactError(f"text buckets {missing} are not in artifact {directory} (compiled: {text['buckets']}); "
+                            f"serve a subset or compile with --text-buckets "
+                            f"{','.join(map(str, settings.text_buckets))}")
+
+
+def text_info_from_entry(settings: ModelSettings, model: str, text: dict[str, Any]) -> tuple[Tokenizer, TextInfo]:
+    """The tokenizer (never compiled: loaded from `tokenizer`) and the TextInfo the manifest records."""
+    import open_clip
+
+    from siglip_serve.models.loading import _register_tiny
+
+    _register_tiny()
+    cfg = open_clip.get_model_config(settings.model) or {}
+    tokenizer, source = load_tokenizer(settings, {**cfg.get("text_cfg", {}), "context_length": text["context_length"]})
+    info = TextInfo(model=model, embed_dim=int(text["embed_dim"]), context_length=int(text["context_length"]),
+                    vocab_size=int(text["vocab_size"]), logit_scale=float(text["logit_scale"]),
+                    logit_bias=float(text["logit_bias"]), tokenizer=source)
+    return tokenizer, info
+
+
 def trace_text_buckets(neuronx: ModuleType, embedder: TextEmbedder, info: TextInfo, buckets: tuple[int, ...],
                        compiler_args: list[str], work: Path) -> dict[str, Any]:
     """Trace and save one graph per text bucket into `work`; returns the manifest's `text` entry."""
@@ -45,12 +82,7 @@ def trace_text_buckets(neuronx: ModuleType, embedder: TextEmbedder, info: TextIn
                                compiler_workdir=str(work / "workdir" / f"text-bucket-{bucket}"))
         seconds[str(bucket)] = round(time.monotonic() - began, 3)
         torch.jit.save(traced, str(work / text_bucket_file(bucket)))
-    return {
-        "context_length": info.context_length, "vocab_size": info.vocab_size, "embed_dim": info.embed_dim,
-        "buckets": list(buckets), "files": {str(b): text_bucket_file(b) for b in buckets},
-        "logit_scale": info.logit_scale, "logit_bias": info.logit_bias, "input": {"dtype": "int64"},
-        "compile_seconds": seconds,
-    }
+    return {**text_manifest_entry(info, buckets, seconds), "files": {str(b): text_bucket_file(b) for b in buckets}}
 
 
 class NeuronTextEncoder(TextEncoder):
@@ -65,30 +97,57 @@ class NeuronTextEncoder(TextEncoder):
 
 
 def load_neuron_text_encoder(settings: ModelSettings) -> NeuronTextEncoder:
-    import open_clip
-
     from siglip_serve.models.backends.neuron import artifact_for
-    from siglip_serve.models.loading import _register_tiny
     from siglip_serve.models.neuron_sdk import check_lnc, require_torch_neuronx
 
     require_torch_neuronx()
     directory, manifest = artifact_for(settings)
     check_lnc(manifest.lnc, str(directory), None, manifest.target)
-    text = manifest.text
-    if not text:
-        raise ArtifactError(f"artifact {directory} has no text graphs; compile it with `siglip-serve compile --text` "
-                            "or set text_replicas: 0")
-    missing = [b for b in settings.text_buckets if str(b) not in text["files"]]
-    if missing:
-        raise ArtifactError(f"text buckets {missing} are not in artifact {directory} (compiled: {text['buckets']}); "
-                            f"serve a subset or compile with --text-buckets "
-                            f"{','.join(map(str, settings.text_buckets))}")
-    _register_tiny()
-    cfg = open_clip.get_model_config(settings.model) or {}
-    tokenizer, source = load_tokenizer(settings, {**cfg.get("text_cfg", {}), "context_length": text["context_length"]})
-    info = TextInfo(model=manifest.model, embed_dim=int(text["embed_dim"]), context_length=int(text["context_length"]),
-                    vocab_size=int(text["vocab_size"]), logit_scale=float(text["logit_scale"]),
-                    logit_bias=float(text["logit_bias"]), tokenizer=source)
-    models = {b: torch.jit.load(str(directory / text["files"][str(b)])) for b in settings.text_buckets}
+    checked_text_entry(settings, directory, manifest.text, "siglip-serve compile")
+    tokenizer, info = text_info_from_entry(settings, manifest.model, manifest.text)
+    models = {b: torch.jit.load(str(directory / manifest.text["files"][str(b)])) for b in settings.text_buckets}
     log.info("loaded text buckets %s from %s", sorted(models), directory)
     return NeuronTextEncoder(models, tokenizer, info)
+
+
+class NativeTextEncoder(TextEncoder):
+    """The text tower on TorchNeuron: one graph per text bucket, from the artifact's NEFF cache."""
+
+    backend = "neuron-native"
+
+    def __init__(self, compiled: Any, runtime: Any, tokenizer: Tokenizer, info: TextInfo,
+                 buckets: tuple[int, ...]) -> None:
+        super().__init__(tokenizer, info, buckets)
+        self.compiled = compiled
+        self.runtime = runtime
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        from siglip_serve.models.torchneuron_runtime import run_warm
+
+        return run_warm(self.compiled, self.runtime, ids)
+
+
+def load_native_text_encoder(settings: ModelSettings, runtime: Any = None) -> NativeTextEncoder:
+    """The same start checks as the image tower (SDK, versions, environment, one core), then the
+    text weights and every text bucket's graph from the artifact's NEFF cache."""
+    import open_clip
+
+    from siglip_serve.models.backends.neuron_native import check_start, check_weights, warm_from_cache
+    from siglip_serve.models.loading import _register_tiny
+    from siglip_serve.models.torchneuron_runtime import text_input
+
+    start = check_start(settings, runtime)
+    text = start.manifest.text
+    checked_text_entry(settings, start.directory, text, "siglip-serve compile --backend neuron-native")
+    tokenizer, info = text_info_from_entry(settings, start.manifest.model, text)
+    weights = check_weights(start, text["weights_file"], text["weights_file_sha256"])
+    _register_tiny()
+    embedder = TextEmbedder(open_clip.create_model(start.manifest.model, pretrained=None).text).eval()
+    embedder.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
+    embedder.requires_grad_(False)
+    buckets = tuple(sorted(settings.text_buckets))
+    compiled, seconds = warm_from_cache(start, embedder, buckets, text["graphs"], text_input(info.context_length),
+                                        tower="text ")
+    log.info("neuron-native text: buckets %s warm on NeuronCore %s (%s)", list(buckets), start.cores,
+             {b: f"{s:.1f} s" for b, s in seconds.items()})
+    return NativeTextEncoder(compiled, start.runtime, tokenizer, info, buckets)

@@ -34,6 +34,11 @@ SDK_RELEASE = "2.33.1"
 TORCH_NEURONX_FAMILY = "2.14.3.0"
 NEURONX_CC_VERSION = "2.28.7631.0"
 TORCH_SERIES = "2.14"
+# TorchNeuron's release notes (release-notes/components/torchneuron, 2.33.0) pair the 2.14.3.0.* family
+# with PyTorch 2.14.0 exactly; torchvision 0.29.0 is that torch's own pair (pytorch/vision README).
+# A later torch patch (pip may pull one in for another package) is not what TorchNeuron was built for.
+TORCH_VERSION = "2.14.0"
+TORCHVISION_VERSION = "0.29.0"
 NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
 DLAMI_VENV = "/opt/aws_neuronx_venv_torch_neuronx_2_14_0"
 INSTALL_HINT = (
@@ -51,6 +56,7 @@ VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 RECIPE_ENV = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV)
 TRN2_DEFAULT_LNC = 2  # Logical NeuronCore configuration page: LNC=2 is trn2's default
 NEFF_DIR = "neff"
+MANIFEST_NAME = "manifest.json"
 
 
 class TorchNeuronRefusal(UserError, RuntimeError):
@@ -92,6 +98,20 @@ def environment(recipe: Mapping[str, str], artifact_dir: Path) -> dict[str, str]
     return {**recipe, NEFF_CACHE_ENV: str(Path(artifact_dir).resolve() / NEFF_DIR)}
 
 
+def artifact_environment(artifact_dir: Path) -> dict[str, str]:
+    """The environment a process that loads this artifact must start with (read from its manifest
+    as JSON, without torch), so a launcher can set it before the child imports torch."""
+    import json
+
+    directory = Path(artifact_dir)
+    try:
+        recipe = json.loads((directory / MANIFEST_NAME).read_text())["recipe_env"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TorchNeuronRefusal(f"{directory} has no readable neuron-native manifest with a recipe_env ({exc}); "
+                                 f"compile it with siglip-serve compile --backend neuron-native") from None
+    return environment(recipe, directory)
+
+
 def _version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
@@ -127,8 +147,15 @@ def check_native_sdk(versions: Mapping[str, str | None]) -> None:
                                  f"venv); {INSTALL_HINT}")
     if not neuronx.startswith(TORCH_NEURONX_FAMILY + ".") or not torch_version.startswith(TORCH_SERIES + "."):
         raise TorchNeuronRefusal(f"neuron-native is pinned to torch-neuronx {TORCH_NEURONX_FAMILY}.* with torch "
-                                 f"{TORCH_SERIES}.*, but this venv has torch-neuronx {neuronx} with torch "
+                                 f"{TORCH_VERSION}, but this venv has torch-neuronx {neuronx} with torch "
                                  f"{torch_version}; {INSTALL_HINT}")
+    # The PyTorch CPU index labels its wheels (2.14.0+cpu): the release is what TorchNeuron is built for.
+    if torch_version.split("+")[0] != TORCH_VERSION:
+        raise TorchNeuronRefusal(f"TorchNeuron {neuronx} is built for torch {TORCH_VERSION} but this venv has torch "
+                                 f"{torch_version} (pip replaced it?); pip install torch=={TORCH_VERSION} "
+                                 f"torchvision=={TORCHVISION_VERSION} --index-url "
+                                 f"https://download.pytorch.org/whl/cpu, or start again from the DLAMI venv "
+                                 f"(constraints-neuron-native.txt)")
     if versions.get("neuronx_cc") is None:
         raise TorchNeuronRefusal(f"TorchNeuron compiles with neuronx-cc, which is not installed here; pip install "
                                  f"neuronx-cc=={NEURONX_CC_VERSION} --extra-index-url {NEURON_PIP_REPOSITORY}")

@@ -19,13 +19,23 @@ from typing import Any, Protocol
 
 import torch
 
-from siglip_serve.models.torchneuron_env import NEFF_DIR, TorchNeuronRefusal, check_native_sdk, installed_versions
+from siglip_serve.models.torchneuron_env import (
+    MANIFEST_NAME,
+    NEFF_DIR,
+    TorchNeuronRefusal,
+    check_native_sdk,
+    installed_versions,
+)
 
 log = logging.getLogger(__name__)
 
 LINE = "neuron-native"
-MANIFEST_NAME = "manifest.json"
 WEIGHTS_NAME = "weights.pt"
+TEXT_WEIGHTS_NAME = "text-weights.pt"
+# Graphs this process compiled through compile_buckets: two encoders of one model (an accuracy run
+# with neuron-native on both sides) are entries of the same code object, and Dynamo's recompile
+# limit counts them all.
+_graphs_in_process = 0
 
 
 class NativeRuntime(Protocol):
@@ -103,18 +113,30 @@ class BucketCompile:
     new_graphs: list[str]
 
 
-def compile_buckets(model: torch.nn.Module, buckets: Sequence[int], image_size: tuple[int, int],
+def image_input(image_size: tuple[int, int]) -> Callable[[int], torch.Tensor]:
+    """The image tower's example of one bucket: uint8 [bucket, 3, H, W]."""
+    return lambda bucket: torch.zeros((bucket, 3, *image_size), dtype=torch.uint8)
+
+
+def text_input(context_length: int) -> Callable[[int], torch.Tensor]:
+    """The text tower's example of one bucket: int64 token ids [bucket, context_length]."""
+    return lambda bucket: torch.zeros((bucket, context_length), dtype=torch.int64)
+
+
+def compile_buckets(model: torch.nn.Module, buckets: Sequence[int], example: Callable[[int], torch.Tensor],
                     runtime: NativeRuntime, neff_dir: Path,
                     progress: Callable[[int, int, int, BucketCompile | None], None] | None = None,
                     ) -> tuple[Any, list[BucketCompile]]:
-    """`torch.compile` the model once, then run each bucket once: one static graph per bucket.
+    """`torch.compile` the model once, then run each bucket's example once: one static graph per bucket.
 
     Returns the compiled callable and, per bucket, which graph files appeared in the NEFF cache
     while it ran (none when the cache already held it).
     """
+    global _graphs_in_process
+    _graphs_in_process += len(buckets)
     # dynamic=False gives every bucket its own guarded entry on the same code object; Dynamo's
     # default limit (8) would send bucket 9 and on to eager execution without a word.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(buckets) + 1)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _graphs_in_process + 1)
     compiled = torch.compile(model, backend=runtime.compile_backend, fullgraph=True, dynamic=False)
     results = []
     for i, bucket in enumerate(buckets, start=1):
@@ -122,14 +144,23 @@ def compile_buckets(model: torch.nn.Module, buckets: Sequence[int], image_size: 
             progress(i, len(buckets), bucket, None)
         before = set(runtime.graph_files(neff_dir))
         began = time.monotonic()
-        example = torch.zeros((bucket, 3, *image_size), dtype=torch.uint8)
         with torch.no_grad():
-            runtime.to_host(compiled(runtime.to_device(example)))
+            runtime.to_host(compiled(runtime.to_device(example(bucket))))
         new = sorted(set(runtime.graph_files(neff_dir)) - before)
         results.append(BucketCompile(bucket, round(time.monotonic() - began, 3), new))
         if progress is not None:
             progress(i, len(buckets), bucket, results[-1])
     return compiled, results
+
+
+def run_warm(compiled: Any, runtime: NativeRuntime, batch: torch.Tensor) -> torch.Tensor:
+    """One forward pass of a warmed model, where any new shape raises instead of compiling for minutes.
+
+    The stance is scoped to the call, not set for the process (`set_stance` is process-wide): a
+    second encoder in this process (the other side of an accuracy run, or the text tower) still
+    compiles its own buckets during its warm-up."""
+    with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
+        return runtime.to_host(compiled(runtime.to_device(batch)))
 
 
 @dataclass
@@ -151,6 +182,9 @@ class NativeManifest:
     created_at: str = ""
     line: str = LINE
     input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
+    # The text tower (`compile --text`), or {} for an image-only artifact: context length, buckets,
+    # the graph files of each bucket, its weights file and the checkpoint's logit scale and bias.
+    text: dict[str, Any] = field(default_factory=dict)
 
     def write(self, directory: Path) -> None:
         (Path(directory) / MANIFEST_NAME).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
@@ -159,7 +193,7 @@ class NativeManifest:
         return {"line": self.line, "model": self.model, "weights": self.weights.get("source"),
                 "weights_sha256": self.weights.get("sha256", "")[:16], "buckets": self.buckets, "lnc": self.lnc,
                 "recipe_env": self.recipe_env, "versions": self.versions, "cache_key": self.cache_key[:12],
-                "created_at": self.created_at}
+                "text_buckets": self.text.get("buckets", []), "created_at": self.created_at}
 
 
 def read_native_manifest(directory: Path) -> NativeManifest:
@@ -182,17 +216,18 @@ def read_native_manifest(directory: Path) -> NativeManifest:
         manifest = NativeManifest(**{k: v for k, v in data.items() if k in known})
     except TypeError as exc:
         raise TorchNeuronRefusal(f"{path} lacks fields ({exc}); compile the artifact again") from None
-    if not (directory / manifest.weights_file).is_file():
-        raise TorchNeuronRefusal(f"artifact {directory} lacks its weights file {manifest.weights_file}; "
-                                 f"compile it again")
+    for weights in (manifest.weights_file, *([manifest.text["weights_file"]] if manifest.text else [])):
+        if not (directory / weights).is_file():
+            raise TorchNeuronRefusal(f"artifact {directory} lacks its weights file {weights}; compile it again")
     return manifest
 
 
-def missing_graphs(manifest: NativeManifest, present: Mapping[str, int]) -> dict[int, list[str]]:
+def missing_graphs(buckets: Sequence[int], graphs: Mapping[str, list[str]],
+                   present: Mapping[str, int]) -> dict[int, list[str]]:
     """Buckets whose compiled graphs are not in the NEFF cache (or that recorded none at all)."""
     missing = {}
-    for bucket in manifest.buckets:
-        files = manifest.graphs.get(str(bucket), [])
+    for bucket in buckets:
+        files = graphs.get(str(bucket), [])
         absent = [f for f in files if f not in present] or ([] if files else ["<no graph recorded>"])
         if absent:
             missing[bucket] = absent

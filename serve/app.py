@@ -92,20 +92,25 @@ def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
     which would otherwise leave replicas pending and /readyz unanswered for ever. Totals, not what is
     free now: a replica waiting for another application's resources is not refused."""
     total = ray.cluster_resources()
+    texts = config.text_replica_count
     ingress = ingress_replicas_for(config, replicas)
-    cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus
+    cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus + texts * config.text_num_cpus
     if cpus > total.get("CPU", 0) + 1e-9:
         raise ConfigError(
             f"this application needs {cpus:g} CPUs ({replicas} encoder replica(s) x encoder_num_cpus "
             f"{config.encoder_num_cpus:g} + {ingress} ingress x ingress_num_cpus "
-            f"{config.ingress_num_cpus:g}) but the Ray cluster has {total.get('CPU', 0):g}; lower "
-            "replicas or encoder_num_cpus (Ray's CPUs are logical, e.g. encoder_num_cpus: 0.5), or start "
-            "Ray with more: ray start --head --num-cpus N")
-    cores = replicas * config.cores_per_replica
+            f"{config.ingress_num_cpus:g} + {texts} text replica(s) x text_num_cpus {config.text_num_cpus:g}) but "
+            f"the Ray cluster has {total.get('CPU', 0):g}; lower replicas or encoder_num_cpus (Ray's CPUs are "
+            "logical, e.g. encoder_num_cpus: 0.5), or start Ray with more: ray start --head --num-cpus N")
+    # Every tower's cores: a text replica left without one would stay pending for ever.
+    per_text = text_neuron_cores(config)
+    cores = replicas * config.cores_per_replica + texts * per_text
     if cores > total.get("neuron_cores", 0) + 1e-9:
         raise ConfigError(
-            f"this application needs {cores} neuron_cores but the Ray cluster declares "
-            f"{total.get('neuron_cores', 0):g}; start Ray with --resources='{{\"neuron_cores\": N}}'")
+            f"this application needs {cores} neuron_cores ({replicas} encoder replica(s) x "
+            f"{config.cores_per_replica} + {texts} text replica(s) x {per_text}) but the Ray cluster declares "
+            f"{total.get('neuron_cores', 0):g}; lower replicas or text_replicas, or start Ray with "
+            f"--resources='{{\"neuron_cores\": N}}'")
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
+from siglip_serve.models.settings import NEURON_BACKENDS
 from siglip_serve.models.text import create_text_encoder
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
@@ -82,19 +83,28 @@ def text_max_ongoing(config: ServiceConfig) -> int:
 
 
 def text_neuron_cores(config: ServiceConfig) -> int:
-    """NeuronCores one text replica holds: only the neuron backend runs text on a core."""
-    return config.cores_per_replica if config.backend == "neuron" else 0
+    """NeuronCores one text replica holds: on both Neuron lines it runs on a core of its own."""
+    return config.cores_per_replica if config.backend in NEURON_BACKENDS else 0
 
 
 def text_deployment(config: ServiceConfig) -> serve.Deployment:
+    from siglip_serve.models.encoder import backend_replica_env
+    from siglip_serve.models.text import check_text_artifact
+
+    # Refused here, once, in one line: a text replica that cannot load would die at start while
+    # Serve retries it for ever, and /v1/classify would never come up.
+    check_text_artifact(config.model_settings())
     actor_options: dict[str, Any] = {"num_cpus": config.text_num_cpus}
     if text_neuron_cores(config):
         actor_options["resources"] = {"neuron_cores": text_neuron_cores(config)}
     if config.backend == "cuda":
         # The image replica asks for a whole GPU, so a text replica needs one of its own.
         actor_options["num_gpus"] = 1
-    if config.env_vars:
-        actor_options["runtime_env"] = {"env_vars": dict(config.env_vars)}
+    # As for the image replicas: the backend's environment (neuron-native: the artifact's recipe,
+    # read by TorchNeuron when torch is imported) before the config's own.
+    env_vars = {**backend_replica_env(config.model_settings()), **config.env_vars}
+    if env_vars:
+        actor_options["runtime_env"] = {"env_vars": env_vars}
     return serve.deployment(
         TextEncoderReplica,
         name="TextEncoder",

@@ -27,6 +27,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.models.torchneuron_env import VISIBLE_CORES_ENV, artifact_environment
+from siglip_serve.models.user_error import UserError
+from siglip_serve.serve import trn2_report
+
 MODEL = "tiny-siglip"
 NEURON_LS = "/opt/aws/neuron/bin/neuron-ls"
 HEARTBEAT_S = 30.0
@@ -54,6 +58,9 @@ class Step:
     needs: tuple[str, ...] = ()
     skip_if: Callable[[Run], str | None] = lambda run: None
     env: dict[str, str] = field(default_factory=dict)
+    # Environment known only once earlier steps ran (a native artifact's recipe): set in the child
+    # before it starts, so before it imports torch (which loads TorchNeuron and reads it then).
+    env_for: Callable[[Run], dict[str, str]] = lambda run: {}
     outputs: tuple[str, ...] = ()
     # Called after a zero exit: may record what later steps use; a returned string fails the step.
     after: Callable[[Run, Path], str | None] = lambda run, stdout: None
@@ -84,12 +91,17 @@ def run_step(step: Step, run: Run, index: int, total: int, echo: Callable[[str],
     logs.mkdir(parents=True, exist_ok=True)
     log, stdout = logs / f"{step.name}.log", logs / f"{step.name}.stdout"
     command = step.command(run)
+    try:
+        extra = {**step.env, **step.env_for(run)}
+    except UserError as exc:
+        echo(f"[{index}/{total}] {step.title}: failed ({exc})")
+        return StepResult(step.name, step.title, "failed", reason=str(exc))
     echo(f"[{index}/{total}] {step.title} (timeout {step.timeout_s:.0f} s; log {log.relative_to(run.out)})")
     began = time.monotonic()
     with open(log, "w") as err, open(stdout, "w") as out:
-        err.write(f"$ {' '.join(command)}\n")
+        err.write("".join(f"# {k}={v}\n" for k, v in sorted(extra.items())) + f"$ {' '.join(command)}\n")
         err.flush()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, env={**os.environ, **step.env}, cwd=run.out,
+        proc = subprocess.Popen(command, stdout=out, stderr=err, env={**os.environ, **extra}, cwd=run.out,
                                 start_new_session=True)
         status, code = _wait(proc, step.timeout_s, began, echo)
     seconds = round(time.monotonic() - began, 1)
@@ -181,6 +193,16 @@ def _line_missing(line: str) -> Callable[[Run], str | None]:
     return skip
 
 
+def accuracy_env(line: str) -> Callable[[Run], dict[str, str]]:
+    """One core, and for a native artifact its whole recipe (LNC, NEURON_CC_FLAGS, opt level, NEFF
+    cache): set after `import torch`, TorchNeuron may already have read them and would compile
+    bucket 1 into its default cache, which the load then refuses."""
+    def env(run: Run) -> dict[str, str]:
+        recipe = artifact_environment(Path(run.artifacts[line])) if line == "native" else {}
+        return {**recipe, VISIBLE_CORES_ENV: "0"}
+    return env
+
+
 def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
     backend = BACKEND_OF_LINE[line]
     missing = _line_missing(line)
@@ -199,7 +221,7 @@ def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
              lambda run: [py(run), "-m", "siglip_serve.serve.cli", "accuracy", "--model", MODEL, "--a", "backend=cpu",
                           "--b", f"backend={backend},artifact_dir={run.artifacts[line]},buckets=1",
                           "--images", "images", "--json", f"accuracy-{line}.json"],
-             900 * timeout_scale, needs=(f"compile-{line}",), env={"NEURON_RT_VISIBLE_CORES": "0"},
+             900 * timeout_scale, needs=(f"compile-{line}",), env_for=accuracy_env(line),
              outputs=(f"accuracy-{line}.json",)),
         Step(f"serve-{line}", f"serve it and embed a photo ({line} line)",
              lambda run: [py(run), "-m", "siglip_serve.serve.trn2_probes", "serve", f"serve-{line}.json",
@@ -230,6 +252,11 @@ def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[St
                   120 * timeout_scale, outputs=("versions.json" if i == 0 else f"versions-{i + 1}.json",),
                   after=_read_versions("versions" if i == 0 else f"versions-{i + 1}"))
              for i, python in enumerate(run.pythons)]
+    def freeze(python: str, i: int) -> Callable[[Run], list[str]]:
+        return lambda run: ["sh", "-c", f"'{python}' -m pip freeze --all > pip-freeze-{i + 1}.txt"]
+
+    steps += [Step(f"pip-freeze-{i + 1}", f"pip freeze ({python})", freeze(python, i), 120 * timeout_scale,
+                   outputs=(f"pip-freeze-{i + 1}.txt",)) for i, python in enumerate(run.pythons)]
     no_tools = lambda run: None if os.path.exists(NEURON_LS) or shutil.which("neuron-ls") else (  # noqa: E731
         "neuron-ls is not installed (no Neuron tools: not a Neuron DLAMI)")
     neuron_ls = lambda: shutil.which("neuron-ls") or NEURON_LS  # noqa: E731
@@ -237,7 +264,15 @@ def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[St
               Step("neuron-ls-json", "neuron-ls --json-output",
                    lambda run: ["sh", "-c", f"'{neuron_ls()}' --json-output > neuron-ls.json"], 60 * timeout_scale,
                    skip_if=no_tools, outputs=("neuron-ls.json",), after=_count_cores)]
-    return steps + line_steps("trace", timeout_scale, iterations) + line_steps("native", timeout_scale, iterations)
+    no_nki = lambda run: None if importlib.util.find_spec("nki") else (  # noqa: E731
+        f"nki is not installed for {sys.executable} (docs/kernels.md)")
+    def kernels_check(where: str) -> Callable[[Run], list[str]]:
+        return lambda run: [sys.executable, "-m", "siglip_serve.serve.cli", "kernels", "check", "--kernels-on", where]
+
+    kernels = [Step(f"kernels-{where}", f"NKI kernels against the references ({where})", kernels_check(where),
+                    900 * timeout_scale, skip_if=no_nki) for where in ("simulator", "neuron")]
+    return (steps + line_steps("trace", timeout_scale, iterations) + line_steps("native", timeout_scale, iterations)
+            + kernels)
 
 
 # -- the summary ------------------------------------------------------------------------------
@@ -256,6 +291,8 @@ def write_summary(run: Run, started: str) -> dict[str, Any]:
                "out": str(run.out.resolve()), "lnc": run.lnc, "logical_cores": run.cores,
                "lines": run.lines, "counts": counts, "ok": counts["failed"] == 0 and counts["timeout"] == 0,
                "steps": [r.__dict__ for r in results]}
+    found = trn2_report.report(run.out, {r.name: r.status for r in results})
+    summary["found"] = {k: found[k] for k in ("cosines", "warm_starts", "hardware_answers")}
     (run.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = sorted({*send_back(run.out), "summary.md"})
     md = ["# trn2-check", "", f"{counts['passed']} passed, {counts['failed']} failed, {counts['timeout']} timed out, "
@@ -266,6 +303,7 @@ def write_summary(run: Run, started: str) -> dict[str, Any]:
         detail = (r.reason or "").replace("|", "/")
         md.append(f"| {r.title} | {r.status.upper()} | {r.seconds:.1f} | {detail} | "
                   f"{', '.join(f'`{f}`' for f in ([r.log] if r.log else []) + r.outputs)} |")
+    md += trn2_report.markdown(found)
     md += ["", "## What to send back", "",
            f"The whole folder without the compiled artifacts: `tar czf trn2-check.tgz --exclude='artifacts*' "
            f"--exclude=images -C {run.out.resolve().parent} {run.out.resolve().name}`. It holds:", ""]
@@ -304,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="folder for every result, log and the summary")
     parser.add_argument("--python", action="append", default=[], metavar="PYTHON",
                         help="also check the Neuron line installed for this interpreter (e.g. the other DLAMI "
-                             "venv's bin/python); repeatable. This interpreter is always checked")
+                             "venv's bin/python), which must have this project installed too (refused otherwise); "
+                             "repeatable. This interpreter is always checked")
     parser.add_argument("--skip", default="", help="comma list of step names to skip, e.g. serve-trace")
     parser.add_argument("--cores", type=int, help="workers for the multi-core bench (default: neuron-ls's count)")
     parser.add_argument("--iterations", type=int, default=100, help="timed calls per multi-core bench worker")
@@ -312,9 +351,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_pythons(pythons: Sequence[str]) -> None:
+    """Each --python runs this project's probes and commands, so the project must be installed there."""
+    for python in pythons:
+        try:
+            found = subprocess.run([python, "-c", "import siglip_serve.serve.trn2_probes"], capture_output=True,
+                                   timeout=120).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            found = False
+        if not found:
+            raise UserError(f"--python {python}: siglip-serve is not importable there; install this checkout into "
+                            f"that venv first ({python} -m pip install -e . with its constraints, docs/trn2.md)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     pythons = [sys.executable] + [p for p in args.python if p != sys.executable]
+    try:
+        check_pythons(pythons[1:])
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     summary = check(args.out, pythons, [s.strip() for s in args.skip.split(",") if s.strip()], args.cores,
                     args.timeout_scale, args.iterations)
     c = summary["counts"]

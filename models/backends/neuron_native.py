@@ -6,7 +6,9 @@ before torch is imported. It then refuses to start, in one line, unless: the SDK
 the versions, LNC, NEURON_CC_FLAGS, opt level and NEFF cache are the manifest's; it sees exactly
 one NeuronCore; every bucket's compiled graph is in the cache. Only then does it load the weights,
 compile and warm each bucket (cache hits: no neuronx-cc run), check that nothing new was compiled,
-and forbid recompiles for the rest of its life (`torch.compiler.set_stance("fail_on_recompile")`).
+and run every later call under `torch.compiler.set_stance("fail_on_recompile")`, scoped to the call
+(run_warm): the stance is process-wide, so one set for good would make a second encoder in the
+same process (the other side of an accuracy run) fail its own warm-up.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +45,10 @@ from siglip_serve.models.torchneuron_runtime import (
     TorchNeuronRuntime,
     artifact_neff_dir,
     compile_buckets,
+    image_input,
     missing_graphs,
     read_native_manifest,
+    run_warm,
 )
 
 log = logging.getLogger(__name__)
@@ -107,50 +112,82 @@ class NativeNeuronEncoder(ArtifactEncoder):
         self.runtime = runtime
 
     def _forward(self, batch: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self.runtime.to_host(self.compiled(self.runtime.to_device(batch)))
+        return run_warm(self.compiled, self.runtime, batch)
 
     def artifact_details(self) -> dict[str, Any]:
         return {"runtime": self.runtime.name}
 
 
-def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
-                        env: Mapping[str, str] | None = None) -> NativeNeuronEncoder:
+@dataclass
+class NativeStart:
+    """What every neuron-native tower has checked before it loads weights: the artifact, its NEFF
+    cache and the one NeuronCore this process holds."""
+
+    runtime: NativeRuntime
+    directory: Path
+    manifest: NativeManifest
+    neff_dir: Path
+    cores: str
+
+
+def check_start(settings: ModelSettings, runtime: NativeRuntime | None = None,
+                env: Mapping[str, str] | None = None) -> NativeStart:
+    """The SDK line, the artifact's versions and environment, and one NeuronCore, or a refusal."""
     runtime = runtime or runtime_from_env()
     env = os.environ if env is None else env
     runtime.check_sdk()
     directory, manifest = native_artifact(settings)
     check_versions(manifest.versions, runtime.versions(), str(directory))
-    neff_dir = artifact_neff_dir(directory)
     expected = environment(manifest.recipe_env, directory)
     if env is os.environ:
         adopt_unset(expected, os.environ)
     check_environment(expected, env, str(directory))
-    cores = check_one_core(env)
-    absent = missing_graphs(manifest, runtime.graph_files(neff_dir))
-    if absent:
-        raise TorchNeuronRefusal(f"the compiled graphs of buckets {sorted(absent)} are not in {neff_dir} (missing: "
-                                 f"{absent}); a replica would compile them for minutes. Compile again: siglip-serve "
-                                 f"compile --backend neuron-native --buckets {','.join(map(str, manifest.buckets))}")
-    weights_path = directory / manifest.weights_file
-    if sha256_file(weights_path) != manifest.weights_file_sha256:
-        raise TorchNeuronRefusal(f"{weights_path} is not the file the artifact was compiled with (sha256 differs); "
+    return NativeStart(runtime, directory, manifest, artifact_neff_dir(directory), check_one_core(env))
+
+
+def check_weights(start: NativeStart, name: str, sha256: str) -> Path:
+    path = start.directory / name
+    if sha256_file(path) != sha256:
+        raise TorchNeuronRefusal(f"{path} is not the file the artifact was compiled with (sha256 differs); "
                                  f"compile the artifact again")
-    embedder = _build_embedder(manifest, weights_path).to(runtime.device)
-    buckets = tuple(sorted(settings.buckets))
-    compiled, warmed = compile_buckets(embedder, buckets, (manifest.image_size[0], manifest.image_size[1]),
-                                       runtime, neff_dir)
-    compiled_here = {w.bucket: w.new_graphs for w in warmed if w.new_graphs}
+    return path
+
+
+def warm_from_cache(start: NativeStart, module: torch.nn.Module, buckets: tuple[int, ...],
+                    graphs: Mapping[str, list[str]], example: Callable[[int], torch.Tensor],
+                    tower: str = "") -> tuple[Any, dict[int, float]]:
+    """Compile and run each bucket once, every graph found in the artifact's NEFF cache, or refuse:
+    missing graphs would compile for minutes at start, and new ones mean another build of the model."""
+    absent = missing_graphs(buckets, graphs, start.runtime.graph_files(start.neff_dir))
+    if absent:
+        raise TorchNeuronRefusal(f"the compiled graphs of {tower}buckets {sorted(absent)} are not in {start.neff_dir} "
+                                 f"(missing: {absent}); a replica would compile them for minutes. Compile again: "
+                                 f"siglip-serve compile --backend neuron-native")
+    compiled, warmed = compile_buckets(module.to(start.runtime.device), buckets, example, start.runtime,
+                                       start.neff_dir)
+    compiled_here = sorted(w.bucket for w in warmed if w.new_graphs)
     if compiled_here:
-        raise TorchNeuronRefusal(f"buckets {sorted(compiled_here)} were compiled at start instead of found in "
-                                 f"{neff_dir}: this replica's graphs differ from the artifact's (another "
+        raise TorchNeuronRefusal(f"{tower}buckets {compiled_here} were compiled at start instead of found in "
+                                 f"{start.neff_dir}: this replica's graphs differ from the artifact's (another "
                                  f"torch/open_clip build?). Compile again in this venv: siglip-serve compile "
                                  f"--backend neuron-native")
-    # Every bucket has its graph now; any other shape is a bug that must fail, not compile for minutes.
-    torch.compiler.set_stance("fail_on_recompile")
-    log.info("neuron-native: buckets %s warm on NeuronCore %s (%s)", list(buckets), cores,
-             {w.bucket: f"{w.seconds:.1f} s" for w in warmed})
-    return NativeNeuronEncoder(compiled, runtime, manifest_model_info(manifest), buckets, directory, manifest, cores)
+    return compiled, {w.bucket: w.seconds for w in warmed}
+
+
+def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
+                        env: Mapping[str, str] | None = None) -> NativeNeuronEncoder:
+    start = check_start(settings, runtime, env)
+    manifest = start.manifest
+    weights_path = check_weights(start, manifest.weights_file, manifest.weights_file_sha256)
+    buckets = tuple(sorted(settings.buckets))
+    compiled, seconds = warm_from_cache(start, _build_embedder(manifest, weights_path), buckets, manifest.graphs,
+                                        image_input((manifest.image_size[0], manifest.image_size[1])))
+    # From here every forward runs under fail_on_recompile (run_warm): another shape is a bug that
+    # must fail, not compile for minutes.
+    log.info("neuron-native: buckets %s warm on NeuronCore %s (%s)", list(buckets), start.cores,
+             {b: f"{s:.1f} s" for b, s in seconds.items()})
+    return NativeNeuronEncoder(compiled, start.runtime, manifest_model_info(manifest), buckets, start.directory,
+                               manifest, start.cores)
 
 
 def check_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:

@@ -35,11 +35,14 @@ from siglip_serve.models.torchneuron_env import (
     NEFF_CACHE_ENV,
     NEURONX_CC_VERSION,
     OPT_LEVEL_ENV,
+    TORCH_VERSION,
     check_native_sdk,
 )
 from siglip_serve.models.torchneuron_runtime import neff_files
 
-DOUBLE_VERSIONS = {"torch": torch.__version__, "torch_neuronx": "2.14.3.0.0+recording-double",
+# The versions the double reports as its SDK: the exact torch TorchNeuron is built for (this venv's
+# own torch may be another 2.14 patch; the double runs on it all the same).
+DOUBLE_VERSIONS = {"torch": TORCH_VERSION, "torch_neuronx": "2.14.3.0.0+recording-double",
                    "neuronx_cc": NEURONX_CC_VERSION}
 
 
@@ -80,9 +83,11 @@ class RecordingRuntime:
             key = hashlib.sha256(signature.encode()).hexdigest()
             cache = Path(os.environ[NEFF_CACHE_ENV])
             path = cache / key[:2] / key[2:4] / f"{key}.neff"
-            # The images are the graph's one uint8 input (parameters may be lifted to inputs too).
+            # The images are the graph's one uint8 input, token ids its int64 one (parameters may be
+            # lifted to inputs too).
             images = [list(t.shape) for t in tensors if t.dtype == torch.uint8]
-            record = {"image_shapes": images, "file": str(path.relative_to(cache)), "graph": gm}
+            ids = [list(t.shape) for t in tensors if t.dtype == torch.int64]
+            record = {"image_shapes": images, "id_shapes": ids, "file": str(path.relative_to(cache)), "graph": gm}
             if path.is_file():
                 self.hits.append(record)
             else:

@@ -30,7 +30,12 @@ from siglip_serve.models.torchneuron_env import (
     environment,
     sdk_tag,
 )
-from siglip_serve.models.torchneuron_runtime import TorchNeuronRuntime, compile_buckets, read_native_manifest
+from siglip_serve.models.torchneuron_runtime import (
+    TorchNeuronRuntime,
+    compile_buckets,
+    image_input,
+    read_native_manifest,
+)
 from tests.doubles.torchneuron_runtime import DOUBLE_VERSIONS, RecordingRuntime
 from tests.helpers import neuron_env, tiny_settings
 
@@ -49,14 +54,16 @@ def fresh_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def compile_tiny(root: Path, monkeypatch: pytest.MonkeyPatch, options: NativeOptions | None = None,
-                 buckets: tuple[int, ...] = (1, 2)) -> tuple[Path, RecordingRuntime]:
-    """What `siglip-serve compile --backend neuron-native` does, with the double as the runtime."""
+                 buckets: tuple[int, ...] = (1, 2),
+                 text_buckets: tuple[int, ...] = ()) -> tuple[Path, RecordingRuntime]:
+    """What `siglip-serve compile --backend neuron-native [--text]` does, with the double as the runtime."""
     options = options or NativeOptions()
     staging = root / sdk_tag(DOUBLE_VERSIONS) / ".partial-test"
     for key, value in environment(options.recipe_env(), staging).items():
         monkeypatch.setenv(key, value)
     runtime = RecordingRuntime()
-    result = compile_native_artifact(tiny_settings(buckets=buckets), options, root, staging, runtime)
+    settings = tiny_settings(buckets=buckets, **({"text_buckets": text_buckets} if text_buckets else {}))
+    result = compile_native_artifact(settings, options, root, staging, runtime, text=bool(text_buckets))
     return result.artifact_dir, runtime
 
 
@@ -121,7 +128,7 @@ def test_a_graph_break_fails_instead_of_splitting_the_model(tmp_path: Path) -> N
             return x.mean(dim=(2, 3))
 
     with pytest.raises(torch._dynamo.exc.Unsupported):
-        compile_buckets(Breaks(), (1,), (8, 8), RecordingRuntime(), tmp_path / "neff")
+        compile_buckets(Breaks(), (1,), image_input((8, 8)), RecordingRuntime(), tmp_path / "neff")
 
 
 def test_compile_refuses_an_environment_not_set_before_torch(tmp_path: Path) -> None:
@@ -158,6 +165,22 @@ def test_after_warm_up_a_stray_shape_fails_instead_of_recompiling(artifact: Path
     encoder = load(artifact, runtime)
     with pytest.raises(RuntimeError, match="fail_on_recompile"):
         encoder._forward(torch.zeros((3, 3, 64, 64), dtype=torch.uint8))
+    assert runtime.compiles == []
+
+
+def test_two_encoders_in_one_process_each_warm_up_and_stay_strict(artifact: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # An accuracy run with neuron-native on both sides: set_stance is process-wide, so the first
+    # encoder's stance must not turn the second one's warm-up into a "recompile" error.
+    as_replica(artifact, monkeypatch)
+    runtime = RecordingRuntime()
+    first, second = load(artifact, runtime), load(artifact, runtime)
+    assert runtime.compiles == [] and len(runtime.hits) == 4
+    images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8).numpy()
+    np.testing.assert_array_equal(first.encode(images), second.encode(images))
+    for encoder in (first, second):
+        with pytest.raises(RuntimeError, match="fail_on_recompile"):
+            encoder._forward(torch.zeros((3, 3, 64, 64), dtype=torch.uint8))
     assert runtime.compiles == []
 
 
@@ -344,11 +367,17 @@ def test_compile_cli_without_the_sdk_writes_nothing_and_says_what_to_install(
 def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 
-    from siglip_serve.models.torchneuron_env import NEURONX_CC_VERSION, TORCH_NEURONX_FAMILY, TORCH_SERIES
+    from siglip_serve.models.torchneuron_env import (
+        NEURONX_CC_VERSION,
+        TORCH_NEURONX_FAMILY,
+        TORCH_VERSION,
+        TORCHVISION_VERSION,
+    )
     from tests.helpers import REPO
 
+    # Exact torch and torchvision: with a range pip may swap the DLAMI's torch for a later patch.
     expected = {f"torch-neuronx=={TORCH_NEURONX_FAMILY}.*", f"neuronx-cc=={NEURONX_CC_VERSION}",
-                f"torch=={TORCH_SERIES}.*"}
+                f"torch=={TORCH_VERSION}", f"torchvision=={TORCHVISION_VERSION}"}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert set(project["optional-dependencies"]["neuron-native"]) == expected
     lines = (REPO / "constraints-neuron-native.txt").read_text().splitlines()

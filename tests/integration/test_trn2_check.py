@@ -103,6 +103,13 @@ def test_the_trace_line_end_to_end_through_the_double(tmp_path: Path, monkeypatc
     assert "Instance throughput" in (tmp_path / "report-trace" / "report.md").read_text()
     sent = (tmp_path / "summary.md").read_text()
     assert "`multicore-trace.json`" in sent and "`report-trace/report.md`" in sent and "artifacts-trace/" not in sent
+    # What comes back besides: pip freeze, the cosine, each replica's warm-up, where the NEFFs landed.
+    assert "`pip-freeze-1.txt`" in sent and "torch==" in (tmp_path / "pip-freeze-1.txt").read_text()
+    found = summary["found"]
+    assert found["cosines"]["trace"]["cosine_min"] == accuracy["cosine_min"] and found["cosines"]["native"] is None
+    (replica,) = found["warm_starts"]["trace"]["replicas"]
+    assert set(replica["warmup_seconds"]) == {"1", "2"}
+    assert "## Only hardware can tell" in sent and "`report.json`" in sent
 
 
 def test_a_refused_lnc_fails_the_steps_that_load_and_the_rest_go_on(tmp_path: Path,
@@ -122,6 +129,37 @@ def test_a_refused_lnc_fails_the_steps_that_load_and_the_rest_go_on(tmp_path: Pa
     assert got["report-trace"] == ("skipped", "needs multicore-trace, which was skipped")
     assert not summary["ok"] and summary["counts"]["failed"] == 3
     assert "| serve it and embed a photo (trace line) | FAILED |" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_native_accuracy_run_starts_with_the_artifacts_environment(tmp_path: Path) -> None:
+    """The environment the accuracy step's child process sees at its first line, before anything
+    it could import: the artifact's whole recipe and NEFF cache, and one core."""
+    artifact = tmp_path / "artifacts-native" / "tiny"
+    artifact.mkdir(parents=True)
+    recipe = {"NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_COMPILER_OPT_LEVEL": "-O3",
+              "NEURON_CC_FLAGS": "--target trn2 --lnc 2 --auto-cast=matmult --auto-cast-type=bf16"}
+    (artifact / "manifest.json").write_text(json.dumps({"line": "neuron-native", "recipe_env": recipe}))
+    # Stands in for the native venv's python: records its environment and arguments, then exits.
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{PY}\nimport json, os, sys\njson.dump({{'env': dict(os.environ), 'argv': sys.argv}}, "
+                    f"open('child.json', 'w'))\n")
+    fake.chmod(0o755)
+    run = Run(tmp_path, [PY], lines={"native": str(fake)}, artifacts={"native": str(artifact)})
+    run.results["compile-native"] = trn2_check.StepResult("compile-native", "compile", "passed")
+    (step,) = [s for s in trn2_check.line_steps("native", 1.0, 1) if s.name == "accuracy-native"]
+    assert run_step(step, run, 1, 1, echo=lambda _: None).status == "passed"
+    child = json.loads((tmp_path / "child.json").read_text())
+    want = {**recipe, "TORCH_NEURONX_NEFF_CACHE_DIR": str(artifact.resolve() / "neff"), "NEURON_RT_VISIBLE_CORES": "0"}
+    assert {k: child["env"].get(k) for k in want} == want
+    assert f"backend=neuron-native,artifact_dir={artifact},buckets=1" in child["argv"]
+
+
+def test_another_python_without_the_project_is_refused_in_one_line(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert trn2_check.main(["--out", str(tmp_path / "out"), "--python", "/bin/false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--python /bin/false: siglip-serve is not importable there" in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.neuron

@@ -79,3 +79,13 @@ def test_native_lnc_defaults_to_the_runtimes(tmp_path: Path, capsys: pytest.Capt
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
     assert main(["compile", "--backend", "neuron-native", "--model", "tiny-siglip", "--dry-run",
                  "--cache-root", str(tmp_path), "--log-level", "ERROR"]) == 2
+
+
+def test_native_text_plan_one_int64_graph_per_text_bucket(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ("--backend", "neuron-native", "--model", "tiny-siglip", "--lnc", "2")
+    plan = dry_run(capsys, tmp_path, *base, "--text", "--text-buckets", "1,4")
+    assert [(b["batch"], b["input_shape"], b["input_dtype"]) for b in plan["text_buckets"]] == [
+        (1, [1, 16], "int64"), (4, [4, 16], "int64")]  # tiny-siglip's fixed context length
+    assert all("fullgraph=True, dynamic=False" in b["compile"] for b in plan["text_buckets"])
+    image_only = dry_run(capsys, tmp_path, *base)
+    assert image_only["text_buckets"] == [] and image_only["cache_key"] != plan["cache_key"]

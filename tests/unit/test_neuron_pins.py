@@ -3,8 +3,10 @@ versions, and serving does not pull in the NKI kernel toolchain."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 
+import pytest
 from packaging.requirements import Requirement
 
 from tests.helpers import REPO
@@ -59,3 +61,17 @@ def test_nki_is_a_kernels_extra_not_a_serving_one() -> None:
     assert all(req.name != "nki" for req in groups["neuron"])
     (nki,) = (req for req in groups["kernels"] if req.name == "nki")
     assert nki.specifier.contains("0.5.0")
+
+
+@pytest.mark.parametrize("torch_version, refused", [("2.14.0", False), ("2.14.0+cpu", False), ("2.14.1", True),
+                                                    ("2.14.1+cpu", True)])
+def test_the_native_backend_takes_only_the_torch_torchneuron_is_built_for(torch_version: str, refused: bool) -> None:
+    from siglip_serve.models.torchneuron_env import NEURONX_CC_VERSION, TorchNeuronRefusal, check_native_sdk
+
+    versions = {"torch": torch_version, "torch_neuronx": "2.14.3.0.1", "neuronx_cc": NEURONX_CC_VERSION}
+    if not refused:
+        check_native_sdk(versions)
+        return
+    shown = rf"built for torch 2\.14\.0 but this venv has torch {re.escape(torch_version)}"
+    with pytest.raises(TorchNeuronRefusal, match=shown):
+        check_native_sdk(versions)

@@ -241,3 +241,20 @@ def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
     np.testing.assert_array_equal(again[:2], first[::-1])
     np.testing.assert_array_equal(evicted[1], first[0])
     assert list(routes._prompt_cache) == ["car", "cat", "bird"]  # "dog", least recently used, went first
+
+
+@pytest.mark.parametrize("backend", ["neuron", "neuron-native"])
+def test_the_cluster_check_counts_the_text_replicas_cores(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from siglip_serve.serve import app
+    from siglip_serve.serve.config import ConfigError, ServiceConfig
+
+    monkeypatch.setattr(app.ray, "cluster_resources", lambda: {"CPU": 16.0, "neuron_cores": 4.0})
+    monkeypatch.setattr(app.ray, "is_initialized", lambda: True)
+    args = {"model": "tiny-siglip", "backend": backend, "replicas": 4}
+    app.check_cluster_fits(ServiceConfig.from_args(args), 4)  # 4 image replicas on 4 cores, no text
+    with pytest.raises(ConfigError, match=r"needs 5 neuron_cores \(4 encoder replica\(s\) x 1 \+ 1 text"):
+        app.check_cluster_fits(ServiceConfig.from_args({**args, "text_replicas": 1}), 4)
+    # auto leaves the text replica its core, so that application fits
+    auto = ServiceConfig.from_args({**args, "replicas": "auto", "text_replicas": 1})
+    assert app.resolve_replicas(auto) == 3
+    app.check_cluster_fits(auto, 3)

@@ -1,0 +1,134 @@
+"""What `siglip-serve trn2-check` reads back out of its own folder for the summary: where every NEFF
+landed, the cosine each variant observed, each replica's warm-start seconds, and the answer to each
+question the docs leave to hardware (docs/torchneuron.md "What the docs do not settle",
+docs/kernels.md "First run on a trn2"). It imports neither torch nor the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# Where a NEFF may land besides the artifacts: the trace line's compile cache default
+# (NEURON_COMPILE_CACHE_URL's default, /var/tmp/neuron-compile-cache) and whatever cache variables
+# this shell sets. A native NEFF there means a compile ran without the artifact's environment.
+DEFAULT_NEFF_PLACES = ("/var/tmp/neuron-compile-cache",)
+CACHE_ENV = ("TORCH_NEURONX_NEFF_CACHE_DIR", "NEURON_COMPILE_CACHE_URL")
+
+
+def neff_places(out: Path) -> list[Path]:
+    places = [out, *map(Path, DEFAULT_NEFF_PLACES)]
+    places += [Path(os.environ[k]) for k in CACHE_ENV if os.environ.get(k) and "://" not in os.environ[k]]
+    return list(dict.fromkeys(p.resolve() for p in places))
+
+
+def neff_files(out: Path) -> dict[str, Any]:
+    """Every *.neff under the run's folder and the default caches: path, bytes, and which place."""
+    files = []
+    places = neff_places(out)
+    for place in places:
+        if place.is_dir():
+            for path in place.rglob("*.neff"):
+                inside = place == out.resolve() or not path.is_relative_to(out.resolve())
+                if path.is_file() and inside:
+                    files.append({"path": str(path), "bytes": path.stat().st_size, "place": str(place)})
+    outside = sorted({str(f["place"]) for f in files if f["place"] != str(out.resolve())})
+    return {"places": [str(p) for p in places], "files": files, "outside_the_artifacts": outside}
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cosines(out: Path, lines: tuple[str, ...] = ("trace", "native")) -> dict[str, Any]:
+    """The cosine each accuracy step observed (None where it did not run)."""
+    found: dict[str, Any] = {}
+    for line in lines:
+        data = _json(out / f"accuracy-{line}.json")
+        found[line] = None if not isinstance(data, dict) else {
+            k: data.get(k) for k in ("cosine_min", "cosine_mean", "passed", "b")}
+    return found
+
+
+def _warm(data: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(data, dict):
+        if "warmup_seconds" in data:
+            yield {k: data.get(k) for k in ("backend", "replica", "neuron_rt_visible_cores", "warmup_seconds")}
+        for value in data.values():
+            yield from _warm(value)
+    elif isinstance(data, list):
+        for value in data:
+            yield from _warm(value)
+
+
+def warm_starts(out: Path, lines: tuple[str, ...] = ("trace", "native")) -> dict[str, Any]:
+    """Per line: seconds until /readyz and each replica's warm-up seconds per bucket, from /v1/models."""
+    found: dict[str, Any] = {}
+    for line in lines:
+        data = _json(out / f"serve-{line}.json")
+        found[line] = None if not isinstance(data, dict) else {
+            "ready_seconds": data.get("ready_seconds"), "replicas": list(_warm(data.get("models")))}
+    return found
+
+
+def hardware_answers(out: Path, steps: dict[str, str], neffs: dict[str, Any]) -> list[dict[str, str]]:
+    """Each question the docs leave to a trn2, with what this run found (or why it did not say)."""
+    native = cosines(out).get("native") or {}
+    cos = native.get("cosine_min")
+    native_neffs = [f for f in neffs["files"] if "artifacts-native" in f["path"]]
+    verdict = ("no accuracy-native result" if cos is None else
+               f"cosine_min {cos:.6f}: exactly 1.0, the graphs look un-cast (the flag may not have won)" if cos >= 1.0
+               else f"cosine_min {cos:.6f}: below 1.0 and within the gate, auto-cast took effect"
+               if native.get("passed") else f"cosine_min {cos:.6f}: under the gate; compare with --auto-cast none")
+
+    def status(name: str) -> str:
+        return steps.get(name, "not run")
+
+    return [
+        {"question": "NEURON_CC_FLAGS reach neuronx-cc on the torch.compile path, and --auto-cast=matmult wins "
+                     "over TorchNeuron's own --auto-cast=none (docs/torchneuron.md)",
+         "answer": verdict},
+        {"question": "NEURON_COMPILER_OPT_LEVEL reaches neuronx-cc (-O3 in the recipe; the docs give no default)",
+         "answer": f"compile-native {status('compile-native')}: look for -O3 in logs/compile-native.log"},
+        {"question": "TorchNeuron's NEFF cache layout and that TORCH_NEURONX_NEFF_CACHE_DIR is honoured",
+         "answer": f"{len(native_neffs)} NEFF file(s) under artifacts-native; NEFFs outside the artifacts: "
+                   f"{', '.join(neffs['outside_the_artifacts']) or 'none'}"},
+        {"question": "a restart finds every graph in the cache (no neuronx-cc run at replica start)",
+         "answer": f"serve-native {status('serve-native')} (a replica that compiled at start refuses to run)"},
+        {"question": "NKI kernels against the references, simulator and NeuronCore (docs/kernels.md, first run 1)",
+         "answer": f"kernels-simulator {status('kernels-simulator')}, kernels-neuron {status('kernels-neuron')}"},
+        {"question": "docs/kernels.md first run 2-6 (pytest -m nki, matmul, mlp, siglip, profile-neff)",
+         "answer": "not run by trn2-check: run them by hand as docs/kernels.md lists, at LNC=2 and LNC=1"},
+    ]
+
+
+def report(out: Path, steps: dict[str, str]) -> dict[str, Any]:
+    """Everything above, written to DIR/report.json, and returned for the summary."""
+    neffs = neff_files(out)
+    data = {"neff_files": neffs, "cosines": cosines(out), "warm_starts": warm_starts(out),
+            "hardware_answers": hardware_answers(out, steps, neffs)}
+    (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return data
+
+
+def markdown(data: dict[str, Any]) -> list[str]:
+    md = ["", "## What this run found", ""]
+    for line, found in data["cosines"].items():
+        md.append(f"- accuracy, {line} line: " + ("not run" if not found else
+                                                  f"cosine min {found['cosine_min']}, mean {found['cosine_mean']}"))
+    for line, found in data["warm_starts"].items():
+        md.append(f"- serve, {line} line: " + ("not run" if not found else
+                                               f"ready in {found['ready_seconds']} s; replicas' warm-up (s per "
+                                               f"bucket): {[r['warmup_seconds'] for r in found['replicas']]}"))
+    neffs = data["neff_files"]
+    md.append(f"- NEFF files: {len(neffs['files'])} (`report.json` lists each); outside the artifacts: "
+              f"{', '.join(neffs['outside_the_artifacts']) or 'none'}")
+    md += ["", "## Only hardware can tell", "", "| question | this run |", "|---|---|"]
+    md += [f"| {a['question']} | {a['answer']} |" for a in data["hardware_answers"]]
+    return md

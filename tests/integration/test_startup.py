@@ -200,8 +200,9 @@ def test_builder_refuses_an_app_the_cluster_cannot_hold_once_without_retry(serve
 
     from siglip_serve.serve.app import build_app
 
-    # 20 encoders x 1 CPU + the ingress on the test cluster's 8 CPUs: could never all be scheduled.
-    with pytest.raises(RayServeException, match=r"needs 20.5 CPUs .* the Ray cluster has 16") as refused:
+    # 20 encoders x 1 CPU + the ingress (0.5) + the text replica (0.5) on the test cluster's 16 CPUs:
+    # could never all be scheduled.
+    with pytest.raises(RayServeException, match=r"needs 21 CPUs .* the Ray cluster has 16") as refused:
         build_app({"model": "tiny-siglip", "replicas": 20})
     assert "encoder_num_cpus" in str(refused.value) and "\n" not in str(refused.value)
 

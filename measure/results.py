@@ -11,6 +11,7 @@ names the file and the field, not a silently missing row.
     RunResults          Locust's recorder -> OUT/results.json  (loadtest/recorder.py)
     LoadTestSummary     siglip-serve loadtest -> OUT/summary.json (loadtest/cli.py, loadtest/summary.py)
     InstanceReport      siglip-serve loadtest report -> OUT/report.json (measure/report.py)
+    BulkResult          siglip-serve embed -> OUT/summary.json  (bulk/job.py)
 """
 
 from __future__ import annotations
@@ -387,3 +388,37 @@ class InstanceReport(Result):
     missing: list[str]
     # Host- or device-bound, when the bench JSON holds a host ceiling (siglip-serve bench).
     bound: Bound | None = None
+
+
+# -- siglip-serve embed ----------------------------------------------------------------------
+
+class BulkResult(Result):
+    """One bulk run: what it found done, what it wrote, and its throughput and host CPU per item.
+
+    `seconds` and `cpu_ms_per_item` cover the whole run from Ray's start (model load and warm-up
+    included) to the last shard; `cpu_ms_per_item` is this process's tree (the driver and, with a
+    local Ray, every Ray process) per item embedded or refused. Items are images or texts (`modality`).
+    """
+
+    machine: Machine
+    created_at: str
+    source: str
+    output: str
+    modality: Literal["image", "text"]
+    model: str
+    backend: str
+    weights: str
+    preprocessing: str
+    items: int
+    shards: int
+    shards_done_before: int
+    shards_written: int
+    embedded: int  # this run
+    errors: int  # this run
+    errors_in_output: int  # every shard's errors table, earlier runs' included
+    encoders: int
+    decode_workers: int
+    seconds: float
+    items_per_second: float | None
+    cpu_ms_per_item: float | None
+    wall_seconds: float

@@ -326,6 +326,10 @@ def resize_to_array(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
 
 
+# Named in every bulk output row (bulk/job.py): change it whenever a pixel of the output can change, so
+# `siglip-serve embed` re-embeds rather than mixing old and new rows under one name.
+PREPROCESS_VERSION = "squash-bicubic-uint8-v1"
+
 # A JPEG much larger than the model's input is decoded at a reduced DCT scale that still leaves at
 # least this factor of pixels over the target, then bicubic-resized: 5-10x less decode work for
 # phone photos, within cosine 0.99997 of a full decode (docs/preprocessing.md).

@@ -29,6 +29,8 @@ log = logging.getLogger("siglip_serve")
 DELEGATED = {
     "kernels": ("kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
     "compile": ("models.compile_cli", "compile the image tower for Trainium2 (--backend neuron | neuron-native)"),
+    "embed": ("bulk.cli", "embed a folder, list or table of images (or texts) in bulk into Parquet shards, "
+                          "resumable (Ray Data)"),
     "accuracy": ("models.accuracy", "compare two encoders' embeddings on a folder of images"),
     "loadtest": ("loadtest.cli", "Locust load test (summary.json, CSV, HTML); 'loadtest report': instance throughput"),
     "trn2-check": ("serve.trn2_check", "first run on a fresh trn2: versions, neuron-ls, compile, accuracy, serve, "

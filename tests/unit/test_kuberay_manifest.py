@@ -125,3 +125,36 @@ def test_the_head_stays_off_trn2_nodes(manifest: dict) -> None:
     assert head["rayStartParams"]["num-cpus"] == "0"
     (container,) = head["template"]["spec"]["containers"]
     assert not any(k.startswith("aws.amazon.com/") for k in container["resources"]["limits"])
+
+
+# -- deploy/kuberay/rayjob-embed.yaml: the bulk job -------------------------------------------
+
+JOB_MANIFEST = REPO / "deploy" / "kuberay" / "rayjob-embed.yaml"
+JOB_SCHEMA = REPO / "tests" / "data" / "kuberay-v1.7.0-rayjob-v1.schema.json"
+
+
+def test_the_bulk_job_is_a_valid_rayjob_whose_entrypoint_our_cli_takes() -> None:
+    import shlex
+
+    from siglip_serve.bulk.cli import build_parser
+    from siglip_serve.bulk.job import JobSpec, plan_workers
+    from siglip_serve.models.cli_args import model_values
+
+    schema = strict(json.loads(JOB_SCHEMA.read_text()))
+    job = yaml.safe_load(JOB_MANIFEST.read_text())
+    assert job["kind"] == "RayJob" and errors(jsonschema.Draft7Validator(schema), job) == []
+    command = shlex.split(job["spec"]["entrypoint"])
+    assert command[:2] == ["siglip-serve", "embed"]
+    args = build_parser().parse_args(command[2:])
+    config = ServiceConfig.from_args(model_values(args))
+    assert args.address == "auto" and config.backend == "neuron"
+    # Every logical NeuronCore of the worker group gets an encoder; the decoders take the CPUs left.
+    (group,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    cores = json.loads(json.loads(group["rayStartParams"]["resources"]))["neuron_cores"]
+    cpus = int(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+    plan = plan_workers(config, JobSpec(args.source, args.output), {"CPU": group["replicas"] * cpus,
+                                                                    "neuron_cores": group["replicas"] * cores})
+    assert plan.encoders == group["replicas"] * logical_cores(CHIPS_PER_NODE["trn2.3xlarge"], 2)
+    assert plan.decode_workers == group["replicas"] * (cpus - cores)
+    # A retry resumes from the finished shards, so retries are worth a new cluster each.
+    assert job["spec"]["backoffLimit"] >= 1 and job["spec"]["shutdownAfterJobFinishes"] is True

@@ -1,0 +1,79 @@
+"""`siglip-serve embed`: embed a folder, a list or a table column in bulk into Parquet shards (docs/batch.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from siglip_serve.models.cli_args import (
+    add_log_level,
+    add_model_arguments,
+    key_value,
+    model_values,
+    run_main,
+    settings_values,
+    setup_logging,
+)
+
+log = logging.getLogger("siglip_serve.bulk")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="siglip-serve embed", description=__doc__,
+        epilog="A rerun with the same input, model and output skips the shards already written; a killed run "
+               "loses at most the shards it had in flight. --set takes the service's config fields "
+               "(limits such as max_image_pixels, fast_jpeg_decode, lnc) as in `siglip-serve run`.")
+    add_log_level(parser)
+    parser.add_argument("source", help="a folder (recursive), a list file (one path a line), or a .parquet/.csv "
+                                       "table (local or a pyarrow.fs URI such as s3://...) with a column of paths "
+                                       "or texts")
+    parser.add_argument("--output", "-o", required=True, help="output folder (local or a pyarrow.fs URI)")
+    parser.add_argument("--column", default=None, help="the table's column to read (default: path, or text "
+                                                       "with --text)")
+    parser.add_argument("--text", action="store_true", help="the inputs are texts: embed them with the text tower")
+    parser.add_argument("--shard-size", type=int, default=1000, help="items per output shard (default 1000)")
+    parser.add_argument("--encoders", type=int, help="encoder actors (default: one per device; cpu: one)")
+    parser.add_argument("--decode-workers", type=int,
+                        help="CPU tasks reading and decoding images (default: the cores the encoders leave)")
+    parser.add_argument("--address", help="run on this Ray cluster (a RayJob: auto) instead of a local Ray")
+    parser.add_argument("--json", dest="json_out", help="also write the summary here (it is always written to "
+                                                        "OUTPUT/_summary.json)")
+    add_model_arguments(parser)
+    parser.add_argument("--set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                        help="any config field, as in the Serve YAML args (repeatable)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging(args.log_level)
+    return run_main(lambda: _embed(args), log)
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from siglip_serve.bulk.job import JobSpec, Modality, run_job
+    from siglip_serve.models.encoder import check_backend_available
+    from siglip_serve.serve.config import ServiceConfig
+
+    config = ServiceConfig.from_args({**model_values(args), **settings_values(args.set), "log_level": args.log_level})
+    check_backend_available(config.model_settings())
+    modality: Modality = "text" if args.text else "image"
+    spec = JobSpec(source=args.source, output=args.output, modality=modality,
+                   column=args.column or ("text" if args.text else "path"), shard_size=args.shard_size,
+                   encoders=args.encoders, decode_workers=args.decode_workers, address=args.address)
+    result = run_job(config, spec)
+    if args.json_out:
+        result.write(args.json_out)
+    rate = f"{result.items_per_second:.1f}" if result.items_per_second else "-"
+    cpu = f"{result.cpu_ms_per_item:.2f}" if result.cpu_ms_per_item else "-"
+    print(f"{result.items} {modality}(s): {result.embedded} embedded, {result.errors} refused this run "
+          f"({result.errors_in_output} in _errors/ in all); {result.shards_written} shard(s) written, "
+          f"{result.shards_done_before} already done; {rate} items/s, {cpu} host CPU-ms per item "
+          f"over {result.seconds:.1f} s; summary: {args.output}/_summary.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

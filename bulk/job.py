@@ -1,0 +1,294 @@
+"""A bulk embedding job: list, shard, skip what is done, stream the rest through Ray Data, write shards.
+
+    inputs ──► shards (bulk/inputs.py) ──► Ray Data: read+decode tasks ──► embed actors ──► this driver
+                                                     (CPU, sized apart)     (one per device)   puts each shard
+                                                                                               back in order and
+                                                                                               writes it whole
+
+The stages are the service's own code (models/preprocess.py, the backends' encoders, the same
+limits from ServiceConfig), so a row here equals what `/v1/embeddings` answers for the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from siglip_serve.bulk.inputs import ERRORS_FOLDER, OutputFolder, Shard, list_items, plan_shards
+from siglip_serve.measure.results import BulkResult, Machine
+from siglip_serve.models.preprocess import PREPROCESS_VERSION
+from siglip_serve.models.user_error import UserError
+from siglip_serve.serve.config import ServiceConfig
+
+log = logging.getLogger("siglip_serve.bulk")
+
+Modality = Literal["image", "text"]
+# Rows per Ray Data block of the input list: small enough that the first decodes start at once and
+# every decode task stays busy, large enough that a block's overhead is nothing beside its decodes.
+ROWS_PER_BLOCK = 64
+PROGRESS_EVERY_S = 5.0
+SUMMARY_FILE = "_summary.json"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    source: str
+    output: str
+    modality: Modality = "image"
+    column: str = "path"
+    shard_size: int = 1000
+    encoders: int | None = None  # None: one per device (cpu: one)
+    decode_workers: int | None = None  # None: the cores the encoders leave, at least one
+    address: str | None = None  # join this Ray cluster instead of starting a local one
+
+
+def weights_id(config: ServiceConfig) -> str:
+    """What the weights are, for shard names and output rows: a checkpoint by its content's digest."""
+    if config.checkpoint is None:
+        return config.weights_source
+    digest = hashlib.sha256()
+    with open(config.checkpoint, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"checkpoint-sha256:{digest.hexdigest()}"
+
+
+def preprocessing_id(config: ServiceConfig, modality: Modality) -> str:
+    if modality == "text":
+        return f"text:{config.model}-tokenizer"
+    return f"{PREPROCESS_VERSION}{'+jpeg-draft' if config.fast_jpeg_decode else ''}"
+
+
+class PlanError(UserError, ValueError):
+    """The cluster holds no device for the chosen backend."""
+
+
+@dataclass
+class Plan:
+    """How many of each worker a job runs and what each encoder asks Ray for."""
+
+    encoders: int
+    decode_workers: int
+    encoder_options: dict[str, Any]
+
+
+def plan_workers(config: ServiceConfig, spec: JobSpec, cluster: Mapping[str, float]) -> Plan:
+    """One encoder per device the Ray cluster declares (GPUs; logical NeuronCores, which Ray pins each
+    actor to through NEURON_RT_VISIBLE_CORES); on cpu one, with the torch threads the decoders leave."""
+    options: dict[str, Any] = {"num_cpus": 1}
+    cpus = int(cluster.get("CPU", 1))
+    if config.backend == "cuda":
+        encoders = spec.encoders or int(cluster.get("GPU", 0))
+        options["num_gpus"] = 1
+    elif config.cores_per_replica:
+        encoders = spec.encoders or int(cluster.get("neuron_cores", 0)) // config.cores_per_replica
+        options["resources"] = {"neuron_cores": config.cores_per_replica}
+    else:
+        encoders = spec.encoders or 1
+        options["num_cpus"] = config.torch_threads or max(1, (cpus - (spec.decode_workers or 1)) // encoders)
+    if encoders < 1:
+        raise PlanError(f"the Ray cluster declares no {'GPU' if config.backend == 'cuda' else 'neuron_cores'} "
+                        f"for backend {config.backend}; start Ray with them or name --encoders")
+    decode = spec.decode_workers or max(1, cpus - encoders * int(options["num_cpus"]))
+    return Plan(encoders, decode, options)
+
+
+def local_cpus(config: ServiceConfig, spec: JobSpec, cores: int) -> int:
+    """CPUs a local Ray declares: the machine's, or more when named workers need more (logical CPUs)."""
+    threads = (config.torch_threads or 1) if config.backend == "cpu" else 1
+    return max(cores, (spec.decode_workers or 1) + (spec.encoders or 1) * threads)
+
+
+@dataclass
+class ShardAssembler:
+    """Rows come back in any order; a shard is written once all of its rows are in."""
+
+    output: OutputFolder
+    shards: dict[int, Shard]
+    columns: dict[str, str]  # model, backend, weights, preprocessing: the same in every row
+    embed_dim: int = 0
+    embedded: int = 0
+    errors: int = 0
+    written: int = 0
+    _rows: dict[int, dict[int, tuple[np.ndarray | None, str, str]]] = field(default_factory=dict)
+
+    def add(self, batch: dict[str, np.ndarray]) -> int:
+        for i in range(len(batch["shard"])):
+            shard, pos = int(batch["shard"][i]), int(batch["pos"][i])
+            error = str(batch["error_type"][i])
+            row = (None if error else batch["embedding"][i], error, str(batch["message"][i]))
+            self._rows.setdefault(shard, {})[pos] = row
+            self.embed_dim = self.embed_dim or int(batch["embedding"].shape[1])
+            if len(self._rows[shard]) == len(self.shards[shard].items):
+                self._write(self.shards[shard], self._rows.pop(shard))
+        return len(batch["shard"])
+
+    def _write(self, shard: Shard, rows: dict[int, tuple[np.ndarray | None, str, str]]) -> None:
+        ok = [pos for pos in range(len(shard.items)) if rows[pos][0] is not None]
+        failed = [pos for pos in range(len(shard.items)) if rows[pos][0] is None]
+        if failed:  # before the shard's own file: a file under the final name means all of it is done
+            self.output.write(pa.table({
+                "path": [shard.items[p] for p in failed],
+                "error_type": [rows[p][1] for p in failed],
+                "message": [rows[p][2] for p in failed],
+            }), shard.name, folder=ERRORS_FOLDER)
+        found = [rows[p][0] for p in ok]
+        vectors = np.stack([v for v in found if v is not None]) if ok else np.zeros((0, self.embed_dim), np.float32)
+        flat = pa.array(vectors.astype(np.float32, copy=False).reshape(-1), type=pa.float32())
+        table = pa.table({
+            "path": pa.array([shard.items[p] for p in ok], type=pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(flat, self.embed_dim),
+            **{name: pa.array([value] * len(ok), type=pa.string()) for name, value in self.columns.items()},
+        })
+        self.output.write(table, shard.name)
+        self.embedded += len(ok)
+        self.errors += len(failed)
+        self.written += 1
+
+
+def _input_dataset(ray_data: Any, pending: list[Shard]) -> Any:
+    rows = [(shard.index, pos, item) for shard in pending for pos, item in enumerate(shard.items)]
+    table = pa.table({"shard": [r[0] for r in rows], "pos": [r[1] for r in rows], "item": [r[2] for r in rows]})
+    return ray_data.from_arrow([table.slice(start, ROWS_PER_BLOCK) for start in range(0, len(rows), ROWS_PER_BLOCK)])
+
+
+def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Shard]) -> Any:
+    import ray.data
+
+    from siglip_serve.bulk.stages import ImageEmbedActor, TextEmbedActor, check_texts, decode_batch
+    from siglip_serve.models.encoder import backend_replica_env
+    from siglip_serve.models.loading import model_geometry
+
+    settings = config.model_settings()
+    ds = _input_dataset(ray.data, pending)
+    if spec.modality == "image":
+        size, _ = model_geometry(config.model)
+        # A decode task reserves its peak: the largest image the limits let through, decoded, plus the
+        # block's output. That also keeps it a stage of its own: Ray Data fuses a map into the next one
+        # when their remote args are equal (ray/data/_internal/logical/rules/operator_fusion.py,
+        # are_remote_args_compatible), which would decode inside the encoder actors, one image at a time.
+        peak = config.max_image_pixels * 8 + ROWS_PER_BLOCK * 3 * size[0] * size[1]
+        ds = ds.map_batches(decode_batch, batch_format="numpy", batch_size=ROWS_PER_BLOCK, num_cpus=1, memory=peak,
+                            compute=ray.data.TaskPoolStrategy(size=plan.decode_workers),
+                            fn_kwargs={"size": size, "limits": config.image_limits,
+                                       "fast_jpeg": config.fast_jpeg_decode})
+        actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor
+        buckets = settings.buckets
+    else:
+        ds = ds.map_batches(check_texts, batch_format="numpy", fn_kwargs={"max_chars": config.max_text_chars})
+        actor, buckets = TextEmbedActor, settings.text_buckets
+    env = {**backend_replica_env(settings), **config.env_vars}
+    options = {**plan.encoder_options, **({"runtime_env": {"env_vars": env}} if env else {})}
+    return ds.map_batches(actor, batch_format="numpy", batch_size=max(buckets),
+                          compute=ray.data.ActorPoolStrategy(size=plan.encoders),
+                          fn_constructor_kwargs={"settings": settings}, **options)
+
+
+def _start_ray(spec: JobSpec, cpus: int) -> bool:
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if spec.address:
+        ray.init(address=spec.address, log_to_driver=False)
+    else:
+        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=cpus, log_to_driver=False,
+                 namespace="siglip-bulk")
+    return True
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU a process tree has used: every live process's own time plus what its exited children used
+    (Ray Data's workers and actors may be gone before the job's end; their parent reaped them)."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return total
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return total
+
+
+def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
+    began = time.monotonic()
+    items = list_items(spec.source, spec.column)
+    fingerprint = "|".join((spec.modality, config.model, weights_id(config), preprocessing_id(config, spec.modality)))
+    shards = plan_shards(items, spec.shard_size, fingerprint)
+    output = OutputFolder(spec.output)
+    finished = output.finished()
+    pending = [shard for shard in shards if shard.name not in finished]
+    done_before = len(shards) - len(pending)
+    log.info("%d %s(s) in %d shard(s) of up to %d; %d shard(s) already done in %s, %d to run",
+             len(items), spec.modality, len(shards), spec.shard_size, done_before, spec.output, len(pending))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    plan = Plan(0, 0, {})
+    columns = {"model": config.model, "backend": config.backend, "weights": weights_id(config),
+               "preprocessing": preprocessing_id(config, spec.modality)}
+    assembler = ShardAssembler(output, {shard.index: shard for shard in pending}, columns)
+    cpu_before, timed_from = tree_cpu_seconds(os.getpid()), time.monotonic()
+    cpu_after = cpu_before
+    if pending:
+        started = _start_ray(spec, local_cpus(config, spec, cores))
+        try:
+            import ray
+
+            plan = plan_workers(config, spec, ray.cluster_resources())
+            log.info("%d encoder actor(s) (%s), %d decode worker(s)", plan.encoders, plan.encoder_options,
+                     plan.decode_workers)
+            _stream(_pipeline(config, spec, plan, pending), assembler, sum(len(s.items) for s in pending))
+            cpu_after = tree_cpu_seconds(os.getpid())  # before Ray stops: its processes are counted alive
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+    seconds = time.monotonic() - timed_from
+    done = assembler.embedded + assembler.errors
+    result = BulkResult(
+        machine=Machine(host=os.uname().nodename, cpus=os.cpu_count()), created_at=datetime.now(UTC).isoformat(),
+        source=spec.source, output=spec.output, modality=spec.modality, model=config.model, backend=config.backend,
+        weights=columns["weights"], preprocessing=columns["preprocessing"], items=len(items), shards=len(shards),
+        shards_done_before=done_before, shards_written=assembler.written, embedded=assembler.embedded,
+        errors=assembler.errors, errors_in_output=output.read_errors(s.name for s in shards),
+        encoders=plan.encoders, decode_workers=plan.decode_workers, seconds=seconds,
+        items_per_second=done / seconds if done and seconds > 0 else None,
+        cpu_ms_per_item=(cpu_after - cpu_before) * 1e3 / done if done else None,
+        wall_seconds=time.monotonic() - began)
+    output.write_text(SUMMARY_FILE, result.model_dump_json(indent=2) + "\n")
+    return result
+
+
+def _stream(ds: Any, assembler: ShardAssembler, total: int) -> None:
+    began = last = time.monotonic()
+    done = 0
+    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+        done += assembler.add(batch)
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S or done == total:
+            rate = done / max(now - began, 1e-9)
+            eta = (total - done) / rate if rate > 0 else float("inf")
+            log.info("%d/%d items (%.0f%%), %.1f items/s, %d shard(s) written, %d error(s), ETA %.0f s",
+                     done, total, 100 * done / max(total, 1), rate, assembler.written, assembler.errors, eta)
+            last = now
+
+
+def summary_path(output: str) -> Path:
+    return Path(output) / SUMMARY_FILE

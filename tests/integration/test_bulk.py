@@ -1,0 +1,128 @@
+"""`siglip-serve embed` (bulk/): the same embeddings as the service, bad inputs in the errors table,
+and a killed run resumed without losing or repeating a row."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+
+from tests.helpers import API_KEY, cosine, embeddings_of, jpeg_bytes
+
+
+def _read_output(folder: Path) -> dict[str, np.ndarray]:
+    table = pq.read_table(folder)  # the folder as a dataset: _errors and _summary.json are skipped
+    return {path: np.array(vector, dtype=np.float32)
+            for path, vector in zip(table.column("path").to_pylist(), table.column("embedding").to_pylist(),
+                                    strict=True)}
+
+
+def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_table(
+        main_app: str, photo_jpegs: list[bytes], tmp_path: Path) -> None:
+    from siglip_serve.bulk.job import JobSpec, run_job
+    from siglip_serve.measure.results import BulkResult
+    from siglip_serve.serve.config import ServiceConfig
+
+    photos = []
+    for i, data in enumerate(photo_jpegs):
+        photos.append(tmp_path / f"photo{i}.jpg")
+        photos[-1].write_bytes(data)
+    bad = {"corrupt.jpg": b"\xff\xd8\xff\xe0 not really", "notes.txt": b"hello", "empty.png": b""}
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+    listing = tmp_path / "list.txt"
+    listing.write_text("\n".join([*map(str, photos), *(str(tmp_path / n) for n in bad), str(tmp_path / "gone.jpg")]))
+    out = tmp_path / "out"
+    config = ServiceConfig(model="tiny-siglip", torch_threads=1)
+
+    # In the tests' Ray (main_app runs there): the job joins it rather than starting its own.
+    result = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))
+
+    assert (result.items, result.shards, result.embedded, result.errors) == (9, 3, 5, 4)
+    assert BulkResult.read(out / "_summary.json") == result
+    table = pq.read_table(out)
+    assert str(table.schema.field("embedding").type) == "fixed_size_list<element: float>[64]"
+    assert set(table.column("model").to_pylist()) == {"tiny-siglip"}
+    assert set(table.column("weights").to_pylist()) == {"random(seed=0)"}
+    rows = _read_output(out)
+    assert list(rows) == [str(p) for p in photos]  # input order within and across shards
+    for path, data in zip(photos, photo_jpegs, strict=True):
+        served = embeddings_of(httpx.post(f"{main_app}/v1/embeddings/image", content=data, timeout=60,
+                                          headers={"Content-Type": "image/jpeg", "Authorization": f"Bearer {API_KEY}"}))
+        assert cosine(rows[str(path)], served[0]) >= 0.99999
+    errors = {Path(r["path"]).name: (r["error_type"], r["message"])
+              for r in pq.read_table(out / "_errors").to_pylist()}
+    assert {name: kind for name, (kind, _) in errors.items()} == {
+        "corrupt.jpg": "invalid_image", "notes.txt": "unsupported_media_type", "empty.png": "empty_body",
+        "gone.jpg": "unreadable"}
+    assert errors["notes.txt"][1] == "data is text, not an image"  # the HTTP contract's words
+
+    # The same job again finds every shard done and embeds nothing.
+    again = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))
+    assert (again.shards_done_before, again.shards_written, again.embedded, again.errors_in_output) == (3, 0, 0, 4)
+
+
+def test_texts_in_a_table_column_equal_the_served_text_embeddings(main_app: str, tmp_path: Path) -> None:
+    from siglip_serve.bulk.job import JobSpec, run_job
+    from siglip_serve.serve.config import ServiceConfig
+
+    texts = ["a photo of a cat", "a rocket", "x" * 1001]
+    (tmp_path / "texts.csv").write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+    out = tmp_path / "out"
+    result = run_job(ServiceConfig(model="tiny-siglip", torch_threads=1),
+                     JobSpec(source=str(tmp_path / "texts.csv"), output=str(out), modality="text", column="text"))
+    assert (result.embedded, result.errors) == (2, 1)
+    rows = _read_output(out)
+    response = httpx.post(f"{main_app}/v1/embeddings", json={"input": texts[:2]}, timeout=60,
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 200, response.text
+    for text, item in zip(texts[:2], response.json()["data"], strict=True):
+        assert cosine(rows[text], np.array(item["embedding"], dtype=np.float32)) >= 0.99999
+    assert pq.read_table(out / "_errors").column("error_type").to_pylist() == ["text_too_long"]
+
+
+def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path) -> None:
+    from siglip_serve.bulk.job import JobSpec, run_job
+    from siglip_serve.serve.config import ServiceConfig
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(120):
+        (folder / f"{i:04d}.jpg").write_bytes(jpeg_bytes(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)))
+    out = tmp_path / "out"
+    import ray
+
+    # A driver of its own on the tests' Ray (no second Ray to start): killing it ends its actors and
+    # tasks with it (Ray ends what a dead driver owned), as a crashed job would leave them.
+    command = [sys.executable, "-m", "siglip_serve.serve.cli", "embed", str(folder), "-o", str(out),
+               "--model", "tiny-siglip", "--shard-size", "4", "--set", "torch_threads=1",
+               "--address", ray.get_runtime_context().gcs_address]
+    job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 120
+    try:
+        while not list(out.glob("part-*.parquet")):
+            assert job.poll() is None, job.stderr.read() if job.stderr else ""
+            assert time.monotonic() < deadline, "no shard written in 120 s"
+            time.sleep(0.02)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # a crash: nothing gets to clean up
+        job.wait(timeout=30)
+    written_before = {p.name for p in out.glob("part-*.parquet")}
+    assert 0 < len(written_before) < 30, "the run ended before it could be killed mid-way"
+
+    # The rerun (in the tests' Ray, to spare a second start) does only what is missing.
+    rerun = run_job(ServiceConfig(model="tiny-siglip", torch_threads=1),
+                    JobSpec(source=str(folder), output=str(out), shard_size=4))
+    assert (rerun.shards_done_before, rerun.shards_written) == (len(written_before), 30 - len(written_before))
+    paths = pq.read_table(out).column("path").to_pylist()
+    assert sorted(paths) == sorted(str(p) for p in folder.iterdir()) and len(set(paths)) == len(paths) == 120
+    assert written_before <= {p.name for p in out.glob("part-*.parquet")}

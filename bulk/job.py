@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from siglip_serve.bulk.inputs import ERRORS_FOLDER, OutputFolder, Shard, list_items, plan_shards
-from siglip_serve.measure.results import BulkResult, Machine
+from siglip_serve.measure.results import BulkResult, Machine, SteadyState
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
 from siglip_serve.models.user_error import UserError
 from siglip_serve.serve.config import ServiceConfig
@@ -37,6 +37,8 @@ Modality = Literal["image", "text"]
 # every decode task stays busy, large enough that a block's overhead is nothing beside its decodes.
 ROWS_PER_BLOCK = 64
 PROGRESS_EVERY_S = 5.0
+# Loading a compiled SO400M on a NeuronCore can take minutes; a node added by an autoscaler more.
+ACTOR_START_TIMEOUT_S = 1200
 SUMMARY_FILE = "_summary.json"
 
 
@@ -170,6 +172,11 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     from siglip_serve.models.loading import model_geometry
 
     settings = config.model_settings()
+    # Nothing is decoded until every encoder has loaded: a model that cannot load fails the job before
+    # any work, and decoders do not race ahead of encoders that are still warming up (Ray Data's
+    # ActorPoolMapOperator.start blocks on wait_for_min_actors_s; a cluster that cannot place them in
+    # that time ends the job with Ray's "Timed out while starting actors").
+    ray.data.DataContext.get_current().wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
     ds = _input_dataset(ray.data, pending)
     if spec.modality == "image":
         size, _ = model_geometry(config.model)
@@ -189,7 +196,10 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
         actor, buckets = TextEmbedActor, settings.text_buckets
     env = {**backend_replica_env(settings), **config.env_vars}
     options = {**plan.encoder_options, **({"runtime_env": {"env_vars": env}} if env else {})}
-    return ds.map_batches(actor, batch_format="numpy", batch_size=max(buckets),
+    # A call carries whole blocks (the encoder splits them into its buckets): a Ray Data task costs
+    # about a millisecond of CPU on each side, so one per bucket of 8 would cost more than tiny's model.
+    per_call = max(buckets) * max(1, ROWS_PER_BLOCK // max(buckets))
+    return ds.map_batches(actor, batch_format="numpy", batch_size=per_call,
                           compute=ray.data.ActorPoolStrategy(size=plan.encoders),
                           fn_constructor_kwargs={"settings": settings}, **options)
 
@@ -245,6 +255,7 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
     assembler = ShardAssembler(output, {shard.index: shard for shard in pending}, columns)
     cpu_before, timed_from = tree_cpu_seconds(os.getpid()), time.monotonic()
     cpu_after = cpu_before
+    steady = None
     if pending:
         started = _start_ray(spec, local_cpus(config, spec, cores))
         try:
@@ -253,8 +264,9 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
             plan = plan_workers(config, spec, ray.cluster_resources())
             log.info("%d encoder actor(s) (%s), %d decode worker(s)", plan.encoders, plan.encoder_options,
                      plan.decode_workers)
-            _stream(_pipeline(config, spec, plan, pending), assembler, sum(len(s.items) for s in pending))
+            stream = _stream(_pipeline(config, spec, plan, pending), assembler, sum(len(s.items) for s in pending))
             cpu_after = tree_cpu_seconds(os.getpid())  # before Ray stops: its processes are counted alive
+            steady = stream.steady()
         finally:
             if started:
                 import ray
@@ -271,23 +283,49 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
         encoders=plan.encoders, decode_workers=plan.decode_workers, seconds=seconds,
         items_per_second=done / seconds if done and seconds > 0 else None,
         cpu_ms_per_item=(cpu_after - cpu_before) * 1e3 / done if done else None,
-        wall_seconds=time.monotonic() - began)
+        wall_seconds=time.monotonic() - began, steady=steady)
     output.write_text(SUMMARY_FILE, result.model_dump_json(indent=2) + "\n")
     return result
 
 
-def _stream(ds: Any, assembler: ShardAssembler, total: int) -> None:
+# The steady state is timed between these fractions of the run's items: by the first, the encoders are
+# warm and the decoders' head start (they run while the actors load) is used up; the last leaves out the
+# tail, where the pipeline drains and workers go idle.
+STEADY_FROM, STEADY_TO = 0.2, 0.9
+
+
+@dataclass
+class Stream:
+    """Items done, time and CPU at the start and end of the steady window."""
+
+    marks: list[tuple[int, float, float]] = field(default_factory=list)
+
+    def steady(self) -> SteadyState | None:
+        if len(self.marks) < 2:
+            return None
+        (items0, t0, cpu0), (items1, t1, cpu1) = self.marks[0], self.marks[-1]
+        if items1 <= items0 or t1 <= t0:
+            return None
+        return SteadyState(items=items1 - items0, seconds=t1 - t0, items_per_second=(items1 - items0) / (t1 - t0),
+                           cpu_ms_per_item=(cpu1 - cpu0) * 1e3 / (items1 - items0))
+
+
+def _stream(ds: Any, assembler: ShardAssembler, total: int) -> Stream:
     began = last = time.monotonic()
     done = 0
+    stream = Stream()
     for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
         done += assembler.add(batch)
         now = time.monotonic()
+        if len(stream.marks) < 2 and done >= total * (STEADY_TO if stream.marks else STEADY_FROM):
+            stream.marks.append((done, now, tree_cpu_seconds(os.getpid())))
         if now - last >= PROGRESS_EVERY_S or done == total:
             rate = done / max(now - began, 1e-9)
             eta = (total - done) / rate if rate > 0 else float("inf")
             log.info("%d/%d items (%.0f%%), %.1f items/s, %d shard(s) written, %d error(s), ETA %.0f s",
                      done, total, 100 * done / max(total, 1), rate, assembler.written, assembler.errors, eta)
             last = now
+    return stream
 
 
 def summary_path(output: str) -> Path:

@@ -392,6 +392,16 @@ class InstanceReport(Result):
 
 # -- siglip-serve embed ----------------------------------------------------------------------
 
+class SteadyState(Result):
+    """A bulk run between 20% and 90% of its items (bulk/job.py STEADY_FROM, STEADY_TO): start-up (Ray,
+    model load, warm-up) and the draining tail left out, the figure to set beside a served run's."""
+
+    items: int
+    seconds: float
+    items_per_second: float
+    cpu_ms_per_item: float
+
+
 class BulkResult(Result):
     """One bulk run: what it found done, what it wrote, and its throughput and host CPU per item.
 
@@ -422,3 +432,4 @@ class BulkResult(Result):
     items_per_second: float | None
     cpu_ms_per_item: float | None
     wall_seconds: float
+    steady: SteadyState | None = None

@@ -10,12 +10,16 @@ from siglip_serve.serve.config import ServiceConfig
 SPEC = JobSpec(source="in", output="out")
 
 
-def test_cpu_runs_one_encoder_with_the_threads_the_decoders_leave() -> None:
-    plan = plan_workers(ServiceConfig(model="tiny-siglip"), SPEC, {"CPU": 8.0})
-    assert (plan.encoders, plan.encoder_options, plan.decode_workers) == (1, {"num_cpus": 7}, 1)
-    named = plan_workers(ServiceConfig(model="tiny-siglip", torch_threads=2), JobSpec("in", "out", decode_workers=3),
-                         {"CPU": 8.0})
-    assert (named.encoders, named.encoder_options, named.decode_workers) == (1, {"num_cpus": 2}, 3)
+def test_cpu_runs_one_encoder_beside_a_decoder_per_core() -> None:
+    from siglip_serve.bulk.job import local_cpus
+
+    config = ServiceConfig(model="tiny-siglip")
+    assert local_cpus(config, SPEC, cores=8) == 9  # the encoder's torch threads share the cores
+    plan = plan_workers(config, SPEC, {"CPU": 9.0})
+    assert (plan.encoders, plan.encoder_options, plan.decode_workers) == (1, {"num_cpus": 1}, 8)
+    named = JobSpec("in", "out", decode_workers=12, encoders=2)
+    assert local_cpus(config, named, cores=8) == 14
+    assert plan_workers(config, named, {"CPU": 14.0}).decode_workers == 12
 
 
 def test_neuron_runs_one_encoder_per_logical_core_group_and_cuda_one_per_gpu() -> None:

@@ -1,0 +1,109 @@
+"""deploy/images/: each Containerfile's base, pins and command agree with the constraints files and the
+KubeRay manifests. No image is built here (no container daemon on the development machine); this is
+the check that runs everywhere."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+
+IMAGES = REPO / "deploy" / "images"
+
+
+def instructions(name: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with comments dropped and continued lines joined."""
+    text = re.sub(r"\\\n\s*", " ", "\n".join(line for line in (IMAGES / name).read_text().splitlines()
+                                             if not line.lstrip().startswith("#")))
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+            for line in text.splitlines() if line.strip()]
+
+
+def first(name: str, kind: str) -> list[str]:
+    return [args for instruction, args in instructions(name) if instruction == kind]
+
+
+def constraint(file: str, package: str) -> str:
+    for line in (REPO / file).read_text().splitlines():
+        if line.startswith(f"{package}=="):
+            return line.split("==", 1)[1]
+    raise AssertionError(f"{package} not pinned in {file}")
+
+
+@pytest.mark.parametrize("name", ["cpu.Containerfile", "neuron-2.31.Containerfile", "neuron-native.Containerfile"])
+def test_every_image_resets_the_entrypoint_and_pins_its_base(name: str) -> None:
+    assert first(name, "ENTRYPOINT") == ["[]"]  # a DLC's TorchServe entrypoint must not run ours
+    (base,) = first(name, "FROM")
+    args = dict(a.split("=", 1) if "=" in a else (a, "") for a in first(name, "ARG"))
+    image = args.get("BASE_IMAGE", "") if base == "${BASE_IMAGE}" else base
+    # A required build argument, or a versioned tag: never latest, never untagged.
+    assert image == "" or (":" in image and not image.endswith(":latest")), image
+    for command in first(name, "RUN"):
+        if "apt-get install" in command:
+            assert "--no-install-recommends" in command and "rm -rf /var/lib/apt/lists/*" in command
+
+
+def test_the_trace_image_is_the_dlc_of_the_constraints_release_and_installs_with_them() -> None:
+    header = (REPO / "constraints-neuron-2.31.txt").read_text()
+    release = re.search(r"Neuron SDK (\d+\.\d+\.\d+)", header).group(1)  # type: ignore[union-attr]
+    torch_series = constraint("constraints-neuron-2.31.txt", "torch").rstrip(".*")
+    (arg,) = [a for a in first("neuron-2.31.Containerfile", "ARG") if a.startswith("BASE_IMAGE=")]
+    tag = arg.split(":", 1)[1]
+    assert tag.startswith(f"{torch_series}.0-neuronx-") and f"-sdk{release}-" in tag
+    (install,) = first("neuron-2.31.Containerfile", "RUN")
+    assert "-c constraints-neuron-2.31.txt" in install and "'.[neuron,kernels]'" in install
+    assert "pip.repos.neuron.amazonaws.com" in install
+
+
+def test_the_native_image_installs_the_exact_torch_of_its_constraints() -> None:
+    (install,) = first("neuron-native.Containerfile", "RUN")
+    assert "-c constraints-neuron-native.txt" in install and "'.[neuron-native]'" in install
+    assert constraint("constraints-neuron-native.txt", "torch") == "2.14.0"
+    assert "BASE_IMAGE" in first("neuron-native.Containerfile", "ARG")  # required: no tag we could verify
+
+
+def test_the_cpu_image_runs_the_readmes_commands() -> None:
+    assert any(cmd.startswith("make install") for cmd in first("cpu.Containerfile", "RUN"))
+    (cmd,) = first("cpu.Containerfile", "CMD")
+    assert shlex.split(cmd.strip("[]").replace(",", " ")) == ["make", "serve", "HOST=0.0.0.0"]
+    readme = (REPO / "README.md").read_text().splitlines()[:5]
+    assert {"make serve", "make test"} <= {" ".join(line.split()[:2]) for line in readme}
+
+
+def _backend(document: dict) -> str:
+    spec = document["spec"]
+    if document["kind"] == "RayService":
+        return str(yaml.safe_load(spec["serveConfigV2"])["applications"][0]["args"]["backend"])
+    command = shlex.split(spec["entrypoint"])
+    return command[command.index("--backend") + 1]
+
+
+@pytest.mark.parametrize("manifest", ["rayservice.yaml", "rayjob-embed.yaml"])
+def test_the_kuberay_manifests_name_the_image_of_their_backend(manifest: str) -> None:
+    document = yaml.safe_load((REPO / "deploy" / "kuberay" / manifest).read_text())
+    expected = {"neuron": "siglip-serve-neuron-2.31", "neuron-native": "siglip-serve-neuron-native"}[_backend(document)]
+    assert {c["image"].rsplit("/", 1)[1].split(":")[0] for c in _containers(document)} == {expected}
+
+
+def _containers(document: object) -> list[dict]:
+    found: list[dict] = []
+    if isinstance(document, dict):
+        if "containers" in document:
+            found.extend(document["containers"])
+        for value in document.values():
+            found.extend(_containers(value))
+    elif isinstance(document, list):
+        for value in document:
+            found.extend(_containers(value))
+    return found
+
+
+def test_the_build_context_leaves_out_this_machines_venv() -> None:
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv", "build", ".git"} <= set(ignored)
+    assert Path(IMAGES / "cpu.Containerfile").read_text().count("COPY . .") == 1

@@ -101,8 +101,7 @@ class CheckReport:
         lines = [f"{'check':<62} {'against':<28} {'max |err|':>10}  result"]
         lines.append("-" * len(lines[0]))
         for r in self.references + self.kernels:
-            lines.append(f"{r.name:<62} {r.target:<28} {r.max_abs_err:>10.3g}  "
-                         f"{'ok' if r.passed else 'MISMATCH'} {r.detail}".rstrip())
+            lines.append(f"{r.name:<62} {r.target:<28} {r.max_abs_err:>10.3g}  {r.verdict} {r.detail}".rstrip())
         if self.kernels_skipped_reason:
             lines.append(f"NKI kernels SKIPPED: {self.kernels_skipped_reason}")
         if self.passed:

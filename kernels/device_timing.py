@@ -11,9 +11,9 @@ Every timed loop in this package measures host wall clock around call + sync
 2. ``neuron-explorer capture -n X.neff -s profile.ntff --profile-nth-exec=2`` executes
    it on the device and records the 2nd execution (skipping warm-up effects) to
    ``profile_exec_2.ntff``;
-3. ``neuron-explorer view -n X.neff -s profile_exec_2.ntff --output-format json`` writes the
-   summary that :mod:`siglip_serve.kernels.profile_json` reads (``total_time`` in seconds). SDK 2.33 is the
-   last release with that JSON; later ones write Parquet (not read here yet).
+3. ``neuron-explorer view -n X.neff -s profile_exec_2.ntff --output-format summary-json`` writes the
+   summary that :mod:`siglip_serve.kernels.profile_json` reads (``total_time`` in seconds). The full
+   ``--output-format json`` is legacy and ends with SDK 2.33; summary-json stays (Explorer FAQ).
 
 Results carry ``timing: device``. Capturing needs the NeuronCore to itself (seed 002).
 """
@@ -59,10 +59,10 @@ class DeviceTime:
                 "total_us": self.total_us, "summary": self.summary.as_dict()}
 
 
-def explorer_view_json_command(neff: str | Path, session: str | Path, output: str | Path) -> list[str]:
-    """``neuron-explorer view`` writing the JSON summary (the renamed ``neuron-profile view``)."""
-    return [EXPLORER, "view", "-n", str(neff), "-s", str(session), "--output-format", "json",
-            "--output-file", str(output)]
+def explorer_view_json_command(neff: str | Path, session: str | Path) -> list[str]:
+    """``neuron-explorer view`` printing the summary-json that profile_json reads (on stdout: the
+    summary formats print rather than write a file)."""
+    return [EXPLORER, "view", "-n", str(neff), "-s", str(session), "--output-format", "summary-json"]
 
 
 def captured_session(session: Path, nth_exec: int) -> Path:
@@ -97,16 +97,18 @@ def profile_neff(neff: str | Path, workdir: str | Path, nth_exec: int = 2,
     workdir.mkdir(parents=True, exist_ok=True)
     session = workdir / f"{neff.stem}.ntff"
     _run_tool(run, explorer_capture_command(neff, session, nth_exec))
-    output = workdir / f"{neff.stem}.json"
-    _run_tool(run, explorer_view_json_command(neff, captured_session(session, nth_exec), output))
+    output = workdir / f"{neff.stem}.json"  # kept beside the trace: what a first trn2 run sends back
+    printed = _run_tool(run, explorer_view_json_command(neff, captured_session(session, nth_exec)))
+    output.write_text(printed, encoding="utf-8")
     return DeviceTime(str(neff), load_summary(output, neff.stem), nth_exec)
 
 
-def _run_tool(run: Callable[..., Any], cmd: list[str]) -> None:
+def _run_tool(run: Callable[..., Any], cmd: list[str]) -> str:
     proc = run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
         raise DeviceTimingUnavailable(f"{' '.join(cmd[:2])} failed (exit {proc.returncode}): {tail[0]}")
+    return str(proc.stdout or "")
 
 
 def format_device_times(times: list[DeviceTime]) -> str:

@@ -3,9 +3,10 @@
 Every number here is quoted from the AWS Neuron documentation; the page is named
 next to it so the figure can be re-checked when a new SDK or chip appears.
 
-Peak throughput is per *physical* NeuronCore. On trn2 the default Logical
+Peak compute is per *physical* NeuronCore. On trn2 the default Logical
 NeuronCore configuration (LNC) is 2, i.e. one logical core that the framework
-sees is two physical cores, so rooflines take an ``lnc`` multiplier.
+sees is two physical cores, so compute rooflines take an ``lnc`` multiplier; HBM
+bandwidth does not (Neuron Explorer's MBU uses one stack's figure at both LNCs).
 """
 from __future__ import annotations
 
@@ -26,12 +27,31 @@ PSUM_FMAX = 512
 
 # NeuronCore-v3 SBUF is 28 MiB = 128 partitions x 224 KiB (trainium2_nki_arch page).
 SBUF_BYTES_PER_PARTITION = 224 * 1024
+# What a kernel can really allocate per partition: the runtime and compiler keep the rest. NKI gives it
+# as nl.tile_size.total_available_sbuf_size ("usable SBUF size per partition (total minus reserved
+# bytes)"); without a real nki, nki-library's own budget: MAX_AVAILABLE_SBUF_SIZE = 224 * 1024 - 16384
+# (dynamic DMA scratch) - 8 (reserved) - 256 (transpose identity) = 212,728 bytes
+# (src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_constants.py).
+SBUF_USABLE_BYTES_PER_PARTITION = SBUF_BYTES_PER_PARTITION - 16384 - 8 - 256
+
+
+def sbuf_budget() -> int:
+    """Usable SBUF bytes per partition: the real nki's figure where it is installed, else nki-library's."""
+    try:
+        import nki.language as nl  # the Neuron SDK; absent on CPU-only machines
+
+        return int(nl.tile_size.total_available_sbuf_size)
+    except Exception:  # no nki, or one without the attribute (NKI < 0.2's tile_size)
+        return SBUF_USABLE_BYTES_PER_PARTITION
+
 
 NEURON_DOC_PAGES = {
     "neuroncore_v3": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/neuron-core-v3.html",
     "trainium2": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trainium2.html",
     "trainium2_nki_arch": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/trainium2_arch.html",
     "tile_size": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.language.tile_size.html",
+    "explorer_summary": "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/tools/neuron-explorer/"
+                        "profile-schema-reference.html#summary",
 }
 
 
@@ -52,11 +72,25 @@ class PeakFigures:
         raise KernelInputError(f"no trn2 peak figure for dtype {dtype!r}")
 
 
-# "A NeuronCore-v3 Tensor Engine delivers 158 FP8, 79 BF16/FP16/TF32 and 20 FP32 dense
-# TFLOPS" (trainium2_nki_arch page; the neuron_core_v3 page gives the same 79 BF16).
-# HBM: 2.9 TB/s per Trainium2 device shared by its 8 NeuronCores => 362.5 GB/s per core
-# (trainium2_nki_arch page, latest; the SDK 2.29 edition rounds it to 3 TB/s).
-TRN2_CORE = PeakFigures(bf16_tflops=79.0, fp32_tflops=20.0, hbm_gbytes_per_s=2900.0 / 8)
+# Two AWS pages disagree on a core's peak; a roofline is a bound, so it takes the higher:
+# - Trainium2 page: the chip's eight NeuronCore-v3 "collectively deliver 667 BF16/FP16/TF32 TFLOPS ...
+#   181 FP32 TFLOPS" = 83.4 and 22.6 per core;
+# - NKI Trainium2 arch guide: "a NeuronCore-v3 Tensor Engine delivers ... 79 BF16/FP16/TF32 and 20 FP32
+#   dense TFLOPS".
+# HBM: the chip has 2.9 TB/s (Trainium2 page) over 4 HBM stacks (arch guide). Neuron Explorer's MBU divides
+# by "the maximum HBM bandwidth of a HBM stack. For LNC1 and LNC2, the hbm_max_bandwidth is the same"
+# (profile schema, Summary.mbu_estimated_percent): 2.9 TB/s / 4 = 725 GB/s per core at either LNC, so
+# %roof here and Explorer's MBU use the same denominator.
+TRN2_CORE = PeakFigures(bf16_tflops=667.0 / 8, fp32_tflops=181.0 / 8, hbm_gbytes_per_s=2900.0 / 4)
+ARCH_GUIDE_CORE = PeakFigures(bf16_tflops=79.0, fp32_tflops=20.0, hbm_gbytes_per_s=2900.0 / 4)
+# Named in every result that uses TRN2_CORE, so a reader can tell which figures a %roof is against.
+ROOFLINE_SOURCE = {
+    "tflops": "Trainium2 page, 667 BF16 / 181 FP32 dense TFLOPS per chip / 8 cores (higher than the NKI "
+              "arch guide's 79 / 20 per core)",
+    "hbm": "2.9 TB/s per chip / 4 HBM stacks = 725 GB/s per core at LNC=1 and LNC=2 (Neuron Explorer's MBU)",
+    "pages": [NEURON_DOC_PAGES["trainium2"], NEURON_DOC_PAGES["trainium2_nki_arch"],
+              NEURON_DOC_PAGES["explorer_summary"]],
+}
 
 # The trn2 default: one logical core = 2 physical cores (NEURON_LOGICAL_NC_CONFIG=2).
 TRN2_DEFAULT_LNC = 2
@@ -84,10 +118,12 @@ def check_free(n: int, limit: int, what: str) -> None:
         raise TileSizeError(f"{what}: free dimension {n} exceeds architecture limitation of {limit}")
 
 
-def check_sbuf_budget(bytes_per_partition: int, what: str) -> None:
-    """Reject a kernel whose live SBUF tiles cannot fit one partition."""
-    if bytes_per_partition > SBUF_BYTES_PER_PARTITION:
+def check_sbuf_budget(bytes_per_partition: int, what: str) -> int:
+    """Reject a kernel whose live SBUF tiles cannot fit one partition; return the bytes to spare."""
+    budget = sbuf_budget()
+    if bytes_per_partition > budget:
         raise TileSizeError(
             f"{what}: needs {bytes_per_partition} bytes per SBUF partition, "
-            f"more than the {SBUF_BYTES_PER_PARTITION} available"
+            f"more than the {budget} a kernel can use (of {SBUF_BYTES_PER_PARTITION}; the rest is reserved)"
         )
+    return budget - bytes_per_partition

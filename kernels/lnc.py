@@ -8,7 +8,8 @@ not a silent second setting. ``siglip_serve.models.neuron_sdk`` imports torch, h
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, MutableMapping
 
 from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
 
@@ -64,3 +65,34 @@ def require_kernel_lnc(kernel: str, supported: tuple[int, ...], lnc: int,
         f"kernel {kernel} runs only at LNC={wanted}, but it would launch at LNC={lnc} ({where}). "
         f"Fix: export {LNC_ENV}={supported[0]} before running it"
     )
+
+
+def pin_launch_lnc(lnc: int, env: MutableMapping[str, str] | None = None, on_device: bool = True) -> None:
+    """Set NEURON_LOGICAL_NC_CONFIG to the LNC a kernel launches at, before the first launch.
+
+    NKI 0.7's ``nki.jit`` (SDK 2.33.1) takes the kernel's LNC from this variable and, unset, uses LNC=1,
+    while the trn2 runtime and neuronx-cc default to 2 (compiler error NCC_EVRF066: "Kernel implicitly
+    defaults to LNC=1; neuronx-cc defaults to LNC=2 on Trn2"). A different value already set is the
+    runtime's and was refused earlier (kernels/lnc.py resolve_lnc); here it is refused again, not changed.
+    The CPU simulator has no runtime: there each launch sets the LNC it runs at (``on_device=False``).
+    """
+    from siglip_serve.models.neuron_sdk import LNC_ENV
+
+    env = os.environ if env is None else env
+    current = (env.get(LNC_ENV) or "").strip()
+    if not current or not on_device:
+        env[LNC_ENV] = str(lnc)
+    elif current != str(lnc):
+        raise KernelLncError(f"a kernel would launch at LNC={lnc} but {LNC_ENV}={current}; "
+                             f"export {LNC_ENV}={lnc} or run at LNC={current}")
+
+
+def needs_launch_grid(version: str | None) -> bool:
+    """Whether this nki takes the LNC from a launch grid ``kernel[lnc]``: NKI 0.5 (SDK 2.31) does; from
+    NKI 0.7 the grid is being deprecated (it may only repeat the LNC) and the environment decides.
+    An unknown version keeps the grid, which both accept when it matches."""
+    try:
+        major, minor = (int(part) for part in str(version).split(".")[:2])
+    except ValueError:
+        return True
+    return (major, minor) < (0, 7)

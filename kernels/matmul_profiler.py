@@ -16,6 +16,7 @@ from pathlib import Path
 
 from siglip_serve.kernels.device import Device, LatencyStats, RecompileError, ResultMismatch, torch_dtype
 from siglip_serve.kernels.errors import KernelInputError
+from siglip_serve.kernels.hardware import ROOFLINE_SOURCE
 from siglip_serve.kernels.lnc import runtime_kernel_lnc
 from siglip_serve.kernels.tiling import MatmulConfig, achieved_tflops, percent_of_roofline, roofline
 
@@ -246,6 +247,7 @@ def write_json(results: list[MatmulResult], path: str | Path, device: Device, mo
         "device_description": device.description,
         "npu_numbers": device.is_npu,
         "timing": device.timing,
+        "roofline_source": ROOFLINE_SOURCE,
         "results": [asdict(r) for r in results],
     }
     path.write_text(json.dumps(doc, indent=2), encoding="utf-8")

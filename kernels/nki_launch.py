@@ -34,7 +34,7 @@ from siglip_serve.kernels.hardware import (
     check_partitions,
     check_sbuf_budget,
 )
-from siglip_serve.kernels.lnc import require_kernel_lnc, runtime_kernel_lnc
+from siglip_serve.kernels.lnc import needs_launch_grid, pin_launch_lnc, require_kernel_lnc, runtime_kernel_lnc
 
 log = logging.getLogger(__name__)
 
@@ -245,21 +245,25 @@ def jitted_kernel(name: str, module: str = "siglip_serve.kernels.nki_kernels"):
     return _JITTED[key]
 
 
-def launchable(run: KernelRun):
-    """The jitted kernel with the launch grid of ``run.lnc``; a kernel not written for it raises.
+def launchable(run: KernelRun, on_device: bool = True):
+    """The jitted kernel ready to launch at ``run.lnc``; a kernel not written for it raises.
 
-    The bracket grid is how the NKI docs launch at LNC=2 (its size must equal the LNC);
-    at LNC=1 the plain call is the documented form.
+    The LNC is set in the environment first (``pin_launch_lnc``); the launch grid repeats it for the
+    NKI versions that read it from there (``needs_launch_grid``). At LNC=1 the plain call is the
+    documented form on every version.
     """
     require_kernel_lnc(run.name, run.supported_lnc, run.lnc)
+    pin_launch_lnc(run.lnc, on_device=on_device)
     kernel = jitted_kernel(run.kernel, run.module)
-    return kernel[run.lnc] if run.lnc > 1 else kernel
+    if run.lnc > 1 and needs_launch_grid(getattr(_nki(), "__version__", None)):
+        return kernel[run.lnc]
+    return kernel
 
 
 def simulate(run: KernelRun) -> np.ndarray:
     """Run on the NKI CPU simulator and return the host-layout result."""
     nki = _nki()
-    kernel = launchable(run)
+    kernel = launchable(run, on_device=False)
     if hasattr(nki, "simulate"):
         out = nki.simulate(kernel)(*run.args)
     elif hasattr(nki, "simulate_kernel"):
@@ -285,7 +289,8 @@ def run_on_neuron(run: KernelRun, warmup: int = 5, iterations: int = 20,
     from siglip_serve.kernels.device import resolve_device
 
     kernel = launchable(run)
-    return time_kernel(run, kernel, device or resolve_device("neuron"), warmup, iterations)
+    tolerance = kernel_tolerance(run, "neuron")
+    return time_kernel(run, kernel, device or resolve_device("neuron"), warmup, iterations, tolerance, tolerance)
 
 
 def time_kernel(run: KernelRun, kernel: Callable[..., Any], device: Any, warmup: int,
@@ -327,6 +332,22 @@ def time_kernel(run: KernelRun, kernel: Callable[..., Any], device: Any, warmup:
     return checked[0], timing
 
 
+# The simulator computes ScalarE's activation functions exactly; on a NeuronCore they are piecewise
+# polynomial approximations (exp, rsqrt, reciprocal, gelu, silu), so on-device rows of kernels that use
+# them get a wider tolerance than the simulator's 2e-3. The NKI docs advise VectorE's nisa.reciprocal
+# where the reciprocal's precision matters; these are first guesses that the first trn2 run checks:
+# every row prints the error it observed beside the tolerance it was held to (docs/kernels.md).
+SIMULATOR_TOLERANCE = 2e-3
+DEVICE_TOLERANCE = {"layer_norm": 1e-2, "softmax_rows": 1e-2, "mlp_gelu_t": 1e-2, "gated_mlp_t": 1e-2}
+
+
+def kernel_tolerance(run: KernelRun, on: str) -> float:
+    """rtol = atol for ``run``'s float32 result on ``on`` ("simulator" or "neuron")."""
+    if on == "neuron":
+        return DEVICE_TOLERANCE.get(run.kernel, SIMULATOR_TOLERANCE)
+    return SIMULATOR_TOLERANCE
+
+
 @dataclass(frozen=True)
 class CheckResult:
     name: str
@@ -334,10 +355,18 @@ class CheckResult:
     max_abs_err: float
     passed: bool
     detail: str = ""
+    tolerance: float | None = None  # rtol = atol it was held to
+    lnc: int | None = None  # the LNC a kernel ran at (None: a reference check)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "target": self.target, "max_abs_err": self.max_abs_err,
-                "passed": self.passed, "detail": self.detail}
+                "passed": self.passed, "detail": self.detail, "tolerance": self.tolerance, "lnc": self.lnc}
+
+    @property
+    def verdict(self) -> str:
+        if self.tolerance is None:
+            return "ok" if self.passed else "MISMATCH"
+        return f"{'ok within' if self.passed else 'MISMATCH, over'} {self.tolerance:g}"
 
 
 def compare(name: str, target: str, actual: np.ndarray, expected: np.ndarray,
@@ -350,12 +379,15 @@ def compare(name: str, target: str, actual: np.ndarray, expected: np.ndarray,
     return CheckResult(name, target, err, bool(np.allclose(actual, expected, rtol=rtol, atol=atol)))
 
 
-def check_kernel(run: KernelRun, on: str = "simulator", rtol: float = 2e-3, atol: float = 2e-3) -> CheckResult:
-    """Run one kernel (simulator or neuron) and compare it with its golden reference."""
+def check_kernel(run: KernelRun, on: str = "simulator") -> CheckResult:
+    """Run one kernel (simulator or neuron) and compare it with its golden reference, at the kernel's
+    tolerance there (``kernel_tolerance``); the result names the LNC it ran at."""
+    tolerance = kernel_tolerance(run, on)
     if on == "simulator":
         actual = simulate(run)
     elif on == "neuron":
         actual, _ = run_on_neuron(run, warmup=1, iterations=1)
     else:
         raise KernelInputError(f"on must be 'simulator' or 'neuron', got {on!r}")
-    return compare(run.name, f"nki kernel ({on})", actual, run.expected, rtol=rtol, atol=atol)
+    result = compare(run.name, f"nki kernel ({on}, LNC={run.lnc})", actual, run.expected, tolerance, tolerance)
+    return dataclasses.replace(result, tolerance=tolerance, lnc=run.lnc)

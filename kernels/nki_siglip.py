@@ -9,7 +9,8 @@ through :mod:`siglip_serve.kernels.nki_tiles` as the kernels of :mod:`siglip_ser
   mean and variance by free-axis reductions; gamma/beta broadcast to all partitions once with
   a K=1 matmul (ones[1, 128].T @ row), so they are read from HBM once.
 * ``mlp_gelu_t``: ``fc2(gelu_tanh(fc1(x) + b1)) + b2`` in the transposed layout of
-  ``gated_mlp_t`` (features on partitions, tokens streaming 512 at a time). The intermediate
+  ``gated_mlp_t`` (features on partitions, tokens streaming 512 at a time; at LNC=2 each program
+  takes a contiguous half of the tokens). The intermediate
   4304 = 33 x 128 + 80, so the last hidden tile has 80 partitions; bias + GELU are one
   Scalar-Engine ``activation`` reading PSUM, and fc2 contracts over the ragged tile too.
 * ``softmax_rows``: ``softmax(scale * s)`` over the last axis of attention scores [rows, 729],
@@ -19,7 +20,7 @@ through :mod:`siglip_serve.kernels.nki_tiles` as the kernels of :mod:`siglip_ser
 import nki.isa as nisa
 import nki.language as nl
 
-from siglip_serve.kernels.nki_tiles import load_tile, load_tiles, my_tiles
+from siglip_serve.kernels.nki_tiles import load_tile, load_tiles, my_span_tiles, my_tiles
 
 
 def _broadcast_row(row, width, ones):
@@ -89,7 +90,8 @@ def mlp_gelu_t(x_t, w1, b1, w2, b2):
     n_d = width // pmax
     n_i = (inter + pmax - 1) // pmax
     out_t = nl.ndarray((width, tokens), dtype=x_t.dtype, buffer=nl.shared_hbm)
-    my_token_tiles = my_tiles(tokens, tmax)
+    # Contiguous halves at LNC=2 (365 + 364 of 729 tokens), each streamed 512 at a time.
+    my_token_tiles = my_span_tiles(tokens, tmax)
     if not my_token_tiles:
         return out_t
 
@@ -133,7 +135,8 @@ def softmax_rows(scores, scale):
         rows = r1 - r0
         s = load_tile(scores, r0, r1, 0, keys)
         row_max = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=row_max, op=nl.max, data=s, axis=1, keepdims=True)
+        # The operator table's maximum (nki.api.shared); nl.max is the separate reduction function.
+        nisa.tensor_reduce(dst=row_max, op=nl.maximum, data=s, axis=1, keepdims=True)
         shift = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=shift, data=row_max, op0=nl.multiply, operand0=-scale)
         e = nl.ndarray((rows, keys), dtype=nl.float32, buffer=nl.sbuf)

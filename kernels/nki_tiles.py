@@ -27,11 +27,43 @@ def my_tiles(extent, size):
     return owned
 
 
+def my_span(extent):
+    """(start, stop) of this program's contiguous, near-equal share of an axis: all of it at LNC=1, halves
+    at LNC=2 (SigLIP's 729 tokens: 365 and 364). Whole tiles dealt round-robin would give one program
+    512 tokens and the other 217, so the pair could reach at best 70% of the roofline."""
+    programs = nl.num_programs(0)
+    me = nl.program_id(0)
+    base = extent // programs
+    extra = extent % programs
+    start = me * base + min(me, extra)
+    stop = start + base
+    if me < extra:
+        stop = stop + 1
+    return start, stop
+
+
+def my_span_tiles(extent, size):
+    """(start, stop) tiles of at most ``size`` covering this program's span (``my_span``)."""
+    start, stop = my_span(extent)
+    owned = []
+    for t in range(start, stop, size):
+        owned.append((t, min(stop, t + size)))
+    return owned
+
+
 def load_tile(src, r0, r1, c0, c1, dtype=None):
-    """``src[r0:r1, c0:c1]`` copied into a new SBUF tile, in ``dtype`` (default: src's; the DMA casts)."""
-    tile = nl.ndarray((r1 - r0, c1 - c0), dtype=src.dtype if dtype is None else dtype, buffer=nl.sbuf)
+    """``src[r0:r1, c0:c1]`` copied into a new SBUF tile, in ``dtype`` (default: src's).
+
+    The DMA copies in the source dtype and an engine converts: the hardware DGE moves raw bytes and
+    does no type casting (NKI 0.3.0 migration guide), and the compiler may pick it (dge_mode.unknown).
+    """
+    tile = nl.ndarray((r1 - r0, c1 - c0), dtype=src.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=tile, src=src[r0:r1, c0:c1])
-    return tile
+    if dtype is None or dtype == src.dtype:
+        return tile
+    converted = nl.ndarray((r1 - r0, c1 - c0), dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=converted, src=tile)
+    return converted
 
 
 def load_tiles(src, rows, c0, c1, dtype=None):

@@ -1,9 +1,15 @@
-"""Read neuron-profile / neuron-explorer JSON summaries and compare kernels.
+"""Read Neuron Explorer's profile summaries and compare kernels.
 
-The JSON comes from ``neuron-profile view -n X.neff -s profile.ntff
---output-format=json --output-file=profile.json``; the per-run summary sits at
-``data["summary"][0]``. Times there are in seconds; tables show microseconds.
-Also builds (does not run) the capture/view command lines of seed 002.
+Two layouts are read, both with the Summary table's fields (Neuron Explorer profile schema reference,
+"Summary"; times in seconds, utilisations in percent):
+
+* ``neuron-explorer view ... --output-format summary-json``: ``{<profile id>: {...summary...}}``, the
+  machine-readable summary Explorer keeps supporting;
+* ``--output-format json``: ``{"summary": [{...}], "instruction": [...]}``, which the schema reference
+  calls legacy and "not recommended", and Neuron 2.33 is the last release to write.
+
+``neuron-profile``, the tool that wrote the second layout first, left the SDK (end of support in Neuron
+2.29, gone from 2.30); no command line for it is built here. Tables show microseconds.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ ENGINES = ("tensor", "dma", "vector", "scalar", "gpsimd", "sync")
 
 
 class ProfileJSONError(KernelInputError):
-    """The file is not a neuron-profile JSON summary we can read."""
+    """The file is not a Neuron Explorer summary we can read."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,14 @@ class ProfileSummary:
     inputs_outputs_weights_size_bytes: int | None = None
     sbuf_read_bytes: int | None = None
     sbuf_write_bytes: int | None = None
+    # Explorer's MFU counts the HLO model's matmuls, so it is 0 for an NKI kernel; HFU (and MFU from the
+    # instruction trace) count what the Tensor Engine executed. MBU divides HBM traffic by one HBM stack's
+    # bandwidth at either LNC.
     mfu_estimated_percent: float | None = None
     mfu_max_achievable_estimated_percent: float | None = None
+    mfu_inst_estimated_percent: float | None = None
+    hfu_estimated_percent: float | None = None
+    mbu_estimated_percent: float | None = None
     mm_arithmetic_intensity: float | None = None
 
     @property
@@ -92,7 +104,7 @@ for _f in fields(ProfileSummary):
 
 
 def _number(raw: Any, convert: type, key: str) -> float | int:
-    # neuron-profile has emitted numbers both as JSON numbers and as numeric strings.
+    # Summaries have carried numbers both as JSON numbers and as numeric strings.
     try:
         value = float(raw)
     except (TypeError, ValueError):
@@ -102,14 +114,28 @@ def _number(raw: Any, convert: type, key: str) -> float | int:
     return int(round(value)) if convert is int else value
 
 
-def parse_summary(data: Mapping[str, Any], kernel: str, config: str = "") -> ProfileSummary:
-    """Build a ProfileSummary from a loaded JSON document (``data['summary'][0]``)."""
-    try:
-        summary = data["summary"][0]
-    except (KeyError, IndexError, TypeError):
-        raise ProfileJSONError("no data['summary'][0]; is this neuron-profile --output-format=json output?") from None
+def _summary_object(data: Any) -> Mapping[str, Any]:
+    if isinstance(data, Mapping) and "summary" in data:  # --output-format json (legacy)
+        try:
+            summary = data["summary"][0]
+        except (IndexError, TypeError, KeyError):
+            raise ProfileJSONError("data['summary'] holds no summary object") from None
+    elif isinstance(data, Mapping) and data and all(isinstance(v, Mapping) for v in data.values()):
+        if len(data) != 1:  # summary-json: one object per profile id
+            raise ProfileJSONError(f"{len(data)} profiles in one summary-json ({', '.join(map(str, data))}); "
+                                   "view one NEFF/NTFF pair per file")
+        summary = next(iter(data.values()))
+    else:
+        raise ProfileJSONError("neither a summary-json object ({id: {...}}) nor a legacy json profile "
+                               "({'summary': [...]}); write it with neuron-explorer view --output-format summary-json")
     if not isinstance(summary, Mapping):
-        raise ProfileJSONError("data['summary'][0] is not an object")
+        raise ProfileJSONError("the summary is not an object")
+    return summary
+
+
+def parse_summary(data: Mapping[str, Any], kernel: str, config: str = "") -> ProfileSummary:
+    """Build a ProfileSummary from a loaded summary-json or legacy json document."""
+    summary = _summary_object(data)
     if "total_time" not in summary:
         raise ProfileJSONError("summary has no 'total_time'")
     total = _number(summary["total_time"], float, "total_time")
@@ -166,15 +192,33 @@ def comparison_rows(summaries: list[ProfileSummary]) -> list[dict[str, Any]]:
     return rows
 
 
+def _percent(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "n/a"
+
+
+def scale_note(summaries: list[ProfileSummary]) -> str:
+    """The schema gives utilisations in percent; a first run checks that (a busy kernel at <= 1 % HFU
+    would more likely be a fraction)."""
+    values = [s.hfu_estimated_percent for s in summaries if s.hfu_estimated_percent]
+    if values and max(values) <= 1.0:
+        return ("note: every HFU is <= 1; the schema says percent, so either the kernels barely used the "
+                "Tensor Engine or this Explorer writes fractions: send the JSON back (docs/kernels.md)")
+    return ""
+
+
 def format_comparison(summaries: list[ProfileSummary]) -> str:
-    header = f"{'Kernel':<12} {'Config':<34} {'Total (μs)':>11} {'Tensor (μs)':>12} {'DMA (μs)':>9} {'MFU %':>6}"
+    header = (f"{'Kernel':<12} {'Config':<34} {'Total (μs)':>11} {'Tensor (μs)':>12} {'DMA (μs)':>9} "
+              f"{'HFU %':>6} {'MBU %':>6}")
     lines = [header, "-" * len(header)]
     for s in summaries:
-        mfu = f"{s.mfu_estimated_percent:.2f}" if s.mfu_estimated_percent is not None else "n/a"
         lines.append(
             f"{s.kernel:<12} {s.config:<34} {_us(s.total_us):>11} "
-            f"{_us(s.engine_active_us('tensor')):>12} {_us(s.engine_active_us('dma')):>9} {mfu:>6}"
+            f"{_us(s.engine_active_us('tensor')):>12} {_us(s.engine_active_us('dma')):>9} "
+            f"{_percent(s.hfu_estimated_percent):>6} {_percent(s.mbu_estimated_percent):>6}"
         )
+    note = scale_note(summaries)
+    if note:
+        lines.append(note)
     comparisons = comparison_rows(summaries)
     if comparisons:
         lines += ["", "Comparison:"]
@@ -188,43 +232,10 @@ def format_comparison(summaries: list[ProfileSummary]) -> str:
 
 # --- command lines for the hardware steps (built here, run on a trn2) ------------------------
 
-def save_input_bins(inputs: Mapping[str, np.ndarray], directory: str | Path) -> dict[str, Path]:
-    """Write each input as ``inp-<name>-000.bin`` (raw bytes), the layout neuron-profile capture reads."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, array in inputs.items():
-        path = directory / f"inp-{name}-000.bin"
-        path.write_bytes(np.ascontiguousarray(array).tobytes())
-        paths[name] = path
-    return paths
-
-
-def capture_command(neff: str | Path, inputs: Mapping[str, str | Path], num_exec: int = 10,
-                    session: str | Path | None = None, save_output: bool = True) -> list[str]:
-    """``neuron-profile capture`` for a NEFF with named input .bin files."""
-    if num_exec < 1:
-        raise KernelInputError("num_exec must be >= 1")
-    cmd = ["neuron-profile", "capture"]
-    if save_output:
-        cmd.append("--save-output")
-    cmd += ["--neff", str(neff), f"--num-exec={num_exec}"]
-    if session is not None:
-        cmd += ["-s", str(session)]
-    for name, path in inputs.items():
-        cmd += [name, str(path)]
-    return cmd
-
 
 def explorer_capture_command(neff: str | Path, session: str | Path = "profile.ntff", nth_exec: int = 2) -> list[str]:
     """``neuron-explorer capture`` for a NEFF saved by a torch-xla run with NEURON_FRAMEWORK_DEBUG=1."""
     return ["neuron-explorer", "capture", "-n", str(neff), "-s", str(session), f"--profile-nth-exec={nth_exec}"]
-
-
-def view_json_command(neff: str | Path, session: str | Path, output: str | Path) -> list[str]:
-    """``neuron-profile view`` writing the JSON summary this module parses."""
-    return ["neuron-profile", "view", "-n", str(neff), "-s", str(session),
-            "--output-format=json", f"--output-file={output}"]
 
 
 FRAMEWORK_DEBUG_ENV = {"NEURON_FRAMEWORK_DEBUG": "1", "XLA_IR_DEBUG": "1", "XLA_HLO_DEBUG": "1"}

@@ -17,7 +17,7 @@ import numpy as np
 
 from siglip_serve.kernels import references
 from siglip_serve.kernels.errors import KernelInputError
-from siglip_serve.kernels.hardware import GEMM_MOVING_FMAX, PMAX, check_sbuf_budget
+from siglip_serve.kernels.hardware import GEMM_MOVING_FMAX, PMAX, ROOFLINE_SOURCE, check_sbuf_budget, sbuf_budget
 from siglip_serve.kernels.nki_launch import KernelRun, launchable, time_kernel
 from siglip_serve.kernels.tiling import DTYPE_BYTES, workload_roofline
 
@@ -33,16 +33,21 @@ def validate_layer_norm(tokens: int, width: int, itemsize: int) -> None:
     check_sbuf_budget(5 * width * 4 + 2 * width * itemsize, "layer_norm row tiles")
 
 
+def mlp_sbuf_bytes(width: int, inter: int, itemsize: int) -> int:
+    """SBUF bytes per partition the MLP kernel keeps live: SO400M in bf16 needs 201,036, which leaves
+    11,692 of the 212,728 a kernel can use (kernels/hardware.py sbuf_budget)."""
+    n_d, n_i, t_tile = width // PMAX, -(-inter // PMAX), GEMM_MOVING_FMAX
+    return (
+        (n_d * inter + n_i * width) * itemsize  # resident w1 and w2 tiles
+        + (n_d + n_i) * 4  # bias tiles (fp32; each loaded in its own dtype, then widened)
+        + (n_d + n_i + 1) * t_tile * itemsize  # x tiles, h tiles, one output tile
+    )
+
+
 def validate_mlp(width: int, inter: int, itemsize: int) -> None:
     if width % PMAX:
         raise KernelInputError(f"mlp_gelu: width {width} must be a multiple of {PMAX}")
-    n_d, n_i, t_tile = width // PMAX, -(-inter // PMAX), GEMM_MOVING_FMAX
-    per_partition = (
-        (n_d * inter + n_i * width) * itemsize  # resident w1 and w2 tiles
-        + (n_d + n_i) * 4  # bias tiles (fp32)
-        + (n_d + n_i + 1) * t_tile * itemsize  # x tiles, h tiles, one output tile
-    )
-    check_sbuf_budget(per_partition, "mlp_gelu resident weights")
+    check_sbuf_budget(mlp_sbuf_bytes(width, inter, itemsize), "mlp_gelu resident weights")
 
 
 def validate_softmax(keys: int, itemsize: int) -> None:
@@ -167,5 +172,9 @@ def format_table(results: list[SiglipResult]) -> str:
 
 
 def as_json(results: list[SiglipResult], device: Any) -> dict:
+    itemsize = DTYPE_BYTES[results[0].dtype] if results else DTYPE_BYTES["bfloat16"]
     return {"benchmark": "siglip-kernels", "device": device.kind, "device_description": device.description,
-            "timing": device.timing, "results": [asdict(r) for r in results]}
+            "timing": device.timing, "roofline_source": ROOFLINE_SOURCE,
+            "sbuf_budget_bytes_per_partition": sbuf_budget(),
+            "mlp_sbuf_bytes_per_partition": mlp_sbuf_bytes(WIDTH, INTER, itemsize),
+            "results": [asdict(r) for r in results]}

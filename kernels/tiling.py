@@ -118,8 +118,9 @@ def roofline(
 ) -> Roofline:
     """Lower bound on trn2 time: the slower of peak compute and minimum HBM traffic.
 
-    ``lnc`` physical cores make one logical core (2 is the trn2 default), and both
-    peak compute and the HBM share scale with it.
+    ``lnc`` physical cores make one logical core (2 is the trn2 default): peak compute scales with
+    it, the HBM bound does not (one stack's bandwidth at both LNCs, as Neuron Explorer's MBU counts it;
+    kernels/hardware.py ROOFLINE_SOURCE).
     """
     return workload_roofline(config.flops, config.min_bytes(dtype), dtype, lnc, peak)
 
@@ -134,7 +135,7 @@ def workload_roofline(flops: float, min_bytes: float, dtype: str, lnc: int = TRN
     if lnc < 1:
         raise KernelInputError(f"lnc must be >= 1, got {lnc}")
     compute_s = flops / (peak.tflops(dtype) * 1e12 * lnc)
-    memory_s = min_bytes / (peak.hbm_gbytes_per_s * 1e9 * lnc)
+    memory_s = min_bytes / (peak.hbm_gbytes_per_s * 1e9)
     return Roofline(compute_s=compute_s, memory_s=memory_s)
 
 

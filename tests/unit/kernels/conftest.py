@@ -40,6 +40,9 @@ def fake_nki(monkeypatch):
     from siglip_serve.kernels import nki_launch
 
     lib = _load_fake_nki()
+    # Launches set NEURON_LOGICAL_NC_CONFIG (kernels/lnc.py pin_launch_lnc); set here first, so that
+    # monkeypatch puts the variable back as it was when the test ends.
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "")
     state = lib.FakeNkiState()
     modules = lib.build(state)
     for name, module in modules.items():

@@ -21,7 +21,16 @@ breaks one fails here, on any machine:
 * new tensors are filled with NaN (ints with 4), as the simulator does, so reading memory
   that was never written poisons the result;
 * tile limits: 128 partitions, a 2 KiB PSUM bank per partition, matmul tiles
-  stationary <= 128x128 and moving <= 128x512.
+  stationary <= 128x128 and moving <= 128x512;
+* budgets per partition, counted over the tiles still alive (CPython frees a tile once no name
+  holds it, as a kernel's scope would): SBUF 212,728 bytes (nki-library's MAX_AVAILABLE_SBUF_SIZE,
+  what ``nl.tile_size.total_available_sbuf_size`` reports), PSUM 8 banks of 2 KiB;
+* ``op=`` (and ``op0``/``op1``) only from the ISA's operator table (nki.api.shared, "Supported Math
+  Operators": ``nl.maximum``, not the reduction function ``nl.max``); ``activation`` only with an
+  activation function;
+* ``nc_transpose`` keeps the dtype; a DMA moves raw bytes, so a ``dma_copy`` that changes the dtype
+  needs a casting DGE mode (``dge_mode.swdge`` or ``dge_mode.none``: the NKI 0.3.0 migration guide);
+* a launch grid of 1 or 2 (the LNC degrees).
 
 LNC launches (``kernel[n]``) run the programs one after another, sharing ``shared_hbm``.
 The real simulator and hardware runs are the ``neuron``-marked tests.
@@ -30,12 +39,15 @@ from __future__ import annotations
 
 import math
 import types
+import weakref
 from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
 
 PMAX, STATIONARY_FMAX, MOVING_FMAX, PSUM_BANK_BYTES = 128, 128, 512, 2048
+SBUF_BUDGET, PSUM_BUDGET = 224 * 1024 - 16384 - 8 - 256, 8 * PSUM_BANK_BYTES
+CASTING_DGE = ("swdge", "none")
 HBM_KINDS = ("hbm", "shared_hbm")
 ON_CHIP = ("sbuf", "psum")
 # Storage per dtype name; bfloat16 is stored as float32 holding bf16-representable values.
@@ -123,6 +135,7 @@ class FakeNkiState:
         self.alloc_index = 0
         self.instructions: Counter[str] = Counter()
         self.grids: list[int] = []  # launch grid of every kernel call, in order
+        self.live: weakref.WeakSet[Buffer] = weakref.WeakSet()  # on-chip tiles some name still holds
 
 
 def _check_tile(shape: tuple[int, ...], what: str) -> None:
@@ -171,10 +184,21 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
     nl.sbuf, nl.psum, nl.shared_hbm, nl.hbm = "sbuf", "psum", "shared_hbm", "hbm"
     nl.float32, nl.bfloat16, nl.float16, nl.int32 = "float32", "bfloat16", "float16", "int32"
     nl.add, nl.subtract, nl.multiply, nl.maximum = np.add, np.subtract, np.multiply, np.maximum
-    nl.max = np.maximum  # as a reduction operator (tensor_reduce); nl.maximum elementwise
+    nl.minimum = np.minimum
+    operators = (nl.add, nl.subtract, nl.multiply, nl.maximum, nl.minimum)
+    # The reduction *function* nl.max(x, axis): not an operator, so never an op= argument.
+    nl.max = lambda x, axis=None, keepdims=False: np.max(x, axis=axis, keepdims=keepdims)
     nl.exp, nl.rsqrt, nl.reciprocal = np.exp, lambda x: 1.0 / np.sqrt(x), lambda x: 1.0 / x
     nl.silu = lambda x: x / (1.0 + np.exp(-x))
     nl.gelu_apprx_tanh = lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    activations = (nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh)
+    nisa.dge_mode = SimpleNamespace(none="none", swdge="swdge", hwdge="hwdge", unknown="unknown")
+
+    def operator(op, where: str):
+        if not any(op is known for known in operators):
+            raise NkiRuleError(f"{where}: {getattr(op, '__name__', op)!r} is not in the ISA's operator table "
+                               "(nl.add, nl.subtract, nl.multiply, nl.maximum, nl.minimum, ...)")
+        return op
     nl.tile_size = SimpleNamespace(pmax=PMAX, gemm_stationary_fmax=STATIONARY_FMAX, gemm_moving_fmax=MOVING_FMAX)
     nl.affine_range = range
     nl.program_id = lambda axis=0: state.program_id
@@ -188,8 +212,15 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             raise NkiRuleError(f"nl.ndarray: unknown buffer {buffer!r}")
         if kind in ON_CHIP:
             _check_tile(shape, f"nl.ndarray({kind})")
-        if kind == "psum" and math.prod(shape[1:]) * ITEMSIZE[name] > PSUM_BANK_BYTES:
+        per_partition = math.prod(shape[1:]) * ITEMSIZE[name]
+        if kind == "psum" and per_partition > PSUM_BANK_BYTES:
             raise NkiRuleError(f"PSUM tile {shape} of {name} exceeds one 2 KiB bank per partition")
+        if kind in ON_CHIP:
+            budget = SBUF_BUDGET if kind == "sbuf" else PSUM_BUDGET
+            live = sum(math.prod(b.data.shape[1:]) * ITEMSIZE[b.dtype] for b in state.live if b.kind == kind)
+            if live + per_partition > budget:
+                raise NkiRuleError(f"{kind} over budget: {live} bytes per partition live + {per_partition} "
+                                   f"for {shape} {name} > {budget}")
         if kind == "shared_hbm":
             # Every program of an LNC launch sees the same shared-HBM allocation.
             index = state.alloc_index
@@ -198,7 +229,10 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
                 return FakeTensor.whole(state.shared[index])
             state.shared.append(Buffer(shape, name, kind))
             return FakeTensor.whole(state.shared[index])
-        return FakeTensor.whole(Buffer(shape, name, kind))
+        buf = Buffer(shape, name, kind)
+        if kind in ON_CHIP:
+            state.live.add(buf)
+        return FakeTensor.whole(buf)
 
     nl.ndarray = ndarray
 
@@ -206,12 +240,15 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
         if a.shape != b.shape:
             raise NkiRuleError(f"{what}: {a.shape} != {b.shape}")
 
-    def dma_copy(dst, src, **_):
+    def dma_copy(dst, src, dge_mode="unknown", **_):
         # "data movement between memory locations (SBUF or HBM)": PSUM is not a DMA endpoint.
         state.instructions["dma_copy"] += 1
         dma_kinds = HBM_KINDS + ("sbuf",)
         values = _read(src, "dma_copy", "src", dma_kinds)
         same_shape(_tensor(dst, "dma_copy", "dst"), src, "dma_copy dst/src")
+        if dst.dtype != src.dtype and dge_mode not in CASTING_DGE:
+            raise NkiRuleError(f"dma_copy: {src.dtype} -> {dst.dtype} with dge_mode={dge_mode}: a DMA moves raw "
+                               "bytes; widen on an engine (tensor_copy) or ask for dge_mode.swdge/none")
         _write(dst, values, "dma_copy", dma_kinds)
 
     def tensor_copy(dst, src, **_):
@@ -226,7 +263,8 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
         if data1.buffer == "psum" and data2.buffer == "psum":
             raise NkiRuleError("tensor_tensor: data1 and data2 cannot both reside in PSUM")
         same_shape(data1, data2, "tensor_tensor inputs")
-        _write(dst, op(a.astype(np.float32), b.astype(np.float32)), "tensor_tensor", ON_CHIP)
+        _write(dst, operator(op, "tensor_tensor")(a.astype(np.float32), b.astype(np.float32)), "tensor_tensor",
+               ON_CHIP)
 
     def _operand(value, data: np.ndarray, op: str):
         if isinstance(value, FakeTensor):
@@ -241,6 +279,9 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
     def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, **_):
         state.instructions["tensor_scalar"] += 1
         values = _read(data, "tensor_scalar", "data", ON_CHIP).astype(np.float32)
+        operator(op0, "tensor_scalar op0")
+        if op1 is not None:
+            operator(op1, "tensor_scalar op1")
         first = _operand(operand0, values, "tensor_scalar")
         values = op0(first, values) if reverse0 else op0(values, first)
         if op1 is not None:
@@ -251,6 +292,9 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
     def activation(dst, op, data, bias=None, scale=1.0, **_):
         state.instructions["activation"] += 1
         values = _read(data, "activation", "data", ON_CHIP).astype(np.float32)
+        if not any(op is known for known in activations):
+            raise NkiRuleError(f"activation: {getattr(op, '__name__', op)!r} is not an activation function "
+                               "(nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh, ...)")
         shift = 0.0 if bias is None else _operand(bias, values, "activation")
         _write(dst, op(values * scale + shift), "activation", ON_CHIP)
 
@@ -259,7 +303,7 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
         values = _read(data, "tensor_reduce", "data", ON_CHIP).astype(np.float32)
         if axis in (0, [0], (0,)):
             raise NkiRuleError("tensor_reduce reduces free axes only; use tensor_partition_reduce across partitions")
-        reduced = op.reduce(values, axis=tuple(np.atleast_1d(axis)), keepdims=keepdims)
+        reduced = operator(op, "tensor_reduce").reduce(values, axis=tuple(np.atleast_1d(axis)), keepdims=keepdims)
         _write(dst, -reduced if negate else reduced, "tensor_reduce", ON_CHIP)
 
     def memset(dst, value, **_):
@@ -297,6 +341,8 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
         values = _read(data, "nc_transpose", "data", ("sbuf",))
         if max(values.shape) > PMAX:
             raise NkiRuleError(f"nc_transpose: {values.shape} exceeds {PMAX}x{PMAX}")
+        if _tensor(dst, "nc_transpose", "dst").dtype != data.dtype:
+            raise NkiRuleError(f"nc_transpose: dst is {dst.dtype}, data is {data.dtype}; a transpose keeps the dtype")
         _write(dst, values.T, "nc_transpose", ("psum",))
 
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, activation, tensor_reduce, memset,
@@ -319,6 +365,8 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             self.fn, self.grid = fn, grid
 
         def __getitem__(self, grid):
+            if grid not in (1, 2):
+                raise NkiRuleError(f"launch grid [{grid}]: an LNC launch is [1] or [2]")
             return Kernel(self.fn, grid)
 
         def __call__(self, *args):

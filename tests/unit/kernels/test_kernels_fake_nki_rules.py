@@ -18,10 +18,15 @@ def _run(fake, body, *args, grid=1):
 
 
 def _load(fake, src, dtype="float32"):
+    """src in SBUF as ``dtype``: a DMA in src's dtype, then an engine copy where the dtype changes."""
     nl, nisa = fake.nl, fake.nisa
-    tile = nl.ndarray(src.shape, dtype=dtype, buffer=nl.sbuf)
+    tile = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=tile, src=src)
-    return tile
+    if dtype == src.dtype:
+        return tile
+    converted = nl.ndarray(src.shape, dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=converted, src=tile)
+    return converted
 
 
 def _store(fake, tile):

@@ -83,23 +83,23 @@ class _FakeExplorer:
             session = cmd[cmd.index("-s") + 1]
             with open(session.replace(".ntff", f"_exec_{self.nth}.ntff"), "w") as fh:
                 fh.write("trace")
-        elif cmd[1] == "view":
-            with open(cmd[cmd.index("--output-file") + 1], "w") as fh:
-                fh.write(self.summary_json)
+        elif cmd[1] == "view":  # the summary formats print to stdout
+            return SimpleNamespace(returncode=0, stdout=self.summary_json, stderr="")
         return SimpleNamespace(returncode=0, stdout="", stderr="")
 
 
 def test_profile_neff_runs_explorer_capture_then_view_and_reads_device_time(tmp_path, data_dir):
     neff = tmp_path / "graph.neff"
     neff.write_bytes(b"neff")
-    summary = (data_dir / "profile_nkilib_b1_s128_h1024_i512.json").read_text()
+    summary = (data_dir / "profile_explorer_summary.json").read_text()
     explorer = _FakeExplorer(summary)
     result = profile_neff(neff, tmp_path / "prof", run=explorer, which=lambda name: "/usr/bin/" + name)
     capture, view = explorer.commands
     assert capture[:2] == ["neuron-explorer", "capture"] and "--profile-nth-exec=2" in capture
     assert view[:2] == ["neuron-explorer", "view"] and view[view.index("-s") + 1].endswith("graph_exec_2.ntff")
-    assert view[view.index("--output-format") + 1] == "json"
-    expected_us = json.loads(summary)["summary"][0]["total_time"] * 1e6
+    assert view[view.index("--output-format") + 1] == "summary-json"
+    expected_us = json.loads(summary)["0"]["total_time"] * 1e6
+    assert (tmp_path / "prof" / "graph.json").read_text() == summary  # kept to send back
     assert result.timing == "device" and result.total_us == pytest.approx(expected_us)
     assert result.as_dict()["timing"] == "device"
     assert "device" in format_device_times([result])

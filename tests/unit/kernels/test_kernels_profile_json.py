@@ -1,23 +1,20 @@
-"""The neuron-profile JSON parser, on fixtures built from the fields seed 002 documents."""
+"""The profile summary parser: Neuron Explorer's summary-json (a fixture on the published schema) and the
+legacy json layout (fixtures from the fields seed 002 documents)."""
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from siglip_serve.kernels.profile_json import (
     ENGINES,
     FRAMEWORK_DEBUG_ENV,
     ProfileJSONError,
-    capture_command,
     comparison_rows,
     explorer_capture_command,
     format_comparison,
     load_summary,
     parse_summary,
-    save_input_bins,
-    view_json_command,
 )
 
 NKILIB = "profile_nkilib_b1_s128_h1024_i512.json"
@@ -81,7 +78,8 @@ def test_no_comparison_across_different_configs(data_dir):
 @pytest.mark.parametrize(
     "doc,message",
     [
-        ({}, "summary"),
+        ({}, "neither a summary-json"),
+        ({"x": 1}, "neither a summary-json"),
         ({"summary": []}, "summary"),
         ({"summary": [{"dma_active_time": 1e-6}]}, "total_time"),
         ({"summary": [{"total_time": 0}]}, "positive"),
@@ -101,20 +99,27 @@ def test_invalid_json_file(tmp_path):
         load_summary(path)
 
 
-def test_command_lines_follow_seed_002(tmp_path):
-    inputs = {"hidden_tensor": np.arange(6, dtype=np.float32).reshape(2, 3), "w": np.ones(4, dtype=np.float16)}
-    bins = save_input_bins(inputs, tmp_path)
-    assert bins["hidden_tensor"].name == "inp-hidden_tensor-000.bin"
-    hidden = np.frombuffer(bins["hidden_tensor"].read_bytes(), np.float32)
-    assert np.array_equal(hidden, inputs["hidden_tensor"].ravel())
-    cmd = capture_command("file.neff", bins, num_exec=10)
-    assert cmd[:3] == ["neuron-profile", "capture", "--save-output"]
-    assert cmd[cmd.index("--neff") + 1] == "file.neff" and "--num-exec=10" in cmd
-    assert cmd[-4:] == ["hidden_tensor", str(bins["hidden_tensor"]), "w", str(bins["w"])]
-    assert view_json_command("file.neff", "profile.ntff", "profile.json") == [
-        "neuron-profile", "view", "-n", "file.neff", "-s", "profile.ntff",
-        "--output-format=json", "--output-file=profile.json"]
+def test_the_explorer_capture_command_and_debug_environment():
+    assert explorer_capture_command("x.neff")[:2] == ["neuron-explorer", "capture"]
     assert explorer_capture_command("x.neff")[-1] == "--profile-nth-exec=2"
     assert FRAMEWORK_DEBUG_ENV["NEURON_FRAMEWORK_DEBUG"] == "1"
-    with pytest.raises(ValueError):
-        capture_command("file.neff", {}, num_exec=0)
+
+
+def test_summary_json_is_read_with_the_hardware_counted_utilisation(data_dir):
+    raw = json.loads((data_dir / "profile_explorer_summary.json").read_text())["0"]
+    s = load_summary(data_dir / "profile_explorer_summary.json", "nki_mlp", CONFIG)
+    assert s.total_time_s == raw["total_time"] and s.mfu_estimated_percent == 0.0  # MFU: HLO matmuls only
+    assert (s.hfu_estimated_percent, s.mfu_inst_estimated_percent, s.mbu_estimated_percent) == (22.1, 20.4, 30.3)
+    legacy = load_summary(data_dir / NKILIB, "nkilib", CONFIG)
+    table = format_comparison([s, legacy])
+    assert "HFU %" in table and "MBU %" in table and "MFU" not in table
+    assert "22.10" in table and "30.30" in table and "n/a" in table  # the legacy file has neither
+    assert "note:" not in table  # a utilisation above 1 reads as percent
+
+
+def test_a_summary_json_of_two_profiles_and_fractions_are_called_out():
+    two = {"a": {"total_time": 1e-5}, "b": {"total_time": 2e-5}}
+    with pytest.raises(ProfileJSONError, match="2 profiles in one summary-json"):
+        parse_summary(two, "k")
+    tiny = parse_summary({"0": {"total_time": 1e-5, "hfu_estimated_percent": 0.4}}, "k")
+    assert "fractions" in format_comparison([tiny])

@@ -8,7 +8,9 @@ batch is formed only when the previous one has returned, up to `max_size` inputs
 `wait_s` for more only when fewer than that are queued.
 
 Every input gets an answer: its result, its own error, the batch's error (every waiter of a batch
-that fails), or, when the replica stops the loop, a cancellation.
+that fails), or, when the replica stops the loop, a cancellation. A batch whose callers have all gone
+away (cancelled) is cancelled too: in the ingress that cancels the encoder call, and Serve cancels
+it in the replica.
 
 The same queue coalesces the ingress's encoder calls (serve/encoder_client.py), with `concurrency` batches
 in flight at once and no wait: at low load each request's chunk goes out alone at once; past
@@ -162,8 +164,17 @@ class Batcher:
                 self.on_batch([now - w.queued_at for w in live], self.queued)
             except Exception:  # broad on purpose: a metrics hiccup must not strand the batch's callers
                 log.warning("on_batch failed", exc_info=True)
+        run = asyncio.ensure_future(self.run([w.item for w in live], [w.deadline for w in live]))
+
+        def abandoned(_: asyncio.Future[Any]) -> None:
+            # Every caller of the batch went away (clients gone): stop the work nobody waits for.
+            if not run.done() and all(w.future.done() for w in live):
+                run.cancel()
+
+        for w in live:
+            w.future.add_done_callback(abandoned)
         try:
-            results = await self.run([w.item for w in live], [w.deadline for w in live])
+            results = await run
         except asyncio.CancelledError:
             for w in live:
                 if not w.future.done():

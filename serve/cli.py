@@ -157,7 +157,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
         if placeholder is not None:
             placeholder.set_stage("checking the model weights")
         preflight_weights(config)
-        preflight_tokenizer(config)
+        config = preflight_tokenizer(config)
         code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
                            args.metrics_host, placeholder, began, args.front_end)
         # Ray is stopped and every log flushed; the interpreter's own teardown would then wait

@@ -81,7 +81,11 @@ class ServiceConfig(ModelSettings):
     # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or
     # neuron needs a GPU / NeuronCore of its own (and on neuron an artifact compiled with --text).
     text_replicas: int | None = Field(None, ge=0, description="text tower replicas; 0 turns the text routes off "
-                                                              "(default: 1 on cpu, 0 on cuda and neuron)")
+                                                              "(default: on cpu 1 when the tokenizer is found - "
+                                                              "local, or the hub answers at start - else 0; 0 on "
+                                                              "cuda and neuron)")
+    # Set at start, not by users: why the default turned text off (shown by /v1/models and the text routes).
+    text_off_reason: str | None = Field(None, description="set at start when the default turned text off")
     text_num_cpus: float = Field(0.5, ge=0, description="CPUs each text replica asks Ray for")
     max_texts_per_request: int = Field(64, ge=1, description="texts (or classify labels) in one request, checked "
                                                              "before tokenizing")

@@ -1,4 +1,4 @@
-"""The ingress's side of the encoder deployment: its requests' chunks, coalesced into few calls.
+"""The ingress's side of a tower's deployment (image or text): its requests' chunks, coalesced into few calls.
 
 Every call through a Serve handle costs host CPU on both sides whatever it carries (routing,
 tracing hooks, Ray's task submission and reply, the replica's request wrapper): measured on
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -65,8 +66,10 @@ class EncoderClient:
     is fast enough for coalescing to pay; then at most `calls_in_flight` calls, the rest coalesced."""
 
     def __init__(self, handle: DeploymentHandle, replicas: int, ingress_replicas: int, max_images: int,
-                 retry_after_s: int, max_in_flight: int, model_on_host_cores: bool = False) -> None:
+                 retry_after_s: int, max_in_flight: int, model_on_host_cores: bool = False,
+                 tower: str = "image") -> None:
         self.handle = handle
+        self.replica_kind = "a text encoder replica" if tower == "text" else "an encoder replica"
         self.retry_after_s = retry_after_s
         self.coalescing_window = calls_in_flight(replicas, ingress_replicas, model_on_host_cores)
         self.tuned = False
@@ -84,8 +87,8 @@ class EncoderClient:
                  f"coalescing, {self.coalescing_window} call(s) in flight" if coalesce
                  else "each request's chunks sent at once")
 
-    async def embed(self, images: np.ndarray | JpegFiles, deadline: float) -> np.ndarray:
-        """uint8 [n, 3, H, W] or n JPEG files (any n) -> float32 [n, D]; `deadline` in time.time() seconds."""
+    async def embed(self, images: np.ndarray | JpegFiles | Sequence[str], deadline: float) -> np.ndarray:
+        """uint8 [n, 3, H, W], n JPEG files or n texts (any n) -> float32 [n, D]; `deadline` in time.time()."""
         step = self.calls.max_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
         group = asyncio.gather(*(self.calls.submit(chunk, deadline) for chunk in chunks))
@@ -94,7 +97,7 @@ class EncoderClient:
         group.add_done_callback(lambda done: done.cancelled() or done.exception())
         return np.concatenate(await group) if len(chunks) > 1 else (await group)[0]
 
-    async def _call(self, chunks: list[np.ndarray | JpegFiles], deadlines: list[float]) -> list[Any]:
+    async def _call(self, chunks: list[Any], deadlines: list[float]) -> list[Any]:
         """One encoder call for `chunks`; one result (array or exception) per chunk."""
         for attempt in (1, 2):
             response = cast(DeploymentResponse, self.handle.embed_chunks.remote(chunks, deadlines))
@@ -108,7 +111,7 @@ class EncoderClient:
                 if not isinstance(exc, RayActorError) and not isinstance(cause, RayActorError):
                     raise
                 # The replica died under this call: once more on whichever replica Serve picks now.
-                log.warning("an encoder replica stopped during a call (attempt %d of 2)", attempt)
+                log.warning("%s stopped during a call (attempt %d of 2)", self.replica_kind, attempt)
         raise ApiError(503, ErrorType.REPLICA_UNAVAILABLE,
-                       "an encoder replica stopped while running this request; retry",
+                       f"{self.replica_kind} stopped while running this request; retry",
                        {"Retry-After": str(self.retry_after_s)})

@@ -69,19 +69,47 @@ def preflight_weights(config: ServiceConfig) -> None:
         ) from None
 
 
-def preflight_tokenizer(config: ServiceConfig) -> None:
-    """Load the text tower's tokenizer once, here, so a missing one fails in a second with the fix,
-    not as a text replica that never starts. Nothing to do with text off."""
+def preflight_tokenizer(config: ServiceConfig) -> ServiceConfig:
+    """The config with its text tower decided, before any replica starts.
+
+    Asked for (`text_replicas: N` or `tokenizer: DIR`): the tokenizer is loaded here, so a missing one
+    fails in a second with the fix, not as a text replica that never starts. Not named (the cpu
+    default): on when the tokenizer is local or the hub answers within seconds, else off with one log
+    line saying how to turn it on; an image service from a local checkpoint on an air-gapped host then
+    starts without minutes of hub retries."""
     if config.text_replica_count == 0:
-        return
+        return config
     import open_clip
 
-    from siglip_serve.models.loading import _register_tiny
-    from siglip_serve.models.text import load_tokenizer
+    from siglip_serve.models.hub import hub_address, offline_requested, reachable
+    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.text import load_tokenizer, tokenizer_dir
 
     _register_tiny()
-    cfg = open_clip.get_model_config(config.model) or {}
-    load_tokenizer(config.model_settings(), cfg.get("text_cfg", {}))
+    settings = config.model_settings()
+    asked = config.text_replicas is not None or config.tokenizer is not None
+    if tokenizer_dir(settings) is None and not offline_requested():
+        host, port = hub_address({"hf_hub": config.model})
+        if not reachable(host, port):
+            why = f"no tokenizer: DIR is set and the model hub {host}:{port} is unreachable"
+            if asked:
+                raise ModelLoadError(f"text_replicas: {config.text_replicas} needs {config.model}'s tokenizer, but "
+                                     f"{why}; set tokenizer: DIR to a local copy of its tokenizer files "
+                                     "(tokenizer.json, tokenizer_config.json), or text_replicas: 0")
+            return text_off(config, why)
+    try:
+        load_tokenizer(settings, (open_clip.get_model_config(config.model) or {}).get("text_cfg", {}))
+    except ModelLoadError as exc:
+        if asked:
+            raise
+        return text_off(config, str(exc))
+    return config
+
+
+def text_off(config: ServiceConfig, why: str) -> ServiceConfig:
+    log.warning("text routes off (%s): set tokenizer: DIR to a local copy of %s's tokenizer files, or "
+                "text_replicas: 0 to say so and skip this check", why, config.model)
+    return config.model_copy(update={"text_replicas": 0, "text_off_reason": why})
 
 
 def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]:

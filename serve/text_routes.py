@@ -22,7 +22,6 @@ from fastapi import Request, Response
 from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.encoder_deployment import DeadlineExceeded
 from siglip_serve.serve.errors import ApiError, ErrorType
 from siglip_serve.serve.http_body import (
     DEFAULT_TEMPLATE,
@@ -34,8 +33,7 @@ from siglip_serve.serve.http_body import (
     read_body,
     render_embeddings,
 )
-from siglip_serve.serve.image_prep import ImagePrep
-from siglip_serve.serve.text_deployment import text_max_ongoing
+from siglip_serve.serve.ingress_core import IngressCore
 
 # No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
 MIN_BARE_IMAGE_CHARS = 32
@@ -93,71 +91,21 @@ def prompts_of(labels: Sequence[str], template: str) -> list[str]:
     return [template.replace("{}", label) for label in labels]
 
 
-class TextRoutes:
-    """Mixed into the ingress: uses its config, metrics, auth, readiness, image decode and encode."""
+class TextRoutes(IngressCore):
+    """The text routes, on the ingress's shared plumbing (serve/ingress_core.py)."""
 
-    config: ServiceConfig
-    model: dict[str, Any]
-    metrics: Any
-    images: ImagePrep
-
-    def _init_text(self, text_encoder: DeploymentHandle | None, config: ServiceConfig) -> None:
-        self.text_encoder = text_encoder
-        self.text_inflight_calls = 0
-        self.max_text_inflight_calls = config.text_replica_count * text_max_ongoing(config) + config.max_queued_requests
-        self._text_info: dict[str, Any] | None = None
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
+                 text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None) -> None:
+        super().__init__(encoder, config, replicas, model, text_encoder, replica)
         self._prompt_cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
-    @property
-    def modalities(self) -> list[str]:
-        return ["image", "text"] if self.text_encoder is not None else ["image"]
+    async def encode_texts(self, texts: Sequence[str], deadline: float) -> np.ndarray:
+        """Checked texts -> float32 [n, D]: admitted, then encoded like images (the same retry,
+        cancellation and deadline), in calls of at most the largest text bucket."""
+        async with self._admitted("text", len(texts), deadline):
+            return await self._encode("text", texts, deadline)
 
-    def _require_text(self) -> DeploymentHandle:
-        if self.text_encoder is None:
-            raise ApiError(404, ErrorType.NOT_FOUND,
-                           "this service serves no text tower (text_replicas: 0); send images, or enable text")
-        return self.text_encoder
-
-    async def text_info(self, wait_s: float | None = None) -> dict[str, Any] | None:
-        """The text replica's description (context length, tokenizer, logit scale and bias), cached."""
-        if self.text_encoder is None:
-            return None
-        if self._text_info is None:
-            try:
-                # Bounded: /v1/models must answer while a text replica is still loading.
-                self._text_info = await asyncio.wait_for(self.text_encoder.describe.remote(), timeout=wait_s)
-            except TimeoutError:
-                return None
-        return self._text_info
-
-    async def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
-        handle = self._require_text()
-        step = self.config.text_buckets[-1]
-        chunks = [list(texts[start: start + step]) for start in range(0, len(texts), step)]
-        if self.text_inflight_calls + len(chunks) > self.max_text_inflight_calls:
-            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later",
-                           {"Retry-After": str(self.config.retry_after_s)})
-        self.text_inflight_calls += len(chunks)
-        deadline = time.time() + self.config.request_timeout_s
-        responses = [handle.embed.remote(chunk, deadline) for chunk in chunks]
-        try:
-            results = await asyncio.wait_for(asyncio.gather(*responses), timeout=self.config.request_timeout_s)
-        except (TimeoutError, DeadlineExceeded):
-            results = None
-        except Exception as exc:  # Ray wraps replica errors; unwrap the one we answer
-            if not isinstance(getattr(exc, "cause", None), DeadlineExceeded):
-                raise
-            results = None
-        finally:
-            self.text_inflight_calls -= len(chunks)
-        if results is None:
-            for response in responses:
-                response.cancel()
-            raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
-                           f"request did not finish within {self.config.request_timeout_s:g} s")
-        return np.concatenate(results)
-
-    async def embed_prompts(self, prompts: Sequence[str]) -> np.ndarray:
+    async def embed_prompts(self, prompts: Sequence[str], deadline: float) -> np.ndarray:
         """Text embeddings of classify prompts: cached ones from the LRU cache, the rest encoded once."""
         found: dict[str, np.ndarray] = {}
         for prompt in prompts:
@@ -167,7 +115,7 @@ class TextRoutes:
         # Snapshot before the await: a concurrent request may evict entries meanwhile.
         missing = [p for p in dict.fromkeys(prompts) if p not in found]
         if missing:
-            for prompt, row in zip(missing, await self.encode_texts(missing), strict=True):
+            for prompt, row in zip(missing, await self.encode_texts(missing, deadline), strict=True):
                 found[prompt] = row
                 if self.config.classify_cache_size:
                     self._prompt_cache[prompt] = row
@@ -180,11 +128,11 @@ class TextRoutes:
         async def work() -> Response:
             self._require_text()
             check_texts(texts, labels, self.config)
-            embeddings = await self.encode_texts(texts)
+            embeddings = await self.encode_texts(texts, deadline)
             self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": "embeddings"})
             return render_embeddings(embeddings, self.model["name"], encoding_format, texts=len(texts))
 
-        return await self._timed("text", work(), deadline)  # type: ignore[attr-defined]
+        return await self._timed("text", work(), deadline)
 
     async def classify_request(self, request: Request, deadline: float) -> Response:
         """/v1/classify's body, under the ingress's auth check and deadline (`time.monotonic()`)."""
@@ -204,8 +152,7 @@ class TextRoutes:
             parsed, json_items, image_labels = parse_json_request(body, ClassifyRequest, self.model["name"])
             items = list(json_items)
             labels, template = parsed.labels, parsed.template
-        return await self._timed("classify",  # type: ignore[attr-defined]
-                                 self._classify(items, image_labels, labels, template, deadline), deadline)
+        return await self._timed("classify", self._classify(items, image_labels, labels, template, deadline), deadline)
 
     async def _classify(self, items: Sequence[bytes | str], image_labels: Sequence[str], labels: Sequence[str],
                         template: str, deadline: float) -> Response:
@@ -221,11 +168,10 @@ class TextRoutes:
             raise ApiError(503, ErrorType.NOT_READY, "the text encoder is still loading; retry later",
                            {"Retry-After": str(self.config.retry_after_s)})
         # The image half takes its place in the bounded queue (503 now when full) before decoding.
-        async with self._admitted(len(items)):  # type: ignore[attr-defined]
+        async with self._admitted("image", len(items), deadline):
             images = await self.images.prepare_all(items, image_labels)
             image_embeddings, text_embeddings = await asyncio.gather(
-                self._encode(images, deadline),  # type: ignore[attr-defined]
-                self.embed_prompts(prompts))
+                self._encode("image", images, deadline), self.embed_prompts(prompts, deadline))
         scores = zero_shot(image_embeddings, text_embeddings, float(info["logit_scale"]), float(info["logit_bias"]))
         self.metrics.images_embedded.inc(len(items), tags={"endpoint": "classify"})
         self.metrics.texts_embedded.inc(len(prompts), tags={"endpoint": "classify"})

@@ -212,12 +212,12 @@ def test_encoder_answers_a_malformed_chunk_alone(main_app: str) -> None:
 
     handle = serve.get_deployment_handle("Encoder", app_name="main")
     deadline = time.time() + 60
-    good = [handle.embed.remote(np.full((2, 3, 64, 64), i, dtype=np.uint8), deadline) for i in range(6)]
-    bad = handle.embed.remote(np.zeros((1, 3, 32, 32), dtype=np.uint8), deadline)
+    # Separate calls, as from separate ingress requests: the replica's batcher joins them.
+    good = [handle.embed_chunks.remote([np.full((2, 3, 64, 64), i, dtype=np.uint8)], [deadline]) for i in range(6)]
+    bad = handle.embed_chunks.remote([np.zeros((1, 3, 32, 32), dtype=np.uint8)], [deadline])
     for response in good:
-        assert response.result(timeout_s=TIMEOUT).shape == (2, 64)
-    with pytest.raises(EncoderInputError):
-        bad.result(timeout_s=TIMEOUT)
+        assert response.result(timeout_s=TIMEOUT)[0].shape == (2, 64)
+    assert isinstance(bad.result(timeout_s=TIMEOUT)[0], EncoderInputError)
 
 
 def test_sixteen_concurrent_clients_lose_and_mix_nothing(main_app: str, photos: list[np.ndarray],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 
 import httpx
@@ -166,6 +167,42 @@ def test_classify_answer_forced_by_construction(forced_app: str, photo_jpegs: li
             assert ranked[0]["label"] == "cat" and ranked[0]["score"] == pytest.approx(0.9933, abs=1e-3)
             assert sorted(e["label"] for e in ranked[1:]) == ["car", "dog", "tree"]
             assert all(e["score"] < 0.01 for e in ranked[1:])
+
+
+def test_an_air_gapped_checkpoint_serves_images_and_says_why_text_is_off(
+        serve_cluster: ServeCluster, tmp_path: Path, photo_jpegs: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images from a local checkpoint, no tokenizer: DIR and the hub unreachable, text not named: the
+    application starts with text off (it failed to start before), and says so."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the builder runs here (tests.helpers.deploy)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    checkpoint = forced_checkpoint(tmp_path / "weights.pt", winner="cat")
+    deploy("notext", "/notext", model=CHECKPOINT_MODEL, checkpoint=str(checkpoint), text_replicas=None,
+           encoder_num_cpus=0.5, torch_threads=1)
+    with httpx.Client(base_url=f"{serve_cluster.base_url}/notext", timeout=TIMEOUT) as c:
+        model = c.get("/v1/models").json()["data"][0]
+        assert model["modalities"] == ["image"] and "127.0.0.1:9 is unreachable" in model["text_off_reason"]
+        image = c.post("/v1/embeddings", json={"input": [data_uri(photo_jpegs[0])]})
+        assert image.status_code == 200, image.text
+        text = assert_error(c.post("/v1/embeddings", json={"input": ["a cat"]}), 404, "not_found")
+        assert "unreachable" in text["message"] and "tokenizer: DIR" in text["message"]
+
+
+def test_a_draining_ingress_answers_texts_503_as_it_answers_images(forced_app: str, photo_jpegs: list[bytes]) -> None:
+    """What `siglip-serve run` does on SIGTERM (the drain mark), on this module's own app: texts are
+    refused like images, not accepted while images get 503. Last of the tests that use forced_app."""
+    from siglip_serve.serve import registry
+
+    registry.set_draining("forced")
+    try:
+        with httpx.Client(base_url=forced_app, timeout=TIMEOUT) as c:
+            deadline = time.monotonic() + 10
+            while c.get("/readyz").status_code != 503 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for body in ({"input": ["a photo of a cat"]}, {"input": [data_uri(photo_jpegs[0])]}):
+                refused = assert_error(c.post("/v1/embeddings", json=body), 503, "not_ready")
+                assert "shutting down" in refused["message"]
+    finally:
+        registry.clear_draining("forced")
 
 
 def test_locust_text_and_classify_users_run_clean(main_app: str, tmp_path: Path) -> None:

@@ -207,3 +207,31 @@ def test_with_slots_free_a_burst_is_shared_between_them_not_packed_into_one() ->
 
     assert asyncio.run(main()) == [f"out-{i}" for i in range(8)]
     assert model.batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_running_batch_is_cancelled_once_every_caller_has_gone_and_only_then() -> None:
+    cancelled: list[list[Any]] = []
+
+    class Slow(Model):
+        async def run(self, items: list[Any], deadlines: list[float]) -> list[Any]:
+            try:
+                return await super().run(items, deadlines)
+            except asyncio.CancelledError:
+                cancelled.append(list(items))
+                raise
+
+    model = Slow(seconds=0.2)
+
+    async def main() -> Any:
+        batcher = Batcher(model.run, max_size=8, size_of=one, wait_s=0.0, concurrency=2)
+        alone = asyncio.ensure_future(batcher.submit("a", 0.0))
+        await asyncio.sleep(0.02)  # ["a"] running
+        pair = [asyncio.ensure_future(batcher.submit(x, 0.0)) for x in ("b", "c")]
+        await asyncio.sleep(0.02)  # ["b", "c"] running beside it
+        alone.cancel()
+        pair[0].cancel()
+        await asyncio.sleep(0.01)
+        assert cancelled == [["a"]]  # nobody waits for it any more; ["b", "c"] still has "c"
+        return await pair[1]
+
+    assert asyncio.run(main()) == "out-c" and cancelled == [["a"]]

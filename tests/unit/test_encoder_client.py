@@ -11,8 +11,8 @@ import pytest
 from ray.exceptions import RayActorError
 
 from siglip_serve.serve.encoder_client import EncoderClient, calls_in_flight, worth_coalescing
-from siglip_serve.serve.encoder_deployment import DeadlineExceeded
 from siglip_serve.serve.errors import ApiError
+from siglip_serve.serve.tower_replica import DeadlineExceeded
 
 
 class Response:

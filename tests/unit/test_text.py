@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -172,18 +170,6 @@ def test_text_config_defaults_and_limits() -> None:
             ServiceConfig.from_args({"model": "tiny-siglip", **bad})
 
 
-def test_text_off_answers_404_and_lists_only_images() -> None:
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.text_routes import TextRoutes
-
-    routes = TextRoutes()
-    routes._init_text(None, ServiceConfig.from_args({"model": "tiny-siglip", "text_replicas": 0}))
-    assert routes.modalities == ["image"] and asyncio.run(routes.text_info()) is None
-    with pytest.raises(ApiError) as error:
-        asyncio.run(routes.encode_texts(["cat"]))
-    assert error.value.status == 404 and "text_replicas: 0" in error.value.message
-
-
 def test_run_refuses_a_missing_tokenizer_before_ray(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -196,6 +182,29 @@ def test_run_refuses_a_missing_tokenizer_before_ray(tmp_path: Path) -> None:
     assert "Started a local Ray" not in out.stderr
 
 
+def test_the_default_turns_text_off_in_seconds_without_a_tokenizer_or_hub(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An air-gapped host (no tokenizer: DIR, the hub unreachable): images from a local checkpoint must
+    start, without the hub client's retries; text asked for is refused at once, naming the fix."""
+    import time
+
+    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.runner import preflight_tokenizer
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: connection refused
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    began = time.monotonic()
+    config = preflight_tokenizer(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True}))
+    assert config.text_replica_count == 0 and "127.0.0.1:9 is unreachable" in (config.text_off_reason or "")
+    assert "text routes off" in caplog.text and "tokenizer: DIR" in caplog.text
+    with pytest.raises(ModelLoadError, match=r"text_replicas: 1 needs ViT-B-16-SigLIP's tokenizer.*tokenizer: DIR"):
+        preflight_tokenizer(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True,
+                                                     "text_replicas": 1}))
+    assert time.monotonic() - began < 10
+    tiny = preflight_tokenizer(ServiceConfig.from_args({"model": "tiny-siglip"}))  # its tokenizer is bundled
+    assert tiny.text_replica_count == 1 and tiny.text_off_reason is None
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype, bar", [("fp32", 0.9999), ("bf16", 0.999)])
 def test_cuda_text_encoder_matches_the_cpu_one(dtype: str, bar: float) -> None:
@@ -203,44 +212,6 @@ def test_cuda_text_encoder_matches_the_cpu_one(dtype: str, bar: float) -> None:
     cuda = create_text_encoder(ModelSettings(model="tiny-siglip", backend="cuda", cuda_dtype=dtype))
     assert cuda.backend == "cuda"
     assert np.min(np.sum(cuda.encode(TEXTS) * cpu, axis=1)) >= bar
-
-
-class RecordingTextHandle:
-    """Stands in for the TextEncoder deployment handle (`embed.remote(texts, deadline)`, awaitable),
-    answering a fixed embedding per text and recording every call. It does not prove Serve's routing,
-    batching or deadlines (tests/integration/test_text_http.py runs the real deployment)."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-        self.embed = self
-
-    def remote(self, texts: list[str], deadline: float) -> asyncio.Future[np.ndarray]:
-        self.calls.append(list(texts))
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        future.set_result(np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(4) for t in texts]))
-        return future
-
-
-def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.text_routes import TextRoutes
-
-    handle = RecordingTextHandle()
-    routes = TextRoutes()
-    routes.config = ServiceConfig.from_args({"model": "tiny-siglip", "classify_cache_size": 3})
-    routes._init_text(handle, routes.config)  # type: ignore[arg-type]  # a stand-in, not a DeploymentHandle
-
-    async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        first = await routes.embed_prompts(["cat", "dog"])
-        again = await routes.embed_prompts(["dog", "cat", "car"])
-        evicted = await routes.embed_prompts(["bird", "cat"])
-        return first, again, evicted
-
-    first, again, evicted = asyncio.run(scenario())
-    assert handle.calls == [["cat", "dog"], ["car"], ["bird"]]
-    np.testing.assert_array_equal(again[:2], first[::-1])
-    np.testing.assert_array_equal(evicted[1], first[0])
-    assert list(routes._prompt_cache) == ["car", "cat", "bird"]  # "dog", least recently used, went first
 
 
 @pytest.mark.parametrize("backend", ["neuron", "neuron-native"])

@@ -91,6 +91,10 @@ class ServiceConfig(ModelSettings):
                                                              "before tokenizing")
     max_text_chars: int = Field(1000, ge=1, description="characters in one text, checked before tokenizing")
     # A fixed label set is embedded once, not per request.
+    # SigLIP is not trained for truncation (Matryoshka): a shorter vector loses accuracy, so `dimensions`
+    # below the model's size is refused unless the operator accepts that here.
+    allow_dimension_truncation: bool = Field(False, description="honour `dimensions` below the model's size by "
+                                             "truncating and re-normalising (lossy); off: such requests get 400")
     classify_cache_size: int = Field(4096, ge=0, description="classify prompts whose text embeddings each ingress "
                                                              "keeps, least recently used out first; 0: no cache")
     # Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.

@@ -10,11 +10,13 @@ routes share.
 
 # No `from __future__ import annotations`: FastAPI resolves route parameter types at runtime.
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 from ray import serve
@@ -22,20 +24,21 @@ from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.embed_request import EmbeddingsRequest, read_items
+from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions
 from siglip_serve.serve.errors import ApiError, ErrorType, error_response, install_error_handlers
 from siglip_serve.serve.http_body import (
-    EmbeddingsRequest,
     HeaderLimits,
     check_image_content_type,
     file_labels,
     is_multipart,
     multipart_files,
-    parse_json_request,
+    parse_json,
     read_body,
     render_embeddings,
 )
 from siglip_serve.serve.openapi import install_openapi, openapi_document
-from siglip_serve.serve.text_routes import TextRoutes, input_kind
+from siglip_serve.serve.text_routes import TextRoutes, check_texts
 
 log = logging.getLogger("siglip_serve.ingress")
 
@@ -66,20 +69,68 @@ class Ingress(TextRoutes):
         global _count_error_in_replica
         _count_error_in_replica = self._count_error
 
-    async def _serve_images(self, request: Request, endpoint: str, items: Sequence[bytes | str],
-                            labels: Sequence[str], deadline: float, encoding_format: str = "float") -> Response:
+    async def _serve(self, endpoint: str, kinds: Sequence[str], values: Sequence[bytes | str], labels: Sequence[str],
+                     deadline: float, encoding: str = "float", dimensions: int | None = None,
+                     read_as: bool = False) -> Response:
+        """Each item (`kinds[i]`: "image" or "text") through its tower; the answer in input order. Every
+        limit is checked before any decoding or tokenizing; both towers' queues admit their part."""
         async def work() -> Response:
-            if len(items) > self.config.max_images_per_request:
+            cut = check_dimensions(dimensions, int(self.model["embed_dim"]), self.config.allow_dimension_truncation)
+            images = [i for i, kind in enumerate(kinds) if kind == "image"]
+            texts = [i for i, kind in enumerate(kinds) if kind == "text"]
+            limit = self.config.max_images_per_request
+            if len(images) > limit:
                 raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
-                               f"{len(items)} images in one request; the limit is {self.config.max_images_per_request}")
-            async with self._admitted("image", len(items), deadline):
-                images = await self.images.prepare_all(items, labels)
-                embeddings = await self._encode("image", images, deadline)
-            response = render_embeddings(embeddings, self.model["name"], encoding_format)
-            self.metrics.images_embedded.inc(len(embeddings), tags={"endpoint": endpoint})
+                               f"{len(images)} images in one request; the limit is {limit}")
+            text_values = [str(values[i]) for i in texts]
+            if texts:
+                self._require_text()
+                check_texts(text_values, [labels[i] for i in texts], self.config)
+            async with contextlib.AsyncExitStack() as admitted:
+                for tower, count in (("image", len(images)), ("text", len(texts))):
+                    if count:
+                        await admitted.enter_async_context(self._admitted(tower, count, deadline))
+                tasks = [asyncio.ensure_future(self._embed_images([values[i] for i in images],
+                                                                  [labels[i] for i in images], deadline)),
+                         asyncio.ensure_future(self._encode("text", text_values, deadline) if texts else _nothing())]
+                try:
+                    parts = await asyncio.gather(*tasks)
+                except BaseException:
+                    for task in tasks:  # one tower failed (a bad image): the other's work is not wanted
+                        task.cancel()
+                    raise
+            rows = _in_order(len(kinds), (images, parts[0]), (texts, parts[1]))
+            if cut is not None:
+                rows = cut_dimensions(rows, cut)
+            response = render_embeddings(rows, self.model["name"], encoding, images=len(images), texts=len(texts),
+                                         read_as=kinds if read_as else None)
+            if images:
+                self.metrics.images_embedded.inc(len(images), tags={"endpoint": endpoint})
+            if texts:
+                self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": "embeddings"})
             return response
 
         return await self._timed(endpoint, work(), deadline)
+
+    async def _embed_images(self, values: Sequence[bytes | str], labels: Sequence[str],
+                            deadline: float) -> np.ndarray | None:
+        if not values:
+            return None
+        return await self._encode("image", await self.images.prepare_all(values, labels), deadline)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _in_order(count: int, *parts: tuple[list[int], np.ndarray | None]) -> np.ndarray:
+    """Each tower's rows put back at their items' places in the request."""
+    width = next(rows.shape[1] for _, rows in parts if rows is not None)
+    out = np.empty((count, width), dtype=np.float32)
+    for places, rows in parts:
+        if rows is not None:
+            out[places] = rows
+    return out
 
 
 @serve.ingress(app)
@@ -89,12 +140,12 @@ class IngressDeployment(Ingress):
         self._check_auth(request)
         async with self._deadline() as deadline:
             body = await read_body(request, self.config.max_body_bytes)
-            parsed, items, labels = parse_json_request(body, EmbeddingsRequest, self.model["name"])
-            if not items:
-                raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image or text is needed")
-            if input_kind(items, labels) == "text":
-                return await self.serve_texts(items, labels, parsed.encoding_format, deadline)
-            return await self._serve_images(request, "embeddings", items, labels, deadline, parsed.encoding_format)
+            parsed = parse_json(body, EmbeddingsRequest, self.model["name"])
+            items = read_items(parsed)
+            kinds = [item.kind for item in items]
+            endpoint = "text" if set(kinds) == {"text"} else "embeddings"
+            return await self._serve(endpoint, kinds, [item.value for item in items], [item.label for item in items],
+                                     deadline, parsed.encoding(), parsed.dimensions, read_as=True)
 
     @app.post("/v1/classify")
     async def classify(self, request: Request) -> Response:
@@ -111,10 +162,10 @@ class IngressDeployment(Ingress):
         async with self._deadline() as deadline:
             body = await read_body(request, self.config.max_body_bytes)
             if not multipart:
-                return await self._serve_images(request, "image", [body], ["image"], deadline)
+                return await self._serve("image", ["image"], [body], ["image"], deadline)
             files = await multipart_files(request, body)
-            return await self._serve_images(request, "multipart", [data for _, data in files], file_labels(files),
-                                            deadline)
+            return await self._serve("multipart", ["image"] * len(files), [data for _, data in files],
+                                     file_labels(files), deadline)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:

@@ -45,29 +45,56 @@ EMBEDDINGS_SCHEMA: dict[str, Any] = {
                 "object": {"type": "string", "enum": ["embedding"]},
                 "index": {"type": "integer", "minimum": 0},
                 "embedding": {"oneOf": [
-                    {"type": "array", "items": {"type": "number"}, "description": "encoding_format float"},
+                    {"type": "array", "items": {"type": "number"},
+                     "description": "float; integers for int8, uint8, binary, ubinary"},
                     {"type": "string", "description": "encoding_format base64: little-endian float32"},
                 ]},
+                "scale": {"type": "number", "description": "int8 / uint8 only: the vector is ~ q / scale "
+                                                          "(uint8: (q - 128) / scale)"},
             },
         }},
         "model": {"type": "string"},
         "usage": {"type": "object", "properties": {
-            "images": {"type": "integer"}, "prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+            "images": {"type": "integer"}, "texts": {"type": "integer"},
+            "prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+            "read_as": {"type": "array", "items": {"type": "string", "enum": ["image", "text"]},
+                        "description": "/v1/embeddings: how each input item was read, in order"},
         }},
     },
 }
+
+_IMAGE_STRINGS = {"oneOf": [
+    {"type": "string", "description": "an image: a data URI (data:image/png;base64,...) or bare base64 of the file"},
+    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+]}
+_TYPED_ITEM: dict[str, Any] = {"oneOf": [
+    {"type": "object", "required": ["type", "image"], "additionalProperties": False,
+     "properties": {"type": {"type": "string", "enum": ["image"]},
+                    "image": {"type": "string", "description": "a data URI or bare base64 of the image file"}}},
+    {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+     "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}},
+]}
+_ITEM: dict[str, Any] = {"oneOf": [
+    {"type": "string", "description": "an image or a text: read by `modality`, else an image when it is a data "
+                                      "URI or base64 of an image file's bytes, else a text (docs/http-api.md)"},
+    _TYPED_ITEM,
+]}
+_ENCODINGS = ["float", "base64", "int8", "uint8", "binary", "ubinary"]
 
 JSON_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["input"],
     "properties": {
-        "input": {"oneOf": [
-            {"type": "string", "description": "an image (a data URI, data:image/png;base64,..., or bare base64 of "
-                                              "32+ characters) or a text (anything else); all images or all texts"},
-            {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        ]},
+        "input": {"oneOf": [_ITEM, {"type": "array", "items": _ITEM, "minItems": 1}]},
         "model": {"type": "string", "description": "optional; must name the served model"},
-        "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+        "modality": {"type": "string", "enum": ["image", "text"],
+                     "description": "optional: read every string item as this (a broken image then fails as one)"},
+        "encoding_format": {"type": "string", "enum": _ENCODINGS, "default": "float"},
+        "embedding_types": {"description": "Cohere's name for encoding_format (one type per request)",
+                            "oneOf": [{"type": "string", "enum": _ENCODINGS},
+                                      {"type": "array", "items": {"type": "string", "enum": _ENCODINGS}}]},
+        "dimensions": {"type": "integer", "minimum": 1,
+                       "description": "the model's size, or fewer where the operator allows truncation"},
     },
 }
 
@@ -75,7 +102,7 @@ CLASSIFY_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["input", "labels"],
     "properties": {
-        "input": JSON_REQUEST_SCHEMA["properties"]["input"],
+        "input": _IMAGE_STRINGS,
         "labels": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "distinct labels"},
         "template": {"type": "string", "default": "{}", "description": "with exactly one {}, e.g. 'a photo of {}'"},
         "model": {"type": "string", "description": "optional; must name the served model"},
@@ -102,12 +129,12 @@ CLASSIFY_SCHEMA: dict[str, Any] = {
 }
 
 _WHY = {
-    400: "empty body, malformed multipart, or an image that cannot be decoded",
+    400: "empty body, malformed multipart, an image that cannot be decoded, or dimensions not served",
     401: "missing or wrong API key (only when the service has one)",
     404: "texts or classify where the service runs no text tower",
     413: "body, image, request pixels or text over the configured limit",
     415: "content type that is not an image",
-    422: "JSON that does not match the request schema, too many images or texts, images mixed with texts",
+    422: "JSON that does not match the request schema, too many images or texts, a typed item against modality",
     431: "more than 100 headers, or more than 64 KiB of them",
     500: "unexpected server error (the message never echoes its cause)",
     503: "not ready yet, shutting down, at capacity, or a replica lost (Retry-After says when to retry)",
@@ -132,7 +159,7 @@ _EMBED_ERRORS = (400, 401, 404, 413, 415, 422, 431, 500, 503, 504)
 
 ROUTES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/embeddings"): {
-        "summary": "Embed images sent as base64 in OpenAI's embeddings request shape",
+        "summary": "Embed images (base64) and texts in OpenAI's embeddings request shape",
         "openapi_extra": {"requestBody": {"required": True, "content": {
             "application/json": {"schema": JSON_REQUEST_SCHEMA}}}},
         "responses": {**_ok(EMBEDDINGS_SCHEMA, "one embedding per input, in order"), **_errors(*_EMBED_ERRORS)},

@@ -1,21 +1,17 @@
-"""The ingress's text half: text inputs on /v1/embeddings and zero-shot /v1/classify (docs/http-api.md).
+"""The ingress's text half: the text checks and zero-shot /v1/classify (docs/http-api.md).
 
-Which `input` items are text: an item is an image when it is a data URI (`data:...`), or when it is
-at least MIN_BARE_IMAGE_CHARS characters of nothing but the base64 alphabet (A-Z a-z 0-9 + / - _,
-`=` padding at the end; no spaces or punctuation), i.e. bare base64; every other string is text.
-Bare base64 that is no valid image then fails as an image (400), as it always has. One request holds images or texts,
-never both (422 naming the rule). Texts are checked (empty, too long, too many) before any
-tokenizing, then sent in chunks of at most the largest text bucket to the TextEncoder deployment.
+Which `/v1/embeddings` items are texts is serve/embed_request.py's rule. Texts are checked (empty, too
+long, too many) before any tokenizing, then admitted and encoded like images (serve/ingress_core.py),
+in calls of at most the largest text bucket to the TextEncoder deployment.
 """
 
 # No `from __future__ import annotations`: FastAPI-facing types are resolved at runtime.
 import asyncio
 import json
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from fastapi import Request, Response
@@ -25,41 +21,13 @@ from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.errors import ApiError, ErrorType
 from siglip_serve.serve.http_body import (
     DEFAULT_TEMPLATE,
-    ClassifyRequest,
     file_labels,
     is_multipart,
     multipart_form,
-    parse_json_request,
+    parse_classify_request,
     read_body,
-    render_embeddings,
 )
 from siglip_serve.serve.ingress_core import IngressCore
-
-# No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
-MIN_BARE_IMAGE_CHARS = 32
-_BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
-RULE = ("an item is an image when it is a data URI, or 32+ characters of only base64 characters "
-        "(no spaces); anything else is text")
-
-
-def is_image_item(item: str) -> bool:
-    """The text/image rule for one `input` string (see the module docstring)."""
-    stripped = item.strip()
-    if stripped[:5].lower() == "data:":
-        return True
-    return len(stripped) >= MIN_BARE_IMAGE_CHARS and _BARE_BASE64.fullmatch(stripped) is not None
-
-
-def input_kind(items: Sequence[str], labels: Sequence[str]) -> Literal["image", "text"]:
-    kinds = [is_image_item(item) for item in items]
-    if all(kinds):
-        return "image"
-    if not any(kinds):
-        return "text"
-    first_image, first_text = kinds.index(True), kinds.index(False)
-    raise ApiError(422, ErrorType.INVALID_REQUEST,
-                   f"{labels[first_image]} is an image and {labels[first_text]} is text: one request embeds images "
-                   f"or texts, not both ({RULE}); send them in separate requests")
 
 
 def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConfig, what: str = "texts") -> None:
@@ -123,17 +91,6 @@ class TextRoutes(IngressCore):
                 self._prompt_cache.popitem(last=False)
         return np.stack([found[p] for p in prompts])
 
-    async def serve_texts(self, texts: Sequence[str], labels: Sequence[str], encoding_format: str,
-                          deadline: float) -> Response:
-        async def work() -> Response:
-            self._require_text()
-            check_texts(texts, labels, self.config)
-            embeddings = await self.encode_texts(texts, deadline)
-            self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": "embeddings"})
-            return render_embeddings(embeddings, self.model["name"], encoding_format, texts=len(texts))
-
-        return await self._timed("text", work(), deadline)
-
     async def classify_request(self, request: Request, deadline: float) -> Response:
         """/v1/classify's body, under the ingress's auth check and deadline (`time.monotonic()`)."""
         self._require_text()
@@ -149,7 +106,7 @@ class TextRoutes(IngressCore):
             if not labels:
                 raise ApiError(422, ErrorType.INVALID_REQUEST, "labels: give one or more `labels` form fields")
         else:
-            parsed, json_items, image_labels = parse_json_request(body, ClassifyRequest, self.model["name"])
+            parsed, json_items, image_labels = parse_classify_request(body, self.model["name"])
             items = list(json_items)
             labels, template = parsed.labels, parsed.template
         return await self._timed("classify", self._classify(items, image_labels, labels, template, deadline), deadline)

@@ -149,12 +149,13 @@ def test_json_errors_name_the_item(client: httpx.Client, photo_jpegs: list[bytes
     error = assert_error(client.post("/v1/embeddings", json={"input": [good, "data:image/jpeg;base64,not base64!!"]}),
                          400, "invalid_base64")
     assert "input[1]" in error["message"]
-    bad_image = base64.b64encode(b"\x00" * 100).decode()
-    error = assert_error(client.post("/v1/embeddings", json={"input": [good, good, bad_image]}), 400, "invalid_image")
+    bad_image = base64.b64encode(b"\x00" * 100).decode()  # valid base64 of no image format
+    error = assert_error(client.post("/v1/embeddings", json={"input": [good, good, bad_image], "modality": "image"}),
+                         400, "invalid_image")
     assert "input[2]" in error["message"]
     assert_error(client.post("/v1/embeddings", json={"input": 5}), 422, "invalid_request")
-    int8 = client.post("/v1/embeddings", json={"input": [good], "encoding_format": "int8"})
-    assert_error(int8, 422, "invalid_request")
+    int4 = client.post("/v1/embeddings", json={"input": [good], "encoding_format": "int4"})
+    assert_error(int4, 422, "invalid_request")
     assert_error(client.post("/v1/embeddings", json={"input": []}), 422, "invalid_request")
     assert_error(client.post("/v1/embeddings", content=b"{not json", headers={"Content-Type": "application/json"}),
                  422, "invalid_request")

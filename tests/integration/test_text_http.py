@@ -72,10 +72,7 @@ def test_text_embeddings_match_the_in_process_text_tower(client: httpx.Client, t
                                text_reference.encode(many), atol=1e-5)
 
 
-def test_text_input_errors(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
-    image = base64.b64encode(photo_jpegs[0]).decode()
-    mixed = assert_error(client.post("/v1/embeddings", json={"input": ["a cat", image]}), 422, "invalid_request")
-    assert "input[1] is an image and input[0] is text" in mixed["message"] and "not both" in mixed["message"]
+def test_text_input_errors(client: httpx.Client) -> None:
     empty = assert_error(client.post("/v1/embeddings", json={"input": ["cat", "  "]}), 422, "invalid_request")
     assert "input[1]" in empty["message"]
     long = assert_error(client.post("/v1/embeddings", json={"input": ["x " * 600]}), 413, "text_too_long")
@@ -84,6 +81,70 @@ def test_text_input_errors(client: httpx.Client, photo_jpegs: list[bytes]) -> No
     assert "64" in many["message"]
     assert_error(client.post("/v1/embeddings", json={"input": ["cat", 3]}), 422, "invalid_request")
     assert_error(client.post("/v1/embeddings", json={"input": {"text": "cat"}}), 422, "invalid_request")
+
+
+def test_a_mixed_request_keeps_input_order_and_says_how_each_item_was_read(
+        client: httpx.Client, photo_jpegs: list[bytes], text_reference: TextEncoder,
+        tiny_reference: TinyReference) -> None:
+    bare = base64.b64encode(photo_jpegs[0]).decode()
+    body = client.post("/v1/embeddings", json={"input": [
+        "a cat", bare, {"type": "text", "text": bare[:50]}, {"type": "image", "image": data_uri(photo_jpegs[1])}]})
+    assert body.status_code == 200, body.text
+    answer = body.json()
+    assert answer["usage"]["read_as"] == ["text", "image", "text", "image"]
+    assert (answer["usage"]["images"], answer["usage"]["texts"]) == (2, 2)
+    rows = np.array([item["embedding"] for item in answer["data"]], dtype=np.float32)
+    texts = text_reference.encode(["a cat", bare[:50]])
+    assert cosine(rows[0], texts[0]) >= 0.9999 and cosine(rows[2], texts[1]) >= 0.9999
+    assert cosine(rows[1], tiny_reference.embed(photo_jpegs[0])) >= 0.9999
+    assert cosine(rows[3], tiny_reference.embed(photo_jpegs[1])) >= 0.9999
+
+
+def test_a_client_that_says_image_gets_the_images_own_error(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
+    bare = base64.b64encode(photo_jpegs[0]).decode()
+    broken = bare[:40] + "!" + bare[41:]
+    # Without a modality the broken image reads as a (long) text, as the compatibility rule says.
+    guessed = assert_error(client.post("/v1/embeddings", json={"input": [bare, broken]}), 413, "text_too_long")
+    assert "input[1]" in guessed["message"]
+    for body, label in (({"input": [bare, broken], "modality": "image"}, "input[1]"),
+                        ({"input": [{"type": "image", "image": broken}]}, "input[0]")):
+        error = assert_error(client.post("/v1/embeddings", json=body), 400, "invalid_base64")
+        assert label in error["message"]
+    wrong = assert_error(client.post("/v1/embeddings", json={"input": [{"type": "text", "text": "x"}],
+                                                             "modality": "image"}), 422, "invalid_request")
+    assert "typed text" in wrong["message"]
+
+
+def test_dimensions_and_quantized_encodings_over_http(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
+    image = data_uri(photo_jpegs[2])
+    full = client.post("/v1/embeddings", json={"input": [image, "a cat"], "dimensions": 64})
+    assert full.status_code == 200, full.text
+    floats = np.array([item["embedding"] for item in full.json()["data"]], dtype=np.float32)
+    refused = assert_error(client.post("/v1/embeddings", json={"input": [image], "dimensions": 32}),
+                           400, "invalid_request")
+    assert "allow_dimension_truncation" in refused["message"]
+    int8 = client.post("/v1/embeddings", json={"input": [image, "a cat"], "encoding_format": "int8"}).json()
+    for item, want in zip(int8["data"], floats, strict=True):
+        q = np.array(item["embedding"], dtype=np.float32)
+        assert q.min() >= -127 and q.max() <= 127 and np.abs(q).max() == 127
+        np.testing.assert_allclose(q / item["scale"], want, atol=0.5 / item["scale"] + 1e-6)
+    ubinary = client.post("/v1/embeddings", json={"input": [image], "embedding_types": ["ubinary"]}).json()
+    assert ubinary["data"][0]["embedding"] == np.packbits(floats[0] > 0).tolist()
+
+
+def test_the_openai_client_works_unchanged(main_app: str, photo_jpegs: list[bytes], text_reference: TextEncoder,
+                                           tiny_reference: TinyReference) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{main_app}/v1", api_key=API_KEY, timeout=TIMEOUT)
+    # The client asks for base64 unless told (and decodes it); then floats as asked.
+    both = client.embeddings.create(model="tiny-siglip", input=["a photo of a cat", data_uri(photo_jpegs[0])])
+    floats = client.embeddings.create(model="tiny-siglip", input="rocket", encoding_format="float")
+    got = [np.array(item.embedding, dtype=np.float32) for item in (*both.data, *floats.data)]
+    assert [len(row) for row in got] == [64, 64, 64]
+    assert cosine(got[0], text_reference.encode(["a photo of a cat"])[0]) >= 0.9999
+    assert cosine(got[1], tiny_reference.embed(photo_jpegs[0])) >= 0.9999
+    assert cosine(got[2], text_reference.encode(["rocket"])[0]) >= 0.9999
 
 
 def test_models_lists_modalities_and_the_text_tower(client: httpx.Client) -> None:

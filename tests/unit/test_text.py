@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from siglip_serve.models.loading import ModelLoadError, _register_tiny, load_emb
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, create_text_encoder, load_text_tower
 from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.text_routes import input_kind, is_image_item, prompts_of, zero_shot
+from siglip_serve.serve.text_routes import prompts_of, zero_shot
 from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
@@ -118,30 +117,6 @@ def test_tokenizer_and_checkpoint_problems_are_one_clear_line(tmp_path: Path) ->
     torch.save(model.visual.state_dict(), tmp_path / "visual.pt")
     with pytest.raises(ModelLoadError, match="no text-tower weights"):
         load_text_tower(ModelSettings(model=CHECKPOINT_MODEL, checkpoint=tmp_path / "visual.pt"))
-
-
-def test_input_rule_tells_images_from_texts(photo_jpegs: list[bytes]) -> None:
-    import io
-
-    from PIL import Image
-
-    bare = base64.b64encode(photo_jpegs[0]).decode()
-    assert is_image_item("data:image/jpeg;base64," + bare) and is_image_item(bare)
-    assert is_image_item("data:,anything")  # a data URI is always an image (and fails as one if bad)
-    for fmt in ("PNG", "GIF", "BMP", "TIFF", "WEBP"):
-        buf = io.BytesIO()
-        Image.new("RGB", (8, 8)).save(buf, format=fmt)
-        assert is_image_item(base64.b64encode(buf.getvalue()).decode()), fmt
-    assert is_image_item(base64.urlsafe_b64encode(photo_jpegs[0]).decode())
-    assert is_image_item(base64.b64encode(b"\x00" * 100).decode())  # bare base64: an image, if a bad one
-    for text in ("a photo of a cat", "cat", "supercalifragilistic", "/9j/", bare[:31], "not base64!!",
-                 "https://example.com/cat.jpg", "hello world " * 10):
-        assert not is_image_item(text), text
-    assert input_kind([bare, bare], ["input[0]", "input[1]"]) == "image"
-    assert input_kind(["cat", "dog"], ["input[0]", "input[1]"]) == "text"
-    with pytest.raises(ApiError) as mixed:
-        input_kind(["cat", bare], ["input[0]", "input[1]"])
-    assert mixed.value.status == 422 and "input[1] is an image and input[0] is text" in mixed.value.message
 
 
 def test_prompt_template_rules() -> None:

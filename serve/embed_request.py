@@ -1,0 +1,122 @@
+"""What a /v1/embeddings request asks for (docs/http-api.md): its items, each read as an image or a
+text, the output encoding and `dimensions`.
+
+An item is typed (`{"type": "image", "image": ...}` / `{"type": "text", "text": ...}`, as Cohere's and
+vLLM's typed inputs), or a string read by the request's `modality` (Infinity's field), or, with
+neither, by the compatibility rule: a data URI, or bare base64 whose first bytes are the signature of
+an image format the service decodes, is an image; anything else is text. So a broken base64 image
+sent without a modality can still read as text; a client that sends images says so and gets the
+image's own error (400 naming the item). Every answer says how each item was read (`usage.read_as`).
+Nothing here knows Ray or torch.
+"""
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from siglip_serve.serve.errors import ApiError, ErrorType
+
+Modality = Literal["image", "text"]
+# float / base64 (little-endian float32) as OpenAI; int8 / uint8 / binary / ubinary as Cohere, vLLM
+# and NIM name them (serve/quantize.py says how each is made).
+Encoding = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
+
+# No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
+MIN_BARE_IMAGE_CHARS = 32
+_BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
+_URLSAFE_TO_STD = str.maketrans("-_", "+/")
+# The first bytes of every format the service decodes (serve/http_body.py IMAGE_MEDIA_TYPES).
+_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
+RULE = ("without `modality` or typed items, an item is an image when it is a data URI, or bare base64 "
+        "that decodes to a JPEG, PNG, WebP, GIF, BMP or TIFF signature; anything else is text")
+
+
+class ImageItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["image"]
+    image: str = Field(description="a data URI or bare base64 of the image file")
+
+
+class TextItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+TypedItem = Annotated[ImageItem | TextItem, Field(discriminator="type")]
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request shape, with images beside texts."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | TypedItem | list[str | TypedItem]
+    model: str | None = None
+    modality: Modality | None = None
+    encoding_format: Encoding | None = None
+    # Cohere's name for the same choice, accepted as an alias (one type per request).
+    embedding_types: Encoding | list[Encoding] | None = None
+    dimensions: int | None = Field(None, ge=1)
+
+    def encoding(self) -> Encoding:
+        """`encoding_format`, or `embedding_types` as its alias; float when neither is given."""
+        alias = self.embedding_types
+        if isinstance(alias, list):
+            if len(set(alias)) > 1:
+                raise ApiError(422, ErrorType.INVALID_REQUEST,
+                               f"embedding_types: one type per request, got {alias}; send one request per type")
+            alias = alias[0] if alias else None
+        if alias is not None and self.encoding_format is not None and alias != self.encoding_format:
+            raise ApiError(422, ErrorType.INVALID_REQUEST,
+                           f"encoding_format {self.encoding_format!r} and embedding_types {alias!r} disagree; "
+                           "send one of them")
+        return self.encoding_format or alias or "float"
+
+
+@dataclass(frozen=True)
+class Item:
+    kind: Modality
+    value: str
+    label: str  # how messages name it: input, input[3]
+
+
+def looks_like_image(item: str) -> bool:
+    """The compatibility rule for an untyped string without `modality` (see the module docstring)."""
+    stripped = item.strip()
+    if stripped[:5].lower() == "data:":
+        return True
+    if len(stripped) < MIN_BARE_IMAGE_CHARS or _BARE_BASE64.fullmatch(stripped) is None:
+        return False
+    try:
+        head = base64.b64decode(stripped[:16].translate(_URLSAFE_TO_STD), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return head.startswith(_SIGNATURES) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+
+
+def read_items(request: EmbeddingsRequest) -> list[Item]:
+    """Each input item with the tower it goes to, in order; 422 for an empty input or a typed item
+    that contradicts `modality`."""
+    raw = request.input if isinstance(request.input, list) else [request.input]
+    labels = [f"input[{i}]" for i in range(len(raw))] if isinstance(request.input, list) else ["input"]
+    if not raw:
+        raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image or text is needed")
+    items = []
+    for value, label in zip(raw, labels, strict=True):
+        if isinstance(value, ImageItem | TextItem):
+            kind: Modality = value.type
+            if request.modality is not None and kind != request.modality:
+                raise ApiError(422, ErrorType.INVALID_REQUEST,
+                               f"{label} is typed {kind} but the request's modality is {request.modality}")
+            items.append(Item(kind, value.image if isinstance(value, ImageItem) else value.text, label))
+        else:
+            kind = request.modality or ("image" if looks_like_image(value) else "text")
+            items.append(Item(kind, value, label))
+    return items

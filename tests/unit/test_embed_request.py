@@ -1,0 +1,115 @@
+"""/v1/embeddings' request (serve/embed_request.py) and answer (serve/embedding_output.py): how items
+are read, the encoding alias, `dimensions`, and the quantized encodings against numpy."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from siglip_serve.serve.embed_request import EmbeddingsRequest, looks_like_image, read_items
+from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions, encode_rows
+from siglip_serve.serve.errors import ApiError
+
+
+def request(**body: object) -> EmbeddingsRequest:
+    return EmbeddingsRequest.model_validate(body)
+
+
+def kinds(**body: object) -> list[str]:
+    return [item.kind for item in read_items(request(**body))]
+
+
+def test_the_compatibility_rule_reads_image_signatures_not_base64_looks(photo_jpegs: list[bytes]) -> None:
+    from PIL import Image
+
+    bare = base64.b64encode(photo_jpegs[0]).decode()
+    assert looks_like_image("data:image/jpeg;base64," + bare) and looks_like_image(bare)
+    assert looks_like_image("data:,anything")  # a data URI is always an image (and fails as one if bad)
+    for fmt in ("PNG", "GIF", "BMP", "TIFF", "WEBP"):
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buf, format=fmt)
+        assert looks_like_image(base64.b64encode(buf.getvalue()).decode()), fmt
+    assert looks_like_image(base64.urlsafe_b64encode(photo_jpegs[0]).decode())
+    # Base64-looking words that are no image file: texts now (before: images, then a 400).
+    for text in ("a photo of a cat", "cat", "/9j/", bare[:31], "not base64!!", "https://example.com/cat.jpg",
+                 base64.b64encode(b"\x00" * 100).decode(), "Supercalifragilisticexpialidocious0123456789"):
+        assert not looks_like_image(text), text
+
+
+def test_typed_items_and_modality_decide_without_guessing(photo_jpegs: list[bytes]) -> None:
+    bare = base64.b64encode(photo_jpegs[0]).decode()
+    broken = bare[:40] + "!" + bare[41:]  # one bad character: by the rule alone this reads as text
+    assert kinds(input=[bare, "a cat", broken]) == ["image", "text", "text"]
+    assert kinds(input=[broken], modality="image") == ["image"]  # then answered 400 invalid_base64 as an image
+    assert kinds(input=bare, modality="text") == ["text"]
+    typed = read_items(request(input=[{"type": "text", "text": bare}, {"type": "image", "image": "cat"}, "dog"]))
+    assert [(i.kind, i.value, i.label) for i in typed] == [("text", bare, "input[0]"), ("image", "cat", "input[1]"),
+                                                            ("text", "dog", "input[2]")]
+    assert kinds(input={"type": "image", "image": bare}) == ["image"]
+    with pytest.raises(ApiError) as contradiction:
+        read_items(request(input=[{"type": "text", "text": "a cat"}], modality="image"))
+    assert contradiction.value.status == 422 and "input[0] is typed text" in contradiction.value.message
+    with pytest.raises(ApiError):
+        read_items(request(input=[]))
+    for bad in ({"input": [{"type": "audio", "audio": "x"}]}, {"input": "x", "modality": "video"},
+                {"input": [{"type": "text", "text": "x", "image": "y"}]}, {"input": "x", "dimensions": 0}):
+        with pytest.raises(ValidationError):
+            EmbeddingsRequest.model_validate(bad)
+
+
+def test_embedding_types_is_an_alias_of_encoding_format() -> None:
+    assert request(input="x").encoding() == "float"
+    assert request(input="x", embedding_types=["int8"]).encoding() == "int8"
+    assert request(input="x", embedding_types="ubinary", encoding_format="ubinary").encoding() == "ubinary"
+    for body in ({"embedding_types": ["int8", "binary"]}, {"embedding_types": "int8", "encoding_format": "float"}):
+        with pytest.raises(ApiError) as error:
+            request(input="x", **body).encoding()
+        assert error.value.status == 422
+
+
+def unit_rows(count: int, width: int, seed: int = 0) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((count, width)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_dimensions_are_refused_unless_truncation_is_allowed_then_cut_and_renormalised() -> None:
+    assert check_dimensions(None, 64, False) is None and check_dimensions(64, 64, False) is None
+    for dimensions, allowed in ((32, False), (65, True)):
+        with pytest.raises(ApiError) as error:
+            check_dimensions(dimensions, 64, allowed)
+        assert error.value.status == 400
+    assert "allow_dimension_truncation" in str(pytest.raises(ApiError, check_dimensions, 32, 64, False).value)
+    assert check_dimensions(32, 64, True) == 32
+    rows = unit_rows(3, 64)
+    cut = cut_dimensions(rows, 32)
+    np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(cut, rows[:, :32] / np.linalg.norm(rows[:, :32], axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_quantized_encodings_round_trip_against_numpy() -> None:
+    rows = unit_rows(4, 1152)
+    floats, none = encode_rows(rows, "float")
+    assert none is None and np.array_equal(np.stack(floats), rows)
+    packed, _ = encode_rows(rows, "base64")
+    assert np.array_equal(np.stack([np.frombuffer(base64.b64decode(p), "<f4") for p in packed]), rows)
+
+    q8, scales = encode_rows(rows, "int8")
+    assert scales is not None and all(r.dtype == np.int8 and np.abs(r).max() == 127 for r in q8)
+    back = np.stack(q8).astype(np.float32) / np.array(scales)[:, None]
+    assert np.abs(back - rows).max() <= 0.5 / min(scales) + 1e-7  # half a step of each row's scale
+    q8f = np.stack(q8).astype(np.float64)
+    cosines = np.sum(q8f * rows, axis=1) / np.linalg.norm(q8f, axis=1)
+    assert cosines.min() >= 0.999
+    u8, uscales = encode_rows(rows, "uint8")
+    assert uscales == scales and np.array_equal(np.stack(u8).astype(np.int16) - 128, np.stack(q8))
+
+    ubits, _ = encode_rows(rows, "ubinary")
+    assert np.stack(ubits).shape == (4, 144) and np.array_equal(np.unpackbits(np.stack(ubits), axis=1), rows > 0)
+    bits, _ = encode_rows(rows, "binary")
+    assert np.array_equal(np.stack(bits).astype(np.int16) + 128, np.stack(ubits))
+    odd, _ = encode_rows(unit_rows(1, 12), "ubinary")  # 12 dimensions: the last byte's low 4 bits are 0
+    assert len(odd[0]) == 2 and int(odd[0][1]) & 0x0F == 0

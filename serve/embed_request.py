@@ -1,5 +1,6 @@
-"""What a /v1/embeddings request asks for (docs/http-api.md): its items, each read as an image or a
-text, the output encoding and `dimensions`.
+"""What an embeddings request asks for (docs/http-api.md): its items, each read as an image or a text,
+the output encoding and `dimensions`. Two shapes, one reading: OpenAI's (/v1/embeddings) and Cohere's
+v2 (/v2/embed: `texts`, `images` or `inputs`), both turned into the same items for one code path.
 
 An item is typed (`{"type": "image", "image": ...}` / `{"type": "text", "text": ...}`, as Cohere's and
 vLLM's typed inputs), or a string read by the request's `modality` (Infinity's field), or, with
@@ -119,4 +120,75 @@ def read_items(request: EmbeddingsRequest) -> list[Item]:
         else:
             kind = request.modality or ("image" if looks_like_image(value) else "text")
             items.append(Item(kind, value, label))
+    return items
+
+
+# -- Cohere's v2 shape (/v2/embed) ---------------------------------------------------------
+
+class ImageUrl(BaseModel):
+    url: str = Field(description="a data URI of the image (no remote URLs: the service fetches nothing)")
+
+
+class CohereText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class CohereImage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class CohereInput(BaseModel):
+    content: list[Annotated[CohereText | CohereImage, Field(discriminator="type")]] = Field(min_length=1)
+
+
+def _float_only() -> list[Encoding]:
+    return ["float"]
+
+
+class CohereEmbedRequest(BaseModel):
+    """Cohere's v2 embed request (and vLLM's Cohere route): one of `texts`, `images`, `inputs`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    texts: list[str] | None = None
+    images: list[str] | None = None
+    inputs: list[CohereInput] | None = None
+    # SigLIP has no per-task prefixes: accepted for compatibility, no effect.
+    input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = None
+    embedding_types: list[Encoding] = Field(default_factory=_float_only, min_length=1)
+    output_dimension: int | None = Field(None, ge=1)
+    # Texts past the context length are cut at the end by the tokenizer, as open_clip does.
+    truncate: Literal["NONE", "END"] | None = None
+
+
+def read_cohere_items(request: CohereEmbedRequest) -> list[Item]:
+    """The same items as /v1/embeddings': `texts` are texts, `images` images, each `inputs` entry one
+    item; 422 when not exactly one of the three is given, or an input holds more than one content."""
+    given = [name for name in ("texts", "images", "inputs") if getattr(request, name) is not None]
+    if len(given) != 1:
+        raise ApiError(422, ErrorType.INVALID_REQUEST,
+                       f"give exactly one of texts, images or inputs (got {', '.join(given) or 'none'})")
+    if request.texts is not None:
+        items = [Item("text", text, f"texts[{i}]") for i, text in enumerate(request.texts)]
+    elif request.images is not None:
+        items = [Item("image", image, f"images[{i}]") for i, image in enumerate(request.images)]
+    else:
+        items = []
+        for i, entry in enumerate(request.inputs or []):
+            if len(entry.content) != 1:
+                raise ApiError(422, ErrorType.INVALID_REQUEST,
+                               f"inputs[{i}] has {len(entry.content)} contents; SigLIP embeds one image or one "
+                               "text per input (it does not fuse them): send each as its own input")
+            (part,) = entry.content
+            items.append(Item("text", part.text, f"inputs[{i}]") if isinstance(part, CohereText)
+                         else Item("image", part.image_url.url, f"inputs[{i}]"))
+    if not items:
+        raise ApiError(422, ErrorType.INVALID_REQUEST, f"{given[0]}: at least one item is needed")
     return items

@@ -8,6 +8,7 @@ costs and when; nothing here knows Ray. What comes out is image file bytes for m
 import base64
 import binascii
 import unicodedata
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
-from siglip_serve.serve.embed_request import EmbeddingsRequest
+from siglip_serve.serve.embed_request import CohereEmbedRequest, EmbeddingsRequest
 from siglip_serve.serve.embedding_output import encode_rows
 from siglip_serve.serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
 
@@ -120,7 +121,7 @@ class ClassifyRequest(BaseModel):
     model: str | None = None
 
 
-JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, ClassifyRequest)
+JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest)
 
 
 def parse_json(body: bytes, schema: type[JsonRequest], served_model: str) -> JsonRequest:
@@ -268,4 +269,24 @@ def render_embeddings(embeddings: np.ndarray, model: str, encoding: str, images:
     if read_as is not None:
         usage["read_as"] = list(read_as)
     body = {"object": "list", "data": data, "model": model, "usage": usage}
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+
+
+def render_cohere(embeddings: np.ndarray, model: str, encodings: Sequence[str], texts: Sequence[str],
+                  images: int) -> Response:
+    """Cohere's v2 embed answer: every asked encoding of every row, by type; int8/uint8 scales beside them."""
+    by_type: dict[str, Any] = {}
+    scales: dict[str, Any] = {}
+    for encoding in dict.fromkeys(encodings):
+        rows, row_scales = encode_rows(embeddings, encoding)
+        by_type[encoding] = rows
+        if row_scales is not None:
+            scales[encoding] = row_scales
+    body: dict[str, Any] = {
+        "id": uuid.uuid4().hex, "response_type": "embeddings_by_type", "embeddings": by_type,
+        "texts": list(texts), "model": model,
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"images": images, "input_tokens": 0}},
+    }
+    if scales:
+        body["scales"] = scales
     return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")

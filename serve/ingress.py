@@ -24,7 +24,7 @@ from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embed_request import EmbeddingsRequest, read_items
+from siglip_serve.serve.embed_request import CohereEmbedRequest, EmbeddingsRequest, read_cohere_items, read_items
 from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions
 from siglip_serve.serve.errors import ApiError, ErrorType, error_response, install_error_handlers
 from siglip_serve.serve.http_body import (
@@ -35,6 +35,7 @@ from siglip_serve.serve.http_body import (
     multipart_files,
     parse_json,
     read_body,
+    render_cohere,
     render_embeddings,
 )
 from siglip_serve.serve.openapi import install_openapi, openapi_document
@@ -61,6 +62,10 @@ install_error_handlers(app, _on_error)
 app.add_middleware(HeaderLimits, on_error=_on_error)
 
 
+# (rows in input order, images, texts) -> the route's answer.
+Render = Callable[[np.ndarray, int, int], Response]
+
+
 class Ingress(TextRoutes):
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
                  text_encoder: DeploymentHandle | None = None) -> None:
@@ -70,10 +75,10 @@ class Ingress(TextRoutes):
         _count_error_in_replica = self._count_error
 
     async def _serve(self, endpoint: str, kinds: Sequence[str], values: Sequence[bytes | str], labels: Sequence[str],
-                     deadline: float, encoding: str = "float", dimensions: int | None = None,
-                     read_as: bool = False) -> Response:
-        """Each item (`kinds[i]`: "image" or "text") through its tower; the answer in input order. Every
-        limit is checked before any decoding or tokenizing; both towers' queues admit their part."""
+                     deadline: float, render: Render | None = None, dimensions: int | None = None) -> Response:
+        """Each item (`kinds[i]`: "image" or "text") through its tower; the rows in input order, answered by
+        `render(rows, images, texts)` (the route's shape; float JSON by default). Every limit is checked
+        before any decoding or tokenizing; both towers' queues admit their part."""
         async def work() -> Response:
             cut = check_dimensions(dimensions, int(self.model["embed_dim"]), self.config.allow_dimension_truncation)
             images = [i for i, kind in enumerate(kinds) if kind == "image"]
@@ -102,8 +107,10 @@ class Ingress(TextRoutes):
             rows = _in_order(len(kinds), (images, parts[0]), (texts, parts[1]))
             if cut is not None:
                 rows = cut_dimensions(rows, cut)
-            response = render_embeddings(rows, self.model["name"], encoding, images=len(images), texts=len(texts),
-                                         read_as=kinds if read_as else None)
+            if render is None:
+                response = render_embeddings(rows, self.model["name"], "float", images=len(images), texts=len(texts))
+            else:
+                response = render(rows, len(images), len(texts))
             if images:
                 self.metrics.images_embedded.inc(len(images), tags={"endpoint": endpoint})
             if texts:
@@ -117,6 +124,11 @@ class Ingress(TextRoutes):
         if not values:
             return None
         return await self._encode("image", await self.images.prepare_all(values, labels), deadline)
+
+
+def _endpoint(kinds: Sequence[str], name: str) -> str:
+    """The request metric's endpoint label: "text" for texts alone, as before mixed requests existed."""
+    return "text" if set(kinds) == {"text"} else name
 
 
 async def _nothing() -> None:
@@ -143,9 +155,30 @@ class IngressDeployment(Ingress):
             parsed = parse_json(body, EmbeddingsRequest, self.model["name"])
             items = read_items(parsed)
             kinds = [item.kind for item in items]
-            endpoint = "text" if set(kinds) == {"text"} else "embeddings"
-            return await self._serve(endpoint, kinds, [item.value for item in items], [item.label for item in items],
-                                     deadline, parsed.encoding(), parsed.dimensions, read_as=True)
+            encoding = parsed.encoding()
+
+            def render(rows: np.ndarray, images: int, texts: int) -> Response:
+                return render_embeddings(rows, self.model["name"], encoding, images, texts, read_as=kinds)
+
+            return await self._serve(_endpoint(kinds, "embeddings"), kinds, [item.value for item in items],
+                                     [item.label for item in items], deadline, render, parsed.dimensions)
+
+    @app.post("/v2/embed")
+    async def embed_v2(self, request: Request) -> Response:
+        """Cohere's v2 embed shape on the same path as /v1/embeddings (serve/embed_request.py)."""
+        self._check_auth(request)
+        async with self._deadline() as deadline:
+            body = await read_body(request, self.config.max_body_bytes)
+            parsed = parse_json(body, CohereEmbedRequest, self.model["name"])
+            items = read_cohere_items(parsed)
+            kinds = [item.kind for item in items]
+            texts = [item.value for item in items if item.kind == "text"]
+
+            def render(rows: np.ndarray, images: int, _: int) -> Response:
+                return render_cohere(rows, self.model["name"], parsed.embedding_types, texts, images)
+
+            return await self._serve(_endpoint(kinds, "v2_embed"), kinds, [item.value for item in items],
+                                     [item.label for item in items], deadline, render, parsed.output_dimension)
 
     @app.post("/v1/classify")
     async def classify(self, request: Request) -> Response:

@@ -98,6 +98,51 @@ JSON_REQUEST_SCHEMA: dict[str, Any] = {
     },
 }
 
+_COHERE_CONTENT: dict[str, Any] = {"oneOf": [
+    {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+     "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}},
+    {"type": "object", "required": ["type", "image_url"], "additionalProperties": False,
+     "properties": {"type": {"type": "string", "enum": ["image_url"]},
+                    "image_url": {"type": "object", "required": ["url"],
+                                  "properties": {"url": {"type": "string", "description": "a data URI"}}}}},
+]}
+
+COHERE_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "exactly one of texts, images, inputs",
+    "properties": {
+        "model": {"type": "string", "description": "optional; must name the served model"},
+        "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "images": {"type": "array", "items": {"type": "string", "description": "a data URI or base64"},
+                   "minItems": 1},
+        "inputs": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["content"],
+            "properties": {"content": {"type": "array", "items": _COHERE_CONTENT, "minItems": 1, "maxItems": 1,
+                                       "description": "one text or one image per input (SigLIP fuses none)"}}}},
+        "input_type": {"type": "string", "enum": ["search_document", "search_query", "classification", "clustering",
+                                                  "image"], "description": "accepted; no effect on SigLIP"},
+        "embedding_types": {"type": "array", "items": {"type": "string", "enum": _ENCODINGS}, "minItems": 1,
+                            "default": ["float"]},
+        "output_dimension": {"type": "integer", "minimum": 1},
+        "truncate": {"type": "string", "enum": ["NONE", "END"]},
+    },
+}
+
+COHERE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "response_type", "embeddings", "texts", "meta"],
+    "properties": {
+        "id": {"type": "string"},
+        "response_type": {"type": "string", "enum": ["embeddings_by_type"]},
+        "embeddings": {"type": "object", "description": "per asked type, one row per input in order",
+                       "additionalProperties": {"type": "array", "items": {"type": "array"}}},
+        "scales": {"type": "object", "description": "int8 / uint8: each row's scale (row ~ q / scale)"},
+        "texts": {"type": "array", "items": {"type": "string"}},
+        "model": {"type": "string"},
+        "meta": {"type": "object"},
+    },
+}
+
 CLASSIFY_REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["input", "labels"],
@@ -163,6 +208,13 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
         "openapi_extra": {"requestBody": {"required": True, "content": {
             "application/json": {"schema": JSON_REQUEST_SCHEMA}}}},
         "responses": {**_ok(EMBEDDINGS_SCHEMA, "one embedding per input, in order"), **_errors(*_EMBED_ERRORS)},
+    },
+    ("POST", "/v2/embed"): {
+        "summary": "Cohere's v2 embed shape (texts, images or inputs; embeddings by type), same path as /v1/embeddings",
+        "openapi_extra": {"requestBody": {"required": True, "content": {
+            "application/json": {"schema": COHERE_REQUEST_SCHEMA}}}},
+        "responses": {**_ok(COHERE_SCHEMA, "every asked type, one row per input, in order"),
+                      **_errors(*_EMBED_ERRORS)},
     },
     ("POST", "/v1/embeddings/image"): {
         "summary": "Embed raw image bytes, or the file parts of a multipart form",

@@ -132,6 +132,29 @@ def test_dimensions_and_quantized_encodings_over_http(client: httpx.Client, phot
     assert ubinary["data"][0]["embedding"] == np.packbits(floats[0] > 0).tolist()
 
 
+def test_cohere_v2_embed_answers_the_same_embeddings_by_type(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
+    image = data_uri(photo_jpegs[3])
+    v1 = client.post("/v1/embeddings", json={"input": [{"type": "text", "text": "a cat"},
+                                                       {"type": "image", "image": image}]}).json()
+    want = np.array([item["embedding"] for item in v1["data"]], dtype=np.float32)
+    answer = client.post("/v2/embed", json={
+        "model": "tiny-siglip", "input_type": "search_document", "embedding_types": ["float", "int8", "ubinary"],
+        "inputs": [{"content": [{"type": "text", "text": "a cat"}]},
+                   {"content": [{"type": "image_url", "image_url": {"url": image}}]}]})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["response_type"] == "embeddings_by_type" and body["texts"] == ["a cat"]
+    assert body["meta"]["billed_units"]["images"] == 1
+    np.testing.assert_allclose(np.array(body["embeddings"]["float"], dtype=np.float32), want, atol=1e-6)
+    for row, scale, floats in zip(body["embeddings"]["int8"], body["scales"]["int8"], want, strict=True):
+        np.testing.assert_allclose(np.array(row) / scale, floats, atol=0.5 / scale + 1e-6)
+    assert body["embeddings"]["ubinary"][1] == np.packbits(want[1] > 0).tolist()
+    texts = client.post("/v2/embed", json={"texts": ["a cat", "rocket"]}).json()["embeddings"]["float"]
+    assert len(texts) == 2 and cosine(np.array(texts[0]), want[0]) > 0.9999
+    assert_error(client.post("/v2/embed", json={"texts": ["a"], "images": [image]}), 422, "invalid_request")
+    assert_error(client.post("/v2/embed", json={"images": [image], "output_dimension": 16}), 400, "invalid_request")
+
+
 def test_the_openai_client_works_unchanged(main_app: str, photo_jpegs: list[bytes], text_reference: TextEncoder,
                                            tiny_reference: TinyReference) -> None:
     from openai import OpenAI

@@ -113,3 +113,25 @@ def test_quantized_encodings_round_trip_against_numpy() -> None:
     assert np.array_equal(np.stack(bits).astype(np.int16) + 128, np.stack(ubits))
     odd, _ = encode_rows(unit_rows(1, 12), "ubinary")  # 12 dimensions: the last byte's low 4 bits are 0
     assert len(odd[0]) == 2 and int(odd[0][1]) & 0x0F == 0
+
+
+def test_cohere_shape_reads_into_the_same_items() -> None:
+    from siglip_serve.serve.embed_request import CohereEmbedRequest, read_cohere_items
+
+    def items(**body: object) -> list[tuple[str, str, str]]:
+        return [(i.kind, i.value, i.label) for i in read_cohere_items(CohereEmbedRequest.model_validate(body))]
+
+    assert items(texts=["a", "b"]) == [("text", "a", "texts[0]"), ("text", "b", "texts[1]")]
+    assert items(images=["data:image/png;base64,xx"]) == [("image", "data:image/png;base64,xx", "images[0]")]
+    assert items(inputs=[{"content": [{"type": "text", "text": "a"}]},
+                         {"content": [{"type": "image_url", "image_url": {"url": "data:,x"}}]}]) == [
+        ("text", "a", "inputs[0]"), ("image", "data:,x", "inputs[1]")]
+    for body, needle in (({"texts": ["a"], "images": ["b"]}, "exactly one"), ({}, "exactly one"),
+                         ({"texts": []}, "at least one"),
+                         ({"inputs": [{"content": [{"type": "text", "text": "a"},
+                                                   {"type": "image_url", "image_url": {"url": "x"}}]}]}, "2 contents")):
+        with pytest.raises(ApiError) as error:
+            read_cohere_items(CohereEmbedRequest.model_validate(body))
+        assert error.value.status == 422 and needle in error.value.message, body
+    with pytest.raises(ValidationError):
+        CohereEmbedRequest.model_validate({"texts": ["a"], "truncate": "START"})  # we cut at the end only

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from siglip_serve.models.settings import TINY_MODEL, ModelSettings
+from siglip_serve.models.settings import TINY_MODELS, ModelSettings
 from siglip_serve.models.user_error import UserError
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def available_models() -> list[str]:
     _register_tiny()
     import open_clip
 
-    return [name for name in open_clip.list_models() if "SigLIP" in name or name == TINY_MODEL]
+    return [name for name in open_clip.list_models() if "SigLIP" in name or name in TINY_MODELS]
 
 
 def load_clip(settings: ModelSettings) -> tuple[nn.Module, bool]:

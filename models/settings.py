@@ -13,6 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"
 TINY_MODEL = "tiny-siglip"
+# The tiny models always run with random weights and a bundled tokenizer (models/configs/): tiny-siglip
+# has SigLIP's architecture, tiny-siglip2 SigLIP 2's (tanh GELU in the text tower, Gemma's special
+# tokens), so the suite runs both towers' real paths for both generations.
+TINY_SIGLIP2 = "tiny-siglip2"
+TINY_MODELS: tuple[str, ...] = (TINY_MODEL, TINY_SIGLIP2)
 MAX_BUCKET = 256
 
 # The one list of backend names: the CLI's --backend choices, the settings' validation and the
@@ -31,7 +36,8 @@ class ModelSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field(DEFAULT_MODEL, description="open_clip SigLIP config; tiny-siglip (random weights) for tests")
+    model: str = Field(DEFAULT_MODEL, description="open_clip SigLIP or SigLIP 2 config; tiny-siglip / tiny-siglip2 "
+                                                  "(random weights) for tests")
     pretrained: str | None = Field(DEFAULT_PRETRAINED, description="open_clip pretrained tag, downloaded once")
     checkpoint: Path | None = Field(None, description="state dict saved with torch.save(model.state_dict())")
     random_weights: bool = Field(False, description="seeded random weights: embeddings mean nothing (tests, plumbing)")
@@ -79,8 +85,12 @@ class ModelSettings(BaseModel):
     def _check_weights(self) -> ModelSettings:
         if self.checkpoint is not None and self.random_weights:
             raise ValueError("choose one weights source: --checkpoint or --random-weights, not both")
-        if self.checkpoint is not None and self.model == TINY_MODEL:
-            raise ValueError(f"{TINY_MODEL} always runs with random weights; --checkpoint is for real SigLIP models")
+        if "naflex" in self.model.lower():
+            raise ValueError(f"{self.model}: NaFlex models take a variable number of patches per image (native aspect "
+                             "ratio), which the fixed batch buckets compiled for a NeuronCore cannot hold; serve a "
+                             "fixed-resolution SigLIP 2 instead, e.g. ViT-SO400M-16-SigLIP2-384")
+        if self.checkpoint is not None and self.model in TINY_MODELS:
+            raise ValueError(f"{self.model} always runs with random weights; --checkpoint is for real SigLIP models")
         if self.checkpoint is not None and not self.checkpoint.is_file():
             raise ValueError(f"checkpoint file not found: {self.checkpoint}")
         if self.tokenizer is not None and not self.tokenizer.is_dir():
@@ -89,7 +99,7 @@ class ModelSettings(BaseModel):
 
     @property
     def uses_random_weights(self) -> bool:
-        return self.random_weights or self.model == TINY_MODEL
+        return self.random_weights or self.model in TINY_MODELS
 
     @property
     def needs_weights(self) -> bool:

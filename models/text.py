@@ -25,11 +25,13 @@ from torch import nn
 
 from siglip_serve.models.encoder import BackendUnavailable, split_into_buckets
 from siglip_serve.models.loading import ModelLoadError, load_clip
-from siglip_serve.models.settings import TINY_MODEL, ModelSettings
+from siglip_serve.models.settings import TINY_MODEL, TINY_SIGLIP2, ModelSettings
 
 log = logging.getLogger(__name__)
 
 BUNDLED_TINY_TOKENIZER = Path(__file__).parent / "configs" / "tiny-siglip-tokenizer"
+BUNDLED_TOKENIZERS = {TINY_MODEL: BUNDLED_TINY_TOKENIZER,
+                      TINY_SIGLIP2: Path(__file__).parent / "configs" / "tiny-siglip2-tokenizer"}
 
 Tokenizer = Callable[[list[str]], torch.Tensor]
 
@@ -63,7 +65,7 @@ class TextEmbedder(nn.Module):
 def tokenizer_dir(settings: ModelSettings) -> Path | None:
     if settings.tokenizer is not None:
         return Path(settings.tokenizer).expanduser()
-    return BUNDLED_TINY_TOKENIZER if settings.model == TINY_MODEL else None
+    return BUNDLED_TOKENIZERS.get(settings.model)
 
 
 def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[Tokenizer, str]:

@@ -253,6 +253,30 @@ def test_classify_answer_forced_by_construction(forced_app: str, photo_jpegs: li
             assert all(e["score"] < 0.01 for e in ranked[1:])
 
 
+def test_a_siglip2_architecture_serves_images_and_texts(serve_cluster: ServeCluster, photo_jpegs: list[bytes]) -> None:
+    """tiny-siglip2 (SigLIP 2's text architecture, a Gemma-layout tokenizer) through the real app: both
+    towers equal the in-process ones."""
+    import torch
+
+    from siglip_serve.models.loading import load_embedder
+    from siglip_serve.models.preprocess import preprocess_image
+
+    deploy("siglip2", "/siglip2", model="tiny-siglip2", text_replicas=1, encoder_num_cpus=0.5, text_num_cpus=0.5,
+           torch_threads=1)
+    settings = ModelSettings(model="tiny-siglip2", torch_threads=1)
+    embedder, info = load_embedder(settings)
+    with torch.no_grad():
+        image = embedder(torch.from_numpy(preprocess_image(photo_jpegs[0], info.image_size))[None]).numpy()[0]
+    text = create_text_encoder(settings).encode(["a photo of a cat"])[0]
+    with httpx.Client(base_url=f"{serve_cluster.base_url}/siglip2", timeout=TIMEOUT) as c:
+        assert c.get("/v1/models").json()["data"][0]["text"]["tokenizer"].endswith("tiny-siglip2-tokenizer")
+        answer = c.post("/v1/embeddings", json={"input": [{"type": "image", "image": data_uri(photo_jpegs[0])},
+                                                          {"type": "text", "text": "a photo of a cat"}]})
+    assert answer.status_code == 200, answer.text
+    rows = [np.array(item["embedding"], dtype=np.float32) for item in answer.json()["data"]]
+    assert cosine(rows[0], image) >= 0.9999 and cosine(rows[1], text) >= 0.9999
+
+
 def test_an_air_gapped_checkpoint_serves_images_and_says_why_text_is_off(
         serve_cluster: ServeCluster, tmp_path: Path, photo_jpegs: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     """Images from a local checkpoint, no tokenizer: DIR and the hub unreachable, text not named: the

@@ -27,6 +27,16 @@ def dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> d
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.parametrize("backend", ["neuron", "neuron-native"])
+def test_siglip2_plans_on_both_lines(backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SigLIP 2's image tower is SigLIP's ViT: both lines plan it as they plan SigLIP (the 15 open_clip
+    SigLIP 2 configs were planned the same way by hand: docs/trn2.md)."""
+    plan = dry_run(capsys, tmp_path, "--backend", backend, "--model", "tiny-siglip2", "--lnc", "2")
+    assert plan["model"] == "tiny-siglip2" and plan["lnc"] == 2
+    assert re.fullmatch(r"tiny-siglip2-lnc2-[0-9a-f]{12}", Path(plan["artifact_dir"]).name)
+    assert [b["batch"] for b in plan["buckets"]] == [1, 2, 4]
+
+
 @pytest.mark.parametrize("lnc", [1, 2])
 def test_trace_line_plan(lnc: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = dry_run(capsys, tmp_path, "--backend", "neuron", "--model", "tiny-siglip", "--lnc", str(lnc))

@@ -10,10 +10,10 @@ import torch
 
 from siglip_serve.models.loading import ModelLoadError, _register_tiny, load_embedder
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, create_text_encoder, load_text_tower
+from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, create_text_encoder, load_text_tower
 from siglip_serve.serve.errors import ApiError
 from siglip_serve.serve.text_routes import prompts_of, zero_shot
-from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, forced_checkpoint, jpeg_bytes, small_tokenizer
+from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, REPO, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
          " ".join(["photo"] * 40)]
@@ -30,9 +30,10 @@ def open_clip_reference(model_name: str, tokenizer_dir: Path, checkpoint: Path |
     return model, open_clip.get_tokenizer(f"local-dir:{tokenizer_dir}")
 
 
-def test_tiny_text_embeddings_match_open_clip_encode_text() -> None:
-    encoder = create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1))
-    model, tokenizer = open_clip_reference("tiny-siglip", BUNDLED_TINY_TOKENIZER)
+@pytest.mark.parametrize("model_name", ["tiny-siglip", "tiny-siglip2"])
+def test_tiny_text_embeddings_match_open_clip_encode_text(model_name: str) -> None:
+    encoder = create_text_encoder(ModelSettings(model=model_name, torch_threads=1))
+    model, tokenizer = open_clip_reference(model_name, BUNDLED_TOKENIZERS[model_name])
     ids = tokenizer(TEXTS)
     assert torch.equal(encoder.tokenize(TEXTS), ids)  # open_clip's own tokenizer, offline
     assert ids.shape == (len(TEXTS), 16)
@@ -44,6 +45,35 @@ def test_tiny_text_embeddings_match_open_clip_encode_text() -> None:
     assert np.min(np.sum(ours * ref, axis=1)) >= 0.9999
     assert encoder.info.logit_scale == pytest.approx(float(model.logit_scale.exp()))
     assert encoder.info.logit_bias == pytest.approx(float(model.logit_bias))
+
+
+def test_siglip2_configs_are_served_as_siglip_and_tiny_siglip2_has_their_text_architecture() -> None:
+    """Every SigLIP 2 config open_clip ships: fixed resolution, SigLIP's preprocessing (which
+    models/preprocess.py implements), a hub tokenizer (Gemma's: offline it comes from tokenizer: DIR);
+    tiny-siglip2 differs from them only in size. NaFlex variants are refused in one line."""
+    import json
+
+    import open_clip
+
+    from siglip_serve.models.loading import available_models
+
+    _register_tiny()
+    siglip2 = [name for name in available_models() if "SigLIP2" in name]
+    assert len(siglip2) == 15 and "ViT-SO400M-16-SigLIP2-384" in siglip2 and "ViT-gopt-16-SigLIP2-384" in siglip2
+    tiny = json.loads((REPO / "models" / "configs" / "tiny-siglip2.json").read_text())["text_cfg"]
+    for name in siglip2:
+        cfg = open_clip.get_model_config(name)
+        assert isinstance(cfg["vision_cfg"]["image_size"], int), name  # one resolution: fits the buckets
+        for tag in open_clip.list_pretrained_tags_by_model(name):
+            pre = open_clip.get_pretrained_cfg(name, tag)
+            assert (pre["mean"], pre["std"], pre["interpolation"], pre["resize_mode"]) == (
+                (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic", "squash"), name
+        text = cfg["text_cfg"]
+        assert text["hf_tokenizer_name"].startswith("timm/") and text["vocab_size"] == 256000, name
+        for key in ("act_kwargs", "pool_type", "no_causal_mask", "proj_bias"):
+            assert text[key] == tiny[key], (name, key)
+    with pytest.raises(ValueError, match="NaFlex"):
+        ModelSettings(model="ViT-B-16-SigLIP2-NaFlex")
 
 
 def test_zero_shot_probabilities_match_open_clip(photos: list[np.ndarray]) -> None:

@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-workers", type=int,
                         help="CPU tasks reading and decoding images (default: the cores the encoders leave)")
     parser.add_argument("--address", help="run on this Ray cluster (a RayJob: auto) instead of a local Ray")
+    parser.add_argument("--encoding", default="float", choices=["float", "int8", "uint8", "binary", "ubinary"],
+                        help="embedding column type, as the API's encoding_format (docs/http-api.md): float32 "
+                             "(default), int8/uint8 with a per-row scale column, binary/ubinary packed sign bits")
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve the local Ray's Prometheus metrics on this port (the service's metric names, "
+                             "endpoint=bulk; on a cluster, its own metrics endpoint)")
     parser.add_argument("--json", dest="json_out", help="also write the summary here (it is always written to "
                                                         "OUTPUT/_summary.json)")
     add_model_arguments(parser)
@@ -62,7 +68,8 @@ def _embed(args: argparse.Namespace) -> int:
     modality: Modality = "text" if args.text else "image"
     spec = JobSpec(source=args.source, output=args.output, modality=modality,
                    column=args.column or ("text" if args.text else "path"), shard_size=args.shard_size,
-                   encoders=args.encoders, decode_workers=args.decode_workers, address=args.address)
+                   encoders=args.encoders, decode_workers=args.decode_workers, address=args.address,
+                   metrics_port=args.metrics_port, encoding=args.encoding)
     result = run_job(config, spec)
     if args.json_out:
         result.write(args.json_out)

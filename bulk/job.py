@@ -29,6 +29,7 @@ from siglip_serve.measure.results import BulkResult, Machine, SteadyState
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
 from siglip_serve.models.user_error import UserError
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.embedding_output import encode_rows
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -52,6 +53,8 @@ class JobSpec:
     encoders: int | None = None  # None: one per device (cpu: one)
     decode_workers: int | None = None  # None: the cores the encoders leave, at least one
     address: str | None = None  # join this Ray cluster instead of starting a local one
+    metrics_port: int | None = None  # the local Ray's Prometheus endpoint (the service's metric names)
+    encoding: str = "float"  # float32, or the API's int8 / uint8 / binary / ubinary (serve/embedding_output.py)
 
 
 def weights_id(config: ServiceConfig) -> str:
@@ -122,6 +125,7 @@ class ShardAssembler:
     output: OutputFolder
     shards: dict[int, Shard]
     columns: dict[str, str]  # model, backend, weights, preprocessing: the same in every row
+    encoding: str = "float"
     embed_dim: int = 0
     embedded: int = 0
     errors: int = 0
@@ -150,16 +154,38 @@ class ShardAssembler:
             }), shard.name, folder=ERRORS_FOLDER)
         found = [rows[p][0] for p in ok]
         vectors = np.stack([v for v in found if v is not None]) if ok else np.zeros((0, self.embed_dim), np.float32)
-        flat = pa.array(vectors.astype(np.float32, copy=False).reshape(-1), type=pa.float32())
         table = pa.table({
             "path": pa.array([shard.items[p] for p in ok], type=pa.string()),
-            "embedding": pa.FixedSizeListArray.from_arrays(flat, self.embed_dim),
+            **embedding_columns(vectors, self.encoding),
             **{name: pa.array([value] * len(ok), type=pa.string()) for name, value in self.columns.items()},
         })
         self.output.write(table, shard.name)
         self.embedded += len(ok)
         self.errors += len(failed)
         self.written += 1
+
+
+# Parquet types of the API's encodings (docs/http-api.md); base64 is a JSON device, not a column type.
+ENCODING_TYPES = {"float": pa.float32(), "int8": pa.int8(), "uint8": pa.uint8(), "binary": pa.int8(),
+                  "ubinary": pa.uint8()}
+
+
+def embedding_columns(vectors: np.ndarray, encoding: str) -> dict[str, pa.Array]:
+    """`embedding` as a fixed-size list in the encoding's type, and int8/uint8's per-row `scale`."""
+    kind = ENCODING_TYPES[encoding]
+    rows: np.ndarray
+    if encoding == "float":
+        rows, scales = vectors.astype(np.float32, copy=False), None
+    else:
+        encoded, scales = encode_rows(vectors, encoding)
+        # An empty shard still gets the encoded width (binary: a bit per dimension).
+        width = len(encode_rows(np.ones((1, vectors.shape[1]), np.float32), encoding)[0][0])
+        rows = np.stack(encoded) if encoded else np.zeros((0, width))
+    flat = pa.array(rows.astype(kind.to_pandas_dtype(), copy=False).reshape(-1), type=kind)
+    columns: dict[str, pa.Array] = {"embedding": pa.FixedSizeListArray.from_arrays(flat, rows.shape[1])}
+    if scales is not None:
+        columns["scale"] = pa.array(scales, type=pa.float32())
+    return columns
 
 
 def _input_dataset(ray_data: Any, pending: list[Shard]) -> Any:
@@ -217,7 +243,9 @@ def _start_ray(spec: JobSpec, cpus: int) -> bool:
         ray.init(address=spec.address, log_to_driver=False)
     else:
         ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=cpus, log_to_driver=False,
-                 namespace="siglip-bulk")
+                 namespace="siglip-bulk", _metrics_export_port=spec.metrics_port)
+        if spec.metrics_port:
+            log.info("metrics (Prometheus): http://127.0.0.1:%d/metrics", spec.metrics_port)
     return True
 
 
@@ -244,7 +272,11 @@ def tree_cpu_seconds(pid: int) -> float:
 def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
     began = time.monotonic()
     items = list_items(spec.source, spec.column)
-    fingerprint = "|".join((spec.modality, config.model, weights_id(config), preprocessing_id(config, spec.modality)))
+    if spec.encoding not in ENCODING_TYPES:
+        raise PlanError(f"encoding {spec.encoding!r}: one of {', '.join(ENCODING_TYPES)}")
+    parts = (spec.modality, config.model, weights_id(config), preprocessing_id(config, spec.modality))
+    # Another encoding is another output: its shards are named apart (float keeps the names it had).
+    fingerprint = "|".join(parts if spec.encoding == "float" else (*parts, spec.encoding))
     shards = plan_shards(items, spec.shard_size, fingerprint)
     output = OutputFolder(spec.output)
     finished = output.finished()
@@ -255,8 +287,8 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     plan = Plan(0, 0, {})
     columns = {"model": config.model, "backend": config.backend, "weights": weights_id(config),
-               "preprocessing": preprocessing_id(config, spec.modality)}
-    assembler = ShardAssembler(output, {shard.index: shard for shard in pending}, columns)
+               "preprocessing": preprocessing_id(config, spec.modality), "encoding": spec.encoding}
+    assembler = ShardAssembler(output, {shard.index: shard for shard in pending}, columns, spec.encoding)
     cpu_before, timed_from = tree_cpu_seconds(os.getpid()), time.monotonic()
     cpu_after = cpu_before
     steady = None

@@ -10,6 +10,7 @@ file costs only its own row.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from siglip_serve.bulk.inputs import read_bytes
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.serve.metrics import BulkMetrics, EncoderMetrics
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -33,18 +35,34 @@ def _image_error_type(exc: ImageRejected) -> str:
     return IMAGE_ERRORS[type(exc)][1].value
 
 
+_metrics: BulkMetrics | None = None
+
+
+def bulk_metrics() -> BulkMetrics:
+    """This worker process's collectors (serve/metrics.py), built once: tasks reuse their worker."""
+    global _metrics
+    if _metrics is None:
+        _metrics = BulkMetrics()
+    return _metrics
+
+
 def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool) -> Batch:
     """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] or an error."""
+    metrics = bulk_metrics()
     n = len(batch["item"])
     pixels = np.zeros((n, 3, *size), dtype=np.uint8)
     error_types, messages = [""] * n, [""] * n
     for i, location in enumerate(batch["item"]):
+        began = time.perf_counter()
         try:
             pixels[i] = preprocess_image(read_bytes(str(location), limits), size, limits, fast_jpeg)
+            metrics.preprocess_seconds.observe(time.perf_counter() - began)
         except ImageRejected as exc:
             error_types[i], messages[i] = _image_error_type(exc), exc.message
         except OSError as exc:  # missing, unreadable: never the whole job's end
             error_types[i], messages[i] = UNREADABLE, f"cannot read the file: {exc.strerror or type(exc).__name__}"
+        if error_types[i]:
+            metrics.rejected.inc(1, tags={"reason": error_types[i]})
     return {**batch, "pixels": pixels, "error_type": np.array(error_types, dtype=object),
             "message": np.array(messages, dtype=object)}
 
@@ -54,6 +72,8 @@ def check_texts(batch: Batch, *, max_chars: int) -> Batch:
     error_types, messages = [], []
     for text in batch["item"]:
         too_long = len(str(text)) > max_chars
+        if too_long:
+            bulk_metrics().rejected.inc(1, tags={"reason": "text_too_long"})
         error_types.append("text_too_long" if too_long else "")
         messages.append(f"text is {len(str(text))} characters, over the {max_chars}-character limit"
                         if too_long else "")
@@ -61,9 +81,14 @@ def check_texts(batch: Batch, *, max_chars: int) -> Batch:
 
 
 class _Embedder:
-    """What both towers' actors share: rows in, rows with `embedding` out, the failed rows zeros."""
+    """What both towers' actors share: rows in, rows with `embedding` out, the failed rows zeros; the
+    service's metric names for what they embed and each forward pass."""
 
     embed_dim: int
+    modality: str
+
+    def _observe(self, encoder: Any) -> None:
+        encoder.forward_observer = EncoderMetrics(tower=self.modality).forward
 
     def _embed(self, inputs: Any) -> np.ndarray:
         raise NotImplementedError
@@ -76,6 +101,7 @@ class _Embedder:
         embeddings = np.zeros((len(ok), self.embed_dim), dtype=np.float32)
         if ok.any():
             embeddings[ok] = self._embed(self._inputs(batch, ok))
+            bulk_metrics().embedded(self.modality, int(ok.sum()))
         out = {key: value for key, value in batch.items() if key != "pixels"}
         return {**out, "embedding": embeddings}
 
@@ -86,8 +112,10 @@ class ImageEmbedActor(_Embedder):
     def __init__(self, settings: ModelSettings) -> None:
         from siglip_serve.models.encoder import create_encoder
 
+        self.modality = "image"
         self.encoder = create_encoder(settings)
         self.encoder.warmup(iterations=1)
+        self._observe(self.encoder)
         self.embed_dim = self.encoder.embed_dim
         log.info("bulk image encoder ready: %s", self.encoder.describe())
 
@@ -104,8 +132,10 @@ class TextEmbedActor(_Embedder):
     def __init__(self, settings: ModelSettings) -> None:
         from siglip_serve.models.text import create_text_encoder
 
+        self.modality = "text"
         self.encoder = create_text_encoder(settings)
         self.encoder.warmup(iterations=1)
+        self._observe(self.encoder)
         self.embed_dim = self.encoder.info.embed_dim
         log.info("bulk text encoder ready: %s", self.encoder.describe())
 

@@ -164,8 +164,9 @@ class CohereEmbedRequest(BaseModel):
     input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = None
     embedding_types: list[Encoding] = Field(default_factory=_float_only, min_length=1)
     output_dimension: int | None = Field(None, ge=1)
-    # Texts past the context length are cut at the end by the tokenizer, as open_clip does.
-    truncate: Literal["NONE", "END"] | None = None
+    # Texts past the context length are cut at the end by the tokenizer, as open_clip does (Cohere's
+    # default); NONE (an error instead) and START are refused: the tokens are counted only in the replica.
+    truncate: Literal["END"] | None = None
 
 
 def read_cohere_items(request: CohereEmbedRequest) -> list[Item]:

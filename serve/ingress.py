@@ -74,11 +74,12 @@ class Ingress(TextRoutes):
         global _count_error_in_replica
         _count_error_in_replica = self._count_error
 
-    async def _serve(self, endpoint: str, kinds: Sequence[str], values: Sequence[bytes | str], labels: Sequence[str],
+    async def _serve(self, route: str, kinds: Sequence[str], values: Sequence[bytes | str], labels: Sequence[str],
                      deadline: float, render: Render | None = None, dimensions: int | None = None) -> Response:
         """Each item (`kinds[i]`: "image" or "text") through its tower; the rows in input order, answered by
         `render(rows, images, texts)` (the route's shape; float JSON by default). Every limit is checked
-        before any decoding or tokenizing; both towers' queues admit their part."""
+        before any decoding or tokenizing; both towers' queues admit their part. `route` labels the
+        embedded counters; the request metric says "text" for texts alone, as before mixed requests."""
         async def work() -> Response:
             cut = check_dimensions(dimensions, int(self.model["embed_dim"]), self.config.allow_dimension_truncation)
             images = [i for i, kind in enumerate(kinds) if kind == "image"]
@@ -112,23 +113,18 @@ class Ingress(TextRoutes):
             else:
                 response = render(rows, len(images), len(texts))
             if images:
-                self.metrics.images_embedded.inc(len(images), tags={"endpoint": endpoint})
+                self.metrics.images_embedded.inc(len(images), tags={"endpoint": route})
             if texts:
-                self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": "embeddings"})
+                self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": route})
             return response
 
-        return await self._timed(endpoint, work(), deadline)
+        return await self._timed("text" if set(kinds) == {"text"} else route, work(), deadline)
 
     async def _embed_images(self, values: Sequence[bytes | str], labels: Sequence[str],
                             deadline: float) -> np.ndarray | None:
         if not values:
             return None
         return await self._encode("image", await self.images.prepare_all(values, labels), deadline)
-
-
-def _endpoint(kinds: Sequence[str], name: str) -> str:
-    """The request metric's endpoint label: "text" for texts alone, as before mixed requests existed."""
-    return "text" if set(kinds) == {"text"} else name
 
 
 async def _nothing() -> None:
@@ -160,7 +156,7 @@ class IngressDeployment(Ingress):
             def render(rows: np.ndarray, images: int, texts: int) -> Response:
                 return render_embeddings(rows, self.model["name"], encoding, images, texts, read_as=kinds)
 
-            return await self._serve(_endpoint(kinds, "embeddings"), kinds, [item.value for item in items],
+            return await self._serve("embeddings", kinds, [item.value for item in items],
                                      [item.label for item in items], deadline, render, parsed.dimensions)
 
     @app.post("/v2/embed")
@@ -177,7 +173,7 @@ class IngressDeployment(Ingress):
             def render(rows: np.ndarray, images: int, _: int) -> Response:
                 return render_cohere(rows, self.model["name"], parsed.embedding_types, texts, images)
 
-            return await self._serve(_endpoint(kinds, "v2_embed"), kinds, [item.value for item in items],
+            return await self._serve("v2_embed", kinds, [item.value for item in items],
                                      [item.label for item in items], deadline, render, parsed.output_dimension)
 
     @app.post("/v1/classify")

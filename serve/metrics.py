@@ -64,10 +64,10 @@ FILL_BUCKETS = [0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
 
 
 # The `endpoint` label of siglip_images_embedded_total and siglip_request_seconds.
-ENDPOINTS = ("image", "multipart", "embeddings", "classify")
+ENDPOINTS = ("image", "multipart", "embeddings", "v2_embed", "classify")
 # The `endpoint` label of siglip_texts_embedded_total: text inputs and classify labels (and of
 # siglip_request_seconds for those requests: "text", "classify").
-TEXT_ENDPOINTS = ("embeddings", "classify")
+TEXT_ENDPOINTS = ("embeddings", "v2_embed", "classify")
 # The `tower` label of siglip_encoder_forward_seconds, siglip_batch_fill_ratio and the batch queue's two.
 TOWERS = ("image", "text")
 
@@ -87,35 +87,41 @@ def replica_core_label() -> str:
     return os.environ.get("NEURON_RT_VISIBLE_CORES") or "none"
 
 
+def _images_embedded() -> metrics.Counter:
+    return metrics.Counter(IMAGES_EMBEDDED, tag_keys=("endpoint",),
+                           description="Images answered with an embedding (counted once the response is built; "
+                                       "endpoint bulk: written by `siglip-serve embed`).")
+
+
+def _texts_embedded() -> metrics.Counter:
+    return metrics.Counter(TEXTS_EMBEDDED, tag_keys=("endpoint",),
+                           description="Texts answered with an embedding, or classify labels scored (counted per "
+                                       "request; endpoint bulk: written by `siglip-serve embed`).")
+
+
+def _rejected() -> metrics.Counter:
+    return metrics.Counter(REQUESTS_REJECTED, tag_keys=("reason",),
+                           description="Requests answered with an error (or bulk items refused), by the contract's "
+                                       "error type (reason).")
+
+
+def _preprocess_seconds() -> metrics.Histogram:
+    return metrics.Histogram(PREPROCESS_SECONDS, boundaries=PREPROCESS_BUCKETS_S,
+                             description="Decode, validate and resize of one accepted image (ingress or bulk decode).")
+
+
 class IngressMetrics:
     def __init__(self) -> None:
-        self.images_embedded = metrics.Counter(
-            IMAGES_EMBEDDED,
-            description="Images answered with an embedding (counted once the response is built).",
-            tag_keys=("endpoint",),
-        )
-        self.requests_rejected = metrics.Counter(
-            REQUESTS_REJECTED,
-            description="Requests answered with an error, by the contract's error type (reason).",
-            tag_keys=("reason",),
-        )
-        self.preprocess_seconds = metrics.Histogram(
-            PREPROCESS_SECONDS,
-            description="Decode, validate and resize of one accepted image in the ingress.",
-            boundaries=PREPROCESS_BUCKETS_S,
-        )
+        self.images_embedded = _images_embedded()
+        self.requests_rejected = _rejected()
+        self.preprocess_seconds = _preprocess_seconds()
         self.request_seconds = metrics.Histogram(
             REQUEST_SECONDS,
             description="Embedding request past the body, schema and auth checks: image decoding to response.",
             boundaries=REQUEST_BUCKETS_S,
             tag_keys=("endpoint", "status"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
-
-        self.texts_embedded = metrics.Counter(
-            TEXTS_EMBEDDED,
-            description="Texts answered with an embedding, or classify labels scored (counted per request).",
-            tag_keys=("endpoint",),
-        )
+        self.texts_embedded = _texts_embedded()
 
         for reason in ErrorType:
             start_at_zero(self.requests_rejected, {"reason": reason.value})
@@ -126,6 +132,23 @@ class IngressMetrics:
 
     def rejected(self, reason: str) -> None:
         self.requests_rejected.inc(1, tags={"reason": reason})
+
+
+class BulkMetrics:
+    """`siglip-serve embed`'s share of the service's names (docs/batch.md): items embedded and refused and
+    each decode, tagged endpoint "bulk"; its encoder actors' forward passes use EncoderMetrics."""
+
+    ENDPOINT = "bulk"
+
+    def __init__(self) -> None:
+        self.images_embedded = _images_embedded()
+        self.texts_embedded = _texts_embedded()
+        self.rejected = _rejected()
+        self.preprocess_seconds = _preprocess_seconds()
+
+    def embedded(self, modality: str, count: int) -> None:
+        counter = self.texts_embedded if modality == "text" else self.images_embedded
+        counter.inc(count, tags={"endpoint": self.ENDPOINT})
 
 
 class EncoderMetrics:

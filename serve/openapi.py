@@ -124,7 +124,7 @@ COHERE_REQUEST_SCHEMA: dict[str, Any] = {
         "embedding_types": {"type": "array", "items": {"type": "string", "enum": _ENCODINGS}, "minItems": 1,
                             "default": ["float"]},
         "output_dimension": {"type": "integer", "minimum": 1},
-        "truncate": {"type": "string", "enum": ["NONE", "END"]},
+        "truncate": {"type": "string", "enum": ["END"], "description": "texts are cut at the end, as open_clip"},
     },
 }
 

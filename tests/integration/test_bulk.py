@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 
-from tests.helpers import API_KEY, cosine, embeddings_of, jpeg_bytes
+from tests.helpers import API_KEY, ServeCluster, cosine, embeddings_of, jpeg_bytes
 
 
 def _read_output(folder: Path) -> dict[str, np.ndarray]:
@@ -24,8 +24,26 @@ def _read_output(folder: Path) -> dict[str, np.ndarray]:
                                     strict=True)}
 
 
+def _bulk_series(metrics_port: int) -> dict[str, float]:
+    """The bulk-tagged samples of the service's counters on Ray's Prometheus endpoint, by name and tag."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ray_siglip_images_embedded_total" and sample.labels.get("endpoint") == "bulk":
+                found["images"] = found.get("images", 0.0) + sample.value
+            if sample.name == "ray_siglip_requests_rejected_total" and sample.value:
+                key = f"rejected:{sample.labels.get('reason')}"
+                found[key] = found.get(key, 0.0) + sample.value
+            if sample.name == "ray_siglip_encoder_forward_seconds_count" and sample.labels.get("tower") == "image":
+                found["forwards"] = found.get("forwards", 0.0) + sample.value
+    return found
+
+
 def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_table(
-        main_app: str, photo_jpegs: list[bytes], tmp_path: Path) -> None:
+        main_app: str, serve_cluster: ServeCluster, photo_jpegs: list[bytes], tmp_path: Path) -> None:
     from siglip_serve.bulk.job import JobSpec, run_job
     from siglip_serve.measure.results import BulkResult
     from siglip_serve.serve.config import ServiceConfig
@@ -63,6 +81,13 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
         "corrupt.jpg": "invalid_image", "notes.txt": "unsupported_media_type", "empty.png": "empty_body",
         "gone.jpg": "unreadable"}
     assert errors["notes.txt"][1] == "data is text, not an image"  # the HTTP contract's words
+
+    # The service's metric names, endpoint "bulk": the Ray the job ran on exports them (1 s push here).
+    deadline = time.monotonic() + 20
+    while (series := _bulk_series(serve_cluster.metrics_port)).get("images", 0) < 5 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert series.get("images", 0) >= 5 and series.get("forwards", 0) >= 1, series
+    assert series.get("rejected:unreadable", 0) >= 1 and series.get("rejected:empty_body", 0) >= 1, series
 
     # The same job again finds every shard done and embeds nothing.
     again = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))

@@ -62,3 +62,30 @@ def test_only_a_whole_file_is_a_finished_shard(tmp_path: Path) -> None:
     assert out.read_errors(["part-000000-abc", "part-000001-abc"]) == 1
     # The folder reads as one table of embeddings: _errors and dot files are skipped by pyarrow.
     assert pq.read_table(tmp_path / "out").column("path").to_pylist() == ["b"]
+
+
+def test_a_shard_is_written_in_the_apis_encodings(tmp_path: Path) -> None:
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from siglip_serve.bulk.job import ShardAssembler
+    from siglip_serve.serve.embedding_output import encode_rows
+
+    rows = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    (shard,) = plan_shards(["a", "b", "c"], 3, "image|tiny")
+    want_types = {"float": "float", "int8": "int8", "uint8": "uint8", "binary": "int8", "ubinary": "uint8"}
+    for encoding, element in want_types.items():
+        out = OutputFolder(str(tmp_path / encoding))
+        assembler = ShardAssembler(out, {shard.index: shard}, {"model": "tiny"}, encoding)
+        assembler.add({"shard": np.zeros(3, int), "pos": np.arange(3), "embedding": rows,
+                       "error_type": np.array(["", "", ""], dtype=object), "message": np.array(["", "", ""], object)})
+        table = pq.read_table(tmp_path / encoding)
+        width = 2 if "binary" in encoding else 16
+        assert str(table.schema.field("embedding").type) == f"fixed_size_list<element: {element}>[{width}]", encoding
+        got = np.array(table.column("embedding").to_pylist())
+        want, scales = encode_rows(rows, encoding)
+        assert np.array_equal(got, np.stack(want).astype(got.dtype)), encoding
+        assert ("scale" in table.column_names) == (scales is not None), encoding
+        if scales is not None:
+            np.testing.assert_allclose(table.column("scale").to_pylist(), scales, rtol=1e-6)

@@ -211,10 +211,11 @@ def test_the_default_turns_text_off_in_seconds_without_a_tokenizer_or_hub(
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("model_name", ["tiny-siglip", "tiny-siglip2"])
 @pytest.mark.parametrize("dtype, bar", [("fp32", 0.9999), ("bf16", 0.999)])
-def test_cuda_text_encoder_matches_the_cpu_one(dtype: str, bar: float) -> None:
-    cpu = create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1)).encode(TEXTS)
-    cuda = create_text_encoder(ModelSettings(model="tiny-siglip", backend="cuda", cuda_dtype=dtype))
+def test_cuda_text_encoder_matches_the_cpu_one(model_name: str, dtype: str, bar: float) -> None:
+    cpu = create_text_encoder(ModelSettings(model=model_name, torch_threads=1)).encode(TEXTS)
+    cuda = create_text_encoder(ModelSettings(model=model_name, backend="cuda", cuda_dtype=dtype))
     assert cuda.backend == "cuda"
     assert np.min(np.sum(cuda.encode(TEXTS) * cpu, axis=1)) >= bar
 

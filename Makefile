@@ -30,7 +30,7 @@ serve: $(STAMP)
 TYPECHECK_VIEW := build/typecheck/siglip_serve
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	mkdir -p $(TYPECHECK_VIEW) && for p in models serve loadtest measure kernels bulk; do \
+	mkdir -p $(TYPECHECK_VIEW) && for p in core models serve loadtest measure kernels bulk; do \
 		ln -sfn ../../../$$p $(TYPECHECK_VIEW)/$$p; done
 	$(BIN)/mypy
 

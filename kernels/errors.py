@@ -6,7 +6,7 @@ command raises is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-from siglip_serve.models.user_error import UserError
+from siglip_serve.core.errors import UserError
 
 
 class KernelInputError(UserError, ValueError):

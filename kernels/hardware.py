@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from siglip_serve.core.constants import TRN2_DEFAULT_LNC as TRN2_DEFAULT_LNC  # the trn2 default LNC, declared there
 from siglip_serve.kernels.errors import KernelInputError
 
 # --- Tile-size limits (nki.language.tile_size) --------------------------------
@@ -92,8 +93,6 @@ ROOFLINE_SOURCE = {
               NEURON_DOC_PAGES["explorer_summary"]],
 }
 
-# The trn2 default: one logical core = 2 physical cores (NEURON_LOGICAL_NC_CONFIG=2).
-TRN2_DEFAULT_LNC = 2
 
 
 class TileSizeError(KernelInputError):

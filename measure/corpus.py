@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from siglip_serve.models.user_error import UserError
+from siglip_serve.core.errors import UserError
 
 log = logging.getLogger("siglip_serve.corpus")
 

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
 from siglip_serve.measure.results import Machine, MulticoreResult, MulticoreWorker
 from siglip_serve.measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, seed_rows_for
 from siglip_serve.models.cli_args import (
@@ -64,7 +65,7 @@ def _worker() -> int:
 
     spec = json.loads(os.environ[WORKER_SPEC_ENV])
     settings = ModelSettings.model_validate(spec["settings"])
-    bucket, core = int(spec["bucket"]), os.environ.get("NEURON_RT_VISIBLE_CORES")
+    bucket, core = int(spec["bucket"]), os.environ.get(VISIBLE_CORES_ENV)
     encoder = create_encoder(settings)
     encoder.warmup(iterations=int(spec["warmup"]))
     height, width = encoder.image_size
@@ -86,7 +87,7 @@ def _worker() -> int:
         core=core, pid=os.getpid(), images=images, seconds=seconds, images_per_second=images / seconds,
         latency_mean_ms=float(ms.mean()), latency_p50_ms=float(np.percentile(ms, 50)),
         latency_p99_ms=float(np.percentile(ms, 99)), start=start, end=start + seconds,
-        lnc_env=os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+        lnc_env=os.environ.get(LNC_ENV),
     ).model_dump())
     return 0
 
@@ -139,9 +140,9 @@ def _worker_env(index: int, spec: dict[str, Any], backend: str, lnc: int | None)
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
-    env["NEURON_RT_VISIBLE_CORES"] = str(index)
+    env[VISIBLE_CORES_ENV] = str(index)
     if lnc is not None:
-        env["NEURON_LOGICAL_NC_CONFIG"] = str(lnc)
+        env[LNC_ENV] = str(lnc)
     if backend == "cpu":
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
     env[WORKER_SPEC_ENV] = json.dumps({**spec, "index": index})

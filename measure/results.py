@@ -21,8 +21,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from siglip_serve.core.errors import UserError
 from siglip_serve.measure.seed import SeedRow
-from siglip_serve.models.user_error import UserError
 
 Model = TypeVar("Model", bound="Result")
 

@@ -20,11 +20,10 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from siglip_serve.models.settings import ModelSettings
-
 # Re-exported: a command needs only this module.
-from siglip_serve.models.user_error import UserError as UserError
-from siglip_serve.models.user_error import describe_validation as describe_validation
+from siglip_serve.core.errors import UserError as UserError
+from siglip_serve.core.errors import describe_validation as describe_validation
+from siglip_serve.models.settings import ModelSettings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from siglip_serve.core.constants import LNC_ENV, InvalidLnc, lnc_setting
 from siglip_serve.models.cli_args import (
     SettingsError,
     add_log_level,
@@ -29,8 +30,6 @@ from siglip_serve.models.cli_args import (
 )
 from siglip_serve.models.settings import NEURON_BACKENDS
 from siglip_serve.models.torchneuron_env import (
-    LNC_ENV,
-    TRN2_DEFAULT_LNC,
     NativeOptions,
     environment,
     installed_versions,
@@ -75,10 +74,10 @@ def build_native_parser() -> argparse.ArgumentParser:
 def native_options(args: argparse.Namespace) -> NativeOptions:
     lnc = args.lnc
     if lnc is None:
-        raw = (os.environ.get(LNC_ENV) or "").strip()
-        if raw and raw not in ("1", "2"):
-            raise SettingsError(f"{LNC_ENV}={raw!r} is not a valid LNC; the Neuron runtime accepts 1 or 2")
-        lnc = int(raw) if raw else TRN2_DEFAULT_LNC
+        try:
+            lnc, _ = lnc_setting()
+        except InvalidLnc as exc:
+            raise SettingsError(str(exc)) from None
     return NativeOptions(lnc=lnc, optlevel=args.optlevel, auto_cast=args.auto_cast, auto_cast_type=args.auto_cast_type,
                          model_type=args.model_type, target=args.target, extra_args=tuple(args.compiler_arg))
 

@@ -21,17 +21,12 @@ import torch
 
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.models.settings import BACKENDS, ModelSettings
-from siglip_serve.models.user_error import UserError
 
 log = logging.getLogger(__name__)
 
 
 class EncoderInputError(ValueError):
     """A batch that does not have the shape or dtype the compiled model takes."""
-
-
-class BackendUnavailable(UserError, RuntimeError):
-    """This machine cannot run the backend; the message is one line saying what to install or fix."""
 
 
 def pick_bucket(n: int, buckets: Sequence[int]) -> int:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from siglip_serve.core.errors import UserError
 from siglip_serve.models.settings import TINY_MODELS, ModelSettings
-from siglip_serve.models.user_error import UserError
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from siglip_serve.core.errors import UserError
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.user_error import UserError
 
 log = logging.getLogger(__name__)
 

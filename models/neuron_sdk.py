@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 from collections.abc import Mapping
 from types import ModuleType
 
-from siglip_serve.models.encoder import BackendUnavailable
-from siglip_serve.models.user_error import UserError
+from siglip_serve.core.constants import LNC_ENV as LNC_ENV
+from siglip_serve.core.constants import VALID_LNC as VALID_LNC
+from siglip_serve.core.constants import VISIBLE_CORES_ENV as VISIBLE_CORES_ENV
+from siglip_serve.core.constants import InvalidLnc, lnc_setting, package_version
+from siglip_serve.core.errors import BackendUnavailable, UserError
 
 NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
@@ -23,13 +25,6 @@ INSTALL_HINT = (
     f"or install the pinned set from the Neuron pip repository: pip install -e '.[neuron]' "
     f"-c constraints-neuron-2.31.txt --extra-index-url {NEURON_PIP_REPOSITORY}"
 )
-LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
-VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
-# The Neuron docs (Logical NeuronCore configuration): "LNC can only be set to 1 or 2 ... On Trn2,
-# each chip has 8 physical NeuronCores. With LNC=2 (default), these are grouped into 4 Logical
-# NeuronCores." LNC applies only to Trn2/Trn3; every other target runs one physical core per logical.
-LNC_DEFAULT_BY_TARGET = {"trn2": 2, "trn3": 2}
-VALID_LNC = (1, 2)
 
 
 class NeuronSdkMissing(BackendUnavailable):
@@ -38,13 +33,6 @@ class NeuronSdkMissing(BackendUnavailable):
 
 class LncMismatch(UserError, RuntimeError):
     """The artifact's compiled LNC differs from the runtime's; the Neuron runtime would refuse it."""
-
-
-def package_version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def require_torch_neuronx() -> ModuleType:
@@ -92,13 +80,10 @@ def sdk_versions(torch_neuronx: ModuleType | None = None) -> dict[str, str | Non
 
 def runtime_lnc(env: Mapping[str, str] | None = None, target: str = "trn2") -> tuple[int, bool]:
     """(the LNC the Neuron runtime will use, whether NEURON_LOGICAL_NC_CONFIG set it explicitly)."""
-    env = os.environ if env is None else env
-    raw = (env.get(LNC_ENV) or "").strip()
-    if not raw:
-        return LNC_DEFAULT_BY_TARGET.get(target, 1), False
-    if raw not in {str(v) for v in VALID_LNC}:
-        raise LncMismatch(f"{LNC_ENV}={raw!r} is not a valid LNC; the Neuron runtime accepts 1 or 2")
-    return int(raw), True
+    try:
+        return lnc_setting(env, target)
+    except InvalidLnc as exc:
+        raise LncMismatch(str(exc)) from None
 
 
 def check_lnc(artifact_lnc: int, artifact: str, env: Mapping[str, str] | None = None,

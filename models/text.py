@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from siglip_serve.models.encoder import BackendUnavailable, split_into_buckets
+from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.encoder import split_into_buckets
 from siglip_serve.models.loading import ModelLoadError, load_clip
 from siglip_serve.models.settings import TINY_MODEL, TINY_SIGLIP2, ModelSettings
 

@@ -21,13 +21,13 @@ a trn2 (tests/device/test_neuron_native_trn2.py compares embeddings against the 
 
 from __future__ import annotations
 
-import importlib.metadata
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from siglip_serve.models.user_error import UserError
+from siglip_serve.core.constants import LNC_ENV, TRN2_DEFAULT_LNC, VISIBLE_CORES_ENV, package_version
+from siglip_serve.core.errors import UserError
 
 SDK_RELEASE = "2.33.1"
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
@@ -47,14 +47,11 @@ INSTALL_HINT = (
     f"{NEURON_PIP_REPOSITORY} --extra-index-url https://download.pytorch.org/whl/cpu (docs/torchneuron.md)"
 )
 
-LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 CC_FLAGS_ENV = "NEURON_CC_FLAGS"
 OPT_LEVEL_ENV = "NEURON_COMPILER_OPT_LEVEL"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
-VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 # Every variable that decides what is compiled, or where the compiled graphs are looked up.
 RECIPE_ENV = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV)
-TRN2_DEFAULT_LNC = 2  # Logical NeuronCore configuration page: LNC=2 is trn2's default
 NEFF_DIR = "neff"
 MANIFEST_NAME = "manifest.json"
 
@@ -112,17 +109,10 @@ def artifact_environment(artifact_dir: Path) -> dict[str, str]:
     return environment(recipe, directory)
 
 
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def installed_versions() -> dict[str, str | None]:
     """Versions of the packages that make the compiled graphs, from package metadata (no import)."""
-    return {"torch": _version("torch"), "torch_neuronx": _version("torch-neuronx"),
-            "neuronx_cc": _version("neuronx-cc")}
+    return {"torch": package_version("torch"), "torch_neuronx": package_version("torch-neuronx"),
+            "neuronx_cc": package_version("neuronx-cc")}
 
 
 def sdk_tag(versions: Mapping[str, str | None]) -> str:

@@ -10,8 +10,8 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
+from siglip_serve.core.errors import UserError
 from siglip_serve.models.loading import model_geometry
-from siglip_serve.models.user_error import UserError
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
 from siglip_serve.serve.encoder_deployment import encoder_deployment

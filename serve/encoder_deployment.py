@@ -16,6 +16,7 @@ import numpy as np
 import ray
 from ray import serve
 
+from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
@@ -42,8 +43,8 @@ class EncoderReplica(TowerReplica):
         self.replica_actor_name = context.replica_id.to_full_id_str()
         self.info: dict[str, Any] = {
             "replica_id": context.replica_id.unique_id,
-            "neuron_rt_visible_cores": os.environ.get("NEURON_RT_VISIBLE_CORES"),
-            "neuron_logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+            "neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
+            "neuron_logical_nc_config": os.environ.get(LNC_ENV),
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),

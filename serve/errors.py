@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from siglip_serve.models import user_error
+from siglip_serve.core import errors as user_errors
 from siglip_serve.models.image_errors import (
     CorruptImage,
     EmptyImage,
@@ -122,4 +122,4 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -
 
 def describe_validation(errors: Sequence[Mapping[str, Any]]) -> str:
     """Pydantic errors as one line: 'input.3: Input should be a valid string; ...'."""
-    return user_error.describe_validation(errors, root="body", drop=("body",)) or "request does not match the schema"
+    return user_errors.describe_validation(errors, root="body", drop=("body",)) or "request does not match the schema"

@@ -20,6 +20,7 @@ import os
 
 from ray.serve import metrics
 
+from siglip_serve.core.constants import VISIBLE_CORES_ENV
 from siglip_serve.serve.errors import ErrorType
 
 # Exported names (without Ray's `ray_` prefix). Counters already end in `_total`; Ray's
@@ -84,7 +85,7 @@ def start_at_zero(counter: metrics.Counter, tags: dict[str, str] | None = None) 
 
 def replica_core_label() -> str:
     """The logical NeuronCore(s) this process was given, or 'none' off Neuron."""
-    return os.environ.get("NEURON_RT_VISIBLE_CORES") or "none"
+    return os.environ.get(VISIBLE_CORES_ENV) or "none"
 
 
 def _images_embedded() -> metrics.Counter:

@@ -13,7 +13,7 @@ import errno
 import os
 import socket
 
-from siglip_serve.models.user_error import UserError
+from siglip_serve.core.errors import UserError
 
 # Read by Ray Serve's proxy at import (ray/serve/_private/proxy.py, Ray 2.60; default "1"). Set in
 # this process before ray.init, so the local raylet, and the proxy actor it starts, inherit it.

@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.core.errors import UserError
 from siglip_serve.models.torchneuron_env import VISIBLE_CORES_ENV, artifact_environment
-from siglip_serve.models.user_error import UserError
 from siglip_serve.serve import trn2_report
 
 MODEL = "tiny-siglip"

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from siglip_serve.models.encoder import BackendUnavailable, Encoder, register_backend
+from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.encoder import Encoder, register_backend
 from siglip_serve.models.loading import ImageEmbedder, ModelInfo, load_embedder
 from siglip_serve.models.settings import ModelSettings
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
-from siglip_serve.models.encoder import BackendUnavailable, register_backend
+from siglip_serve.models.encoder import register_backend
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.models.manifest import ArtifactError, Manifest, read_manifest
 from siglip_serve.models.neuron_sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx

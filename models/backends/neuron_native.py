@@ -24,8 +24,9 @@ from typing import Any
 import open_clip
 import torch
 
+from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
-from siglip_serve.models.encoder import BackendUnavailable, register_backend
+from siglip_serve.models.encoder import register_backend
 from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
 from siglip_serve.models.manifest import sha256_file
 from siglip_serve.models.settings import ModelSettings

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.cuda import choose_autocast_dtype
-from siglip_serve.models.encoder import BackendUnavailable, check_backend_available, create_encoder
+from siglip_serve.models.encoder import check_backend_available, create_encoder
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.neuron_native import check_available, load_native_encoder, replica_env
-from siglip_serve.models.encoder import BackendUnavailable
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.native_compile import compile_native_artifact
 from siglip_serve.models.torchneuron_env import (

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from siglip_serve.models.encoder import BackendUnavailable
+from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.manifest import ArtifactError
 from siglip_serve.models.text import check_text_artifact, create_text_encoder
 from siglip_serve.models.text_neuron import load_native_text_encoder

@@ -25,7 +25,7 @@ from siglip_serve.models.text import create_text_encoder
 assert Path(models.__file__).is_relative_to(Path(__import__("sys").prefix)), models.__file__
 # Nothing generic at the top level of site-packages (the run's cwd is outside the checkout).
 assert all(importlib.util.find_spec(name) is None
-           for name in ("models", "serve", "loadtest", "measure", "kernels", "bulk"))
+           for name in ("core", "models", "serve", "loadtest", "measure", "kernels", "bulk"))
 settings = ModelSettings(model="tiny-siglip", torch_threads=1)
 image = np.random.default_rng(0).integers(0, 256, (1, 3, 64, 64), dtype=np.uint8)
 print(create_encoder(settings).encode(image).shape, create_text_encoder(settings).encode(["a cat"]).shape)

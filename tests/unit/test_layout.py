@@ -8,7 +8,7 @@ import ast
 
 from tests.helpers import REPO
 
-FOLDERS = ("models", "serve", "loadtest", "measure", "kernels", "bulk")
+FOLDERS = ("core", "models", "serve", "loadtest", "measure", "kernels", "bulk")
 
 
 def bare_imports(path) -> list[str]:

@@ -1,5 +1,6 @@
-"""The one base class of errors the user can fix (a bad option, a missing SDK, a taken port), and
-the one way pydantic validation errors are told to a user (CLI, config, HTTP 422).
+"""The one base class of errors the user can fix (a bad option, a missing SDK, a taken port), the
+errors more than one package raises, and the one way pydantic validation errors are told to a user
+(CLI, config, HTTP 422).
 
 Every command's main() runs through `siglip_serve.models.cli_args.run_main`, which prints such an error as one
 line and returns its `exit_code`; any other exception is a bug and keeps its traceback. Subclasses
@@ -16,6 +17,10 @@ class UserError(Exception):
     """A problem the user can fix; the message is one line that says what to do."""
 
     exit_code: int = 2
+
+
+class BackendUnavailable(UserError, RuntimeError):
+    """This machine cannot run the backend; the message is one line saying what to install or fix."""
 
 
 def describe_validation(errors: Iterable[Mapping[str, Any]], root: str = "settings",

@@ -1,0 +1,41 @@
+"""Environment variables and defaults shared by several packages, declared once."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Mapping
+
+# The Neuron runtime's logical NeuronCore size (LNC) and the cores a process may use (Ray sets it per
+# replica from its neuron_cores resource).
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+# The Neuron docs (Logical NeuronCore configuration): "LNC can only be set to 1 or 2 ... On Trn2, each
+# chip has 8 physical NeuronCores. With LNC=2 (default), these are grouped into 4 Logical NeuronCores."
+# LNC applies only to Trn2/Trn3; every other target runs one physical core per logical.
+VALID_LNC = (1, 2)
+TRN2_DEFAULT_LNC = 2
+LNC_DEFAULT_BY_TARGET = {"trn2": TRN2_DEFAULT_LNC, "trn3": TRN2_DEFAULT_LNC}
+
+
+class InvalidLnc(ValueError):
+    """NEURON_LOGICAL_NC_CONFIG holds something the Neuron runtime would refuse."""
+
+
+def lnc_setting(env: Mapping[str, str] | None = None, target: str = "trn2") -> tuple[int, bool]:
+    """(the LNC the Neuron runtime will use, whether NEURON_LOGICAL_NC_CONFIG set it explicitly)."""
+    env = os.environ if env is None else env
+    raw = (env.get(LNC_ENV) or "").strip()
+    if not raw:
+        return LNC_DEFAULT_BY_TARGET.get(target, 1), False
+    if raw not in {str(v) for v in VALID_LNC}:
+        raise InvalidLnc(f"{LNC_ENV}={raw!r} is not a valid LNC; the Neuron runtime accepts 1 or 2")
+    return int(raw), True
+
+
+def package_version(distribution: str) -> str | None:
+    """An installed distribution's version from its metadata (nothing imported), or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from siglip_serve.core.errors import UserError
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
-from siglip_serve.models.user_error import UserError
 
 TABLE_SUFFIXES = (".parquet", ".csv")
 SHARD_PREFIX = "part-"

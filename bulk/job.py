@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 
 from siglip_serve.bulk.inputs import ERRORS_FOLDER, OutputFolder, Shard, list_items, plan_shards
+from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import BulkResult, Machine, SteadyState
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
-from siglip_serve.models.user_error import UserError
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embedding_output import encode_rows
 

@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
+    if args.command == "run" and not args.address:
+        from siglip_serve.serve import session
+
+        if not session.is_child():
+            # A signal to our whole process group must not reach the Ray this command starts.
+            return session.run_in_own_session(argv)
     return run_main(lambda: _start(args, began), log)
 
 

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import psutil
@@ -41,9 +42,10 @@ def is_child() -> bool:
     return os.environ.pop(CHILD_ENV, None) == "1"
 
 
-def run_in_own_session(argv: list[str]) -> int:
-    """Run `siglip-serve ARGV` as a child in its own session, relaying SIGTERM and SIGINT to it; return
-    its exit code (128 + N when signal N ended it) once nothing of its session is left."""
+def run_in_own_session(argv: list[str], program: list[str] | None = None) -> int:
+    """Run `siglip-serve ARGV` (`program` instead of siglip-serve: tests) as a child in its own session,
+    relaying SIGTERM and SIGINT to it; return its exit code (128 + N when signal N ended it) once
+    nothing of its session is left."""
     child: subprocess.Popen[bytes] | None = None
     early: list[int] = []
 
@@ -53,9 +55,9 @@ def run_in_own_session(argv: list[str]) -> int:
         else:
             _signal(child.pid, signum)
 
-    for signum in RELAYED:
-        signal.signal(signum, relay)
-    child = subprocess.Popen([sys.executable, "-m", "siglip_serve.serve.cli", *argv],
+    for relayed in RELAYED:
+        signal.signal(relayed, relay)
+    child = subprocess.Popen([*(program or [sys.executable, "-m", "siglip_serve.serve.cli"]), *argv],
                              env={**os.environ, CHILD_ENV: "1"}, start_new_session=True,
                              preexec_fn=_stop_with_parent(os.getpid()))
     for signum in early:
@@ -75,7 +77,7 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
-def _stop_with_parent(parent: int):  # type: ignore[no-untyped-def]
+def _stop_with_parent(parent: int) -> Callable[[], None] | None:
     """preexec_fn: SIGTERM to the child when this process dies (SIGKILL, OOM), so the service drains
     and stops its Ray instead of living on, unseen, in its own session. Linux only."""
     if not sys.platform.startswith("linux"):

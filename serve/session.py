@@ -7,9 +7,11 @@ A supervisor that signals the group (`kill -TERM -- -PGID`) therefore ended Ray 
 could not drain, waited 60 s for the GCS, exited 1, and HAProxy, started by a Ray worker, kept the port.
 
 Here the command runs again as a child in a new session, and this process relays SIGTERM and SIGINT to
-it: the child drains and stops its Ray as on a signal sent to it alone. Once it has exited, whatever
-is left of its session (HAProxy outlives the worker that started it) is killed, so the ports are free
-when this process exits with the child's code.
+it: the child drains and stops its Ray as on a signal sent to it alone. Whatever is left of its session
+after Ray has stopped (multiprocessing's resource tracker, started in a replica; HAProxy, should its
+manager die first) is killed, by the child and again by this process once the child has exited, so
+the ports are free when this process exits with the child's code. Should this process die (SIGKILL,
+or SIGHUP, which it does not relay), the child gets SIGTERM and stops the same way on its own.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def run_in_own_session(argv: list[str], program: list[str] | None = None) -> int
     child = subprocess.Popen([*(program or [sys.executable, "-m", "siglip_serve.serve.cli"]), *argv],
                              env={**os.environ, CHILD_ENV: "1"}, start_new_session=True,
                              preexec_fn=_stop_with_parent(os.getpid()))
+    log.info("service: pid %d, in a session of its own (SIGKILL to it stops it at once: kill -KILL -- -%d)",
+             child.pid, child.pid)
     for signum in early:
         _signal(child.pid, signum)
     # Not reaped yet: the child's pid, which is also its session's id, cannot be reused meanwhile.
@@ -124,14 +128,15 @@ def end_leftovers(session: int, grace_s: float = LEFTOVER_GRACE_S) -> None:
 
 
 def _name(proc: psutil.Process) -> str:
-    """'haproxy', 'ray::ServeReplica...', or what a Python process runs: `-m MODULE`, a script, `-c`."""
+    """'haproxy', 'ray::ServeReplica...', or what a Python process runs: `-m MODULE`, a script, `-c CODE`
+    (multiprocessing's resource tracker, which a replica's libraries start and which outlives it)."""
     try:
         words = proc.cmdline()
         if not words or not os.path.basename(words[0]).startswith("python"):
             return proc.name()
         for index, word in enumerate(words[1:], start=1):
             if word in ("-m", "-c"):
-                return word + " " + (words[index + 1] if word == "-m" and index + 1 < len(words) else "...")
+                return " ".join([word, *words[index + 1:index + 2]])[:60]
             if not word.startswith("-"):
                 return os.path.basename(word)
         return proc.name()

@@ -176,7 +176,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         name = signal.Signals(signum).name
         if stop.is_set():
             # A supervisor that repeats its signal, or a second Ctrl-C, must not drop the requests the
-            # drain waits for; the drain has its own bound, and SIGKILL stops at once.
+            # drain waits for; the drain has its own bound (README, Running: how to stop at once).
             log.info("received %s again: already stopping (drain_timeout_s=%.0f s)", name, config.drain_timeout_s)
             return
         log.info("received %s; shutting down", name)

@@ -111,10 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    return run_main(lambda: _start(args, began), log)
+    own_session = False
+    if args.command == "run" and not args.address:
+        from siglip_serve.serve import session
+
+        own_session = session.is_child()
+        if not own_session:
+            # A signal to our whole process group must not reach the Ray this command starts.
+            return session.run_in_own_session(argv)
+    return run_main(lambda: _start(args, began, own_session), log)
 
 
-def _start(args: argparse.Namespace, began: float) -> int:
+def _start(args: argparse.Namespace, began: float, own_session: bool = False) -> int:
     from siglip_serve.serve.preflight import METRICS_CHECK_HOST, check_ports, disable_port_sharing
     from siglip_serve.serve.startup import Placeholder
 
@@ -126,7 +134,7 @@ def _start(args: argparse.Namespace, began: float) -> int:
             check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port)
             disable_port_sharing()
             placeholder = Placeholder(args.host, args.port)
-        return _command(args, began, placeholder)
+        return _command(args, began, placeholder, own_session)
     finally:
         if placeholder is not None:
             placeholder.release()
@@ -141,7 +149,7 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
+def _command(args: argparse.Namespace, began: float, placeholder: Any, own_session: bool = False) -> int:
     from siglip_serve.serve.config import ServiceConfig
 
     if args.command == "run":
@@ -160,6 +168,11 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any) -> int:
         config = preflight_tokenizer(config)
         code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
                            args.metrics_host, placeholder, began, args.front_end)
+        if own_session:
+            from siglip_serve.serve.session import end_leftovers
+
+            # Here too, not only in the parent: a parent that was killed cannot do it.
+            end_leftovers(os.getpid())
         # Ray is stopped and every log flushed; the interpreter's own teardown would then wait
         # ~7-10 s in Ray's native threads before the process ends (measured on SIGTERM).
         logging.shutdown()

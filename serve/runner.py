@@ -173,7 +173,13 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: Any) -> None:
-        log.info("received %s; shutting down", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            # A supervisor that repeats its signal, or a second Ctrl-C, must not drop the requests the
+            # drain waits for; the drain has its own bound (README, Running: how to stop at once).
+            log.info("received %s again: already stopping (drain_timeout_s=%.0f s)", name, config.drain_timeout_s)
+            return
+        log.info("received %s; shutting down", name)
         stop.set()
 
     started_ray = address is None
@@ -190,6 +196,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     else:
         init_args["address"] = address
     log.info("starting Ray (%s)", "local" if started_ray else address)
+    signal.signal(signal.SIGTERM, request_stop)  # a signal while Ray starts stops it after, cleanly
+    signal.signal(signal.SIGINT, request_stop)
     context = ray.init(**init_args)
     # After ray.init: Ray's core worker installs a SIGTERM handler that aborts the process.
     signal.signal(signal.SIGTERM, request_stop)

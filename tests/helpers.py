@@ -12,6 +12,7 @@ import contextlib
 import io
 import math
 import os
+import shlex
 import struct
 import subprocess
 import sys
@@ -107,6 +108,42 @@ def wait_until_ready(url: str, timeout_s: float, process: subprocess.Popen | Non
     _, ready, waited = poll(attempt, lambda status: status == 200, timeout_s, interval_s=0.5)
     assert ready, f"{url} not ready after {waited:.0f} s: {detail()}"
     return waited
+
+
+# -- the systemd unit (deploy/systemd/siglip-serve.service) ----------------------------------
+
+SYSTEMD_UNIT = REPO / "deploy" / "systemd" / "siglip-serve.service"
+
+
+def read_unit(path: Path = SYSTEMD_UNIT) -> dict[str, dict[str, list[str]]]:
+    """section -> key -> values, in order (a key such as Environment= may repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, value = line.split("=", 1)
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+def unit_environment(unit: dict[str, dict[str, list[str]]]) -> dict[str, str]:
+    pairs = [word.split("=", 1) for value in unit["Service"].get("Environment", []) for word in shlex.split(value)]
+    return {key: value for key, value in pairs}
+
+
+def unit_command(unit: dict[str, dict[str, list[str]]], environment: dict[str, str] | None = None) -> list[str]:
+    """ExecStart= as systemd runs it: words split as a shell would, and an unquoted `$NAME` replaced by the
+    words of its value (systemd.service(5), "Command lines"); `environment` overrides the unit's."""
+    env = {**unit_environment(unit), **(environment or {})}
+    words: list[str] = []
+    for word in shlex.split(unit["Service"]["ExecStart"][0]):
+        words.extend(env[word[1:]].split() if word.startswith("$") else [word])
+    return words
 
 
 # -- the HTTP contract (docs/http-api.md) ---------------------------------------------------

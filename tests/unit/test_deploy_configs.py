@@ -38,3 +38,24 @@ def test_trn2_serve_configs(lnc: int, cores: int) -> None:
     # The CPUs the config asks for fit a trn2.3xlarge's 12 vCPUs.
     cpus = cores * service.encoder_num_cpus + service.ingress_replicas * service.ingress_num_cpus
     assert cpus <= 12
+
+
+def test_systemd_unit_sends_sigterm_to_the_main_process_and_waits_out_the_drain() -> None:
+    from siglip_serve.serve import cli
+    from tests.helpers import read_unit, unit_command
+
+    unit = read_unit()
+    service = unit["Service"]
+    # mixed: SIGTERM to the main process only, which relays it to the service; control-group would also
+    # send it to Ray's own processes (every process of the cgroup) before the service has drained.
+    assert service["KillMode"] == ["mixed"] and service.get("KillSignal", ["SIGTERM"]) == ["SIGTERM"]
+    command = unit_command(unit)
+    assert command[0].endswith("/.venv/bin/siglip-serve"), command
+    args = cli.build_parser().parse_args(command[1:])
+    assert args.command == "run" and args.address is None
+    assert args.host == "127.0.0.1" and args.metrics_host == "127.0.0.1"
+    drain_s = ServiceConfig.from_args(cli.run_settings(args)).drain_timeout_s
+    (stop_s,) = service["TimeoutStopSec"]
+    # Room for the drain and a few seconds to stop Serve and Ray, before systemd's SIGKILL.
+    assert stop_s.isdigit() and drain_s + 10 <= int(stop_s) <= drain_s + 30, (drain_s, stop_s)
+    assert args.model == "ViT-SO400M-14-SigLIP-384" and args.pretrained == "webli"

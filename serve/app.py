@@ -116,19 +116,20 @@ def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Serve's application builder: `args` is the YAML `args:` mapping.
 
-    It checks, once, what it can before any replica starts: the config, the text tower's tokenizer
-    (serve/runner.py's preflight_tokenizer: the default turns text off without one), that the cluster
-    can hold the replicas, and that the weights are on disk or the hub answers. It cannot see a replica's
+    It checks, once, what it can before any replica starts: the config, that the weights are on disk
+    or the hub answers, the text tower's tokenizer (serve/runner.py's preflight_tokenizer: the default
+    turns text off without one), and that the cluster can hold the replicas. It cannot see a replica's
     own machine (an SDK or GPU missing there fails in the replica, which Serve retries)."""
     from siglip_serve.serve.runner import preflight_tokenizer, preflight_weights
 
     try:
-        config = preflight_tokenizer(ServiceConfig.from_args(args))
+        config = ServiceConfig.from_args(args)
+        preflight_weights(config)  # first: refused in a second, where the tokenizer check may take seconds
+        config = preflight_tokenizer(config)  # before the cluster check, which counts text replicas
         if ray.is_initialized():
             # Decided once, for the check and the build: cpu's auto builds the model on the meta device.
             config = pin_replicas(config)
             check_cluster_fits(config, resolve_replicas(config))
-        preflight_weights(config)
         return build(config)
     except UserError as exc:  # a config, weights or cluster problem: refused once, not retried
         log.error("%s", exc)

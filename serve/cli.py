@@ -166,6 +166,9 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
             placeholder.set_stage("checking the model weights")
         preflight_weights(config)
         config = preflight_tokenizer(config)
+        if own_session:
+            log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
+                     os.getpid(), os.getpid())
         code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
                            args.metrics_host, placeholder, began, args.front_end)
         if own_session:

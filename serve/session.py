@@ -62,8 +62,8 @@ def run_in_own_session(argv: list[str], program: list[str] | None = None) -> int
     child = subprocess.Popen([*(program or [sys.executable, "-m", "siglip_serve.serve.cli"]), *argv],
                              env={**os.environ, CHILD_ENV: "1"}, start_new_session=True,
                              preexec_fn=_stop_with_parent(os.getpid()))
-    log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
-             child.pid, child.pid)
+    # The service logs its pid itself once its checks have passed: a refusal stays one line.
+    log.debug("service: pid %d, in a session of its own", child.pid)
     for signum in early:
         _signal(child.pid, signum)
     # Not reaped yet: the child's pid, which is also its session's id, cannot be reused meanwhile.

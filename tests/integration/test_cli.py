@@ -61,9 +61,10 @@ def test_bad_option_value_stops_before_ray(tmp_path: Path) -> None:
     assert out.returncode == 2 and "buckets" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_run_serves_and_sigterm_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:
+def test_run_serves_and_sigint_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:
     """Run with the defaults, whose CPU plan (serve/cpu_plan.py) gives a small model one replica
-    per usable core, one torch thread each."""
+    per usable core, one torch thread each; Ctrl-C to the main process (SIGINT) then stops it all,
+    exit 0 (SIGTERM and group signals: tests/integration/test_shutdown.py)."""
     port = free_port()
     proc = subprocess.Popen(
         [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
@@ -81,7 +82,7 @@ def test_run_serves_and_sigterm_leaves_no_ray_process(photo_jpegs: list[bytes]) 
                                           lambda m: len(m["replicas"]) == cores, START_TIMEOUT_S)
         assert every_replica_up and model["replicas_expected"] == cores, model
         assert [replica["torch_threads"] for replica in model["replicas"]] == [1] * cores
-        output = stop_and_check_nothing_left(proc, children, signal.SIGTERM)
+        output = stop_and_check_nothing_left(proc, children, signal.SIGINT)
         assert "stopping Serve and Ray" in output
     finally:
         if proc.poll() is None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from siglip_serve.measure.poll import poll
 
@@ -46,13 +47,19 @@ def signals_seen(record: Path) -> list[str]:
     return record.read_text().split() if record.is_file() else []
 
 
-def test_a_group_signal_reaches_the_service_once_and_nothing_is_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("to_group", [True, False], ids=["to-the-group", "to-the-main-process"])
+def test_a_signal_reaches_the_service_once_and_nothing_is_left(tmp_path: Path, signum: signal.Signals,
+                                                               to_group: bool) -> None:
     relay, record = start(tmp_path)
     assert int(Path(f"{record}.ready").read_text()) != os.getsid(relay.pid)  # a session of its own
-    os.killpg(relay.pid, signal.SIGTERM)
+    if to_group:
+        os.killpg(relay.pid, signum)
+    else:
+        relay.send_signal(signum)
     assert relay.wait(30) == 3  # the service's own exit code
     name, left = signals_seen(record)
-    assert name == "SIGTERM"  # once: relayed, not also sent to the service by the group signal
+    assert name == signum.name  # once: relayed, not also sent to the service by the group signal
     assert not psutil.pid_exists(int(left)) or psutil.Process(int(left)).status() == psutil.STATUS_ZOMBIE
 
 

@@ -68,6 +68,22 @@ class TinyReference:
             return self.embedder(torch.from_numpy(array)[None]).numpy()[0]
 
 
+class ServeResponse:
+    """Stands in for Serve's DeploymentResponse as the ingress uses it: awaitable once, cancellable.
+    It does not prove Serve's own cancellation inside a replica (the integration tests run that)."""
+
+    def __init__(self, work: Any) -> None:
+        import asyncio
+
+        self.task = asyncio.ensure_future(work)
+
+    def __await__(self) -> Any:
+        return self.task.__await__()
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+
 # Applications test modules deployed; conftest's module fixture deletes each module's when it ends,
 # so the session cluster's logical CPUs hold only the apps still in use.
 DEPLOYED: list[str] = []

@@ -13,19 +13,7 @@ from ray.exceptions import RayActorError
 from siglip_serve.serve.encoder_client import EncoderClient, calls_in_flight, worth_coalescing
 from siglip_serve.serve.errors import ApiError
 from siglip_serve.serve.tower_replica import DeadlineExceeded
-
-
-class Response:
-    """Stands in for Serve's DeploymentResponse: awaitable once, cancellable."""
-
-    def __init__(self, work: Any) -> None:
-        self.task = asyncio.ensure_future(work)
-
-    def __await__(self) -> Any:
-        return self.task.__await__()
-
-    def cancel(self) -> None:
-        self.task.cancel()
+from tests.helpers import ServeResponse as Response
 
 
 class Replica:

@@ -16,21 +16,9 @@ from ray.exceptions import RayActorError
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.errors import ApiError
 from siglip_serve.serve.text_routes import TextRoutes
+from tests.helpers import ServeResponse as Response
 
 MODEL = {"name": "tiny-siglip", "image_size": [64, 64], "embed_dim": 4}
-
-
-class Response:
-    """Serve's DeploymentResponse as the ingress uses it: awaitable once, cancellable."""
-
-    def __init__(self, work: Any) -> None:
-        self.task = asyncio.ensure_future(work)
-
-    def __await__(self) -> Any:
-        return self.task.__await__()
-
-    def cancel(self) -> None:
-        self.task.cancel()
 
 
 class TextHandle:

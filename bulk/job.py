@@ -178,9 +178,10 @@ def embedding_columns(vectors: np.ndarray, encoding: str) -> dict[str, pa.Array]
         rows, scales = vectors.astype(np.float32, copy=False), None
     else:
         encoded, scales = encode_rows(vectors, encoding)
-        # An empty shard still gets the encoded width (binary: a bit per dimension).
-        width = len(encode_rows(np.ones((1, vectors.shape[1]), np.float32), encoding)[0][0])
-        rows = np.stack(encoded) if encoded else np.zeros((0, width))
+        if encoded:
+            rows = np.stack(encoded)
+        else:  # a shard of refused items only: the encoded width still (binary: a bit per dimension)
+            rows = np.zeros((0, len(encode_rows(np.ones((1, vectors.shape[1]), np.float32), encoding)[0][0])))
     flat = pa.array(rows.astype(kind.to_pandas_dtype(), copy=False).reshape(-1), type=kind)
     columns: dict[str, pa.Array] = {"embedding": pa.FixedSizeListArray.from_arrays(flat, rows.shape[1])}
     if scales is not None:

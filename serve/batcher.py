@@ -9,8 +9,8 @@ batch is formed only when the previous one has returned, up to `max_size` inputs
 
 Every input gets an answer: its result, its own error, the batch's error (every waiter of a batch
 that fails), or, when the replica stops the loop, a cancellation. A batch whose callers have all gone
-away (cancelled) is cancelled too: in the ingress that cancels the encoder call, and Serve cancels
-it in the replica.
+away (cancelled) is cancelled too: in the ingress that cancels the encoder call, which Serve then
+cancels in the replica, best effort (`DeploymentResponse.cancel`, ray/serve/handle.py, Ray 2.60).
 
 The same queue coalesces the ingress's encoder calls (serve/encoder_client.py), with `concurrency` batches
 in flight at once and no wait: at low load each request's chunk goes out alone at once; past

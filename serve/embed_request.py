@@ -84,8 +84,8 @@ class EmbeddingsRequest(BaseModel):
 @dataclass(frozen=True)
 class Item:
     kind: Modality
-    value: str
-    label: str  # how messages name it: input, input[3]
+    value: str | bytes  # text, base64 or data URI; a raw body's or file part's bytes
+    label: str  # how messages name it: input, input[3], file[0] (a.jpg)
 
 
 def looks_like_image(item: str) -> bool:

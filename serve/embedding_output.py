@@ -15,6 +15,7 @@ Encodings, for L2-normalised float32 vectors:
   layout. A length that is not a multiple of 8 is padded with 0 bits.
 """
 
+import base64
 from typing import Any
 
 import numpy as np
@@ -50,8 +51,6 @@ def encode_rows(embeddings: np.ndarray, encoding: str) -> tuple[list[Any], list[
     if encoding == "float":
         return list(vectors), None
     if encoding == "base64":
-        import base64
-
         return [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors], None
     if encoding in ("int8", "uint8"):
         peaks = np.max(np.abs(vectors), axis=1)

@@ -24,7 +24,13 @@ from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embed_request import CohereEmbedRequest, EmbeddingsRequest, read_cohere_items, read_items
+from siglip_serve.serve.embed_request import (
+    CohereEmbedRequest,
+    EmbeddingsRequest,
+    Item,
+    read_cohere_items,
+    read_items,
+)
 from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions
 from siglip_serve.serve.errors import ApiError, ErrorType, error_response, install_error_handlers
 from siglip_serve.serve.http_body import (
@@ -74,30 +80,30 @@ class Ingress(TextRoutes):
         global _count_error_in_replica
         _count_error_in_replica = self._count_error
 
-    async def _serve(self, route: str, kinds: Sequence[str], values: Sequence[bytes | str], labels: Sequence[str],
-                     deadline: float, render: Render | None = None, dimensions: int | None = None) -> Response:
-        """Each item (`kinds[i]`: "image" or "text") through its tower; the rows in input order, answered by
+    async def _serve(self, route: str, items: Sequence[Item], deadline: float, render: Render | None = None,
+                     dimensions: int | None = None) -> Response:
+        """Each item through its tower; the rows in input order, answered by
         `render(rows, images, texts)` (the route's shape; float JSON by default). Every limit is checked
         before any decoding or tokenizing; both towers' queues admit their part. `route` labels the
         embedded counters; the request metric says "text" for texts alone, as before mixed requests."""
         async def work() -> Response:
             cut = check_dimensions(dimensions, int(self.model["embed_dim"]), self.config.allow_dimension_truncation)
-            images = [i for i, kind in enumerate(kinds) if kind == "image"]
-            texts = [i for i, kind in enumerate(kinds) if kind == "text"]
+            images = [i for i, item in enumerate(items) if item.kind == "image"]
+            texts = [i for i, item in enumerate(items) if item.kind == "text"]
             limit = self.config.max_images_per_request
             if len(images) > limit:
                 raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
                                f"{len(images)} images in one request; the limit is {limit}")
-            text_values = [str(values[i]) for i in texts]
+            text_values = [str(items[i].value) for i in texts]
             if texts:
                 self._require_text()
-                check_texts(text_values, [labels[i] for i in texts], self.config)
+                check_texts(text_values, [items[i].label for i in texts], self.config)
             async with contextlib.AsyncExitStack() as admitted:
                 for tower, count in (("image", len(images)), ("text", len(texts))):
                     if count:
                         await admitted.enter_async_context(self._admitted(tower, count, deadline))
-                tasks = [asyncio.ensure_future(self._embed_images([values[i] for i in images],
-                                                                  [labels[i] for i in images], deadline)),
+                tasks = [asyncio.ensure_future(self._embed_images([items[i].value for i in images],
+                                                                  [items[i].label for i in images], deadline)),
                          asyncio.ensure_future(self._encode("text", text_values, deadline) if texts else _nothing())]
                 try:
                     parts = await asyncio.gather(*tasks)
@@ -105,7 +111,7 @@ class Ingress(TextRoutes):
                     for task in tasks:  # one tower failed (a bad image): the other's work is not wanted
                         task.cancel()
                     raise
-            rows = _in_order(len(kinds), (images, parts[0]), (texts, parts[1]))
+            rows = _in_order(len(items), (images, parts[0]), (texts, parts[1]))
             if cut is not None:
                 rows = cut_dimensions(rows, cut)
             if render is None:
@@ -118,13 +124,21 @@ class Ingress(TextRoutes):
                 self.metrics.texts_embedded.inc(len(texts), tags={"endpoint": route})
             return response
 
-        return await self._timed("text" if set(kinds) == {"text"} else route, work(), deadline)
+        return await self._timed("text" if texts_only(items) else route, work(), deadline)
 
     async def _embed_images(self, values: Sequence[bytes | str], labels: Sequence[str],
                             deadline: float) -> np.ndarray | None:
         if not values:
             return None
         return await self._encode("image", await self.images.prepare_all(values, labels), deadline)
+
+
+def texts_only(items: Sequence[Item]) -> bool:
+    return all(item.kind == "text" for item in items)
+
+
+def image_items(values: Sequence[bytes], labels: Sequence[str]) -> list[Item]:
+    return [Item("image", value, label) for value, label in zip(values, labels, strict=True)]
 
 
 async def _nothing() -> None:
@@ -150,14 +164,13 @@ class IngressDeployment(Ingress):
             body = await read_body(request, self.config.max_body_bytes)
             parsed = parse_json(body, EmbeddingsRequest, self.model["name"])
             items = read_items(parsed)
-            kinds = [item.kind for item in items]
             encoding = parsed.encoding()
 
             def render(rows: np.ndarray, images: int, texts: int) -> Response:
-                return render_embeddings(rows, self.model["name"], encoding, images, texts, read_as=kinds)
+                return render_embeddings(rows, self.model["name"], encoding, images, texts,
+                                         read_as=[item.kind for item in items])
 
-            return await self._serve("embeddings", kinds, [item.value for item in items],
-                                     [item.label for item in items], deadline, render, parsed.dimensions)
+            return await self._serve("embeddings", items, deadline, render, parsed.dimensions)
 
     @app.post("/v2/embed")
     async def embed_v2(self, request: Request) -> Response:
@@ -167,14 +180,12 @@ class IngressDeployment(Ingress):
             body = await read_body(request, self.config.max_body_bytes)
             parsed = parse_json(body, CohereEmbedRequest, self.model["name"])
             items = read_cohere_items(parsed)
-            kinds = [item.kind for item in items]
-            texts = [item.value for item in items if item.kind == "text"]
+            texts = [str(item.value) for item in items if item.kind == "text"]
 
             def render(rows: np.ndarray, images: int, _: int) -> Response:
                 return render_cohere(rows, self.model["name"], parsed.embedding_types, texts, images)
 
-            return await self._serve("v2_embed", kinds, [item.value for item in items],
-                                     [item.label for item in items], deadline, render, parsed.output_dimension)
+            return await self._serve("v2_embed", items, deadline, render, parsed.output_dimension)
 
     @app.post("/v1/classify")
     async def classify(self, request: Request) -> Response:
@@ -191,10 +202,10 @@ class IngressDeployment(Ingress):
         async with self._deadline() as deadline:
             body = await read_body(request, self.config.max_body_bytes)
             if not multipart:
-                return await self._serve("image", ["image"], [body], ["image"], deadline)
+                return await self._serve("image", image_items([body], ["image"]), deadline)
             files = await multipart_files(request, body)
-            return await self._serve("multipart", ["image"] * len(files), [data for _, data in files],
-                                     file_labels(files), deadline)
+            return await self._serve("multipart", image_items([data for _, data in files], file_labels(files)),
+                                     deadline)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:

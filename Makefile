@@ -26,12 +26,10 @@ serve: $(STAMP)
 	$(BIN)/siglip-serve run --backend $(BACKEND) --model $(MODEL) $(if $(filter tiny-siglip,$(MODEL)),,$(WEIGHTS)) \
 		--replicas $(REPLICAS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
 
-# Lint and types first (seconds), then the suite (minutes). Settings: pyproject.toml.
-TYPECHECK_VIEW := build/typecheck/siglip_serve
+# Lint, import cycles and types first (seconds), then the suite (minutes). Settings: pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	mkdir -p $(TYPECHECK_VIEW) && for p in core models serve loadtest measure kernels bulk; do \
-		ln -sfn ../../../$$p $(TYPECHECK_VIEW)/$$p; done
+	$(BIN)/python tools/import_cycles.py src/siglip_serve
 	$(BIN)/mypy
 
 test: lint

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from siglip_serve.serve.runner import free_port
+from siglip_serve.launcher.preflight import free_port
 from tests.helpers import API_KEY, DEPLOYED, TEST_NEURON_CORES, ServeCluster, TinyReference, deploy, jpeg_bytes
 
 # Tests pin their own Ray: loopback, no token prompts, no usage reporting.
@@ -115,7 +115,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     import ray
     from ray import serve
 
-    from siglip_serve.serve.haproxy_front import use_front_end
+    from siglip_serve.launcher.haproxy_front import use_front_end
 
     front_end = os.environ.get("SIGLIP_TEST_FRONT_END", "haproxy")
     before = dict(os.environ)

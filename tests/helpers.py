@@ -27,9 +27,11 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from siglip_serve.measure.poll import poll
+from siglip_serve.core.poll import poll
 
 REPO = Path(__file__).resolve().parent.parent
+# The package's source (src layout): src/siglip_serve/<package>/.
+SRC = REPO / "src" / "siglip_serve"
 DOUBLES = REPO / "tests" / "doubles"
 PLACEHOLDER = DOUBLES / "placeholder"
 
@@ -47,7 +49,7 @@ class ServeCluster:
     base_url: str
     # Ray's Prometheus endpoint (http://127.0.0.1:<metrics_port>/metrics), as `--metrics-port` sets it.
     metrics_port: int
-    # "haproxy" (the default, serve/haproxy_front.py) or "python" (Serve's proxy actor).
+    # "haproxy" (the default, launcher/haproxy_front.py) or "python" (Serve's proxy actor).
     front_end: str = "haproxy"
 
 
@@ -110,7 +112,7 @@ def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> N
 
 def wait_until_ready(url: str, timeout_s: float, process: subprocess.Popen | None = None,
                      detail: Callable[[], str] = lambda: "") -> float:
-    """GET `url` until it answers 200 (measure.poll); fail at once if `process` has exited.
+    """GET `url` until it answers 200 (core.poll); fail at once if `process` has exited.
 
     Returns the seconds waited; `detail()` (a log's tail, say) goes into the failure message."""
     def attempt() -> int | None:

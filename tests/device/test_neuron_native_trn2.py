@@ -20,9 +20,9 @@ import httpx
 import numpy as np
 import pytest
 
+from siglip_serve.launcher.preflight import free_port
 from siglip_serve.models.torchneuron_env import VISIBLE_CORES_ENV, environment
 from siglip_serve.models.torchneuron_runtime import neff_files, read_native_manifest
-from siglip_serve.serve.runner import free_port
 from tests.helpers import REPO, TinyReference
 
 pytestmark = pytest.mark.neuron_native
@@ -32,7 +32,7 @@ MIN_COSINE = 0.99
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "siglip_serve.serve.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "siglip_serve", *args], cwd=REPO, capture_output=True,
                           text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=timeout)
 
@@ -82,7 +82,7 @@ def test_served_over_http(artifact: Path, photo_jpegs: list[bytes], tiny_referen
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
     server = subprocess.Popen(
-        [sys.executable, "-m", "siglip_serve.serve.cli", "run", "--backend", "neuron-native", "--model", "tiny-siglip",
+        [sys.executable, "-m", "siglip_serve", "run", "--backend", "neuron-native", "--model", "tiny-siglip",
          "--buckets", "1,2", "--artifact-dir", str(artifact), "--neuron-cores", "1", "--replicas", "1",
          "--port", str(port), "--metrics-port", str(free_port())],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -39,7 +39,7 @@ class Compiled:
 
 def compile_in_subprocess(root: Path, lnc: int, auto_cast: str) -> Compiled:
     """`siglip-serve compile` in its own process, so the pytest process never holds a NeuronCore."""
-    proc = subprocess.run([sys.executable, "-m", "siglip_serve.serve.cli", "compile", "--model", "tiny-siglip",
+    proc = subprocess.run([sys.executable, "-m", "siglip_serve", "compile", "--model", "tiny-siglip",
                            "--buckets", "1,2", "--lnc", str(lnc), "--auto-cast", auto_cast, "--cache-root", str(root)],
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,7 +63,7 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory, photo_jpegs: list[byt
 
 def accuracy(a: str, b: str, folder: Path, out: Path) -> tuple[int, dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NEURON_RT_VISIBLE_CORES": "1"}
-    proc = subprocess.run([sys.executable, "-m", "siglip_serve.serve.cli", "accuracy", "--model", "tiny-siglip",
+    proc = subprocess.run([sys.executable, "-m", "siglip_serve", "accuracy", "--model", "tiny-siglip",
                            "--a", a, "--b", b, "--images", str(folder), "--json", str(out)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-3000:]

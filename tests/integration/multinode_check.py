@@ -32,8 +32,8 @@ def main() -> int:
     from ray import serve
     from ray.cluster_utils import Cluster
 
+    from siglip_serve.launcher.preflight import free_port
     from siglip_serve.serve.app import build_app
-    from siglip_serve.serve.runner import free_port
 
     logging.basicConfig(level=logging.WARNING)
 

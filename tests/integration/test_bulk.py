@@ -127,7 +127,7 @@ def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path)
 
     # A driver of its own on the tests' Ray (no second Ray to start): killing it ends its actors and
     # tasks with it (Ray ends what a dead driver owned), as a crashed job would leave them.
-    command = [sys.executable, "-m", "siglip_serve.serve.cli", "embed", str(folder), "-o", str(out),
+    command = [sys.executable, "-m", "siglip_serve", "embed", str(folder), "-o", str(out),
                "--model", "tiny-siglip", "--shard-size", "4", "--set", "torch_threads=1",
                "--address", ray.get_runtime_context().gcs_address]
     job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -12,8 +12,8 @@ import httpx
 import psutil
 import yaml
 
-from siglip_serve.measure.poll import poll
-from siglip_serve.serve.runner import free_port
+from siglip_serve.core.poll import poll
+from siglip_serve.launcher.preflight import free_port
 from tests.helpers import REPO, wait_until_ready
 
 BIN = Path(sys.executable).parent

@@ -280,7 +280,7 @@ def test_101_headers_are_the_contracts_431(serve_cluster: ServeCluster, main_app
 def test_unfinished_headers_are_cut_at_the_header_timeout(serve_cluster: ServeCluster, main_app: str) -> None:
     if serve_cluster.front_end != "haproxy":
         pytest.skip("Serve's proxy actor has no header read timeout (docs/http-api.md, Front-end limits)")
-    from siglip_serve.serve.haproxy_front import DEFAULT_HEADER_TIMEOUT_S
+    from siglip_serve.launcher.haproxy_front import DEFAULT_HEADER_TIMEOUT_S
 
     with socket.create_connection(("127.0.0.1", serve_cluster.http_port), timeout=60) as sock:
         sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n")

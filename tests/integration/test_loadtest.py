@@ -388,7 +388,7 @@ def test_relative_out_lands_in_the_callers_cwd(tmp_path: Path, lt_app: str,
 
 
 def test_cannot_run_is_exit_code_2(tmp_path: Path) -> None:
-    from siglip_serve.serve.runner import free_port
+    from siglip_serve.launcher.preflight import free_port
 
     assert cli.main(["--host", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0",
                      "--out", str(tmp_path)]) == 2

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from siglip_serve.measure.poll import poll
+from siglip_serve.core.poll import poll
+from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.errors import ErrorType
 from siglip_serve.serve.metrics import METRIC_NAMES
-from siglip_serve.serve.runner import free_port
 from tests.helpers import REPO as ROOT
 from tests.helpers import ServeCluster, deploy
 from tests.integration.prometheus_server import SHIPPED_CONFIG, PrometheusServer, ensure_installed, scrape_config_for

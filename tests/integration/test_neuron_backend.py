@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.launcher.preflight import free_port
 from siglip_serve.models.encoder import check_backend_available, create_encoder
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.manifest import ArtifactError
@@ -30,7 +31,6 @@ from siglip_serve.models.neuron_sdk import (
     require_torch_neuronx,
     runtime_lnc,
 )
-from siglip_serve.serve.runner import free_port
 from tests.helpers import (
     PLACEHOLDER,
     REPO,
@@ -95,7 +95,7 @@ def test_missing_sdk_and_pypi_placeholder_are_told_apart() -> None:
 def test_run_without_the_sdk_exits_with_one_line_before_ray(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "siglip_serve.serve.cli", "run", "--backend", "neuron", "--model", "tiny-siglip",
+        [sys.executable, "-m", "siglip_serve", "run", "--backend", "neuron", "--model", "tiny-siglip",
          "--artifact-dir", str(tmp_path), "--port", str(free_port())],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )

@@ -353,7 +353,7 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
 
 def test_compile_cli_without_the_sdk_writes_nothing_and_says_what_to_install(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from siglip_serve.serve.cli import main
+    from siglip_serve.__main__ import main
 
     before = neuron_env()
     code = main(["compile", "--backend", "neuron-native", "--model", "tiny-siglip", "--cache-root", str(tmp_path),

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from siglip_serve.measure.poll import poll
+from siglip_serve.core.poll import poll
+from siglip_serve.launcher.preflight import free_port
 from siglip_serve.measure.server_cpu import ServerCpu, process_kind
-from siglip_serve.serve.runner import free_port
 
 BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
 

@@ -25,9 +25,9 @@ import numpy as np
 import psutil
 import pytest
 
-from siglip_serve.serve import cli
+from siglip_serve.launcher import cli
+from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.runner import free_port
 from tests.helpers import REPO as ROOT
 from tests.helpers import read_unit, streamed_png, unit_command, unit_environment, wait_until_ready
 
@@ -35,7 +35,7 @@ KEY = "env-only-key-7c1f"
 # The unit's model (SO400M from the hub) swapped for the tiny one, sized for a 2-core test machine.
 TINY = "--model tiny-siglip --random-weights --replicas 1 --torch-threads 1 --set encoder_num_cpus=0.5"
 UNIT = read_unit()
-_UNIT_ARGS = cli.build_parser().parse_args(unit_command(UNIT)[1:])
+_UNIT_ARGS = cli.build_parser().parse_args(unit_command(UNIT)[2:])
 DRAIN_TIMEOUT_S = ServiceConfig.from_args(cli.run_settings(_UNIT_ARGS)).drain_timeout_s
 
 
@@ -66,7 +66,7 @@ def start_service(log: Path, model: str) -> Service:
     port, metrics_port = free_port(), free_port()
     command = unit_command(UNIT, {"SIGLIP_SERVE_MODEL": model})
     # The unit's script is this interpreter's `siglip-serve`, which `-m` runs from this checkout.
-    command = [sys.executable, "-m", "siglip_serve.serve.cli", *command[1:],
+    command = [sys.executable, "-m", "siglip_serve", *command[1:],
                "--port", str(port), "--metrics-port", str(metrics_port)]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, **unit_environment(UNIT), "PYTHONPATH": path, "SIGLIP_API_KEY": KEY}

@@ -18,9 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from siglip_serve.serve.preflight import port_in_use
-from siglip_serve.serve.runner import free_port
-from siglip_serve.serve.startup import Placeholder
+from siglip_serve.launcher.preflight import free_port, port_in_use
+from siglip_serve.launcher.startup import Placeholder
 from tests.helpers import REPO
 
 BIN = Path(sys.executable).parent
@@ -83,7 +82,7 @@ def _weights_check_seconds(monkeypatch: pytest.MonkeyPatch, **env: str) -> tuple
     """The weights preflight in this process (imports already paid): its message and how long it took."""
     from siglip_serve.models.loading import ModelLoadError, _register_tiny
     from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.runner import preflight_weights
+    from siglip_serve.serve.model_checks import preflight_weights
 
     _register_tiny()  # pays open_clip's and timm's imports before the clock starts
     for key, value in env.items():

@@ -10,14 +10,16 @@ import httpx
 import numpy as np
 import pytest
 
+from siglip_serve.models.encoder import create_text_encoder
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import TextEncoder, create_text_encoder
+from siglip_serve.models.text import TextEncoder
 from siglip_serve.serve.text_routes import zero_shot
 from tests.helpers import (
     API_KEY,
     AUTH,
     CHECKPOINT_MODEL,
     REPO,
+    SRC,
     ServeCluster,
     TinyReference,
     assert_error,
@@ -322,9 +324,9 @@ def test_locust_text_and_classify_users_run_clean(main_app: str, tmp_path: Path)
 
     env = {**os.environ, "SIGLIP_LOADTEST_API_KEY": API_KEY, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
-        [sys.executable, "-m", "locust", "-f", "loadtest/text_locustfile.py", "--headless", "--host", main_app,
-         "-u", "2", "-r", "2", "-t", "6s", "--texts-per-request", "4", "--labels", "3", "--only-summary",
-         "--csv", str(tmp_path / "text"), "TextUser", "ClassifyUser"],
+        [sys.executable, "-m", "locust", "-f", str(SRC / "loadtest" / "text_locustfile.py"), "--headless",
+         "--host", main_app, "-u", "2", "-r", "2", "-t", "6s", "--texts-per-request", "4", "--labels", "3",
+         "--only-summary", "--csv", str(tmp_path / "text"), "TextUser", "ClassifyUser"],
         cwd=env["PYTHONPATH"], env=env, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr[-2000:]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.backends.neuron_native import load_native_text_encoder
+from siglip_serve.models.encoder import check_text_artifact, create_text_encoder
 from siglip_serve.models.manifest import ArtifactError
-from siglip_serve.models.text import check_text_artifact, create_text_encoder
-from siglip_serve.models.text_neuron import load_native_text_encoder
 from siglip_serve.models.torchneuron_runtime import read_native_manifest
 from tests.doubles.torchneuron_runtime import RecordingRuntime
 from tests.helpers import tiny_settings
@@ -82,7 +82,8 @@ def test_text_buckets_the_artifact_lacks_are_refused(text_artifact: tuple[Path, 
 
 
 def test_a_backend_without_a_text_tower_is_refused_in_one_line() -> None:
-    from siglip_serve.models.text import check_text_backend
+    from siglip_serve.models.encoder import text_backend
+    from siglip_serve.models.settings import NO_MODEL_BACKEND
 
-    with pytest.raises(BackendUnavailable, match="the text tower has no 'tpu' backend"):
-        check_text_backend("tpu")
+    with pytest.raises(BackendUnavailable, match=f"the '{NO_MODEL_BACKEND}' backend has no text tower"):
+        text_backend(NO_MODEL_BACKEND)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from siglip_serve.serve import trn2_check
-from siglip_serve.serve.trn2_check import Run, Step, run_step, write_summary
+from siglip_serve.launcher import trn2_check
+from siglip_serve.launcher.trn2_check import Run, Step, run_step, write_summary
 from tests.helpers import DOUBLES, PLACEHOLDER, REPO
 
 PY = sys.executable

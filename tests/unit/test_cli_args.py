@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from siglip_serve.measure import multicore
+from siglip_serve.launcher import cli
+from siglip_serve.measure import bench_cli, multicore
 from siglip_serve.models import compile_cli, neuron_compile
 from siglip_serve.models.cli_args import (
     BACKEND_OPTIONS,
@@ -20,7 +21,6 @@ from siglip_serve.models.cli_args import (
     settings_values,
 )
 from siglip_serve.models.settings import BACKENDS, ModelSettings
-from siglip_serve.serve import cli
 from siglip_serve.serve.config import ServiceConfig
 
 
@@ -31,8 +31,7 @@ def model_flags(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:
-    (sub,) = (a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices[name]
+    return {"run": cli.build_parser, "bench": bench_cli.build_parser}[name]()
 
 
 def flags(names: tuple[str, ...]) -> set[str]:
@@ -80,7 +79,7 @@ def test_run_flags_reach_the_service_config(tmp_path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("secret\n")
     args = cli.build_parser().parse_args(
-        ["--log-level", "DEBUG", "run", "--model", "tiny-siglip", "--seed", "3", "--cuda-dtype", "fp16",
+        ["--log-level", "DEBUG", "--model", "tiny-siglip", "--seed", "3", "--cuda-dtype", "fp16",
          "--replicas", "2", "--access-log", "--api-key-file", str(key_file), "--set", "max-queued-requests=8",
          "--set", "buckets=[1, 2]", "--set", "replicas=5"])
     config = ServiceConfig.from_args(cli.run_settings(args))
@@ -88,7 +87,7 @@ def test_run_flags_reach_the_service_config(tmp_path) -> None:
     assert config.replicas == 2  # the flag wins over --set, as before
     assert config.max_queued_requests == 8 and config.access_log and config.log_level == "DEBUG"
     assert config.resolve_api_key({}) == "secret"
-    auto = cli.build_parser().parse_args(["run", "--backend", "neuron", "--replicas", "auto"])
+    auto = cli.build_parser().parse_args(["--backend", "neuron", "--replicas", "auto"])
     assert ServiceConfig.from_args(cli.run_settings(auto)).replicas == "auto"
 
 
@@ -101,7 +100,7 @@ def test_one_key_value_parser() -> None:
     assert settings_values([("max-queued-requests", "8"), ("buckets", "1,2"), ("access_log", "true")]) == {
         "max_queued_requests": 8, "buckets": "1,2", "access_log": True}
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["run", "--set", "novalue"])
+        cli.build_parser().parse_args(["--set", "novalue"])
     # A YAML value is typed: one bucket reads as an int, and still means one bucket.
     assert ServiceConfig.from_args(settings_values([("buckets", "4")])).buckets == (4,)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from siglip_serve.serve.cli import main
+from siglip_serve.__main__ import main
 from tests.helpers import neuron_env, torch_neuronx_from
 
 RECIPE = "--auto-cast=matmult --auto-cast-type=bf16 --model-type transformer"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from siglip_serve.models.loading import ParameterCounts, load_clip, parameter_counts
 from siglip_serve.models.settings import ModelSettings
@@ -133,3 +134,21 @@ def test_pinning_decides_the_ingress_count_and_an_unpinned_count_is_refused(mach
     with pytest.raises(ValueError, match="decided when the application is built"):
         _ = config.ingress_count
     assert pin_replicas(config).ingress_count == 6
+
+
+def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -> None:
+    from siglip_serve.models.text import TextEncoder
+    from siglip_serve.serve.text_deployment import TextEncoderReplica
+
+    machine(cores=16, available_bytes=64 * GiB)
+    assert cpu_plan.text_torch_threads(ServiceConfig(model="tiny-siglip")) == 1  # text_num_cpus 0.5
+    assert cpu_plan.text_torch_threads(ServiceConfig(model="tiny-siglip", text_num_cpus=3)) == 3
+    assert cpu_plan.text_torch_threads(ServiceConfig(model="tiny-siglip", torch_threads=2)) == 2
+    assert cpu_plan.text_torch_threads(ServiceConfig(model="tiny-siglip", backend="cuda")) is None
+    # The replica class builds its encoder with that count (as Serve builds it, here without Ray).
+    before = torch.get_num_threads()
+    try:
+        replica = TextEncoderReplica(ServiceConfig(model="tiny-siglip", random_weights=True, text_num_cpus=2))
+        assert isinstance(replica.encoder, TextEncoder) and replica.encoder.threads == 2
+    finally:
+        torch.set_num_threads(before)

@@ -41,7 +41,7 @@ def test_trn2_serve_configs(lnc: int, cores: int) -> None:
 
 
 def test_systemd_unit_sends_sigterm_to_the_main_process_and_waits_out_the_drain() -> None:
-    from siglip_serve.serve import cli
+    from siglip_serve.launcher import cli
     from tests.helpers import read_unit, unit_command
 
     unit = read_unit()
@@ -51,8 +51,8 @@ def test_systemd_unit_sends_sigterm_to_the_main_process_and_waits_out_the_drain(
     assert service["KillMode"] == ["mixed"] and service.get("KillSignal", ["SIGTERM"]) == ["SIGTERM"]
     command = unit_command(unit)
     assert command[0].endswith("/.venv/bin/siglip-serve"), command
-    args = cli.build_parser().parse_args(command[1:])
-    assert args.command == "run" and args.address is None
+    args = cli.build_parser().parse_args(command[2:])
+    assert command[1] == "run" and args.address is None
     assert args.host == "127.0.0.1" and args.metrics_host == "127.0.0.1"
     drain_s = ServiceConfig.from_args(cli.run_settings(args)).drain_timeout_s
     (stop_s,) = service["TimeoutStopSec"]

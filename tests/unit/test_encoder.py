@@ -8,8 +8,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from siglip_serve.models.encoder import EncoderInputError, create_encoder, pick_bucket, split_into_buckets
+from siglip_serve.models.encoder import EncoderInputError, create_encoder
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.tower import pick_bucket, split_into_buckets
 
 
 @pytest.mark.parametrize("n, bucket", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)])
@@ -77,25 +78,17 @@ def test_eager_cpu_runs_real_sizes_not_padded_buckets(tiny_encoder, static_encod
     assert tiny_encoder.static_shapes is False and tiny_encoder.describe()["static_shapes"] is False
     images = random_images(7, seed=3)
     before = dict(tiny_encoder.forward_counts)
-    seen = []
-    tiny_encoder.forward_observer = lambda size, n, seconds: seen.append((size, n))
-    try:
-        eager = tiny_encoder.encode(images)
-    finally:
-        tiny_encoder.forward_observer = None
+    seen: list[tuple[int, int]] = []
+    eager = tiny_encoder.encode(images, lambda size, n, seconds: seen.append((size, n)))
     # Split as the buckets say (at most 4 a pass), but the tail of 3 runs as 3, not as 4.
     assert seen == [(4, 4), (3, 3)]
     assert tiny_encoder.forward_counts[3] - before.get(3, 0) == 1
     np.testing.assert_allclose(eager, static_encoder.encode(images), atol=1e-5)
 
 
-def test_forward_observer_sees_bucket_and_real_count(static_encoder) -> None:
-    seen = []
-    static_encoder.forward_observer = lambda bucket, n, seconds: seen.append((bucket, n, seconds > 0))
-    try:
-        static_encoder.encode(random_images(3))
-    finally:
-        static_encoder.forward_observer = None
+def test_the_forward_hook_sees_bucket_and_real_count(static_encoder) -> None:
+    seen: list[tuple[int, int, bool]] = []
+    static_encoder.encode(random_images(3), lambda bucket, n, seconds: seen.append((bucket, n, seconds > 0)))
     assert seen == [(4, 3, True)]
 
 

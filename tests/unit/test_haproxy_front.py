@@ -1,4 +1,4 @@
-"""serve/haproxy_front.py on its own: the rewrite of Ray's rendered HAProxy configuration, the error
+"""launcher/haproxy_front.py on its own: the rewrite of Ray's rendered HAProxy configuration, the error
 pages, and the environment. The running front end (binds, limits, timeouts) is tested on the real
 service in tests/integration/test_front_door.py and test_shutdown.py."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 from siglip_serve.serve.errors import ErrorType
-from siglip_serve.serve.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 
 # The lines of Ray 2.60's template (ray/serve/_private/haproxy_templates.py) that the rewrite touches.
 RENDERED = """global
@@ -77,7 +77,7 @@ def test_environment_names_every_port_and_the_wrapper(monkeypatch: pytest.Monkey
 def test_use_front_end_picks_distinct_ports_and_keeps_an_operators_timeouts() -> None:
     import os
 
-    from siglip_serve.serve.haproxy_front import use_front_end
+    from siglip_serve.launcher.haproxy_front import use_front_end
 
     saved = dict(os.environ)  # use_front_end sets this process's environment: put it back after
     try:

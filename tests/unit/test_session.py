@@ -1,4 +1,4 @@
-"""serve/session.py without Ray: a stand-in service that records the signals it gets and leaves a
+"""launcher/session.py without Ray: a stand-in service that records the signals it gets and leaves a
 process behind, as HAProxy is left behind by the Ray worker that starts it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from siglip_serve.measure.poll import poll
+from siglip_serve.core.poll import poll
 
 SERVICE = '''
 import os, signal, subprocess, sys, time
@@ -35,7 +35,7 @@ def start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     """The relay in a session of its own (as a supervisor starts it), once the stand-in runs."""
     script, record = tmp_path / "service.py", tmp_path / "record"
     script.write_text(SERVICE)
-    relay = (f"import sys; from siglip_serve.serve.session import run_in_own_session; "
+    relay = (f"import sys; from siglip_serve.launcher.session import run_in_own_session; "
              f"sys.exit(run_in_own_session([{str(record)!r}], program=[sys.executable, {str(script)!r}]))")
     process = subprocess.Popen([sys.executable, "-c", relay], start_new_session=True)
     _, ready, _ = poll(lambda: Path(f"{record}.ready").is_file(), bool, 30, interval_s=0.05)

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from siglip_serve.models.encoder import create_text_encoder
 from siglip_serve.models.loading import ModelLoadError, _register_tiny, load_embedder
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, create_text_encoder, load_text_tower
+from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, load_text_tower
 from siglip_serve.serve.errors import ApiError
 from siglip_serve.serve.text_routes import prompts_of, zero_shot
-from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, REPO, forced_checkpoint, jpeg_bytes, small_tokenizer
+from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, SRC, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
          " ".join(["photo"] * 40)]
@@ -60,7 +61,7 @@ def test_siglip2_configs_are_served_as_siglip_and_tiny_siglip2_has_their_text_ar
     _register_tiny()
     siglip2 = [name for name in available_models() if "SigLIP2" in name]
     assert len(siglip2) == 15 and "ViT-SO400M-16-SigLIP2-384" in siglip2 and "ViT-gopt-16-SigLIP2-384" in siglip2
-    tiny = json.loads((REPO / "models" / "configs" / "tiny-siglip2.json").read_text())["text_cfg"]
+    tiny = json.loads((SRC / "models" / "configs" / "tiny-siglip2.json").read_text())["text_cfg"]
     for name in siglip2:
         cfg = open_clip.get_model_config(name)
         assert isinstance(cfg["vision_cfg"]["image_size"], int), name  # one resolution: fits the buckets
@@ -194,7 +195,7 @@ def test_the_default_turns_text_off_in_seconds_without_a_tokenizer_or_hub(
     import time
 
     from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.runner import preflight_tokenizer
+    from siglip_serve.serve.model_checks import preflight_tokenizer
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: connection refused
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

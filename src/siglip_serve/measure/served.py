@@ -1,0 +1,151 @@
+"""The served part of `siglip-serve bench`: the real application under a local Ray, driven over HTTP.
+
+A closed-loop asyncio driver (httpx) posts prebuilt bodies (siglip_serve.measure.corpus) at each concurrency
+level; the service's process tree's CPU per image is measured over each level (siglip_serve.measure.server_cpu).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+
+from siglip_serve.measure.corpus import Image, build_bodies, skimage_corpus
+from siglip_serve.measure.results import HostCeiling, ServedRow
+from siglip_serve.measure.server_cpu import ServerCpu
+from siglip_serve.serve.config import ServiceConfig
+
+log = logging.getLogger("siglip_serve.bench")
+
+# Real ~640x480 photographs: colour ones, as a camera sends them.
+BENCH_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry")
+BENCH_PHOTO_SIZE = (640, 480)
+
+
+def sample_photos() -> list[Image]:
+    return skimage_corpus(BENCH_PHOTOS, size=BENCH_PHOTO_SIZE)
+
+
+def percentile_ms(seconds: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(seconds) * 1e3, q))
+
+
+async def drive(url: str, bodies: list[tuple[bytes, str]], concurrency: int, requests: int,
+                images_per_request: int = 1) -> ServedRow:
+    """`concurrency` clients post `requests` bodies in all, each the next as soon as its answer is in."""
+    import httpx
+
+    latencies: list[float] = []
+    failures = 0
+    next_index = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal next_index, failures
+        while next_index < requests:
+            body, content_type = bodies[next_index % len(bodies)]
+            next_index += 1
+            began = time.perf_counter()
+            response = await client.post(url, content=body, headers={"Content-Type": content_type})
+            if response.status_code == 200:
+                latencies.append(time.perf_counter() - began)
+            else:
+                failures += 1
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return ServedRow(
+        concurrency=concurrency, requests=requests, failures=failures, images_per_request=images_per_request,
+        images_per_second=len(latencies) * images_per_request / elapsed,
+        latency_p50_ms=percentile_ms(latencies, 50) if latencies else None,
+        latency_p99_ms=percentile_ms(latencies, 99) if latencies else None,
+    )
+
+
+HOST_CEILING_ROUTE = "/host-ceiling"
+
+
+def host_ceiling_config(config: ServiceConfig, replicas: int) -> ServiceConfig:
+    """The same deployment with the model taken out: zero vectors, no text tower, the same replica and
+    ingress counts (auto would count cores differently without the model's threads)."""
+    from siglip_serve.models.settings import NO_MODEL_BACKEND
+    from siglip_serve.serve.cpu_plan import ingress_replicas_for
+
+    return ServiceConfig.model_validate({
+        **config.model_dump(exclude_unset=True), "backend": NO_MODEL_BACKEND, "replicas": replicas,
+        "ingress_replicas": ingress_replicas_for(config, replicas), "text_replicas": 0,
+        "neuron_cores_per_replica": 0, "env_vars": {}, "artifact_dir": None, "torch_threads": None,
+        "device_jpeg_decode": False,
+    })
+
+
+def measure_level(url: str, bodies: list[tuple[bytes, str]], level: int, requests: int, images_per_request: int,
+                  server: ServerCpu) -> ServedRow:
+    before = server.snapshot()
+    row = asyncio.run(drive(url, bodies, level, max(requests, level), images_per_request))
+    window = ServerCpu.between(before, server.snapshot())
+    row.server_cpu = cpu = window.result((row.requests - row.failures) * images_per_request)
+    log.info("served at concurrency %d: %.1f img/s, %.1f server CPU-ms per image", level,
+             row.images_per_second, cpu.ms_per_image or float("nan"))
+    return row
+
+
+def bench_served(config: ServiceConfig, levels: list[int], requests: int, images_per_request: int = 1,
+                 front_end: str = "haproxy", endpoint: str = "raw",
+                 host_ceiling: bool = False) -> tuple[list[ServedRow], HostCeiling | None]:
+    """The served rows at each concurrency, and with `host_ceiling` the same deployment with the model
+    taken out (a second application on the same Ray), at the highest concurrency."""
+    import ray
+    from ray import serve
+
+    from siglip_serve.launcher.haproxy_front import use_front_end
+    from siglip_serve.launcher.preflight import free_port
+    from siglip_serve.launcher.runner import ray_resources
+    from siglip_serve.serve.app import build, pin_replicas, resolve_replicas
+    from siglip_serve.serve.cpu_plan import ingress_replicas_for
+
+    use_front_end(front_end, local_only=True)
+    port = free_port()
+    config = pin_replicas(config)
+    replicas = config.replicas if isinstance(config.replicas, int) else None
+    ray_options = ray_resources(config, replicas)
+    if host_ceiling:  # the ceiling's replicas and ingress beside the model's
+        ray_options["num_cpus"] += ray_resources(config, replicas)["num_cpus"]
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace="siglip-bench",
+             log_to_driver=False, **ray_options)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        log.info("deploying %s for the served benchmark...", config.model)
+        serve.run(build(config), name="bench", route_prefix="/")
+        request_bodies = build_bodies(sample_photos(), endpoint, images_per_request)
+        bodies = [(body.data, body.content_type) for body in request_bodies]
+        url = f"http://127.0.0.1:{port}{request_bodies[0].path}"
+        asyncio.run(drive(url, bodies, max(levels), 2 * max(levels), images_per_request))  # warm the path
+        # Ray's processes are this process's children; this process is the client and is left out.
+        server = ServerCpu.of_children()
+        rows = [measure_level(url, bodies, level, requests, images_per_request, server) for level in levels]
+        ceiling = None
+        if host_ceiling:
+            count = resolve_replicas(config)
+            no_model = host_ceiling_config(config, count)
+            log.info("deploying the host ceiling: %s with no model (%d replica(s))", config.model, count)
+            serve.run(build(no_model), name="host-ceiling", route_prefix=HOST_CEILING_ROUTE)
+            ceiling_url = f"http://127.0.0.1:{port}{HOST_CEILING_ROUTE}{request_bodies[0].path}"
+            level = max(levels)
+            asyncio.run(drive(ceiling_url, bodies, level, 2 * level, images_per_request))
+            row = measure_level(ceiling_url, bodies, level, requests, images_per_request, server)
+            ms = row.server_cpu.ms_per_image if row.server_cpu else None
+            ceiling = HostCeiling(concurrency=level, replicas=count,
+                                  ingress_replicas=ingress_replicas_for(config, count),
+                                  images_per_second=row.images_per_second,
+                                  images_per_second_per_core=1000.0 / ms if ms else None, server_cpu=row.server_cpu)
+        return rows, ceiling
+    finally:
+        # Not serve.shutdown(): it stops each replica gracefully, and a direct-ingress replica (the
+        # HAProxy front end) drains for at least 30 s (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S,
+        # ray/serve/_private/constants.py). Nothing is in flight here; Serve's actors die with this Ray.
+        ray.shutdown()

@@ -1,0 +1,152 @@
+"""The CUDA backend: the same uint8-in ImageEmbedder on one GPU, under autocast, per batch bucket.
+
+uint8 images cross PCIe (a quarter of float32's bytes) and are normalised on the GPU inside the
+graph. `cuda_dtype` picks the autocast dtype: bf16 (default; falls back to fp16 on GPUs without
+bf16, i.e. before Ampere), fp16, or fp32 (no autocast).
+
+CUDA graphs (`cuda_graphs`, default off): one graph captured per bucket removes per-kernel launch
+overhead, which matters at small buckets. It follows PyTorch's documented recipe (warm-up on a side
+stream, static input/output buffers, autocast with its weight cache disabled inside capture), but it
+has not been run on a GPU in this project yet, so it stays off until a GPU run of
+`siglip-serve accuracy` and the bench shows it is correct and pays off.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.encoder import Backend, Encoder, register_backend
+from siglip_serve.models.loading import ImageEmbedder, ModelInfo, load_embedder
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer, load_text_tower
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+GRAPH_WARMUP_ITERATIONS = 3
+
+
+def choose_autocast_dtype(requested: str, bf16_supported: bool) -> torch.dtype | None:
+    """The autocast dtype for `cuda_dtype`; None means run float32 without autocast."""
+    if requested == "fp32":
+        return None
+    if requested not in _DTYPES:
+        raise ValueError(f"cuda_dtype must be bf16, fp16 or fp32, got {requested!r}")
+    if requested == "bf16" and not bf16_supported:
+        log.warning("this GPU has no bf16 support; using fp16 autocast instead")
+        return torch.float16
+    return _DTYPES[requested]
+
+
+def cuda_problem() -> str | None:
+    """Why torch cannot use a GPU here, in one line, or None."""
+    if torch.cuda.is_available():
+        return None
+    build = torch.version.cuda
+    return (
+        f"the cuda backend needs an NVIDIA GPU that torch can use, and torch {torch.__version__} "
+        + (f"(CUDA {build}) sees none: check nvidia-smi and CUDA_VISIBLE_DEVICES"
+           if build else "is a CPU-only build: install a CUDA build of torch (https://pytorch.org/get-started/locally/)")
+    )
+
+
+class CudaEncoder(Encoder):
+    backend = "cuda"
+
+    def __init__(self, embedder: ImageEmbedder, info: ModelInfo, settings: ModelSettings,
+                 device: torch.device, dtype: torch.dtype | None) -> None:
+        super().__init__(info, settings.buckets)
+        self.device = device
+        self.dtype = dtype
+        self.embedder = embedder.to(device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # A CUDA graph replays one captured shape; without graphs, a batch runs at its real size.
+        self.static_shapes = settings.cuda_graphs
+        if settings.cuda_graphs:
+            for bucket in self.buckets:
+                self.graphs[bucket] = self._capture(bucket)
+            log.info("captured CUDA graphs for buckets %s", list(self.graphs))
+
+    def _run(self, images: torch.Tensor) -> torch.Tensor:
+        # cache_enabled=False: autocast's cast-weight cache must not hold tensors made during capture.
+        with torch.autocast("cuda", dtype=self.dtype or torch.float32, enabled=self.dtype is not None,
+                            cache_enabled=False):
+            return self.embedder(images)
+
+    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        height, width = self.image_size
+        static_in = torch.zeros((bucket, 3, height, width), dtype=torch.uint8, device=self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.no_grad(), torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_ITERATIONS):
+                self._run(static_in)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            static_out = self._run(static_in)
+        return graph, static_in, static_out
+
+    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+        captured = self.graphs.get(int(batch.shape[0]))
+        with torch.no_grad():
+            if captured is not None:
+                graph, static_in, static_out = captured
+                static_in.copy_(batch)
+                graph.replay()
+                # A copy: the next replay overwrites static_out.
+                return static_out.float().cpu()
+            return self._run(batch.to(self.device, non_blocking=True)).float().cpu()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "device": torch.cuda.get_device_name(self.device),
+            "autocast_dtype": str(self.dtype).replace("torch.", "") if self.dtype else "fp32",
+            "cuda_graphs": sorted(self.graphs),
+        }
+
+
+def check_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
+    problem = cuda_problem()
+    if problem is not None:
+        raise BackendUnavailable(problem)
+
+
+def create_cuda_encoder(settings: ModelSettings) -> CudaEncoder:
+    check_available(settings)
+    device = torch.device("cuda", torch.cuda.current_device())
+    dtype = choose_autocast_dtype(settings.cuda_dtype, torch.cuda.is_bf16_supported())
+    embedder, info = load_embedder(settings)
+    log.info("cuda encoder on %s, autocast %s", torch.cuda.get_device_name(device), dtype or "off (fp32)")
+    return CudaEncoder(embedder, info, settings, device, dtype)
+
+
+class CudaTextEncoder(TextEncoder):
+    backend = "cuda"
+
+    def __init__(self, embedder: TextEmbedder, tokenizer: Tokenizer, info: TextInfo, settings: ModelSettings) -> None:
+        problem = cuda_problem()
+        if problem is not None:
+            raise BackendUnavailable(problem)
+        super().__init__(tokenizer, info, settings.text_buckets)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = choose_autocast_dtype(settings.cuda_dtype, torch.cuda.is_bf16_supported())
+        self.embedder = embedder.to(self.device)
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), torch.autocast("cuda", dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+            return self.embedder(ids.to(self.device, non_blocking=True)).float().cpu()
+
+
+def create_cuda_text_encoder(settings: ModelSettings) -> CudaTextEncoder:
+    return CudaTextEncoder(*load_text_tower(settings), settings)
+
+
+register_backend("cuda", Backend(image=create_cuda_encoder, text=create_cuda_text_encoder,
+                                 check_available=check_available))

@@ -1,0 +1,276 @@
+"""The neuron-native backend: TorchNeuron (torch 2.14, `torch.compile(backend="neuron")`) on one
+logical NeuronCore, from an artifact of `siglip-serve compile --backend neuron-native`.
+
+A replica gets the artifact's environment from Ray's runtime_env (see `replica_env`), so it is set
+before torch is imported. It then refuses to start, in one line, unless: the SDK is TorchNeuron;
+the versions, LNC, NEURON_CC_FLAGS, opt level and NEFF cache are the manifest's; it sees exactly
+one NeuronCore; every bucket's compiled graph is in the cache. Only then does it load the weights,
+compile and warm each bucket (cache hits: no neuronx-cc run), check that nothing new was compiled,
+and run every later call under `torch.compiler.set_stance("fail_on_recompile")`, scoped to the call
+(run_warm): the stance is process-wide, so one set for good would make a second encoder in the
+same process (the other side of an accuracy run) fail its own warm-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import open_clip
+import torch
+
+from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
+from siglip_serve.models.encoder import Backend, register_backend
+from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
+from siglip_serve.models.manifest import sha256_file
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer
+from siglip_serve.models.text_neuron import checked_text_entry, text_info_from_entry
+from siglip_serve.models.torchneuron_env import (
+    LNC_ENV,
+    TorchNeuronRefusal,
+    check_environment,
+    check_native_sdk,
+    check_one_core,
+    check_versions,
+    environment,
+    installed_versions,
+)
+from siglip_serve.models.torchneuron_runtime import (
+    NativeManifest,
+    NativeRuntime,
+    TorchNeuronRuntime,
+    artifact_neff_dir,
+    compile_buckets,
+    image_input,
+    missing_graphs,
+    read_native_manifest,
+    run_warm,
+)
+
+log = logging.getLogger(__name__)
+
+# "module:Class" of another NativeRuntime for replicas; the tests put the recording double here to
+# serve through the real application on a CPU. Unset (always, in production): TorchNeuron.
+RUNTIME_ENV = "SIGLIP_SERVE_TORCHNEURON_RUNTIME"
+
+
+def runtime_from_env() -> NativeRuntime:
+    spec = os.environ.get(RUNTIME_ENV, "")
+    if not spec:
+        return TorchNeuronRuntime()
+    module, _, name = spec.partition(":")
+    runtime: NativeRuntime = getattr(importlib.import_module(module), name)()
+    log.warning("neuron-native runs on %s (%s=%s), not TorchNeuron", runtime.name, RUNTIME_ENV, spec)
+    return runtime
+
+
+def native_artifact(settings: ModelSettings) -> tuple[Path, NativeManifest]:
+    return checked_artifact(settings, "neuron-native", "siglip-serve compile --backend neuron-native",
+                            read_native_manifest, TorchNeuronRefusal)
+
+
+def replica_env(settings: ModelSettings) -> dict[str, str]:
+    """The environment every replica starts with (Ray runtime_env env_vars): the artifact's recipe
+    and NEFF cache, so TorchNeuron reads them before torch is imported."""
+    directory, manifest = native_artifact(settings)
+    return environment(manifest.recipe_env, directory)
+
+
+def adopt_unset(expected: Mapping[str, str], env: MutableMapping[str, str]) -> None:
+    """A standalone process (accuracy, a bench worker) may leave the recipe unset: take the
+    artifact's. Set this late, after torch is imported, TorchNeuron may have read some values
+    already (the docs do not say when it reads them); replicas and bench workers get them earlier."""
+    adopted = {k: v for k, v in expected.items() if k not in env}
+    if adopted:
+        env.update(adopted)
+        log.warning("took %s from the artifact's manifest in-process; export them before starting Python to be "
+                    "sure TorchNeuron reads them (docs/torchneuron.md, step 4)", sorted(adopted))
+
+
+def _build_embedder(manifest: NativeManifest, weights_path: Path) -> ImageEmbedder:
+    _register_tiny()
+    model = open_clip.create_model(manifest.model, pretrained=None)  # architecture only; weights follow
+    embedder = ImageEmbedder(model.visual, SIGLIP_MEAN, SIGLIP_STD).eval()
+    state = torch.load(weights_path, map_location="cpu", weights_only=True)
+    embedder.load_state_dict(state, strict=True)
+    embedder.requires_grad_(False)
+    return embedder
+
+
+class NativeNeuronEncoder(ArtifactEncoder):
+    backend = "neuron-native"
+    manifest: NativeManifest
+
+    def __init__(self, compiled: Any, runtime: NativeRuntime, info: ModelInfo, buckets: tuple[int, ...],
+                 directory: Path, manifest: NativeManifest, visible_cores: str) -> None:
+        super().__init__(info, buckets, directory, manifest, manifest.lnc, visible_cores)
+        self.compiled = compiled
+        self.runtime = runtime
+
+    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return run_warm(self.compiled, self.runtime, batch)
+
+    def artifact_details(self) -> dict[str, Any]:
+        return {"runtime": self.runtime.name}
+
+
+@dataclass
+class NativeStart:
+    """What every neuron-native tower has checked before it loads weights: the artifact, its NEFF
+    cache and the one NeuronCore this process holds."""
+
+    runtime: NativeRuntime
+    directory: Path
+    manifest: NativeManifest
+    neff_dir: Path
+    cores: str
+
+
+def check_start(settings: ModelSettings, runtime: NativeRuntime | None = None,
+                env: Mapping[str, str] | None = None) -> NativeStart:
+    """The SDK line, the artifact's versions and environment, and one NeuronCore, or a refusal."""
+    runtime = runtime or runtime_from_env()
+    env = os.environ if env is None else env
+    runtime.check_sdk()
+    directory, manifest = native_artifact(settings)
+    check_versions(manifest.versions, runtime.versions(), str(directory))
+    expected = environment(manifest.recipe_env, directory)
+    if env is os.environ:
+        adopt_unset(expected, os.environ)
+    check_environment(expected, env, str(directory))
+    return NativeStart(runtime, directory, manifest, artifact_neff_dir(directory), check_one_core(env))
+
+
+def check_weights(start: NativeStart, name: str, sha256: str) -> Path:
+    path = start.directory / name
+    if sha256_file(path) != sha256:
+        raise TorchNeuronRefusal(f"{path} is not the file the artifact was compiled with (sha256 differs); "
+                                 f"compile the artifact again")
+    return path
+
+
+def warm_from_cache(start: NativeStart, module: torch.nn.Module, buckets: tuple[int, ...],
+                    graphs: Mapping[str, list[str]], example: Callable[[int], torch.Tensor],
+                    tower: str = "") -> tuple[Any, dict[int, float]]:
+    """Compile and run each bucket once, every graph found in the artifact's NEFF cache, or refuse:
+    missing graphs would compile for minutes at start, and new ones mean another build of the model."""
+    absent = missing_graphs(buckets, graphs, start.runtime.graph_files(start.neff_dir))
+    if absent:
+        raise TorchNeuronRefusal(f"the compiled graphs of {tower}buckets {sorted(absent)} are not in {start.neff_dir} "
+                                 f"(missing: {absent}); a replica would compile them for minutes. Compile again: "
+                                 f"siglip-serve compile --backend neuron-native")
+    compiled, warmed = compile_buckets(module.to(start.runtime.device), buckets, example, start.runtime,
+                                       start.neff_dir)
+    compiled_here = sorted(w.bucket for w in warmed if w.new_graphs)
+    if compiled_here:
+        raise TorchNeuronRefusal(f"{tower}buckets {compiled_here} were compiled at start instead of found in "
+                                 f"{start.neff_dir}: this replica's graphs differ from the artifact's (another "
+                                 f"torch/open_clip build?). Compile again in this venv: siglip-serve compile "
+                                 f"--backend neuron-native")
+    return compiled, {w.bucket: w.seconds for w in warmed}
+
+
+def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
+                        env: Mapping[str, str] | None = None) -> NativeNeuronEncoder:
+    start = check_start(settings, runtime, env)
+    manifest = start.manifest
+    weights_path = check_weights(start, manifest.weights_file, manifest.weights_file_sha256)
+    buckets = tuple(sorted(settings.buckets))
+    compiled, seconds = warm_from_cache(start, _build_embedder(manifest, weights_path), buckets, manifest.graphs,
+                                        image_input((manifest.image_size[0], manifest.image_size[1])))
+    # From here every forward runs under fail_on_recompile (run_warm): another shape is a bug that
+    # must fail, not compile for minutes.
+    log.info("neuron-native: buckets %s warm on NeuronCore %s (%s)", list(buckets), start.cores,
+             {b: f"{s:.1f} s" for b, s in seconds.items()})
+    return NativeNeuronEncoder(compiled, start.runtime, manifest_model_info(manifest), buckets, start.directory,
+                               manifest, start.cores)
+
+
+def check_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
+    """The serving CLI's check before Ray starts: the SDK line (from package metadata, without
+    initialising the Neuron runtime in the driver), the artifact and its versions."""
+    try:
+        versions = installed_versions()
+        check_native_sdk(versions)
+        directory, manifest = native_artifact(settings)
+        check_versions(manifest.versions, versions, str(directory))
+        # Replicas get the artifact's LNC from runtime_env, but the Ray node counted its NeuronCores
+        # (and hands out their indices) under the LNC of the environment it was started in.
+        here, compiled = (env or {}).get(LNC_ENV), manifest.recipe_env.get(LNC_ENV)
+        if env is not None and here is not None and here != compiled:
+            raise TorchNeuronRefusal(f"{LNC_ENV}={here} here but artifact {directory} was compiled for LNC={compiled}: "
+                                     f"Ray would count this node's NeuronCores at LNC={here} while the replicas run "
+                                     f"LNC={compiled}. Fix: export {LNC_ENV}={compiled} (before `ray start` too), or "
+                                     f"compile for this LNC: siglip-serve compile --backend neuron-native --lnc {here}")
+    except TorchNeuronRefusal as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+def create_native_encoder(settings: ModelSettings) -> NativeNeuronEncoder:
+    try:
+        return load_native_encoder(settings)
+    except TorchNeuronRefusal as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+class NativeTextEncoder(TextEncoder):
+    """The text tower on TorchNeuron: one graph per text bucket, from the artifact's NEFF cache."""
+
+    backend = "neuron-native"
+
+    def __init__(self, compiled: Any, runtime: Any, tokenizer: Tokenizer, info: TextInfo,
+                 buckets: tuple[int, ...]) -> None:
+        super().__init__(tokenizer, info, buckets)
+        self.compiled = compiled
+        self.runtime = runtime
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        from siglip_serve.models.torchneuron_runtime import run_warm
+
+        return run_warm(self.compiled, self.runtime, ids)
+
+
+def load_native_text_encoder(settings: ModelSettings, runtime: Any = None) -> NativeTextEncoder:
+    """The same start checks as the image tower (SDK, versions, environment, one core), then the
+    text weights and every text bucket's graph from the artifact's NEFF cache."""
+    from siglip_serve.models.torchneuron_runtime import text_input
+
+    start = check_start(settings, runtime)
+    text = start.manifest.text
+    checked_text_entry(settings, start.directory, text, "siglip-serve compile --backend neuron-native")
+    tokenizer, info = text_info_from_entry(settings, start.manifest.model, text)
+    weights = check_weights(start, text["weights_file"], text["weights_file_sha256"])
+    _register_tiny()
+    embedder = TextEmbedder(open_clip.create_model(start.manifest.model, pretrained=None).text).eval()
+    embedder.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
+    embedder.requires_grad_(False)
+    buckets = tuple(sorted(settings.text_buckets))
+    compiled, seconds = warm_from_cache(start, embedder, buckets, text["graphs"], text_input(info.context_length),
+                                        tower="text ")
+    log.info("neuron-native text: buckets %s warm on NeuronCore %s (%s)", list(buckets), start.cores,
+             {b: f"{s:.1f} s" for b, s in seconds.items()})
+    return NativeTextEncoder(compiled, start.runtime, tokenizer, info, buckets)
+
+
+def create_native_text_encoder(settings: ModelSettings) -> NativeTextEncoder:
+    try:
+        return load_native_text_encoder(settings)
+    except TorchNeuronRefusal as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+def check_text_artifact(settings: ModelSettings) -> None:
+    directory, native = native_artifact(settings)
+    checked_text_entry(settings, directory, native.text, "siglip-serve compile --backend neuron-native")
+
+
+register_backend("neuron-native", Backend(image=create_native_encoder, text=create_native_text_encoder,
+                                          check_available=check_available, replica_env=replica_env,
+                                          check_text_artifact=check_text_artifact))

@@ -1,0 +1,40 @@
+"""`zeros-no-model`: NOT A MODEL. Every image is answered with a zero vector of the model's size.
+
+It exists to measure the host ceiling: how many images per second the serving path (HTTP, body
+parsing, decoding, Ray, batching, rendering) can carry on this host with the model taken out
+(`siglip-serve bench` part `host-ceiling`, docs/capacity.md). Served against the model's own rate,
+it says whether a deployment is host-bound or device-bound. It is never a default: `run` and the
+Serve YAML serve it only when `backend: zeros-no-model` is written out, and say so at start and in
+`GET /v1/models` (`weights: none (...)`). No weights are read; open_clip's config gives the shapes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from siglip_serve.models.encoder import Backend, Encoder, register_backend
+from siglip_serve.models.loading import ModelInfo, model_geometry
+from siglip_serve.models.settings import NO_MODEL_BACKEND, ModelSettings
+
+log = logging.getLogger(__name__)
+
+
+class ZerosNoModelEncoder(Encoder):
+    backend = NO_MODEL_BACKEND
+    static_shapes = False
+
+    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((int(batch.shape[0]), self.embed_dim), dtype=torch.float32)
+
+
+def create_zeros_encoder(settings: ModelSettings) -> ZerosNoModelEncoder:
+    image_size, embed_dim = model_geometry(settings.model)
+    log.warning("backend %s: NO MODEL RUNS; every image is answered with a zero vector (host ceiling only)",
+                NO_MODEL_BACKEND)
+    return ZerosNoModelEncoder(ModelInfo(settings.model, embed_dim, image_size, settings.weights_source),
+                               settings.buckets)
+
+
+register_backend(NO_MODEL_BACKEND, Backend(image=create_zeros_encoder))

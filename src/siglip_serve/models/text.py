@@ -1,0 +1,173 @@
+"""SigLIP's text tower: open_clip's own tokenizer, loaded offline from a local path, and a text encoder
+per backend that runs token ids at the model's fixed context length in batch buckets.
+
+Texts in, L2-normalised float32 embeddings out, in the image tower's embedding space: the zero-shot
+probability of label t for image i is `sigmoid(logit_scale * img_i . txt_t + logit_bias)` with the
+checkpoint's scale (already exponentiated here) and bias, as open_clip's `get_logits` computes it.
+Like the image Encoder, every backend runs only its buckets (static shapes suit a compiled graph):
+a batch is padded to the smallest bucket that holds it and the padding sliced off.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, overload
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from siglip_serve.models.loading import ModelLoadError, load_clip
+from siglip_serve.models.settings import TINY_MODEL, TINY_SIGLIP2, ModelSettings
+from siglip_serve.models.tower import ForwardHook, Tower
+
+log = logging.getLogger(__name__)
+
+BUNDLED_TINY_TOKENIZER = Path(__file__).parent / "configs" / "tiny-siglip-tokenizer"
+BUNDLED_TOKENIZERS = {TINY_MODEL: BUNDLED_TINY_TOKENIZER,
+                      TINY_SIGLIP2: Path(__file__).parent / "configs" / "tiny-siglip2-tokenizer"}
+
+Tokenizer = Callable[[list[str]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TextInfo:
+    model: str
+    embed_dim: int
+    context_length: int
+    vocab_size: int
+    # exp(logit_scale) and logit_bias of the checkpoint: zero-shot logits are scale * cos + bias.
+    logit_scale: float
+    logit_bias: float
+    tokenizer: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TextEmbedder(nn.Module):
+    """int64 token ids [B, L] -> float32 [B, D], L2-normalised: open_clip's encode_text(normalize=True)."""
+
+    def __init__(self, text: nn.Module) -> None:
+        super().__init__()
+        self.text = text
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.text(ids).float(), dim=-1)
+
+
+def tokenizer_dir(settings: ModelSettings) -> Path | None:
+    if settings.tokenizer is not None:
+        return Path(settings.tokenizer).expanduser()
+    return BUNDLED_TOKENIZERS.get(settings.model)
+
+
+def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[Tokenizer, str]:
+    """open_clip's tokenizer for the model, at its context length, and where it came from.
+
+    From `settings.tokenizer` (or tiny-siglip's bundled one): a directory with open_clip_config.json
+    is read by `open_clip.get_tokenizer("local-dir:...")`, a bare HF tokenizer directory by open_clip's
+    HFTokenizer with the model's tokenizer_kwargs; nothing touches the network. Without a directory,
+    `open_clip.get_tokenizer(model)`, which may fetch from the Hugging Face hub.
+    """
+    import open_clip
+    from open_clip.tokenizer import HFTokenizer
+
+    context = int(text_cfg.get("context_length", 64))
+    directory = tokenizer_dir(settings)
+    try:
+        if directory is None:
+            return open_clip.get_tokenizer(settings.model, context_length=context), f"open_clip:{settings.model}"
+        if (directory / "open_clip_config.json").is_file():
+            tokenizer = open_clip.get_tokenizer(f"local-dir:{directory}", context_length=context)
+        else:
+            tokenizer = HFTokenizer(str(directory), context_length=context, **(text_cfg.get("tokenizer_kwargs") or {}))
+    except Exception as exc:  # broad on purpose: transformers/hub raise many kinds; all mean "no tokenizer"
+        log.debug("tokenizer load failed", exc_info=True)
+        where = str(directory) if directory is not None else f"the Hugging Face hub for {settings.model}"
+        raise ModelLoadError(
+            f"cannot load the tokenizer from {where} ({type(exc).__name__}); set tokenizer: DIR to a local "
+            "copy of the model's tokenizer files (tokenizer.json, tokenizer_config.json), e.g. "
+            "`huggingface-cli download timm/ViT-SO400M-14-SigLIP-384 --local-dir DIR`"
+        ) from None
+    return tokenizer, f"local:{directory}"
+
+
+def text_context_length(model: str) -> int:
+    """The text tower's fixed context length from open_clip's config, without building the model."""
+    import open_clip
+
+    from siglip_serve.models.loading import _register_tiny
+
+    _register_tiny()
+    cfg = open_clip.get_model_config(model)
+    if cfg is None:
+        raise ModelLoadError(f"unknown model {model!r}")
+    return int(cfg.get("text_cfg", {}).get("context_length", 64))
+
+
+@overload
+def load_text_tower(settings: ModelSettings,
+                    with_tokenizer: Literal[True] = True) -> tuple[TextEmbedder, Tokenizer, TextInfo]: ...
+
+
+@overload
+def load_text_tower(settings: ModelSettings,
+                    with_tokenizer: Literal[False]) -> tuple[TextEmbedder, None, TextInfo]: ...
+
+
+def load_text_tower(settings: ModelSettings,
+                    with_tokenizer: bool = True) -> tuple[TextEmbedder, Tokenizer | None, TextInfo]:
+    """The text tower, its tokenizer and the zero-shot scale/bias, float32 eval mode on the CPU.
+
+    with_tokenizer=False (compiling): no tokenizer is loaded; it runs at serving time only."""
+    import open_clip
+
+    model: Any  # open_clip's CLIP is untyped: context_length, vocab_size and the rest are plain attributes
+    model, text_loaded = load_clip(settings)
+    if not text_loaded:
+        raise ModelLoadError(f"checkpoint {settings.checkpoint} has no text-tower weights (or no logit scale/bias); "
+                             "serve text from a whole-model state dict, or set text_replicas: 0")
+    cfg = open_clip.get_model_config(settings.model) or {}
+    tokenizer, source = load_tokenizer(settings, cfg.get("text_cfg", {})) if with_tokenizer else (None, "none")
+    bias = getattr(model, "logit_bias", None)
+    info = TextInfo(
+        model=settings.model, embed_dim=int(cfg["embed_dim"]), context_length=int(model.context_length),
+        vocab_size=int(model.vocab_size), logit_scale=float(model.logit_scale.exp()),
+        logit_bias=float(bias) if bias is not None else 0.0, tokenizer=source,
+    )
+    embedder = TextEmbedder(model.text).eval()
+    log.info("loaded %s text tower: context %d, vocab %d, tokenizer %s", info.model, info.context_length,
+             info.vocab_size, source)
+    return embedder, tokenizer, info
+
+
+class TextEncoder(Tower):
+    """The text tower on one device: texts -> float32 [n, D], L2-normalised, in input order. Every
+    bucket is one static shape [bucket, context_length] (SigLIP pools the last position, no mask)."""
+
+    tower = "text"
+
+    def __init__(self, tokenizer: Tokenizer, info: TextInfo, buckets: Sequence[int]) -> None:
+        super().__init__(buckets, info.embed_dim)
+        self.tokenizer = tokenizer
+        self.info = info
+
+    def example(self, bucket: int) -> torch.Tensor:
+        return torch.zeros((bucket, self.info.context_length), dtype=torch.int64)
+
+    def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
+        ids = self.tokenizer(list(texts)).to(torch.int64)
+        if tuple(ids.shape) != (len(texts), self.info.context_length):
+            raise RuntimeError(f"tokenizer gave {list(ids.shape)}; expected [{len(texts)}, {self.info.context_length}]")
+        return ids
+
+    def encode(self, texts: Sequence[str], on_forward: ForwardHook | None = None) -> np.ndarray:
+        return self.run_batch(self.tokenize(texts), on_forward)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "text_buckets": list(self.buckets), **self.info.as_dict()}

@@ -1,0 +1,136 @@
+"""The Ray Serve application: `serve run siglip_serve.serve.app:build_app model=tiny-siglip` or a Serve YAML."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve import Application
+from ray.serve.exceptions import RayServeException
+
+from siglip_serve.core.errors import UserError
+from siglip_serve.models.loading import model_geometry
+from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
+from siglip_serve.serve.encoder_deployment import encoder_deployment
+from siglip_serve.serve.ingress import IngressDeployment
+from siglip_serve.serve.text_deployment import text_deployment, text_neuron_cores
+
+log = logging.getLogger("siglip_serve")
+
+# Concurrent HTTP requests one ingress replica holds; they are cheap awaits on the encoder.
+INGRESS_MAX_ONGOING = 1024
+
+
+def resolve_replicas(config: ServiceConfig) -> int:
+    """The encoder replica count; 'auto' counts the logical NeuronCores the cluster declares when the
+    replicas ask for them, else (cpu) the cores of this machine (serve/cpu_plan.py)."""
+    setting = config.replica_setting
+    if setting != "auto":
+        return setting
+    if config.cores_per_replica == 0:
+        return auto_cpu_replicas(config, ray.cluster_resources().get("CPU") if ray.is_initialized() else None)
+    if not ray.is_initialized():
+        raise ConfigError("replicas: auto needs a running Ray cluster to count neuron_cores")
+    cores = int(ray.cluster_resources().get("neuron_cores", 0))
+    if cores < 1:
+        raise ConfigError(
+            "replicas: auto found no neuron_cores in the Ray cluster; start Ray with "
+            "--resources='{\"neuron_cores\": N}' (N = logical cores: trn2.3xlarge LNC=2 -> 4, LNC=1 -> 8)"
+        )
+    # Text replicas (opt-in on neuron) take NeuronCores of their own.
+    return (cores - config.text_replica_count * text_neuron_cores(config)) // max(config.cores_per_replica, 1)
+
+
+def pin_replicas(config: ServiceConfig) -> ServiceConfig:
+    """The config with the encoder count decided, where that needs no Ray cluster (all but 'auto' over
+    NeuronCores): a local Ray is then started with CPUs for all of them, and the count cannot change
+    between that start and the deployment (the available memory moves as Ray starts)."""
+    if config.replica_setting == "auto" and config.cores_per_replica > 0:
+        return config
+    replicas = resolve_replicas(config)
+    return config.model_copy(update={"replicas": replicas, "ingress_replicas": ingress_replicas_for(config, replicas)})
+
+
+def build(config: ServiceConfig) -> Application:
+    replicas = resolve_replicas(config)
+    config = config.model_copy(update={"ingress_replicas": ingress_replicas_for(config, replicas)})
+    image_size, embed_dim = model_geometry(config.model)
+    model = {"name": config.model, "image_size": list(image_size), "embed_dim": embed_dim}
+    # Only the image replicas split the cores; the text replica keeps its own default.
+    encoder_config = config.model_copy(update={"torch_threads": encoder_torch_threads(config, replicas)})
+    encoder = encoder_deployment(encoder_config, replicas).bind(encoder_config)
+    ingress = serve.deployment(
+        IngressDeployment,
+        name="Ingress",
+        num_replicas=config.ingress_count,
+        ray_actor_options={"num_cpus": config.ingress_num_cpus},
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
+    )
+    text = text_deployment(config).bind(config) if config.text_replica_count else None
+    log.info("application: %s on %s, %d encoder replica(s)%s, buckets %s, %d ingress replica(s), %d text replica(s)",
+             config.model, config.backend, replicas,
+             f" x {encoder_config.torch_threads} torch thread(s)" if encoder_config.torch_threads else "",
+             list(config.buckets), config.ingress_count, config.text_replica_count)
+    return ingress.bind(encoder, config, replicas, model, text)
+
+
+class AppRefused(RayServeException):
+    """The builder refuses the application; Serve shows the message once and does not retry.
+
+    Serve runs the builder as a task with retries (ray/serve/_private/application_state.py,
+    build_serve_application: max_retries=3, retry_exceptions=True), so any other exception is
+    retried three times, with a traceback each; a RayServeException is reported as the
+    application's DEPLOY_FAILED message instead.
+    """
+
+
+def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
+    """Refuse an application the cluster can never schedule (e.g. 2 encoders + the ingress on 2 CPUs),
+    which would otherwise leave replicas pending and /readyz unanswered for ever. Totals, not what is
+    free now: a replica waiting for another application's resources is not refused."""
+    total = ray.cluster_resources()
+    texts = config.text_replica_count
+    ingress = ingress_replicas_for(config, replicas)
+    cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus + texts * config.text_num_cpus
+    if cpus > total.get("CPU", 0) + 1e-9:
+        raise ConfigError(
+            f"this application needs {cpus:g} CPUs ({replicas} encoder replica(s) x encoder_num_cpus "
+            f"{config.encoder_num_cpus:g} + {ingress} ingress x ingress_num_cpus "
+            f"{config.ingress_num_cpus:g} + {texts} text replica(s) x text_num_cpus {config.text_num_cpus:g}) but "
+            f"the Ray cluster has {total.get('CPU', 0):g}; lower replicas or encoder_num_cpus (Ray's CPUs are "
+            "logical, e.g. encoder_num_cpus: 0.5), or start Ray with more: ray start --head --num-cpus N")
+    # Every tower's cores: a text replica left without one would stay pending for ever.
+    per_text = text_neuron_cores(config)
+    cores = replicas * config.cores_per_replica + texts * per_text
+    if cores > total.get("neuron_cores", 0) + 1e-9:
+        raise ConfigError(
+            f"this application needs {cores} neuron_cores ({replicas} encoder replica(s) x "
+            f"{config.cores_per_replica} + {texts} text replica(s) x {per_text}) but the Ray cluster declares "
+            f"{total.get('neuron_cores', 0):g}; lower replicas or text_replicas, or start Ray with "
+            f"--resources='{{\"neuron_cores\": N}}'")
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """Serve's application builder: `args` is the YAML `args:` mapping.
+
+    It checks, once, what it can before any replica starts: the config, that the weights are on disk
+    or the hub answers, the text tower's tokenizer (serve/model_checks.py's preflight_tokenizer: the default
+    turns text off without one), and that the cluster can hold the replicas. It cannot see a replica's
+    own machine (an SDK or GPU missing there fails in the replica, which Serve retries)."""
+    from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
+
+    try:
+        config = ServiceConfig.from_args(args)
+        preflight_weights(config)  # first: refused in a second, where the tokenizer check may take seconds
+        config = preflight_tokenizer(config)  # before the cluster check, which counts text replicas
+        if ray.is_initialized():
+            # Decided once, for the check and the build: cpu's auto builds the model on the meta device.
+            config = pin_replicas(config)
+            check_cluster_fits(config, resolve_replicas(config))
+        return build(config)
+    except UserError as exc:  # a config, weights or cluster problem: refused once, not retried
+        log.error("%s", exc)
+        raise AppRefused(str(exc)) from None

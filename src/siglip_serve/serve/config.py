@@ -1,0 +1,179 @@
+"""The service's one typed config, filled from the Serve YAML `args:` or the CLI, checked at start."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from siglip_serve.models.cli_args import LogLevel, UserError, describe_validation, model_settings_of
+from siglip_serve.models.preprocess import ImageLimits
+from siglip_serve.models.settings import NEURON_BACKENDS, ModelSettings
+
+MiB = 1024 * 1024
+# The environment variable the ingress reads the API key from when the config names none.
+API_KEY_ENV = "SIGLIP_API_KEY"
+
+
+class ConfigError(UserError, ValueError):
+    """The config does not validate; the message lists every problem."""
+
+
+class ServiceConfig(ModelSettings):
+    """Model settings plus how the service runs them. Field names are the YAML `args:` keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # On cpu one replica per core beat one replica with a thread per core for small models (serve/cpu_plan.py).
+    replicas: int | Literal["auto"] | None = Field(
+        None, description="encoder replicas, or 'auto': on neuron one per logical NeuronCore the Ray cluster "
+                          "declares; on cpu one per core for an image tower up to 150 M parameters (one with "
+                          "every core above), as many as memory holds (default: auto on cpu, else 1)")
+    neuron_cores_per_replica: int | None = Field(
+        None, ge=0, le=1, description="logical NeuronCores each encoder replica asks Ray for (default: 1 on the "
+                                      "neuron backends, else 0)")
+    encoder_num_cpus: float = Field(1.0, ge=0, description="CPUs each encoder replica asks Ray for")
+    # One ingress process carries about two cores of decoding and HTTP (serve/cpu_plan.py).
+    ingress_replicas: int | Literal["auto"] = Field(
+        "auto", description="HTTP ingress replicas, or 'auto': one per two of this host's cores that the encoder "
+                            "replicas and Ray's own processes leave free (at least 1)")
+    ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs each ingress replica asks Ray for")
+    # Pillow releases the GIL, so decode threads run in parallel.
+    decode_threads: int = Field(4, ge=1, le=64, description="threads per ingress replica that decode and resize")
+
+    batch_wait_timeout_s: float = Field(0.005, ge=0, le=10,
+                                        description="seconds the batcher waits to fill a batch")
+    # Each encoder call carries up to the largest bucket's images (Ingress._encode).
+    max_queued_requests: int = Field(256, ge=1, description="encoder calls each ingress may hold beyond what the "
+                                                            "replicas run at once; past it: 503 at once")
+    # Reading the body, decoding, queueing and encoding all count; past it the remaining work is dropped.
+    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the ingress "
+                                                             "receives it; past it: 504")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds of a 503")
+    min_ready_replicas: int = Field(1, ge=1, description="/readyz answers 200 while at least this many encoder "
+                                                         "replicas are warm (capped at replicas)")
+    # On SIGTERM /readyz turns 503 and new requests get 503 before Serve and Ray stop.
+    drain_timeout_s: float = Field(30.0, ge=0, description="seconds accepted requests get to finish on SIGTERM")
+
+    # A deliberate, documented difference from open_clip (cosine >= 0.9999 kept).
+    fast_jpeg_decode: bool = Field(True, description="decode large JPEGs at a reduced DCT scale (>= 2x the model's "
+                                                     "input), then resize; false gives open_clip's exact pixels")
+    # nvJPEG on the GPU instead of the ingress's cores (models/device_decode.py); cpu allows it for tests.
+    device_jpeg_decode: bool = Field(False, description="cuda: decode 8-bit RGB/grey JPEGs in the encoder replica on "
+                                                        "the GPU (nvJPEG); every limit is still checked in the ingress")
+    # The image limits' defaults are ImageLimits' (models/preprocess.py): one source for both.
+    max_body_bytes: int = Field(ImageLimits.max_bytes, ge=1024, description="largest request body")
+    max_image_pixels: int = Field(ImageLimits.max_pixels, ge=1, description="most pixels of one image, from its "
+                                                                            "header")
+    # A 1 x 39,000,000 PNG is 76 KB.
+    max_image_side: int = Field(ImageLimits.max_side, ge=1, description="longest side of one image, from its header")
+    max_request_pixels: int = Field(160_000_000, ge=1, description="pixels of all images of one request together, "
+                                                                   "from their headers, before any is decoded")
+    # Header-declared cost; see serve/decode_queue.py.
+    decode_memory_budget_bytes: int = Field(1024 * MiB, ge=MiB, description="bytes the decodes running at once in "
+                                                                            "one ingress may hold; past it a decode "
+                                                                            "waits its turn")
+    max_images_per_request: int = Field(64, ge=1, description="images in one request")
+    # A key in args shows in the Serve config (and on the command line, in ps).
+    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in ps: prefer "
+                                                        f"the {API_KEY_ENV} environment variable or --api-key-file)")
+    api_key_file: str | None = Field(None, description="require the key on this file's first line")
+    # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
+    # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or
+    # neuron needs a GPU / NeuronCore of its own (and on neuron an artifact compiled with --text).
+    text_replicas: int | None = Field(None, ge=0, description="text tower replicas; 0 turns the text routes off "
+                                                              "(default: on cpu 1 when the tokenizer is found - "
+                                                              "local, or the hub answers at start - else 0; 0 on "
+                                                              "cuda and neuron)")
+    # Set at start, not by users: why the default turned text off (shown by /v1/models and the text routes).
+    text_off_reason: str | None = Field(None, description="set at start when the default turned text off")
+    text_num_cpus: float = Field(0.5, ge=0, description="CPUs each text replica asks Ray for")
+    max_texts_per_request: int = Field(64, ge=1, description="texts (or classify labels) in one request, checked "
+                                                             "before tokenizing")
+    max_text_chars: int = Field(1000, ge=1, description="characters in one text, checked before tokenizing")
+    # A fixed label set is embedded once, not per request.
+    # SigLIP is not trained for truncation (Matryoshka): a shorter vector loses accuracy, so `dimensions`
+    # below the model's size is refused unless the operator accepts that here.
+    allow_dimension_truncation: bool = Field(False, description="honour `dimensions` below the model's size by "
+                                             "truncating and re-normalising (lossy); off: such requests get 400")
+    classify_cache_size: int = Field(4096, ge=0, description="classify prompts whose text embeddings each ingress "
+                                                             "keeps, least recently used out first; 0: no cache")
+    # Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
+    env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
+                                                                       "replica (Ray runtime_env), e.g. "
+                                                                       "NEURON_LOGICAL_NC_CONFIG on trn2")
+    log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
+    access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
+                                               "every replica")
+
+    @model_validator(mode="after")
+    def _check_serving(self) -> ServiceConfig:
+        if isinstance(self.replicas, int) and self.replicas < 1:
+            raise ValueError("replicas must be at least 1 (or 'auto')")
+        if isinstance(self.ingress_replicas, int) and self.ingress_replicas < 1:
+            raise ValueError("ingress_replicas must be at least 1 (or 'auto')")
+        if self.device_jpeg_decode and self.backend not in ("cuda", "cpu"):
+            raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
+        if self.replica_setting == "auto" and self.cores_per_replica == 0 and self.backend != "cpu":
+            raise ValueError("replicas: auto counts logical NeuronCores (or cores on cpu); on "
+                             f"{self.backend} it needs neuron_cores_per_replica: 1, or name a count")
+        return self
+
+    @property
+    def replica_setting(self) -> int | Literal["auto"]:
+        """`replicas` as given, else the backend's default."""
+        if self.replicas is not None:
+            return self.replicas
+        return "auto" if self.backend == "cpu" else 1
+
+    @property
+    def ingress_count(self) -> int:
+        """`ingress_replicas` once decided (serve/app.py pins 'auto' before anything is built)."""
+        if self.ingress_replicas == "auto":
+            raise ConfigError("ingress_replicas: auto is decided when the application is built; "
+                              "call siglip_serve.serve.app.pin_replicas first")
+        return self.ingress_replicas
+
+    @property
+    def cores_per_replica(self) -> int:
+        if self.neuron_cores_per_replica is not None:
+            return self.neuron_cores_per_replica
+        return 1 if self.backend in NEURON_BACKENDS else 0
+
+    @property
+    def text_replica_count(self) -> int:
+        if self.text_replicas is not None:
+            return self.text_replicas
+        return 1 if self.backend == "cpu" else 0
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels,
+                           max_side=self.max_image_side)
+
+    def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
+        """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            try:
+                with open(self.api_key_file, encoding="utf-8") as handle:
+                    key = handle.readline().strip()
+            except OSError as exc:
+                raise ConfigError(f"api_key_file: cannot read {self.api_key_file}: {exc.strerror}") from None
+            if not key:
+                raise ConfigError(f"api_key_file: {self.api_key_file} is empty")
+            return key
+        return environ.get(API_KEY_ENV) or None
+
+    def model_settings(self) -> ModelSettings:
+        return model_settings_of(self)
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:
+        """Validate Serve YAML `args:` (or CLI options); raise ConfigError naming every bad key."""
+        try:
+            return cls.model_validate(args or {})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid siglip-serve config: {describe_validation(exc.errors(), 'config')}") from None

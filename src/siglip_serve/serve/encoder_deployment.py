@@ -1,0 +1,104 @@
+"""The image tower's deployment: one replica per logical NeuronCore (or per configured CPU/GPU worker).
+
+Requests arrive as uint8 chunks of at most the largest bucket's images (or JPEG files, decoded on
+the device); serve/tower_replica.py gathers chunks from many requests into one forward pass of the
+model's buckets, as for the text tower.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import numpy as np
+import ray
+from ray import serve
+
+from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
+from siglip_serve.models.device_decode import JpegFiles
+from siglip_serve.serve import registry
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.replica_logging import configure_replica_logging
+from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
+
+log = logging.getLogger("siglip_serve.encoder")
+
+
+class EncoderReplica(TowerReplica):
+    """The image tower, registered (serve/registry.py) once warm so the ingress can count it ready."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        # Imported here, not at module level: the ingress imports this module too, and torch would
+        # add seconds to its start (during which Serve's proxy holds requests to it unanswered).
+        from siglip_serve.models.encoder import EncoderInputError, create_encoder
+
+        configure_replica_logging(config.log_level)
+        self._input_error = EncoderInputError
+        super().__init__(config, create_encoder(config.model_settings()), EncoderMetrics(tower="image"))
+        context = serve.get_replica_context()
+        self.app_name = context.app_name
+        self.replica_actor_name = context.replica_id.to_full_id_str()
+        self.info: dict[str, Any] = {
+            "replica_id": context.replica_id.unique_id,
+            "neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
+            "neuron_logical_nc_config": os.environ.get(LNC_ENV),
+            "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "warmup_seconds": self.warmup_seconds,
+            **self.encoder.describe(),
+        }
+        registry.register_replica(self.app_name, self.replica_actor_name, self.info)
+        log.info("encoder replica ready: %s", self.info)
+
+    def refusal(self, chunk: Any) -> Exception | None:
+        if isinstance(chunk, JpegFiles):
+            return None  # checked as it is decoded on the device
+        try:
+            self.encoder.check_input(chunk)
+        except self._input_error as exc:
+            return exc
+        return None
+
+    def encode_chunks(self, chunks: list[Any]) -> list[Any]:
+        """One forward pass over the chunks (JPEG files decoded on the model's device first): each
+        chunk's embeddings, or the decode error that chunk alone failed with."""
+        if not any(isinstance(chunk, JpegFiles) for chunk in chunks):
+            embeddings = self.encoder.encode(np.concatenate(chunks), self.metrics.forward)
+            return split_rows(embeddings, [len(chunk) for chunk in chunks])
+        import torch
+
+        from siglip_serve.models.device_decode import DeviceDecodeError, decode_resize
+        from siglip_serve.models.image_errors import CorruptImage
+
+        device = getattr(self.encoder, "device", torch.device("cpu"))
+        pixels: list[Any] = []
+        for chunk in chunks:
+            try:
+                pixels.append(decode_resize(chunk.files, self.encoder.image_size, device)
+                              if isinstance(chunk, JpegFiles) else torch.from_numpy(chunk).to(device))
+            except DeviceDecodeError:
+                pixels.append(CorruptImage("image data is truncated or corrupt"))
+        good = [p for p in pixels if not isinstance(p, Exception)]
+        embeddings = self.encoder.encode(torch.cat(good), self.metrics.forward) if good else None
+        parts = iter(split_rows(embeddings, [len(p) for p in good]) if good else [])
+        return [p if isinstance(p, Exception) else next(parts) for p in pixels]
+
+    def __del__(self) -> None:
+        try:
+            registry.unregister_replica(self.app_name, self.replica_actor_name)
+        except Exception:  # broad on purpose: best effort at shutdown; live_replicas prunes dead ones anyway
+            pass
+
+
+def encoder_max_ongoing(config: ServiceConfig) -> int:
+    return max_ongoing(config.max_batch_size)
+
+
+def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment:
+    """The image tower's deployment with placement and queue bounds from the config."""
+    return tower_deployment(EncoderReplica, "Encoder", config, replicas, config.encoder_num_cpus,
+                            config.cores_per_replica, config.max_batch_size)

@@ -1,0 +1,87 @@
+"""What the application checks of its model before any replica starts, each failing in one line:
+the weights (fetched once here, or refused at once when there is no hub) and the text tower's
+tokenizer (which decides whether text is on). `build_app` (a Serve YAML deploy) and `siglip-serve run`
+(before it starts Ray) both call these."""
+
+from __future__ import annotations
+
+import logging
+
+from siglip_serve.serve.config import ServiceConfig
+
+log = logging.getLogger("siglip_serve")
+
+
+def preflight_weights(config: ServiceConfig) -> None:
+    """Fetch pretrained weights once, here, before any replica starts; fail with one clear message.
+
+    Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the
+    hub client's minute of retries."""
+    if not config.needs_weights or config.checkpoint is not None:
+        return
+    import open_clip
+
+    from siglip_serve.models.hub import OFFLINE_HINT, HubUnreachable, check_weights_reachable
+    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+
+    _register_tiny()
+    cfg = open_clip.get_pretrained_cfg(config.model, config.pretrained or "")
+    if not cfg:
+        tags = open_clip.list_pretrained_tags_by_model(config.model)
+        raise ModelLoadError(f"no pretrained tag {config.pretrained!r} for {config.model}; known tags: {tags}")
+    try:
+        if check_weights_reachable(cfg, config.model, config.pretrained) is not None:
+            return
+    except HubUnreachable as exc:
+        raise ModelLoadError(str(exc)) from None
+    log.info("fetching pretrained weights %s/%s (cached after the first time)", config.model, config.pretrained)
+    try:
+        open_clip.download_pretrained(cfg)
+    except Exception as exc:  # broad on purpose: hub clients raise many kinds; all mean "no weights"
+        raise ModelLoadError(
+            f"could not download pretrained weights {config.pretrained!r} for {config.model} "
+            f"({type(exc).__name__}: no network?). {OFFLINE_HINT}"
+        ) from None
+
+
+def preflight_tokenizer(config: ServiceConfig) -> ServiceConfig:
+    """The config with its text tower decided, before any replica starts.
+
+    Asked for (`text_replicas: N` or `tokenizer: DIR`): the tokenizer is loaded here, so a missing one
+    fails in a second with the fix, not as a text replica that never starts. Not named (the cpu
+    default): on when the tokenizer is local or the hub answers within seconds, else off with one log
+    line saying how to turn it on; an image service from a local checkpoint on an air-gapped host then
+    starts without minutes of hub retries."""
+    if config.text_replica_count == 0:
+        return config
+    import open_clip
+
+    from siglip_serve.models.hub import hub_address, offline_requested, reachable
+    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.text import load_tokenizer, tokenizer_dir
+
+    _register_tiny()
+    settings = config.model_settings()
+    asked = config.text_replicas is not None or config.tokenizer is not None
+    if tokenizer_dir(settings) is None and not offline_requested():
+        host, port = hub_address({"hf_hub": config.model})
+        if not reachable(host, port):
+            why = f"no tokenizer: DIR is set and the model hub {host}:{port} is unreachable"
+            if asked:
+                raise ModelLoadError(f"text_replicas: {config.text_replicas} needs {config.model}'s tokenizer, but "
+                                     f"{why}; set tokenizer: DIR to a local copy of its tokenizer files "
+                                     "(tokenizer.json, tokenizer_config.json), or text_replicas: 0")
+            return text_off(config, why)
+    try:
+        load_tokenizer(settings, (open_clip.get_model_config(config.model) or {}).get("text_cfg", {}))
+    except ModelLoadError as exc:
+        if asked:
+            raise
+        return text_off(config, str(exc))
+    return config
+
+
+def text_off(config: ServiceConfig, why: str) -> ServiceConfig:
+    log.warning("text routes off (%s): set tokenizer: DIR to a local copy of %s's tokenizer files, or "
+                "text_replicas: 0 to say so and skip this check", why, config.model)
+    return config.model_copy(update={"text_replicas": 0, "text_off_reason": why})

@@ -1,0 +1,62 @@
+"""The text tower's deployment: SigLIP's text tower in replicas of its own (serve/tower_replica.py).
+
+Texts are cheap next to images, and a separate deployment gives them a separate Serve queue: a burst
+of images never delays a text, and a burst of texts never delays an image. The ingress checks every
+text (empty, too long, too many) before it gets here; tokenizing happens here, per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray import serve
+
+from siglip_serve.models.settings import NEURON_BACKENDS
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.cpu_plan import text_torch_threads
+from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.replica_logging import configure_replica_logging
+from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
+
+log = logging.getLogger("siglip_serve.text")
+
+
+class TextEncoderReplica(TowerReplica):
+    """The text tower and its tokenizer; `describe` is what /v1/models and /v1/classify read."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        from siglip_serve.models.encoder import create_text_encoder  # torch: in the replica only
+
+        configure_replica_logging(config.log_level)
+        settings = config.model_settings().model_copy(update={"torch_threads": text_torch_threads(config)})
+        super().__init__(config, create_text_encoder(settings), EncoderMetrics(tower="text"))
+        self.info: dict[str, Any] = {**self.encoder.describe(), "warmup_seconds": self.warmup_seconds}
+        log.info("text encoder replica ready: %s", self.info)
+
+    def describe(self) -> dict[str, Any]:
+        """Context length, buckets, tokenizer, and the zero-shot logit scale (exponentiated) and bias."""
+        return self.info
+
+    def encode_chunks(self, chunks: list[Any]) -> list[Any]:
+        embeddings = self.encoder.encode([text for chunk in chunks for text in chunk], self.metrics.forward)
+        return split_rows(embeddings, [len(chunk) for chunk in chunks])
+
+
+def text_max_ongoing(config: ServiceConfig) -> int:
+    return max_ongoing(config.text_buckets[-1])
+
+
+def text_neuron_cores(config: ServiceConfig) -> int:
+    """NeuronCores one text replica holds: on both Neuron lines it runs on a core of its own."""
+    return config.cores_per_replica if config.backend in NEURON_BACKENDS else 0
+
+
+def text_deployment(config: ServiceConfig) -> serve.Deployment:
+    from siglip_serve.models.encoder import check_text_artifact
+
+    # Refused here, once, in one line: a text replica that cannot load would die at start while
+    # Serve retries it for ever, and /v1/classify would never come up.
+    check_text_artifact(config.model_settings())
+    return tower_deployment(TextEncoderReplica, "TextEncoder", config, config.text_replica_count,
+                            config.text_num_cpus, text_neuron_cores(config), config.text_buckets[-1])

@@ -1,0 +1,131 @@
+"""One replica shape for both towers (image and text), and one deployment factory for them.
+
+A replica loads and warms its tower in the constructor (Serve counts it RUNNING only once warm), runs
+every forward pass on one thread of its own, and gathers the calls that arrive into batches with its
+own Batcher (serve/batcher.py). Each caller's chunk is answered on its own: its rows, or the error it
+alone failed with (its deadline passed in the queue, or the tower refused it), so one late or bad
+chunk never fails the others of its batch. The ingress reaches both towers the same way
+(serve/encoder_client.py: `embed_chunks`, a dead replica retried once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from siglip_serve.serve.batcher import Batcher
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.metrics import EncoderMetrics
+
+log = logging.getLogger("siglip_serve.replica")
+
+WARMUP_ITERATIONS = 2
+
+
+class DeadlineExceeded(TimeoutError):
+    """The request's deadline passed before its batch ran; it was dropped unrun."""
+
+
+class TowerReplica:
+    """What both towers' replicas share; a tower says how it checks a chunk and encodes a batch."""
+
+    def __init__(self, config: ServiceConfig, encoder: Any, metrics: EncoderMetrics) -> None:
+        self.config = config
+        self.encoder = encoder
+        self.metrics = metrics
+        warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS)
+        self.warmup_seconds = {str(b): round(s, 6) for b, s in warm.items()}
+        # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
+        # teams of asyncio.to_thread's rotating workers spin on the same cores after their pass.
+        self.forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self.batcher = Batcher(self._embed_batch, self.encoder.max_batch_size, len, config.batch_wait_timeout_s,
+                               on_batch=metrics.batch_started)
+
+    # -- what a tower says -------------------------------------------------------------------
+
+    def refusal(self, chunk: Any) -> Exception | None:
+        """The error this chunk alone fails with before it may join a batch; None to run it."""
+        return None
+
+    def encode_chunks(self, chunks: list[Any]) -> list[Any]:
+        """One forward pass over the chunks (on the forward thread): each chunk's rows or its own error."""
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------------
+
+    async def embed_chunks(self, chunks: list[Any], deadlines: list[float]) -> list[Any]:
+        """Several callers' chunks in one call: one result per chunk, its float32 [n, D] or the
+        exception it alone failed with; each joins the batch queue on its own."""
+        results = await asyncio.gather(*(self.batcher.submit(chunk, deadline)
+                                         for chunk, deadline in zip(chunks, deadlines, strict=True)),
+                                       return_exceptions=True)
+        # A cancellation (the replica stopping) is no answer to pickle back; the call as a whole fails.
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
+        return list(results)
+
+    async def _embed_batch(self, chunks: list[Any], deadlines: list[float]) -> list[Any]:
+        results: list[Any] = [None] * len(chunks)
+        now = time.time()
+        runnable = []
+        for i, (chunk, deadline) in enumerate(zip(chunks, deadlines, strict=True)):
+            refused = self.refusal(chunk)
+            if refused is not None:
+                results[i] = refused
+            elif deadline < now:
+                results[i] = DeadlineExceeded("deadline passed while queued")
+            else:
+                runnable.append(i)
+        if runnable:
+            # Off the event loop, so the replica keeps accepting and gathering the next batch.
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(self.forward_thread, self.encode_chunks,
+                                                 [chunks[i] for i in runnable])
+            for i, result in zip(runnable, outcome, strict=True):
+                results[i] = result
+        return results
+
+
+def split_rows(embeddings: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    offsets = np.cumsum([0, *sizes])
+    return [embeddings[start:stop] for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
+
+
+def max_ongoing(largest_bucket: int) -> int:
+    # One batch runs while the next gathers: a full batch of single-item calls queued behind it.
+    return 2 * largest_bucket
+
+
+def tower_deployment(replica_class: type[TowerReplica], name: str, config: ServiceConfig, replicas: int,
+                     num_cpus: float, neuron_cores: int, largest_bucket: int) -> serve.Deployment:
+    """A tower's deployment: placement from the config, the backend's environment, queue bounds."""
+    from siglip_serve.models.encoder import backend_replica_env  # here, not at import: the ingress imports this module
+
+    actor_options: dict[str, Any] = {"num_cpus": num_cpus}
+    if neuron_cores:
+        actor_options["resources"] = {"neuron_cores": neuron_cores}
+    if config.backend == "cuda":
+        # Each replica asks for a whole GPU: a tower's replicas never share one.
+        actor_options["num_gpus"] = 1
+    # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
+    # at import); a config env_var that contradicts it is refused by the replica, naming both.
+    env_vars = {**backend_replica_env(config.model_settings()), **config.env_vars}
+    if env_vars:
+        actor_options["runtime_env"] = {"env_vars": env_vars}
+    return serve.deployment(
+        name=name,
+        num_replicas=replicas,
+        ray_actor_options=actor_options,
+        # No max_queued_requests: the queue is bounded in the ingress (IngressCore._admitted), which
+        # answers 503 in the contract's JSON, where Serve's own limit answers in plain text.
+        max_ongoing_requests=max_ongoing(largest_bucket),
+        health_check_period_s=10,
+        graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
+    )(replica_class)

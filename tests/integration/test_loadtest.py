@@ -65,11 +65,11 @@ def test_windows_group_by_users_drop_settling_and_spawning() -> None:
     assert first.latency_ms == LatencyMs(p50=50.0, p95=90.0, p99=90.0)
     assert second.failures == 0 and second.images_per_second == pytest.approx(40 * 3 / 2)
 
-    healthy = saturation(found, p99_target_ms=100, max_fail_ratio=0.01)
+    healthy = saturation(found, p99_target_ms=100, step_max_fail_ratio=0.01)
     assert healthy is not None and healthy.users == max(found, key=lambda w: w.images_per_second).users
-    assert saturation(found, p99_target_ms=10, max_fail_ratio=0.01) is None
+    assert saturation(found, p99_target_ms=10, step_max_fail_ratio=0.01) is None
     failing = [second.model_copy(update={"fail_ratio": 0.5}), first]
-    assert saturation(failing, p99_target_ms=100, max_fail_ratio=0.01).users == 2
+    assert saturation(failing, p99_target_ms=100, step_max_fail_ratio=0.01).users == 2
 
 
 def test_check_response_names_what_is_wrong() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import subprocess
 import sys
 import urllib.parse
@@ -25,9 +24,10 @@ import httpx
 import psutil
 
 from siglip_serve.core.poll import poll
+from siglip_serve.loadtest.options import OPTIONS, STEP_OPTIONS, add_options, locust_arguments, parse_duration
 from siglip_serve.loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
 from siglip_serve.loadtest.summary import EXIT_ERROR, build_summary, format_summary
-from siglip_serve.measure.corpus import ENDPOINTS, CorpusError, image_files
+from siglip_serve.measure.corpus import CorpusError, image_files
 from siglip_serve.measure.results import RunResults
 from siglip_serve.measure.server_cpu import ServerCpu
 from siglip_serve.models.cli_args import UserError, key_value, run_main, setup_logging
@@ -38,21 +38,6 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness pol
 HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parent
 API_KEY_ENV = "SIGLIP_LOADTEST_API_KEY"
-
-
-def parse_duration(text: str) -> float:
-    """Locust's run-time syntax: 90, 90s, 1m30s, 2h.
-
-    Not locust.util.timespan.parse_timespan: importing any module of Locust runs its package's
-    gevent monkey-patching, which this process must not do (see the module docstring)."""
-    text = text.strip()
-    if text.isdigit():
-        return float(text)
-    parts = re.fullmatch(r"(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?", text)
-    if not parts or not any(parts.groups()):
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 90, 90s, 1m30s, 2h")
-    hours, minutes, seconds = (int(g or 0) for g in parts.groups())
-    return float(hours * 3600 + minutes * 60 + seconds)
 
 
 class NotReady(UserError, RuntimeError):
@@ -72,22 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--spawn-rate", type=float, default=10.0, help="users started per second")
     load.add_argument("--run-time", type=parse_duration, help="e.g. 60s, 5m (default 60s; step shape: no cap)")
     load.add_argument("--processes", type=int, default=0, help="Locust worker processes (0: one process)")
-    load.add_argument("--images", help="folder of images to send (default: scikit-image photos)")
-    load.add_argument("--endpoint", choices=ENDPOINTS, default="raw", help="raw bytes, multipart or JSON base64")
-    load.add_argument("--images-per-request", type=int, default=1)
-    load.add_argument("--encoding-format", choices=("float", "base64"), default="float",
-                      help="json endpoint only: how embeddings come back")
-    load.add_argument("--expect-dim", type=int, help="expected embedding dimension (default: from GET /v1/models)")
+    add_options(load, [o.flag for o in OPTIONS if o.flag not in STEP_OPTIONS])
     step = parser.add_argument_group("step shape (finds the saturation point)")
-    step.add_argument("--step-users", type=int, help="users added each step; turns the step shape on")
-    step.add_argument("--step-time", type=parse_duration, default=30.0, help="seconds per step (default 30)")
-    step.add_argument("--max-users", type=int, help="users of the last step (default 8 steps)")
-    step.add_argument("--p99-target-ms", type=float, default=500.0,
-                      help="saturation = highest img/s whose p99 stays under this (default 500)")
-    step.add_argument("--step-max-fail-ratio", type=float, default=0.01,
-                      help="a step failing more than this is past saturation (default 0.01)")
+    add_options(step, STEP_OPTIONS)
     limits = parser.add_argument_group("thresholds (set the exit code)")
-    limits.add_argument("--max-fail-ratio", type=float, default=0.01, help="default 0.01")
+    limits.add_argument("--max-fail-ratio", type=float, default=0.01,
+                        help="the run fails above this share of failed requests (default 0.01)")
     limits.add_argument("--max-p99-ms", type=float, help="whole-run p99 limit (default none)")
     metrics = parser.add_argument_group("metrics cross-check")
     metrics.add_argument("--metrics-url", help="Ray's Prometheus export, e.g. http://127.0.0.1:8080/metrics")
@@ -98,7 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--metrics-tolerance", type=float, default=0.05)
     out = parser.add_argument_group("output")
     out.add_argument("--out", default="loadtest-results", help="folder for summary.json, CSV and HTML")
-    out.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     return parser
 
 
@@ -106,13 +80,14 @@ def check_args(args: argparse.Namespace) -> None:
     """Fail here, before Locust starts, on what Locust's workers would only fail on one by one."""
     if args.images:
         image_files(args.images)
+        args.images = str(Path(args.images).resolve())  # Locust's cwd may differ
     if args.endpoint == "raw" and args.images_per_request != 1:
         raise CorpusError("--endpoint raw carries one image per request; use multipart or json for more")
     if args.images_per_request < 1 or args.users < 1:
         raise CorpusError("--images-per-request and --users must be at least 1")
-    if args.step_users is not None:
-        if args.step_users < 1:
-            raise CorpusError("--step-users must be at least 1")
+    if args.step_users < 0:
+        raise CorpusError("--step-users must be at least 1 (0: constant load)")
+    if args.step_users:
         args.max_users = args.max_users or 8 * args.step_users
         if args.max_users < args.step_users:
             raise CorpusError("--max-users must be at least --step-users")
@@ -140,23 +115,13 @@ def locust_command(args: argparse.Namespace, out: Path) -> list[str]:
            "--csv", str(out / "locust"), "--html", str(out / "locust.html"),
            # Pass and fail are decided here from the thresholds, not by Locust's "any failure".
            "--exit-code-on-error", "0",
-           "--results-json", str(out / "results.json"),
-           "--endpoint", args.endpoint, "--images-per-request", str(args.images_per_request),
-           "--encoding-format", args.encoding_format, "--progress-every", f"{args.progress_every:g}",
-           "--p99-target-ms", f"{args.p99_target_ms:g}", "--max-fail-ratio", f"{args.step_max_fail_ratio:g}"]
-    if args.step_users:
-        cmd += ["--step-users", str(args.step_users), "--step-time", f"{args.step_time:g}",
-                "--max-users", str(args.max_users)]
-    else:
+           "--results-json", str(out / "results.json"), *locust_arguments(args)]
+    if not args.step_users:
         cmd += ["--users", str(args.users)]
     if args.run_time:
         cmd += ["--run-time", f"{int(args.run_time)}s"]
     if args.processes:
         cmd += ["--processes", str(args.processes)]
-    if args.images:
-        cmd += ["--images", str(Path(args.images).resolve())]
-    if args.expect_dim:
-        cmd += ["--expect-dim", str(args.expect_dim)]
     return cmd
 
 

@@ -24,9 +24,10 @@ from typing import Any
 
 import httpx
 
+from siglip_serve.loadtest.options import add_options
 from siglip_serve.loadtest.recorder import Recorder, rewrite_final_csv
 from siglip_serve.loadtest.validate import check_response
-from siglip_serve.measure.corpus import ENDPOINTS, RequestBody, build_bodies, load_corpus, request_name
+from siglip_serve.measure.corpus import RequestBody, build_bodies, load_corpus, request_name
 
 log = logging.getLogger("siglip_loadtest")
 
@@ -49,26 +50,10 @@ class Setup:
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
     group = parser.add_argument_group("siglip-serve")
-    group.add_argument("--endpoint", choices=ENDPOINTS, default="raw",
-                       help="raw image bytes, multipart file parts, or JSON base64 (default raw)")
-    group.add_argument("--images-per-request", type=int, default=1, help="images in each request (default 1)")
-    group.add_argument("--images", default="", help="folder of images to send (default: scikit-image photos)")
-    group.add_argument("--encoding-format", choices=("float", "base64"), default="float",
-                       help="json endpoint: how embeddings come back (base64 is cheaper for the client to parse)")
-    group.add_argument("--expect-dim", type=int, default=0,
-                       help="expected embedding dimension (default: read from GET /v1/models)")
+    add_options(group)
     group.add_argument("--api-key", default="", env_var="SIGLIP_LOADTEST_API_KEY",
                        help="Authorization: Bearer KEY (or env SIGLIP_LOADTEST_API_KEY)")
     group.add_argument("--results-json", default="", help="write the recorder's results here at the end")
-    group.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
-    # The step shape (loadtest/stepshape.py) reads these; they live here so that one parser knows them.
-    group.add_argument("--step-users", type=int, default=0, help="users added each step (step shape)")
-    group.add_argument("--step-time", type=float, default=30.0, help="seconds per step (step shape)")
-    group.add_argument("--max-users", type=int, default=0, help="users of the last step (step shape)")
-    group.add_argument("--p99-target-ms", type=float, default=500.0,
-                       help="saturation: highest img/s whose p99 stays under this; the step shape stops past it")
-    group.add_argument("--max-fail-ratio", type=float, default=0.01,
-                       help="a step with more failures than this is past saturation")
 
 
 def _fetch_model(host: str, headers: dict[str, str]) -> dict[str, Any]:

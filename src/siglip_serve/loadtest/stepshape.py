@@ -49,8 +49,8 @@ class StepLoadShape(LoadTestShape):
                  f"{p99:.0f}" if p99 is not None else "-", window.fail_ratio)
         if p99 is not None and p99 > options.p99_target_ms:
             return f"p99 {p99:.0f} ms over the {options.p99_target_ms:g} ms target at {users} users"
-        if window.fail_ratio > options.max_fail_ratio:
-            return f"fail ratio {window.fail_ratio:.3f} over {options.max_fail_ratio:g} at {users} users"
+        if window.fail_ratio > options.step_max_fail_ratio:
+            return f"fail ratio {window.fail_ratio:.3f} over {options.step_max_fail_ratio:g} at {users} users"
         return None
 
     def tick(self) -> tuple[int, float] | None:

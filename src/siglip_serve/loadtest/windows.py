@@ -89,12 +89,12 @@ def windows(timeline: list[Snapshot], images_per_request: int,
     return out
 
 
-def saturation(steps: list[Step], p99_target_ms: float, max_fail_ratio: float) -> OperatingPoint | None:
+def saturation(steps: list[Step], p99_target_ms: float, step_max_fail_ratio: float) -> OperatingPoint | None:
     """The window with the most img/s whose p99 stays at or under the target and whose failures
-    stay under max_fail_ratio (a fast stream of 503s is not throughput)."""
+    stay under step_max_fail_ratio (a fast stream of 503s is not throughput)."""
     healthy = [w for w in steps
                if w.latency_ms.p99 is not None and w.latency_ms.p99 <= p99_target_ms
-               and w.fail_ratio <= max_fail_ratio and w.images > 0]
+               and w.fail_ratio <= step_max_fail_ratio and w.images > 0]
     if not healthy:
         return None
     return OperatingPoint.of(max(healthy, key=lambda w: w.images_per_second), p99_target_ms)

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 from ray.exceptions import RayActorError
 
+from siglip_serve.models.loading import ModelInfo
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.errors import ApiError
 from siglip_serve.serve.text_routes import TextRoutes
 from tests.helpers import ServeResponse as Response
 
-MODEL = {"name": "tiny-siglip", "image_size": [64, 64], "embed_dim": 4}
+MODEL = ModelInfo("tiny-siglip", 4, (64, 64), "random")
 
 
 class TextHandle:

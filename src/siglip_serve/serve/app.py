@@ -11,7 +11,7 @@ from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
-from siglip_serve.models.loading import model_geometry
+from siglip_serve.models.loading import ModelInfo, model_geometry
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
 from siglip_serve.serve.encoder_deployment import encoder_deployment
@@ -58,7 +58,7 @@ def build(config: ServiceConfig) -> Application:
     replicas = resolve_replicas(config)
     config = config.model_copy(update={"ingress_replicas": ingress_replicas_for(config, replicas)})
     image_size, embed_dim = model_geometry(config.model)
-    model = {"name": config.model, "image_size": list(image_size), "embed_dim": embed_dim}
+    model = ModelInfo(config.model, embed_dim, image_size, config.weights_source)
     # Only the image replicas split the cores; the text replica keeps its own default.
     encoder_config = config.model_copy(update={"torch_threads": encoder_torch_threads(config, replicas)})
     encoder = encoder_deployment(encoder_config, replicas).bind(encoder_config)

@@ -22,6 +22,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from siglip_serve.models.loading import ModelInfo
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embed_request import (
@@ -73,7 +74,7 @@ Render = Callable[[np.ndarray, int, int], Response]
 
 
 class Ingress(TextRoutes):
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None) -> None:
         super().__init__(encoder, config, replicas, model, text_encoder)
         # One replica per process: the latest one counts, so every error is counted exactly once.
@@ -87,7 +88,7 @@ class Ingress(TextRoutes):
         before any decoding or tokenizing; both towers' queues admit their part. `route` labels the
         embedded counters; the request metric says "text" for texts alone, as before mixed requests."""
         async def work() -> Response:
-            cut = check_dimensions(dimensions, int(self.model["embed_dim"]), self.config.allow_dimension_truncation)
+            cut = check_dimensions(dimensions, self.model.embed_dim, self.config.allow_dimension_truncation)
             images = [i for i, item in enumerate(items) if item.kind == "image"]
             texts = [i for i, item in enumerate(items) if item.kind == "text"]
             limit = self.config.max_images_per_request
@@ -115,7 +116,7 @@ class Ingress(TextRoutes):
             if cut is not None:
                 rows = cut_dimensions(rows, cut)
             if render is None:
-                response = render_embeddings(rows, self.model["name"], "float", images=len(images), texts=len(texts))
+                response = render_embeddings(rows, self.model.name, "float", images=len(images), texts=len(texts))
             else:
                 response = render(rows, len(images), len(texts))
             if images:
@@ -162,12 +163,12 @@ class IngressDeployment(Ingress):
         self._check_auth(request)
         async with self._deadline() as deadline:
             body = await read_body(request, self.config.max_body_bytes)
-            parsed = parse_json(body, EmbeddingsRequest, self.model["name"])
+            parsed = parse_json(body, EmbeddingsRequest, self.model.name)
             items = read_items(parsed)
             encoding = parsed.encoding()
 
             def render(rows: np.ndarray, images: int, texts: int) -> Response:
-                return render_embeddings(rows, self.model["name"], encoding, images, texts,
+                return render_embeddings(rows, self.model.name, encoding, images, texts,
                                          read_as=[item.kind for item in items])
 
             return await self._serve("embeddings", items, deadline, render, parsed.dimensions)
@@ -178,12 +179,12 @@ class IngressDeployment(Ingress):
         self._check_auth(request)
         async with self._deadline() as deadline:
             body = await read_body(request, self.config.max_body_bytes)
-            parsed = parse_json(body, CohereEmbedRequest, self.model["name"])
+            parsed = parse_json(body, CohereEmbedRequest, self.model.name)
             items = read_cohere_items(parsed)
             texts = [str(item.value) for item in items if item.kind == "text"]
 
             def render(rows: np.ndarray, images: int, _: int) -> Response:
-                return render_cohere(rows, self.model["name"], parsed.embedding_types, texts, images)
+                return render_cohere(rows, self.model.name, parsed.embedding_types, texts, images)
 
             return await self._serve("v2_embed", items, deadline, render, parsed.output_dimension)
 
@@ -214,10 +215,10 @@ class IngressDeployment(Ingress):
         lnc = next((r.get("lnc") or r.get("neuron_logical_nc_config") for r in replicas
                     if r.get("lnc") or r.get("neuron_logical_nc_config")), None)
         entry = {
-            "id": self.model["name"],
+            "id": self.model.name,
             "object": "model",
             "owned_by": "siglip-serve",
-            "embedding_dim": self.model["embed_dim"],
+            "embedding_dim": self.model.embed_dim,
             "image_size": list(self.image_size),
             "backend": self.config.backend,
             "weights": self.config.weights_source,

@@ -28,6 +28,7 @@ from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
+from siglip_serve.models.loading import ModelInfo
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.encoder_client import EncoderClient
@@ -56,7 +57,7 @@ class Tower:
 
 
 class IngressCore:
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None) -> None:
         """`replica`: (application, replica id); read from Serve's replica context when not given."""
         configure_replica_logging(config.log_level)
@@ -64,7 +65,7 @@ class IngressCore:
         self.expected_replicas = replicas
         self.min_ready = min(config.min_ready_replicas, replicas)
         self.model = model
-        self.image_size = (int(model["image_size"][0]), int(model["image_size"][1]))
+        self.image_size = model.image_size
         self.api_key = config.resolve_api_key(os.environ)
         self.metrics = IngressMetrics()
         self.images = ImagePrep(config, self.image_size, self.metrics.preprocess_seconds.observe)

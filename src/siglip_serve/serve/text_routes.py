@@ -11,12 +11,12 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from fastapi import Request, Response
 from ray.serve.handle import DeploymentHandle
 
+from siglip_serve.models.loading import ModelInfo
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.errors import ApiError, ErrorType
 from siglip_serve.serve.http_body import (
@@ -62,7 +62,7 @@ def prompts_of(labels: Sequence[str], template: str) -> list[str]:
 class TextRoutes(IngressCore):
     """The text routes, on the ingress's shared plumbing (serve/ingress_core.py)."""
 
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: dict[str, Any],
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None) -> None:
         super().__init__(encoder, config, replicas, model, text_encoder, replica)
         self._prompt_cache: OrderedDict[str, np.ndarray] = OrderedDict()
@@ -106,7 +106,7 @@ class TextRoutes(IngressCore):
             if not labels:
                 raise ApiError(422, ErrorType.INVALID_REQUEST, "labels: give one or more `labels` form fields")
         else:
-            parsed, json_items, image_labels = parse_classify_request(body, self.model["name"])
+            parsed, json_items, image_labels = parse_classify_request(body, self.model.name)
             items = list(json_items)
             labels, template = parsed.labels, parsed.template
         return await self._timed("classify", self._classify(items, image_labels, labels, template, deadline), deadline)
@@ -137,6 +137,6 @@ class TextRoutes(IngressCore):
             order = sorted(range(len(labels)), key=lambda j: -row[j])  # stable: ties keep label order
             data.append({"object": "classification", "index": i,
                          "labels": [{"label": labels[j], "score": float(row[j])} for j in order]})
-        body = {"object": "list", "data": data, "model": self.model["name"], "template": template,
+        body = {"object": "list", "data": data, "model": self.model.name, "template": template,
                 "usage": {"images": len(items), "texts": len(prompts)}}
         return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")

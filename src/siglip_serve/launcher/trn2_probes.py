@@ -21,7 +21,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from siglip_serve.models.cli_args import UserError, run_main
+from siglip_serve.core.errors import UserError
+from siglip_serve.models.cli_args import run_main
 from siglip_serve.models.settings import BACKENDS
 
 # TorchNeuron (the native PyTorch backend) starts at torch-neuronx 2.13 (Neuron 2.33 ships 2.13.3.0 and

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from siglip_serve.models.cli_args import LogLevel, UserError, describe_validation, model_settings_of
+from siglip_serve.core.errors import UserError, describe_validation
+from siglip_serve.models.cli_args import LogLevel, model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import NEURON_BACKENDS, ModelSettings
 

@@ -23,13 +23,14 @@ from siglip_serve.serve.errors import ApiError, ErrorType
 
 Modality = Literal["image", "text"]
 # float / base64 (little-endian float32) as OpenAI; int8 / uint8 / binary / ubinary as Cohere, vLLM
-# and NIM name them (serve/quantize.py says how each is made).
+# and NIM name them (serve/embedding_output.py says how each is made).
 Encoding = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
 
 # No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
 MIN_BARE_IMAGE_CHARS = 32
 _BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
-_URLSAFE_TO_STD = str.maketrans("-_", "+/")
+# base64url (RFC 4648 section 5) to the standard alphabet: some clients send the former.
+URLSAFE_TO_STD = str.maketrans("-_", "+/")
 # The first bytes of every format the service decodes (serve/http_body.py IMAGE_MEDIA_TYPES).
 _SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
 RULE = ("without `modality` or typed items, an item is an image when it is a data URI, or bare base64 "
@@ -96,7 +97,7 @@ def looks_like_image(item: str) -> bool:
     if len(stripped) < MIN_BARE_IMAGE_CHARS or _BARE_BASE64.fullmatch(stripped) is None:
         return False
     try:
-        head = base64.b64decode(stripped[:16].translate(_URLSAFE_TO_STD), validate=True)
+        head = base64.b64decode(stripped[:16].translate(URLSAFE_TO_STD), validate=True)
     except (binascii.Error, ValueError):
         return False
     return head.startswith(_SIGNATURES) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")

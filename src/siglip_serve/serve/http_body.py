@@ -22,7 +22,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
-from siglip_serve.serve.embed_request import CohereEmbedRequest, EmbeddingsRequest
+from siglip_serve.serve.embed_request import URLSAFE_TO_STD, CohereEmbedRequest, EmbeddingsRequest
 from siglip_serve.serve.embedding_output import encode_rows
 from siglip_serve.serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
 
@@ -42,7 +42,6 @@ IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "imag
                      "application/octet-stream")
 _SUPPORTED_MEDIA_TYPES = frozenset((*IMAGE_MEDIA_TYPES, "image/jpg", "image/x-ms-bmp"))
 _MEDIA_TYPES_TEXT = ", ".join(media for media in IMAGE_MEDIA_TYPES if media.startswith("image/"))
-_URLSAFE_TO_STD = str.maketrans("-_", "+/")
 DEFAULT_TEMPLATE = "{}"
 
 
@@ -221,7 +220,7 @@ def decode_base64_image(item: str, limits: ImageLimits = ImageLimits()) -> bytes
     if len(payload) * 3 // 4 > limits.max_bytes:
         payload = "".join(payload.split())
         _check_size(len(payload.rstrip("=")) * 3 // 4, limits)
-    compact = "".join(payload.split()).translate(_URLSAFE_TO_STD).rstrip("=")
+    compact = "".join(payload.split()).translate(URLSAFE_TO_STD).rstrip("=")
     if not compact:
         raise _invalid_base64("base64 image data is empty")
     if len(compact) % 4 == 1:

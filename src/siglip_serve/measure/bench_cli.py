@@ -7,17 +7,7 @@ import logging
 
 from siglip_serve.launcher.cli import add_front_end_option
 from siglip_serve.measure.corpus import ENDPOINTS
-from siglip_serve.models.cli_args import (
-    add_field_arguments,
-    add_log_level,
-    add_model_arguments,
-    key_value,
-    model_values,
-    option_values,
-    run_main,
-    settings_values,
-    setup_logging,
-)
+from siglip_serve.models import cli_args
 
 log = logging.getLogger("siglip_serve")
 
@@ -27,13 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = argparse.ArgumentParser(prog="siglip-serve bench",
                                     description="bare-encoder, preprocessing and served throughput; table + JSON")
-    add_log_level(bench)
-    add_model_arguments(bench)
+    cli_args.add_log_level(bench)
+    cli_args.add_model_arguments(bench)
     bench.add_argument("--warmup", type=int, default=10)
     bench.add_argument("--iterations", type=int, default=50)
     bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
     bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
-    add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
+    cli_args.add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
     bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: images in each request")
     bench.add_argument("--multicore", type=int, default=0, metavar="N",
                        help="also run seed 000's multi-core bench: N pinned workers, summed (neuron: N logical cores)")
@@ -44,20 +34,21 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "one image a request), multipart (for more), or json "
                                                              "(base64 data URIs)")
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
-    bench.add_argument("--set", action="append", default=[], type=key_value, metavar="KEY=VALUE")
+    bench.add_argument("--set", action="append", default=[], type=cli_args.key_value, metavar="KEY=VALUE")
     add_front_end_option(bench)
     return bench
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    cli_args.setup_logging(args.log_level)
 
     def bench() -> int:
         from siglip_serve.measure.bench import run_bench
         from siglip_serve.serve.config import ServiceConfig
 
-        settings = {**model_values(args), **settings_values(args.set), **option_values(args, ("replicas",))}
+        settings = {**cli_args.model_values(args), **cli_args.settings_values(args.set),
+                    **cli_args.option_values(args, ("replicas",))}
         return run_bench(ServiceConfig.from_args(settings), args)
 
-    return run_main(bench, log)
+    return cli_args.run_main(bench, log)

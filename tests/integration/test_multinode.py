@@ -1,4 +1,4 @@
-"""Multi-node placement: 8 encoder replicas over two Ray nodes of 4 logical NeuronCores each, every
+"""Multi-node placement: 4 encoder replicas over two Ray nodes of 2 logical NeuronCores each, every
 replica on its own (node, core). Runs tests/integration/multinode_check.py in a subprocess with its own Ray."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from tests.helpers import REPO
-from tests.integration.multinode_check import REPORT_MARKER
+from tests.integration.multinode_check import CORES_PER_NODE, REPLICAS, REPORT_MARKER
 
 
 def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
@@ -39,9 +39,9 @@ def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
     report = json.loads(line[len(REPORT_MARKER):])
     (model,) = report["models"]["data"]
     replicas = model["replicas"]
-    assert model["replicas_expected"] == 8 and len(replicas) == 8
+    assert model["replicas_expected"] == REPLICAS and len(replicas) == REPLICAS
     assert len(report["nodes"]) == 2
     assert {r["node_id"] for r in replicas} == set(report["nodes"])
     placements = [(r["node_id"], r["neuron_rt_visible_cores"]) for r in replicas]
-    assert all(core in {"0", "1", "2", "3"} for _, core in placements), placements
-    assert len(set(placements)) == 8, placements
+    assert all(core in {str(c) for c in range(CORES_PER_NODE)} for _, core in placements), placements
+    assert len(set(placements)) == REPLICAS, placements

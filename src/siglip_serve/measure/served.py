@@ -110,6 +110,8 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
 
     use_front_end(front_end, local_only=True)
     port = free_port()
+    if config.text_replicas is None:  # auto: this benchmark posts images only; a text replica would take CPU
+        config = config.model_copy(update={"text_replicas": 0})
     config = pin_replicas(config)
     replicas = config.replicas if isinstance(config.replicas, int) else None
     ray_options = ray_resources(config, replicas)

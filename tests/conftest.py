@@ -115,7 +115,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     import ray
     from ray import serve
 
-    from siglip_serve.launcher.haproxy_front import use_front_end
+    from siglip_serve.launcher.haproxy_front import METRICS_PORT_ENV, use_front_end
 
     front_end = os.environ.get("SIGLIP_TEST_FRONT_END", "haproxy")
     before = dict(os.environ)
@@ -125,6 +125,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     # outside balancer here: 2 s, so a test module's app teardown costs 2 s, not 30.
     os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "2"
     front_end_env = {key for key, value in os.environ.items() if before.get(key) != value}
+    haproxy_metrics = os.environ.get(METRICS_PORT_ENV) if front_end == "haproxy" else None
     port = free_port()
     metrics_port = free_port()
     ray.init(
@@ -147,7 +148,8 @@ def serve_cluster() -> Iterator[ServeCluster]:
         else:
             os.environ.pop(key, None)
     try:
-        yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port, front_end)
+        yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port, front_end,
+                           int(haproxy_metrics) if haproxy_metrics else None)
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -51,6 +51,8 @@ class ServeCluster:
     metrics_port: int
     # "haproxy" (the default, launcher/haproxy_front.py) or "python" (Serve's proxy actor).
     front_end: str = "haproxy"
+    # HAProxy's Prometheus exporter (http://127.0.0.1:<port>/metrics); None with the python front end.
+    haproxy_metrics_port: int | None = None
 
 
 @dataclass

@@ -84,7 +84,7 @@ def test_served_over_http(artifact: Path, photo_jpegs: list[bytes], tiny_referen
     server = subprocess.Popen(
         [sys.executable, "-m", "siglip_serve", "run", "--backend", "neuron-native", "--model", "tiny-siglip",
          "--buckets", "1,2", "--artifact-dir", str(artifact), "--neuron-cores", "1", "--replicas", "1",
-         "--port", str(port), "--metrics-port", str(free_port())],
+         "--port", str(port), "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:

@@ -68,7 +68,7 @@ def test_run_serves_and_sigint_leaves_no_ray_process(photo_jpegs: list[bytes]) -
     port = free_port()
     proc = subprocess.Popen(
         [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
-         "--metrics-port", str(free_port())],
+         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}"

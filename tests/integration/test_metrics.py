@@ -13,6 +13,7 @@ import collections
 import json
 import math
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -81,7 +82,12 @@ class Query:
 
     @property
     def from_neuron_monitor(self) -> bool:
-        return any(not name.startswith("ray_") for name in self.names)
+        return any(not name.startswith(("ray_", "haproxy_")) for name in self.names)
+
+    @property
+    def from_haproxy(self) -> bool:
+        """HAProxy's own exporter (the default front end's), scraped by the shipped `haproxy` job."""
+        return any(name.startswith("haproxy_") for name in self.names)
 
 
 def dashboard() -> dict:
@@ -165,7 +171,7 @@ def test_shipped_prometheus_config_is_valid() -> None:
     done = subprocess.run(["promtool", "check", "config", str(SHIPPED_CONFIG)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     jobs = {job["job_name"] for job in scrape_config_for({})["scrape_configs"]}
-    assert jobs == {"ray", "neuron-monitor"}
+    assert jobs == {"ray", "haproxy", "neuron-monitor"}
 
 
 def test_neuron_monitor_config_collects_what_the_dashboard_reads() -> None:
@@ -195,7 +201,9 @@ def metrics_app(serve_cluster: ServeCluster) -> Iterator[str]:
 def prometheus(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
     ensure_installed()
     nothing_there = f"127.0.0.1:{free_port()}"  # no neuron-monitor here; the job stays, its target is down
-    config = scrape_config_for({"ray": [f"127.0.0.1:{serve_cluster.metrics_port}"], "neuron-monitor": [nothing_there]})
+    haproxy = serve_cluster.haproxy_metrics_port
+    config = scrape_config_for({"ray": [f"127.0.0.1:{serve_cluster.metrics_port}"], "neuron-monitor": [nothing_there],
+                                "haproxy": [f"127.0.0.1:{haproxy}" if haproxy else nothing_there]})
     server = PrometheusServer(config, tmp_path_factory.mktemp("prometheus"), free_port())
     try:
         server.wait_ready()
@@ -210,6 +218,17 @@ class Traffic:
     good_requests: int
     good_by_endpoint: dict[str, int]
     rejected: collections.Counter[str]
+    # Requests HAProxy refused itself (the default front end): header floods, answered 400 before Python.
+    front_door_refused: int = 0
+
+
+def _header_flood(port: int) -> bytes:
+    """One request with more headers than HAProxy takes (101); the first line of the reply, if any."""
+    head = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-Flood-%d: 1\r\n" % i for i in range(200))
+            + b"Connection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        return sock.recv(64).split(b"\r\n")[0]
 
 
 def _b64(data: bytes) -> str:
@@ -245,7 +264,8 @@ BAD_REQUESTS: list[tuple[str, int, Callable[[httpx.Client, list[bytes]], httpx.R
 
 
 @pytest.fixture(scope="module")
-def traffic(metrics_app: str, prometheus: PrometheusServer, photo_jpegs: list[bytes]) -> Traffic:
+def traffic(serve_cluster: ServeCluster, metrics_app: str, prometheus: PrometheusServer,
+            photo_jpegs: list[bytes]) -> Traffic:
     """LOAD_SECONDS of concurrent good requests with the bad ones sent in the middle; counts what
     the server answered, as the client saw it."""
     rejected: collections.Counter[str] = collections.Counter()
@@ -289,11 +309,15 @@ def traffic(metrics_app: str, prometheus: PrometheusServer, photo_jpegs: list[by
                 response = send(client, photo_jpegs)
                 assert response.json()["error"]["type"] == reason, response.text
                 rejected[reason] += 1
+    refused = 0
+    if serve_cluster.front_end == "haproxy":
+        assert _header_flood(serve_cluster.http_port) == b"HTTP/1.1 400 Bad request"
+        refused += 1
     for thread in threads:
         thread.join(timeout=LOAD_SECONDS + 60)
     assert not failures, failures[:5]
     assert totals["requests"] >= 3 * LOAD_THREADS, f"too little load to test with: {totals}"
-    return Traffic(totals["images"], totals["requests"], dict(by_endpoint), rejected)
+    return Traffic(totals["images"], totals["requests"], dict(by_endpoint), rejected, refused)
 
 
 def _eventually(read: Callable[[], object], expected: object, what: str) -> None:
@@ -337,7 +361,8 @@ def test_prometheus_counts_what_the_client_saw(prometheus: PrometheusServer, tra
     assert cores == {"none"}  # CPU replicas here; on Neuron it is NEURON_RT_VISIBLE_CORES
 
 
-def test_every_dashboard_query_runs_and_ours_return_data(prometheus: PrometheusServer, traffic: Traffic) -> None:
+def test_every_dashboard_query_runs_and_ours_return_data(serve_cluster: ServeCluster, prometheus: PrometheusServer,
+                                                         traffic: Traffic) -> None:
     _eventually(lambda: _count(prometheus, f'sum(ray_siglip_images_embedded_total{{application="{APP}"}})'),
                 traffic.images_embedded, "images embedded")
     exported = set(prometheus.client.get("/api/v1/label/__name__/values").json()["data"])
@@ -350,8 +375,8 @@ def test_every_dashboard_query_runs_and_ours_return_data(prometheus: PrometheusS
         except ValueError as exc:
             problems.append(f"{query.panel}: {exc}")
             continue
-        if query.from_neuron_monitor:
-            continue  # no neuron-monitor on this machine: it must parse, it cannot have data
+        if query.from_neuron_monitor or (query.from_haproxy and serve_cluster.front_end != "haproxy"):
+            continue  # no neuron-monitor on this machine (no HAProxy with the python front end): it must parse
         missing = {name for name in query.names if name not in exported}
         values = [float(r["value"][1]) for r in result]
         if missing:
@@ -359,7 +384,11 @@ def test_every_dashboard_query_runs_and_ours_return_data(prometheus: PrometheusS
         elif not any(math.isfinite(v) for v in values):
             problems.append(f"{query.panel}: no data ({values}) for {expr}")
     assert not problems, "\n".join(problems)
-    assert sum(q.from_neuron_monitor for q in queries) >= 2
+    assert sum(q.from_neuron_monitor for q in queries) >= 2 and sum(q.from_haproxy for q in queries) >= 4
+    if serve_cluster.front_end == "haproxy":
+        # The header flood the traffic sent was refused by HAProxy itself, and its exporter counted it.
+        refused = prometheus.scalar('sum(haproxy_frontend_request_errors_total{proxy="http_frontend"})')
+        assert refused is not None and refused >= traffic.front_door_refused > 0
 
     variable = dashboard()["templating"]["list"][0]["definition"]
     selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable).groups()

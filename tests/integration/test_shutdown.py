@@ -67,7 +67,7 @@ def start_service(log: Path, model: str) -> Service:
     command = unit_command(UNIT, {"SIGLIP_SERVE_MODEL": model})
     # The unit's script is this interpreter's `siglip-serve`, which `-m` runs from this checkout.
     command = [sys.executable, "-m", "siglip_serve", *command[1:],
-               "--port", str(port), "--metrics-port", str(metrics_port)]
+               "--port", str(port), "--metrics-port", str(metrics_port), "--haproxy-metrics-port", "0"]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, **unit_environment(UNIT), "PYTHONPATH": path, "SIGLIP_API_KEY": KEY}
     with open(log, "wb") as out:

@@ -49,7 +49,7 @@ def test_taken_http_port_is_refused_in_one_line_before_ray() -> None:
         holder.listen()
         port = holder.getsockname()[1]
         out, seconds = siglip_serve("run", "--model", "tiny-siglip", "--port", str(port),
-                                    "--metrics-port", str(free_port()))
+                                    "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0")
     assert out.returncode == 2
     line = one_error_line(out.stderr)
     assert f"port {port} on 127.0.0.1 is already in use" in line and "--port" in line
@@ -143,12 +143,25 @@ def test_placeholder_answers_503_then_hands_the_port_over() -> None:
         sock.bind(("127.0.0.1", port))
 
 
+def test_taken_haproxy_metrics_port_is_refused_in_one_line_before_ray() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        out, seconds = siglip_serve("run", "--model", "tiny-siglip", "--port", str(free_port()),
+                                    "--metrics-port", str(free_port()), "--haproxy-metrics-port", str(taken))
+    assert out.returncode == 2
+    line = one_error_line(out.stderr)
+    assert f"HAProxy's metrics port {taken}" in line and "--haproxy-metrics-port" in line
+    assert "starting Ray" not in out.stderr and seconds < FAST_S
+
+
 def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> None:
     port = free_port()
     began = time.monotonic()
     proc = subprocess.Popen(
         [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
-         "--metrics-port", str(free_port()), "--set", "torch_threads=1"],
+         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--set", "torch_threads=1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
     )
     lines: list[str] = []

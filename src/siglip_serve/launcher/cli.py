@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from siglip_serve.launcher.haproxy_front import DEFAULT_METRICS_PORT, FRONT_ENDS
 from siglip_serve.models.cli_args import (
     add_field_arguments,
     add_log_level,
@@ -26,8 +27,6 @@ log = logging.getLogger("siglip_serve")
 
 
 def add_front_end_option(parser: argparse.ArgumentParser) -> None:
-    from siglip_serve.launcher.haproxy_front import FRONT_ENDS
-
     parser.add_argument("--front-end", choices=FRONT_ENDS, default="haproxy",
                         help="HTTP front end of a Ray started here: haproxy (default: Serve's HAProxy mode, "
                              "header limits and timeouts, about half the host CPU per image) or python "
@@ -55,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "loopback; any other value makes Ray listen on every interface")
     run.add_argument("--address", help="join this Ray cluster instead of starting a local one")
     add_front_end_option(run)
+    run.add_argument("--haproxy-metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                     help="HAProxy's Prometheus exporter (--front-end haproxy): what it answered and refused, "
+                          "connections, queue time; on --metrics-host's interfaces (0: any free port)")
     run.add_argument("--neuron-cores", type=int,
                      help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
     add_field_arguments(run.add_argument_group("service"), ServiceConfig, SERVICE_OPTIONS)
@@ -88,7 +90,8 @@ def _start(args: argparse.Namespace, began: float, own_session: bool = False) ->
         if not args.address:
             # First, before the heavy imports: a taken port is one line now, not a second instance
             # sharing it or a Ray traceback later; then probes get a quick 503 until Serve is up.
-            check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port)
+            check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port,
+                        args.haproxy_metrics_port if args.front_end == "haproxy" else None)
             disable_port_sharing()
             placeholder = Placeholder(args.host, args.port)
         return _command(args, began, placeholder, own_session)
@@ -128,7 +131,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
         log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
                  os.getpid(), os.getpid())
     code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
-                       args.metrics_host, placeholder, began, args.front_end)
+                       args.metrics_host, placeholder, began, args.front_end, args.haproxy_metrics_port or None)
     if own_session:
         from siglip_serve.launcher.session import end_leftovers
 

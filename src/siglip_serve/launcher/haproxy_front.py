@@ -96,10 +96,16 @@ def script_path() -> str:
     return found
 
 
+# HAProxy's Prometheus exporter: Ray Serve's own default port (RAY_SERVE_HAPROXY_METRICS_PORT,
+# ray/serve/_private/constants.py), which deploy/prometheus/prometheus.yml scrapes.
+DEFAULT_METRICS_PORT = 9101
+METRICS_PORT_ENV = "RAY_SERVE_HAPROXY_METRICS_PORT"
+
+
 # Ports Ray's HAProxy mode takes, fixed by default: HAProxy's stats and Prometheus frontends, and the
 # Python proxy it keeps as a fallback (constants.py). Chosen free per service, so two services on one
 # host do not collide on 8404/9101/8500/9500.
-PORT_ENVS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+PORT_ENVS = ("RAY_SERVE_HAPROXY_STATS_PORT", METRICS_PORT_ENV,
              "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
 
 
@@ -119,9 +125,10 @@ def front_end_env(local_only: bool, ports: Mapping[str, int],
     }
 
 
-def use_front_end(front_end: str, local_only: bool) -> None:
+def use_front_end(front_end: str, local_only: bool, metrics_port: int | None = None) -> None:
     """Set this process's environment for `front_end` before Ray starts here ("python": Serve's
-    own proxy actor, as without this module)."""
+    own proxy actor, as without this module). `metrics_port`: where HAProxy's Prometheus exporter
+    listens (None: a free port, as the stats and fallback ports always are)."""
     from siglip_serve.launcher.preflight import free_port
 
     if front_end not in FRONT_ENDS:
@@ -133,9 +140,12 @@ def use_front_end(front_end: str, local_only: bool) -> None:
     ports: set[int] = set()
     while len(ports) < len(PORT_ENVS):  # distinct: a closed probe socket's port can come back
         ports.add(free_port(host))
+    chosen = dict(zip(PORT_ENVS, sorted(ports), strict=True))
+    if metrics_port:
+        chosen[METRICS_PORT_ENV] = metrics_port
     # An operator's own timeouts, set in the environment, win over ours.
     os.environ.update(front_end_env(
-        local_only, dict(zip(PORT_ENVS, sorted(ports), strict=True)),
+        local_only, chosen,
         header_timeout_s=int(os.environ.get(HEADER_TIMEOUT_ENV, DEFAULT_HEADER_TIMEOUT_S)),
         client_timeout_s=int(os.environ.get("RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S", DEFAULT_CLIENT_TIMEOUT_S))))
 

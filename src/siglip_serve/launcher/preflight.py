@@ -42,8 +42,9 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def check_ports(host: str, port: int, metrics_host: str, metrics_port: int | None) -> None:
-    """Refuse a taken HTTP or metrics port before anything starts."""
+def check_ports(host: str, port: int, metrics_host: str, metrics_port: int | None,
+                haproxy_metrics_port: int | None = None) -> None:
+    """Refuse a taken HTTP, metrics or HAProxy-metrics port before anything starts."""
     if port_in_use(host, port):
         raise PortUnavailable(f"port {port} on {host} is already in use (another siglip-serve or Ray Serve?); "
                               f"stop it or pass --port N (make serve PORT=N)")
@@ -53,6 +54,13 @@ def check_ports(host: str, port: int, metrics_host: str, metrics_port: int | Non
         if port_in_use(metrics_host, metrics_port):
             raise PortUnavailable(f"metrics port {metrics_port} is already in use on this host; "
                                   f"pass --metrics-port N (make serve METRICS_PORT=N)")
+    if haproxy_metrics_port:
+        if haproxy_metrics_port in (port, metrics_port):
+            raise PortUnavailable(f"--haproxy-metrics-port {haproxy_metrics_port} is also the HTTP or metrics port; "
+                                  "pick another")
+        if port_in_use(metrics_host, haproxy_metrics_port):
+            raise PortUnavailable(f"HAProxy's metrics port {haproxy_metrics_port} is already in use on this host "
+                                  "(another siglip-serve?); pass --haproxy-metrics-port N, or 0 for any free port")
 
 
 def disable_port_sharing() -> None:

@@ -66,9 +66,10 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
                 address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
                 placeholder: Placeholder | None = None, began: float | None = None,
-                front_end: str = "haproxy") -> int:
+                front_end: str = "haproxy", haproxy_metrics_port: int | None = None) -> int:
     """`front_end`: "haproxy" (Serve's HAProxy mode with our limits, launcher/haproxy_front.py) or
-    "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own.
+    "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own. `haproxy_metrics_port`:
+    HAProxy's Prometheus exporter (None: a free port).
     `placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
     `began` (time.monotonic()) is when the command started, for the "ready in" line."""
     began = time.monotonic() if began is None else began
@@ -82,7 +83,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                         "restrict it with a firewall or network policy", metrics_host)
         from siglip_serve.launcher.haproxy_front import use_front_end
 
-        use_front_end(front_end, local_only=metrics_host in LOOPBACK)
+        use_front_end(front_end, local_only=metrics_host in LOOPBACK, metrics_port=haproxy_metrics_port)
     import ray
     from ray import serve
 

@@ -12,14 +12,14 @@ from siglip_serve.serve.batcher import Batcher
 
 
 class Model:
-    """A stand-in forward pass with the real `run` signature: (inputs, deadlines) -> one result each."""
+    """A stand-in forward pass with the real `run` signature: (inputs, deadlines, traces) -> one result each."""
 
     def __init__(self, seconds: float = 0.05, fail: Exception | None = None) -> None:
         self.seconds = seconds
         self.fail = fail
         self.batches: list[list[Any]] = []
 
-    async def run(self, items: list[Any], deadlines: list[float]) -> list[Any]:
+    async def run(self, items: list[Any], deadlines: list[float], traces: list[Any]) -> list[Any]:
         self.batches.append(list(items))
         await asyncio.sleep(self.seconds)
         if self.fail is not None:
@@ -213,9 +213,9 @@ def test_a_running_batch_is_cancelled_once_every_caller_has_gone_and_only_then()
     cancelled: list[list[Any]] = []
 
     class Slow(Model):
-        async def run(self, items: list[Any], deadlines: list[float]) -> list[Any]:
+        async def run(self, items: list[Any], deadlines: list[float], traces: list[Any]) -> list[Any]:
             try:
-                return await super().run(items, deadlines)
+                return await super().run(items, deadlines, traces)
             except asyncio.CancelledError:
                 cancelled.append(list(items))
                 raise
@@ -235,3 +235,17 @@ def test_a_running_batch_is_cancelled_once_every_caller_has_gone_and_only_then()
         return await pair[1]
 
     assert asyncio.run(main()) == "out-c" and cancelled == [["a"]]
+
+
+def test_each_input_carries_its_trace_to_the_batch() -> None:
+    seen: list[list[Any]] = []
+
+    async def run(items: list[Any], deadlines: list[float], traces: list[Any]) -> list[Any]:
+        seen.append(traces)
+        return items
+
+    async def main() -> list[Any]:
+        batcher = Batcher(run, max_size=8, size_of=one, wait_s=0.01)
+        return await asyncio.gather(*(batcher.submit(x, 0.0, trace=f"t-{x}") for x in "ab"), batcher.submit("c", 0.0))
+
+    assert asyncio.run(main()) == ["a", "b", "c"] and seen == [["t-a", "t-b", None]]

@@ -17,6 +17,11 @@ VALID_LNC = (1, 2)
 TRN2_DEFAULT_LNC = 2
 LNC_DEFAULT_BY_TARGET = {"trn2": TRN2_DEFAULT_LNC, "trn3": TRN2_DEFAULT_LNC}
 
+# With `tracing: true`, write spans as JSON lines into this file instead of exporting them over OTLP
+# (serve/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
+# the standard OTEL_* variables.
+TRACES_FILE_ENV = "SIGLIP_TRACES_FILE"
+
 
 class InvalidLnc(ValueError):
     """NEURON_LOGICAL_NC_CONFIG holds something the Neuron runtime would refuse."""

@@ -125,6 +125,10 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
     check_backend_available(config.model_settings(), env)
     if placeholder is not None:
         placeholder.set_stage("checking the model weights")
+    if config.tracing:
+        from siglip_serve.serve.tracing import check_available
+
+        check_available()
     preflight_weights(config)
     config = preflight_tokenizer(config)
     if own_session:

@@ -12,6 +12,7 @@ from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.loading import ModelInfo, model_geometry
+from siglip_serve.serve import tracing
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
 from siglip_serve.serve.encoder_deployment import encoder_deployment
@@ -62,11 +63,14 @@ def build(config: ServiceConfig) -> Application:
     # Only the image replicas split the cores; the text replica keeps its own default.
     encoder_config = config.model_copy(update={"torch_threads": encoder_torch_threads(config, replicas)})
     encoder = encoder_deployment(encoder_config, replicas).bind(encoder_config)
+    ingress_options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
+    if trace_env := tracing.replica_env(config.tracing):
+        ingress_options["runtime_env"] = {"env_vars": trace_env}
     ingress = serve.deployment(
         IngressDeployment,
         name="Ingress",
         num_replicas=config.ingress_count,
-        ray_actor_options={"num_cpus": config.ingress_num_cpus},
+        ray_actor_options=ingress_options,
         max_ongoing_requests=INGRESS_MAX_ONGOING,
     )
     text = text_deployment(config).bind(config) if config.text_replica_count else None
@@ -124,6 +128,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
     try:
         config = ServiceConfig.from_args(args)
+        if config.tracing:
+            tracing.check_available()
         preflight_weights(config)  # first: refused in a second, where the tokenizer check may take seconds
         config = preflight_tokenizer(config)  # before the cluster check, which counts text replicas
         if ray.is_initialized():

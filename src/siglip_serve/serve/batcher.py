@@ -30,8 +30,9 @@ from typing import Any
 
 log = logging.getLogger("siglip_serve.batcher")
 
-# (inputs, deadlines) -> one result per input: its output, or the exception it alone failed with.
-RunBatch = Callable[[list[Any], list[float]], Awaitable[list[Any]]]
+# (inputs, deadlines, traces) -> one result per input: its output, or the exception it alone failed with.
+# A trace is what its caller submitted with the input (serve/tracing.py; None when tracing is off).
+RunBatch = Callable[[list[Any], list[float], list[Any]], Awaitable[list[Any]]]
 
 
 @dataclass
@@ -40,6 +41,7 @@ class _Waiter:
     deadline: float
     size: int
     future: asyncio.Future[Any]
+    trace: Any = None
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -69,15 +71,16 @@ class Batcher:
         """Inputs (by size) waiting, not yet in a running batch."""
         return sum(w.size for w in self._queue if not w.future.done())
 
-    async def submit(self, item: Any, deadline: float) -> Any:
-        """Queue `item` and return its result (or raise its error) once its batch has run."""
+    async def submit(self, item: Any, deadline: float, trace: Any = None) -> Any:
+        """Queue `item` and return its result (or raise its error) once its batch has run; `trace` goes
+        with it to the batch (tracing)."""
         size = self.size_of(item)
         if size > self.max_size:
             raise ValueError(f"{size} inputs in one call; a batch holds at most {self.max_size}")
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._serve_forever())
-        waiter = _Waiter(item, deadline, size, loop.create_future())
+        waiter = _Waiter(item, deadline, size, loop.create_future(), trace)
         self._queue.append(waiter)
         self._arrived.set()
         # A caller that goes away (cancelled) leaves its waiter done: the next batch skips it.
@@ -164,7 +167,8 @@ class Batcher:
                 self.on_batch([now - w.queued_at for w in live], self.queued)
             except Exception:  # broad on purpose: a metrics hiccup must not strand the batch's callers
                 log.warning("on_batch failed", exc_info=True)
-        run = asyncio.ensure_future(self.run([w.item for w in live], [w.deadline for w in live]))
+        run = asyncio.ensure_future(self.run([w.item for w in live], [w.deadline for w in live],
+                                             [w.trace for w in live]))
 
         def abandoned(_: asyncio.Future[Any]) -> None:
             # Every caller of the batch went away (clients gone): stop the work nobody waits for.

@@ -107,6 +107,8 @@ class ServiceConfig(ModelSettings):
     log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
                                                "every replica")
+    tracing: bool = Field(False, description="OpenTelemetry spans per request stage, exported over OTLP/HTTP to "
+                                             "OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)")
 
     @model_validator(mode="after")
     def _check_serving(self) -> ServiceConfig:

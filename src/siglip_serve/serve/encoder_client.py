@@ -30,6 +30,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.errors import ApiError, ErrorType
+from siglip_serve.serve.tracing import Carrier
 
 log = logging.getLogger("siglip_serve.ingress")
 
@@ -87,20 +88,23 @@ class EncoderClient:
                  f"coalescing, {self.coalescing_window} call(s) in flight" if coalesce
                  else "each request's chunks sent at once")
 
-    async def embed(self, images: np.ndarray | JpegFiles | Sequence[str], deadline: float) -> np.ndarray:
-        """uint8 [n, 3, H, W], n JPEG files or n texts (any n) -> float32 [n, D]; `deadline` in time.time()."""
+    async def embed(self, images: np.ndarray | JpegFiles | Sequence[str], deadline: float,
+                    trace: Carrier | None = None) -> np.ndarray:
+        """uint8 [n, 3, H, W], n JPEG files or n texts (any n) -> float32 [n, D]; `deadline` in time.time();
+        `trace`: the request's span for the replica (serve/tracing.py), None when tracing is off."""
         step = self.calls.max_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
-        group = asyncio.gather(*(self.calls.submit(chunk, deadline) for chunk in chunks))
+        group = asyncio.gather(*(self.calls.submit(chunk, deadline, trace) for chunk in chunks))
         # Retrieved even when the caller is cancelled (client gone, request deadline), so a chunk's
         # later error is not logged as "exception was never retrieved".
         group.add_done_callback(lambda done: done.cancelled() or done.exception())
         return np.concatenate(await group) if len(chunks) > 1 else (await group)[0]
 
-    async def _call(self, chunks: list[Any], deadlines: list[float]) -> list[Any]:
+    async def _call(self, chunks: list[Any], deadlines: list[float], traces: list[Carrier | None]) -> list[Any]:
         """One encoder call for `chunks`; one result (array or exception) per chunk."""
+        traced = [traces] if any(traces) else []  # nothing more to send when tracing is off
         for attempt in (1, 2):
-            response = cast(DeploymentResponse, self.handle.embed_chunks.remote(chunks, deadlines))
+            response = cast(DeploymentResponse, self.handle.embed_chunks.remote(chunks, deadlines, *traced))
             try:
                 return cast(list[Any], await response)
             except asyncio.CancelledError:

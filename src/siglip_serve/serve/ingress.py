@@ -23,7 +23,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.models.loading import ModelInfo
-from siglip_serve.serve import registry
+from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embed_request import (
     CohereEmbedRequest,
@@ -115,10 +115,11 @@ class Ingress(TextRoutes):
             rows = _in_order(len(items), (images, parts[0]), (texts, parts[1]))
             if cut is not None:
                 rows = cut_dimensions(rows, cut)
-            if render is None:
-                response = render_embeddings(rows, self.model.name, "float", images=len(images), texts=len(texts))
-            else:
-                response = render(rows, len(images), len(texts))
+            with tracing.span("render", rows=len(rows)):
+                if render is None:
+                    response = render_embeddings(rows, self.model.name, "float", images=len(images), texts=len(texts))
+                else:
+                    response = render(rows, len(images), len(texts))
             if images:
                 self.metrics.images_embedded.inc(len(images), tags={"endpoint": route})
             if texts:
@@ -131,7 +132,9 @@ class Ingress(TextRoutes):
                             deadline: float) -> np.ndarray | None:
         if not values:
             return None
-        return await self._encode("image", await self.images.prepare_all(values, labels), deadline)
+        with tracing.span("decode", images=len(values)):
+            pixels = await self.images.prepare_all(values, labels)
+        return await self._encode("image", pixels, deadline)
 
 
 def texts_only(items: Sequence[Item]) -> bool:
@@ -161,7 +164,7 @@ class IngressDeployment(Ingress):
     @app.post("/v1/embeddings")
     async def embeddings(self, request: Request) -> Response:
         self._check_auth(request)
-        async with self._deadline() as deadline:
+        async with self._deadline(request) as deadline:
             body = await read_body(request, self.config.max_body_bytes)
             parsed = parse_json(body, EmbeddingsRequest, self.model.name)
             items = read_items(parsed)
@@ -177,7 +180,7 @@ class IngressDeployment(Ingress):
     async def embed_v2(self, request: Request) -> Response:
         """Cohere's v2 embed shape on the same path as /v1/embeddings (serve/embed_request.py)."""
         self._check_auth(request)
-        async with self._deadline() as deadline:
+        async with self._deadline(request) as deadline:
             body = await read_body(request, self.config.max_body_bytes)
             parsed = parse_json(body, CohereEmbedRequest, self.model.name)
             items = read_cohere_items(parsed)
@@ -191,7 +194,7 @@ class IngressDeployment(Ingress):
     @app.post("/v1/classify")
     async def classify(self, request: Request) -> Response:
         self._check_auth(request)
-        async with self._deadline() as deadline:
+        async with self._deadline(request) as deadline:
             return await self.classify_request(request, deadline)
 
     @app.post("/v1/embeddings/image")
@@ -200,7 +203,7 @@ class IngressDeployment(Ingress):
         multipart = is_multipart(request)
         if not multipart:
             check_image_content_type(request)
-        async with self._deadline() as deadline:
+        async with self._deadline(request) as deadline:
             body = await read_body(request, self.config.max_body_bytes)
             if not multipart:
                 return await self._serve("image", image_items([body], ["image"]), deadline)

@@ -11,6 +11,7 @@ items are differ.
 
 # No `from __future__ import annotations`: FastAPI resolves route parameter types at runtime.
 import asyncio
+import contextlib
 import hmac
 import logging
 import math
@@ -29,7 +30,7 @@ from ray.serve.handle import DeploymentHandle
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.loading import ModelInfo
-from siglip_serve.serve import registry
+from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.encoder_client import EncoderClient
 from siglip_serve.serve.encoder_deployment import encoder_max_ongoing
@@ -61,6 +62,7 @@ class IngressCore:
                  text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None) -> None:
         """`replica`: (application, replica id); read from Serve's replica context when not given."""
         configure_replica_logging(config.log_level)
+        tracing.configure(config.tracing, "ingress")
         self.config = config
         self.expected_replicas = replicas
         self.min_ready = min(config.min_ready_replicas, replicas)
@@ -199,19 +201,28 @@ class IngressCore:
     # -- one request ------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def _deadline(self) -> AsyncIterator[float]:
-        """The request's one deadline, from its arrival here; yields it as time.monotonic()."""
+    async def _deadline(self, request: Request) -> AsyncIterator[float]:
+        """The request's one deadline, from its arrival here; yields it as time.monotonic(). With
+        tracing on, the request's span (continuing the client's `traceparent`) is open meanwhile."""
         self._watch_for_drain()
         timeout = self.config.request_timeout_s
         deadline = time.monotonic() + timeout
         self.requests_in_handler += 1
         try:
-            async with asyncio.timeout(timeout):
-                yield deadline
+            with self._request_span(request):
+                async with asyncio.timeout(timeout):
+                    yield deadline
         except TimeoutError:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED, f"request did not finish within {timeout:g} s") from None
         finally:
             self.requests_in_handler -= 1
+
+    def _request_span(self, request: Request) -> contextlib.AbstractContextManager[Any]:
+        if not tracing.enabled():  # before the attributes below are computed
+            return tracing.span("http.request")
+        return tracing.span("http.request", parent=tracing.extract(dict(request.headers)),
+                            attributes={"http.request.method": request.method, "http.route": request.url.path,
+                                        "siglip.request_id": request_id(request)})
 
     @asynccontextmanager
     async def _admitted(self, tower: str, items: int, deadline: float) -> AsyncIterator[None]:
@@ -235,7 +246,8 @@ class IngressCore:
         """Admitted items -> float32 [n, D], within the request's deadline (time.monotonic())."""
         wall_deadline = time.time() + (deadline - time.monotonic())
         try:
-            return await self.towers[tower].client.embed(items, wall_deadline)
+            with tracing.span("encode", tower=tower, items=len(items)):
+                return await self.towers[tower].client.embed(items, wall_deadline, tracing.inject())
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s") from None
@@ -262,6 +274,20 @@ class IngressCore:
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - began,
                                                  tags={"endpoint": endpoint, "status": status})
+            tracing.annotate(**{"http.response.status_code": int(status), "siglip.endpoint": endpoint})
+
+
+def request_id(request: Request) -> str | None:
+    """The id Serve logs the request under (its access log and replica logs), or the client's X-Request-Id."""
+    given = request.headers.get("x-request-id")
+    if given:
+        return given
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        return _get_serve_request_context().request_id or None
+    except Exception:  # broad on purpose: a private API that may move; the id is an attribute, not a need
+        return None
 
 
 def full_batch_seconds(replicas: list[dict[str, Any]], max_batch_size: int) -> float | None:

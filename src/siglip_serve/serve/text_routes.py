@@ -17,6 +17,7 @@ from fastapi import Request, Response
 from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.models.loading import ModelInfo
+from siglip_serve.serve import tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.errors import ApiError, ErrorType
 from siglip_serve.serve.http_body import (
@@ -126,7 +127,8 @@ class TextRoutes(IngressCore):
                            {"Retry-After": str(self.config.retry_after_s)})
         # The image half takes its place in the bounded queue (503 now when full) before decoding.
         async with self._admitted("image", len(items), deadline):
-            images = await self.images.prepare_all(items, image_labels)
+            with tracing.span("decode", images=len(items)):
+                images = await self.images.prepare_all(items, image_labels)
             image_embeddings, text_embeddings = await asyncio.gather(
                 self._encode("image", images, deadline), self.embed_prompts(prompts, deadline))
         scores = zero_shot(image_embeddings, text_embeddings, float(info["logit_scale"]), float(info["logit_bias"]))

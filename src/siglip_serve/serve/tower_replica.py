@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
+from siglip_serve.serve import tracing
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
@@ -39,6 +40,7 @@ class TowerReplica:
         self.config = config
         self.encoder = encoder
         self.metrics = metrics
+        tracing.configure(config.tracing, f"{encoder.tower}-encoder")
         warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS)
         self.warmup_seconds = {str(b): round(s, 6) for b, s in warm.items()}
         # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
@@ -59,11 +61,15 @@ class TowerReplica:
 
     # -- shared ------------------------------------------------------------------------------
 
-    async def embed_chunks(self, chunks: list[Any], deadlines: list[float]) -> list[Any]:
+    async def embed_chunks(self, chunks: list[Any], deadlines: list[float],
+                           traces: list[tracing.Carrier | None] | None = None) -> list[Any]:
         """Several callers' chunks in one call: one result per chunk, its float32 [n, D] or the
-        exception it alone failed with; each joins the batch queue on its own."""
-        results = await asyncio.gather(*(self.batcher.submit(chunk, deadline)
-                                         for chunk, deadline in zip(chunks, deadlines, strict=True)),
+        exception it alone failed with; each joins the batch queue on its own. `traces`: each chunk's
+        request span (serve/tracing.py), when tracing is on."""
+        queued: list[Any] = [None] * len(chunks) if traces is None or not tracing.enabled() else [
+            (tracing.extract(carrier), time.time_ns()) for carrier in traces]
+        results = await asyncio.gather(*(self.batcher.submit(chunk, deadline, trace)
+                                         for chunk, deadline, trace in zip(chunks, deadlines, queued, strict=True)),
                                        return_exceptions=True)
         # A cancellation (the replica stopping) is no answer to pickle back; the call as a whole fails.
         for result in results:
@@ -71,7 +77,20 @@ class TowerReplica:
                 raise result
         return list(results)
 
-    async def _embed_batch(self, chunks: list[Any], deadlines: list[float]) -> list[Any]:
+    async def _embed_batch(self, chunks: list[Any], deadlines: list[float], traces: list[Any]) -> list[Any]:
+        if not tracing.enabled():
+            return await self._run_batch(chunks, deadlines)
+        began = time.time_ns()
+        for trace in traces:  # each request's wait for this batch, in its own trace
+            if trace:
+                tracing.record("queue", trace[0], trace[1], began)
+        size = sum(len(chunk) for chunk in chunks)
+        bucket = next((b for b in self.encoder.buckets if b >= size), self.encoder.max_batch_size)
+        with tracing.span("batch", links=[trace[0] for trace in traces if trace], tower=self.encoder.tower,
+                          size=size, bucket=bucket):
+            return await self._run_batch(chunks, deadlines)
+
+    async def _run_batch(self, chunks: list[Any], deadlines: list[float]) -> list[Any]:
         results: list[Any] = [None] * len(chunks)
         now = time.time()
         runnable = []
@@ -86,8 +105,9 @@ class TowerReplica:
         if runnable:
             # Off the event loop, so the replica keeps accepting and gathering the next batch.
             loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(self.forward_thread, self.encode_chunks,
-                                                 [chunks[i] for i in runnable])
+            with tracing.span("forward"):
+                outcome = await loop.run_in_executor(self.forward_thread, self.encode_chunks,
+                                                     [chunks[i] for i in runnable])
             for i, result in zip(runnable, outcome, strict=True):
                 results[i] = result
         return results
@@ -116,7 +136,8 @@ def tower_deployment(replica_class: type[TowerReplica], name: str, config: Servi
         actor_options["num_gpus"] = 1
     # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
     # at import); a config env_var that contradicts it is refused by the replica, naming both.
-    env_vars = {**backend_replica_env(config.model_settings()), **config.env_vars}
+    env_vars = {**backend_replica_env(config.model_settings()), **tracing.replica_env(config.tracing),
+                **config.env_vars}
     if env_vars:
         actor_options["runtime_env"] = {"env_vars": env_vars}
     return serve.deployment(

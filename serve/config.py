@@ -36,6 +36,9 @@ class Autoscaling(BaseModel):
     upscale_delay_s: float = Field(30.0, ge=0, description="seconds above target before a replica is added")
     downscale_delay_s: float = Field(600.0, ge=0, description="seconds below target before one is removed")
     look_back_period_s: float = Field(30.0, gt=0, description="seconds Serve averages the ongoing calls over")
+    # Still how often a handle (the ingress) pushes its counts in Ray 2.60 (serve/_private/router.py).
+    metrics_interval_s: float = Field(10.0, gt=0, description="seconds between the ingress's pushes of its "
+                                                              "ongoing calls to Serve's controller")
 
     @model_validator(mode="after")
     def _check_range(self) -> Autoscaling:

@@ -59,3 +59,14 @@ def test_systemd_unit_sends_sigterm_to_the_main_process_and_waits_out_the_drain(
     # Room for the drain and a few seconds to stop Serve and Ray, before systemd's SIGKILL.
     assert stop_s.isdigit() and drain_s + 10 <= int(stop_s) <= drain_s + 30, (drain_s, stop_s)
     assert args.model == "ViT-SO400M-14-SigLIP-384" and args.pretrained == "webli"
+
+
+def test_the_cpu_configs_autoscaling_example_validates() -> None:
+    text = (DEPLOY / "serve-cpu.yaml").read_text()
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("# autoscaling:"))
+    example = "\n".join(line.strip().removeprefix("# ") for line in lines[start:start + 2])
+    args = {**app_args(yaml.safe_load(text)), **yaml.safe_load(example)}
+    args.pop("replicas")
+    options = ServiceConfig.from_args(args).autoscaling_config()
+    assert options is not None and options["target_ongoing_requests"] == 1 and options["max_replicas"] == 4

@@ -86,7 +86,7 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
     cluster = manifest["spec"]["rayClusterConfig"]
     args = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"]
     config = ServiceConfig.from_args(args)
-    total_cores = 0
+    min_cores = max_cores = 0
     for group in cluster["workerGroupSpecs"]:
         pod = group["template"]["spec"]
         assert "schedulerName" not in pod  # no chart creates a neuron-scheduler; whole chips need none
@@ -103,11 +103,26 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
         declared = json.loads(json.loads(group["rayStartParams"]["resources"]))["neuron_cores"]
         assert declared == logical_cores(chips, lnc)
         assert config.env_vars["NEURON_LOGICAL_NC_CONFIG"] == str(lnc) and f"lnc{lnc}" in args["artifact_dir"]
-        assert group["minReplicas"] == group["replicas"] == group["maxReplicas"]
-        total_cores += declared * group["replicas"]
-    assert config.backend == "neuron" and config.cores_per_replica == 1
-    assert config.replicas == total_cores // config.cores_per_replica
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        min_cores += declared * group["minReplicas"]
+        max_cores += declared * group["maxReplicas"]
+    assert config.backend == "neuron" and config.cores_per_replica == 1 and config.replicas is None
+    # Encoders scale by node: one per logical core of the fewest and of the most worker nodes.
+    assert config.autoscaling is not None
+    assert config.autoscaling.min_replicas == min_cores // config.cores_per_replica
+    assert config.autoscaling.max_replicas == max_cores // config.cores_per_replica
     assert cluster["rayVersion"] == "2.60.0"
+
+
+def test_the_autoscaler_adds_trn2_nodes_and_removes_idle_ones(manifest: dict,
+                                                               validator: jsonschema.Draft7Validator) -> None:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    options = cluster["autoscalerOptions"]
+    assert options["upscalingMode"] == "Default" and options["idleTimeoutSeconds"] > 0
+    typo = copy.deepcopy(manifest)
+    typo["spec"]["rayClusterConfig"]["autoscalerOptions"]["upscalingMode"] = "Fast"
+    assert any("upscalingMode" in e for e in errors(validator, typo))
 
 
 @pytest.mark.parametrize("lnc,cores", [(2, 4), (1, 8)])

@@ -74,8 +74,9 @@ def build(config: ServiceConfig) -> Application:
         max_ongoing_requests=INGRESS_MAX_ONGOING,
     )
     text = text_deployment(config).bind(config) if config.text_replica_count else None
-    log.info("application: %s on %s, %d encoder replica(s)%s, buckets %s, %d ingress replica(s), %d text replica(s)",
-             config.model, config.backend, replicas,
+    log.info("application: %s on %s, %s encoder replica(s)%s, buckets %s, %d ingress replica(s), %d text replica(s)",
+             config.model, config.backend,
+             replicas if config.autoscaling is None else f"{config.autoscaling.min_replicas}..{replicas} autoscaled",
              f" x {encoder_config.torch_threads} torch thread(s)" if encoder_config.torch_threads else "",
              list(config.buckets), config.ingress_count, config.text_replica_count)
     return ingress.bind(encoder, config, replicas, model, text)
@@ -96,6 +97,13 @@ def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
     which would otherwise leave replicas pending and /readyz unanswered for ever. Totals, not what is
     free now: a replica waiting for another application's resources is not refused."""
     total = ray.cluster_resources()
+    if config.autoscaling is not None:
+        # The floor must fit now; the rest may wait for nodes Ray's autoscaler adds (KubeRay).
+        most, replicas = replicas, min(replicas, config.autoscaling.min_replicas)
+        if most * config.encoder_num_cpus > total.get("CPU", 0) or most * config.cores_per_replica > total.get(
+                "neuron_cores", 0):
+            log.warning("autoscaling: max_replicas %d do not fit the cluster as it is; replicas past what fits stay "
+                        "pending until Ray's autoscaler adds a node", most)
     texts = config.text_replica_count
     ingress = ingress_replicas_for(config, replicas)
     cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus + texts * config.text_num_cpus

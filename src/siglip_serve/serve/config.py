@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from siglip_serve.core.errors import UserError, describe_validation
 from siglip_serve.models.cli_args import LogLevel, model_settings_of
@@ -19,6 +19,33 @@ API_KEY_ENV = "SIGLIP_API_KEY"
 
 class ConfigError(UserError, ValueError):
     """The config does not validate; the message lists every problem."""
+
+
+class Autoscaling(BaseModel):
+    """Serve's request-based autoscaler for the encoder (ray/serve/config.py AutoscalingConfig, Ray 2.60):
+    the fields passed through as `autoscaling_config`. See docs/operations.md for the target's argument."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(1, ge=1, description="encoder replicas kept running (and /readyz's ceiling)")
+    max_replicas: int = Field(..., ge=1, description="encoder replicas Serve may scale to; the ingress admits "
+                                                     "for this many")
+    # Default: the calls one replica is meant to hold (serve/encoder_client.py CALLS_IN_FLIGHT_*): one
+    # running and (on an accelerator) one gathering; more than that is a call waiting behind a batch.
+    target_ongoing_requests: float | None = Field(None, gt=0, description="encoder calls per replica Serve "
+                                                  "scales towards (default: 1 on cpu, 2 on an accelerator)")
+    upscale_delay_s: float = Field(30.0, ge=0, description="seconds above target before a replica is added")
+    downscale_delay_s: float = Field(600.0, ge=0, description="seconds below target before one is removed")
+    look_back_period_s: float = Field(30.0, gt=0, description="seconds Serve averages the ongoing calls over")
+    # Still how often a handle (the ingress) pushes its counts in Ray 2.60 (serve/_private/router.py).
+    metrics_interval_s: float = Field(10.0, gt=0, description="seconds between the ingress's pushes of its "
+                                                              "ongoing calls to Serve's controller")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"autoscaling: min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
 
 
 class ServiceConfig(ModelSettings):
@@ -39,6 +66,10 @@ class ServiceConfig(ModelSettings):
     ingress_replicas: int | Literal["auto"] = Field(
         "auto", description="HTTP ingress replicas, or 'auto': one per two of this host's cores that the encoder "
                             "replicas and Ray's own processes leave free (at least 1)")
+    # On neuron a replica is one logical NeuronCore, so a node's count is fixed: scaling adds replicas
+    # that stay pending until Ray's autoscaler adds a node (deploy/kuberay/rayservice.yaml).
+    autoscaling: Autoscaling | None = Field(None, description="scale the encoder replicas with load between "
+                                            "min_replicas and max_replicas (replicas must be unset)")
     ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs each ingress replica asks Ray for")
     # Pillow releases the GIL, so decode threads run in parallel.
     decode_threads: int = Field(4, ge=1, le=64, description="threads per ingress replica that decode and resize")
@@ -116,6 +147,9 @@ class ServiceConfig(ModelSettings):
             raise ValueError("replicas must be at least 1 (or 'auto')")
         if isinstance(self.ingress_replicas, int) and self.ingress_replicas < 1:
             raise ValueError("ingress_replicas must be at least 1 (or 'auto')")
+        if self.autoscaling is not None and self.replicas is not None:
+            raise ValueError(f"replicas: {self.replicas} and autoscaling contradict; with autoscaling the encoder "
+                             "count is autoscaling.min_replicas..max_replicas (leave replicas unset)")
         if self.device_jpeg_decode and self.backend not in ("cuda", "cpu"):
             raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
         if self.replica_setting == "auto" and self.cores_per_replica == 0 and self.backend != "cpu":
@@ -125,9 +159,11 @@ class ServiceConfig(ModelSettings):
 
     @property
     def replica_setting(self) -> int | Literal["auto"]:
-        """`replicas` as given, else the backend's default."""
+        """`replicas` as given, else the most autoscaling allows, else the backend's default."""
         if self.replicas is not None:
             return self.replicas
+        if self.autoscaling is not None:
+            return self.autoscaling.max_replicas
         return "auto" if self.backend == "cpu" else 1
 
     @property
@@ -137,6 +173,16 @@ class ServiceConfig(ModelSettings):
             raise ConfigError("ingress_replicas: auto is decided when the application is built; "
                               "call siglip_serve.serve.app.pin_replicas first")
         return self.ingress_replicas
+
+    def autoscaling_config(self) -> dict[str, Any] | None:
+        """Serve's `autoscaling_config` for the encoder deployment, or None for a fixed count."""
+        if self.autoscaling is None:
+            return None
+        options = self.autoscaling.model_dump()
+        if options["target_ongoing_requests"] is None:
+            from siglip_serve.serve.encoder_client import calls_per_replica  # no cycle at import
+            options["target_ongoing_requests"] = calls_per_replica(self.backend == "cpu")
+        return options
 
     @property
     def cores_per_replica(self) -> int:

@@ -44,11 +44,15 @@ CALLS_IN_FLIGHT_PER_CPU_REPLICA = 1
 CALL_CPU_SECONDS = 0.004
 
 
+def calls_per_replica(model_on_host_cores: bool) -> int:
+    return CALLS_IN_FLIGHT_PER_CPU_REPLICA if model_on_host_cores else CALLS_IN_FLIGHT_PER_REPLICA
+
+
 def calls_in_flight(replicas: int, ingress_replicas: int, model_on_host_cores: bool = False) -> int:
     """This ingress's share of the calls the encoder replicas should have in flight (HAProxy spreads
     requests evenly over the ingress replicas: `balance leastconn`, Ray Serve 2.60's
     RAY_SERVE_HAPROXY_BALANCE_ALGORITHM), at least one call per replica's worth."""
-    per_replica = CALLS_IN_FLIGHT_PER_CPU_REPLICA if model_on_host_cores else CALLS_IN_FLIGHT_PER_REPLICA
+    per_replica = calls_per_replica(model_on_host_cores)
     wanted = per_replica * max(replicas, 1)
     return max(per_replica, math.ceil(wanted / max(ingress_replicas, 1)))
 

@@ -101,4 +101,4 @@ def encoder_max_ongoing(config: ServiceConfig) -> int:
 def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment:
     """The image tower's deployment with placement and queue bounds from the config."""
     return tower_deployment(EncoderReplica, "Encoder", config, replicas, config.encoder_num_cpus,
-                            config.cores_per_replica, config.max_batch_size)
+                            config.cores_per_replica, config.max_batch_size, config.autoscaling_config())

@@ -65,7 +65,10 @@ class IngressCore:
         tracing.configure(config.tracing, "ingress")
         self.config = config
         self.expected_replicas = replicas
-        self.min_ready = min(config.min_ready_replicas, replicas)
+        # Autoscaling: `replicas` is max_replicas (admission and the coalescing window are sized for the
+        # most replicas, so a queue forms that Serve's autoscaler sees); readiness asks for no more than min.
+        floor = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
+        self.min_ready = min(config.min_ready_replicas, replicas, floor)
         self.model = model
         self.image_size = model.image_size
         self.api_key = config.resolve_api_key(os.environ)

@@ -124,7 +124,8 @@ def max_ongoing(largest_bucket: int) -> int:
 
 
 def tower_deployment(replica_class: type[TowerReplica], name: str, config: ServiceConfig, replicas: int,
-                     num_cpus: float, neuron_cores: int, largest_bucket: int) -> serve.Deployment:
+                     num_cpus: float, neuron_cores: int, largest_bucket: int,
+                     autoscaling_config: dict[str, Any] | None = None) -> serve.Deployment:
     """A tower's deployment: placement from the config, the backend's environment, queue bounds."""
     from siglip_serve.models.encoder import backend_replica_env  # here, not at import: the ingress imports this module
 
@@ -140,13 +141,18 @@ def tower_deployment(replica_class: type[TowerReplica], name: str, config: Servi
                 **config.env_vars}
     if env_vars:
         actor_options["runtime_env"] = {"env_vars": env_vars}
+    # Serve takes either a count or an autoscaling_config (ray/serve/api.py deployment()).
+    scale: dict[str, Any] = ({"autoscaling_config": autoscaling_config} if autoscaling_config
+                             else {"num_replicas": replicas})
     return serve.deployment(
         name=name,
-        num_replicas=replicas,
+        **scale,
         ray_actor_options=actor_options,
         # No max_queued_requests: the queue is bounded in the ingress (IngressCore._admitted), which
         # answers 503 in the contract's JSON, where Serve's own limit answers in plain text.
         max_ongoing_requests=max_ongoing(largest_bucket),
         health_check_period_s=10,
+        # Scale-in drains too: Serve stops routing to the replica, waits while it still has calls
+        # (graceful_shutdown_wait_loop_s, default 2 s) up to this timeout, then kills it.
         graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
     )(replica_class)

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.loading import ModelInfo
-from siglip_serve.models.neuron_sdk import VISIBLE_CORES_ENV
+from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV
 from siglip_serve.models.settings import ModelSettings
 
 

@@ -152,7 +152,7 @@ class Manifest:
     compile_seconds: dict[str, float] = field(default_factory=dict)
     input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
     format_version: int = FORMAT_VERSION
-    # The text tower's graphs (models/text_neuron.py), or {} for an image-only artifact.
+    # The text tower's graphs (models/neuron/text.py), or {} for an image-only artifact.
     text: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -19,7 +19,7 @@ from siglip_serve.models.settings import ModelSettings
 
 
 class ArtifactManifest(Protocol):
-    """The fields both manifests (manifest.Manifest, torchneuron_runtime.NativeManifest) have."""
+    """The fields both manifests (neuron.manifest.Manifest, neuron.runtime.NativeManifest) have."""
 
     model: str
     weights: dict[str, str]

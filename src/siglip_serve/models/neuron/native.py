@@ -39,6 +39,9 @@ from siglip_serve.models.neuron.manifest import (
     sha256_file,
     utc_now,
 )
+from siglip_serve.models.neuron.manifest import (
+    is_complete as manifest_complete,
+)
 from siglip_serve.models.neuron.runtime import (
     MANIFEST_NAME,
     TEXT_WEIGHTS_NAME,
@@ -132,11 +135,7 @@ def dry_run_plan(settings: ModelSettings, options: NativeOptions, cache_root: Pa
 
 
 def is_complete(directory: Path) -> bool:
-    try:
-        read_native_manifest(directory)
-    except TorchNeuronRefusal:
-        return False
-    return True
+    return manifest_complete(directory, read_native_manifest, TorchNeuronRefusal)
 
 
 @dataclass

@@ -37,7 +37,7 @@ def _neuron_problem() -> str | None:
 def _neuron_native_problem() -> str | None:
     """The TorchNeuron line (torch-neuronx 2.14). The trace line's check cannot tell: both lines are
     the distribution torch-neuronx."""
-    from siglip_serve.models.torchneuron_env import TorchNeuronRefusal, check_native_sdk, installed_versions
+    from siglip_serve.models.neuron.env import TorchNeuronRefusal, check_native_sdk, installed_versions
 
     try:
         check_native_sdk(installed_versions())

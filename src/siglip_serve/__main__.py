@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Locust load test (summary.json, CSV, HTML); 'loadtest report' is 'report'"),
     "embed": ("siglip_serve.bulk.cli", "embed a folder, list or table of images (or texts) in bulk into Parquet "
                                        "shards, resumable (Ray Data)"),
-    "compile": ("siglip_serve.models.compile_cli",
+    "compile": ("siglip_serve.models.neuron.cli",
                 "compile the image tower for Trainium2 (--backend neuron | neuron-native)"),
     "accuracy": ("siglip_serve.models.accuracy", "compare two encoders' embeddings on a folder of images"),
     "kernels": ("siglip_serve.kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),

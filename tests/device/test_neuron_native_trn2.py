@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from siglip_serve.launcher.preflight import free_port
-from siglip_serve.models.torchneuron_env import VISIBLE_CORES_ENV, environment
-from siglip_serve.models.torchneuron_runtime import neff_files, read_native_manifest
+from siglip_serve.models.neuron.env import VISIBLE_CORES_ENV, environment
+from siglip_serve.models.neuron.runtime import neff_files, read_native_manifest
 from tests.helpers import REPO, TinyReference
 
 pytestmark = pytest.mark.neuron_native

@@ -19,8 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
-from siglip_serve.models.manifest import Manifest, read_manifest
-from siglip_serve.models.neuron_sdk import LNC_ENV, runtime_lnc
+from siglip_serve.models.neuron.manifest import Manifest, read_manifest
+from siglip_serve.models.neuron.sdk import LNC_ENV, runtime_lnc
 from tests.helpers import REPO, ServeCluster, TinyReference, deploy, tiny_settings
 
 pytestmark = pytest.mark.neuron

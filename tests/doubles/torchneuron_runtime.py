@@ -1,4 +1,4 @@
-"""A test double of the TorchNeuron runtime (siglip_serve.models.torchneuron_runtime.NativeRuntime) for machines
+"""A test double of the TorchNeuron runtime (siglip_serve.models.neuron.runtime.NativeRuntime) for machines
 without Trainium.
 
 It keeps the real seam's signatures and runs the REAL `torch.compile` (Dynamo, guards, fullgraph,
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from siglip_serve.models.torchneuron_env import (
+from siglip_serve.models.neuron.env import (
     CC_FLAGS_ENV,
     LNC_ENV,
     NEFF_CACHE_ENV,
@@ -38,7 +38,7 @@ from siglip_serve.models.torchneuron_env import (
     TORCH_VERSION,
     check_native_sdk,
 )
-from siglip_serve.models.torchneuron_runtime import neff_files
+from siglip_serve.models.neuron.runtime import neff_files
 
 # The versions the double reports as its SDK: the exact torch TorchNeuron is built for (this venv's
 # own torch may be another 2.14 patch; the double runs on it all the same).

@@ -21,9 +21,8 @@ from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.models.encoder import check_backend_available, create_encoder
 from siglip_serve.models.loading import load_embedder
-from siglip_serve.models.manifest import ArtifactError
-from siglip_serve.models.neuron_compile import CompileOptions, compile_artifact
-from siglip_serve.models.neuron_sdk import (
+from siglip_serve.models.neuron.manifest import ArtifactError
+from siglip_serve.models.neuron.sdk import (
     LNC_ENV,
     LncMismatch,
     NeuronSdkMissing,
@@ -31,6 +30,7 @@ from siglip_serve.models.neuron_sdk import (
     require_torch_neuronx,
     runtime_lnc,
 )
+from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
 from tests.helpers import (
     PLACEHOLDER,
     REPO,

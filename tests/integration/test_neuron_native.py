@@ -18,8 +18,7 @@ import torch
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.neuron_native import check_available, load_native_encoder, replica_env
 from siglip_serve.models.loading import load_embedder
-from siglip_serve.models.native_compile import compile_native_artifact
-from siglip_serve.models.torchneuron_env import (
+from siglip_serve.models.neuron.env import (
     CC_FLAGS_ENV,
     LNC_ENV,
     NEFF_CACHE_ENV,
@@ -30,7 +29,8 @@ from siglip_serve.models.torchneuron_env import (
     environment,
     sdk_tag,
 )
-from siglip_serve.models.torchneuron_runtime import (
+from siglip_serve.models.neuron.native import compile_native_artifact
+from siglip_serve.models.neuron.runtime import (
     TorchNeuronRuntime,
     compile_buckets,
     image_input,
@@ -367,7 +367,7 @@ def test_compile_cli_without_the_sdk_writes_nothing_and_says_what_to_install(
 def test_the_extra_and_the_constraints_pin_the_set_the_backend_checks() -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 
-    from siglip_serve.models.torchneuron_env import (
+    from siglip_serve.models.neuron.env import (
         NEURONX_CC_VERSION,
         TORCH_NEURONX_FAMILY,
         TORCH_VERSION,

@@ -112,7 +112,7 @@ def test_unreachable_hub_fails_in_seconds(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_compile_dry_run_needs_no_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from siglip_serve.models.neuron_compile import CompileOptions, dry_run_plan
+    from siglip_serve.models.neuron.trace import CompileOptions, dry_run_plan
     from siglip_serve.models.settings import ModelSettings
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -14,8 +14,8 @@ import torch
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.neuron_native import load_native_text_encoder
 from siglip_serve.models.encoder import check_text_artifact, create_text_encoder
-from siglip_serve.models.manifest import ArtifactError
-from siglip_serve.models.torchneuron_runtime import read_native_manifest
+from siglip_serve.models.neuron.manifest import ArtifactError
+from siglip_serve.models.neuron.runtime import read_native_manifest
 from tests.doubles.torchneuron_runtime import RecordingRuntime
 from tests.helpers import tiny_settings
 from tests.integration.test_neuron_native import as_replica, compile_tiny, fresh_dynamo  # noqa: F401

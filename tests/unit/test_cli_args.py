@@ -10,7 +10,6 @@ import pytest
 
 from siglip_serve.launcher import cli
 from siglip_serve.measure import bench_cli, multicore
-from siglip_serve.models import compile_cli, neuron_compile
 from siglip_serve.models.cli_args import (
     BACKEND_OPTIONS,
     MODEL_OPTIONS,
@@ -20,6 +19,8 @@ from siglip_serve.models.cli_args import (
     run_main,
     settings_values,
 )
+from siglip_serve.models.neuron import cli as compile_cli
+from siglip_serve.models.neuron import trace as neuron_compile
 from siglip_serve.models.settings import BACKENDS, ModelSettings
 from siglip_serve.serve.config import ServiceConfig
 

@@ -9,7 +9,7 @@ import pytest
 from siglip_serve.measure.multicore import format_comparison, run_multicore
 from siglip_serve.measure.results import MulticoreResult
 from siglip_serve.measure.seed import SEED_REFERENCE, SeedRow, multicore_seed_by_lnc, seed_rows_for
-from siglip_serve.models.neuron_compile import CompileOptions, compile_artifact
+from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
 from tests.helpers import neuronx_double, tiny_settings, worker_pythonpath
 
 

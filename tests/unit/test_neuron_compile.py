@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from siglip_serve.models.loading import load_embedder
-from siglip_serve.models.manifest import MANIFEST_NAME, is_complete, read_manifest
-from siglip_serve.models.neuron_compile import CompileOptions, compile_artifact, main, make_plan, point_link
-from siglip_serve.models.neuron_sdk import sdk_versions
+from siglip_serve.models.neuron.manifest import MANIFEST_NAME, is_complete, read_manifest
+from siglip_serve.models.neuron.sdk import sdk_versions
+from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact, main, make_plan, point_link
 from tests.helpers import neuronx_double, tiny_settings, torch_neuronx_from
 
 SEED_ARGS = ["--optlevel", "3", "--model-type", "transformer", "--verbose", "error"]

@@ -66,7 +66,7 @@ def test_nki_is_a_kernels_extra_not_a_serving_one() -> None:
 @pytest.mark.parametrize("torch_version, refused", [("2.14.0", False), ("2.14.0+cpu", False), ("2.14.1", True),
                                                     ("2.14.1+cpu", True)])
 def test_the_native_backend_takes_only_the_torch_torchneuron_is_built_for(torch_version: str, refused: bool) -> None:
-    from siglip_serve.models.torchneuron_env import NEURONX_CC_VERSION, TorchNeuronRefusal, check_native_sdk
+    from siglip_serve.models.neuron.env import NEURONX_CC_VERSION, TorchNeuronRefusal, check_native_sdk
 
     versions = {"torch": torch_version, "torch_neuronx": "2.14.3.0.1", "neuronx_cc": NEURONX_CC_VERSION}
     if not refused:

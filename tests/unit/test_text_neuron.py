@@ -14,8 +14,8 @@ import pytest
 
 from siglip_serve.models.accuracy import run_accuracy
 from siglip_serve.models.encoder import create_text_encoder
-from siglip_serve.models.manifest import ArtifactError, read_manifest
-from siglip_serve.models.neuron_compile import CompileOptions, compile_artifact, main
+from siglip_serve.models.neuron.manifest import ArtifactError, read_manifest
+from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact, main
 from tests.helpers import neuronx_double, tiny_settings
 
 TEXTS = ["a photo of a cat", "rocket", "coffee and a cup", "the astronaut in a large white house"]

@@ -1,10 +1,10 @@
-"""The one LNC the kernels use: the Neuron runtime's, read through ``siglip_serve.models.neuron_sdk.runtime_lnc``.
+"""The one LNC the kernels use: the Neuron runtime's, read through ``siglip_serve.models.neuron.sdk.runtime_lnc``.
 
 The Neuron docs (NKI "Using Logical NeuronCores", SDK 2.33; compiler error NCC_EVRF066) say an
 NKI kernel compiled into a graph must use the graph's LNC degree, and the runtime refuses a NEFF
 whose LNC differs from ``NEURON_LOGICAL_NC_CONFIG``. So every kernel launch, every traced graph
 and every roofline here uses the runtime's LNC; a different ``--lnc`` on a NeuronCore is an error,
-not a silent second setting. ``siglip_serve.models.neuron_sdk`` imports torch, hence the lazy imports.
+not a silent second setting. ``siglip_serve.models.neuron.sdk`` imports torch, hence the lazy imports.
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ class KernelLncError(KernelUnavailable):
 
 
 def _how(explicit: bool, lnc: int) -> str:
-    from siglip_serve.models.neuron_sdk import LNC_ENV
+    from siglip_serve.models.neuron.sdk import LNC_ENV
 
     return f"{LNC_ENV}={lnc}" if explicit else f"{LNC_ENV} unset, so the trn2 default LNC={lnc}"
 
 
 def runtime_kernel_lnc(env: Mapping[str, str] | None = None) -> int:
     """The LNC the runtime will launch kernels at (1 or 2); an invalid setting raises LncMismatch."""
-    from siglip_serve.models.neuron_sdk import runtime_lnc
+    from siglip_serve.models.neuron.sdk import runtime_lnc
 
     return runtime_lnc(env)[0]
 
@@ -36,7 +36,7 @@ def resolve_lnc(requested: int | None, on_neuron: bool, env: Mapping[str, str] |
 
     Off Neuron (cpu/cuda) ``--lnc`` only chooses the trn2 roofline the numbers are compared with.
     """
-    from siglip_serve.models.neuron_sdk import LNC_ENV, VALID_LNC, runtime_lnc
+    from siglip_serve.models.neuron.sdk import LNC_ENV, VALID_LNC, runtime_lnc
 
     lnc, explicit = runtime_lnc(env)
     if requested is None:
@@ -56,7 +56,7 @@ def require_kernel_lnc(kernel: str, supported: tuple[int, ...], lnc: int,
     """Raise KernelLncError naming the fix when ``kernel`` cannot launch at ``lnc``."""
     if lnc in supported:
         return
-    from siglip_serve.models.neuron_sdk import LNC_ENV, runtime_lnc
+    from siglip_serve.models.neuron.sdk import LNC_ENV, runtime_lnc
 
     runtime, explicit = runtime_lnc(env)
     where = _how(explicit, runtime) if lnc == runtime else f"requested LNC={lnc}"
@@ -76,7 +76,7 @@ def pin_launch_lnc(lnc: int, env: MutableMapping[str, str] | None = None, on_dev
     runtime's and was refused earlier (kernels/lnc.py resolve_lnc); here it is refused again, not changed.
     The CPU simulator has no runtime: there each launch sets the LNC it runs at (``on_device=False``).
     """
-    from siglip_serve.models.neuron_sdk import LNC_ENV
+    from siglip_serve.models.neuron.sdk import LNC_ENV
 
     env = os.environ if env is None else env
     current = (env.get(LNC_ENV) or "").strip()

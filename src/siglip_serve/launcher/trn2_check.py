@@ -29,7 +29,7 @@ from typing import Any
 
 from siglip_serve.core.errors import UserError
 from siglip_serve.launcher import trn2_report
-from siglip_serve.models.torchneuron_env import VISIBLE_CORES_ENV, artifact_environment
+from siglip_serve.models.neuron.env import VISIBLE_CORES_ENV, artifact_environment
 
 MODEL = "tiny-siglip"
 NEURON_LS = "/opt/aws/neuron/bin/neuron-ls"

@@ -52,7 +52,7 @@ def sdk_line(version: str | None, has_trace: bool) -> str | None:
 
 def versions() -> dict[str, Any]:
     """Versions, the SDK line, the runtime LNC and the Neuron environment, as this Python sees them."""
-    from siglip_serve.models.neuron_sdk import LncMismatch, package_version, runtime_lnc
+    from siglip_serve.models.neuron.sdk import LncMismatch, package_version, runtime_lnc
 
     info: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable,
                             "platform": platform.platform()}

@@ -1,4 +1,4 @@
-"""One LNC for every kernel command (read through siglip_serve.models.neuron_sdk), and timing labels."""
+"""One LNC for every kernel command (read through siglip_serve.models.neuron.sdk), and timing labels."""
 from __future__ import annotations
 
 import json

@@ -14,12 +14,12 @@ from typing import Any, Protocol, TypeVar
 
 from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.loading import ModelInfo
-from siglip_serve.models.neuron_sdk import VISIBLE_CORES_ENV
+from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV
 from siglip_serve.models.settings import ModelSettings
 
 
 class ArtifactManifest(Protocol):
-    """The fields both manifests (manifest.Manifest, torchneuron_runtime.NativeManifest) have."""
+    """The fields both manifests (neuron.manifest.Manifest, neuron.runtime.NativeManifest) have."""
 
     model: str
     weights: dict[str, str]

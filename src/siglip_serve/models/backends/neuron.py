@@ -1,4 +1,4 @@
-"""The Neuron backend: a compiled artifact (siglip_serve.models.neuron_compile) on the logical NeuronCore(s) in
+"""The Neuron backend: a compiled artifact (siglip_serve.models.neuron.trace) on the logical NeuronCore(s) in
 NEURON_RT_VISIBLE_CORES, one TorchScript per batch bucket.
 
 Order of checks, each failing with one clear line: the SDK is really there; the artifact is complete
@@ -20,11 +20,11 @@ from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
 from siglip_serve.models.encoder import Backend, register_backend
 from siglip_serve.models.loading import ModelInfo
-from siglip_serve.models.manifest import ArtifactError, Manifest, read_manifest
-from siglip_serve.models.neuron_sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx
+from siglip_serve.models.neuron.manifest import ArtifactError, Manifest, read_manifest
+from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx
+from siglip_serve.models.neuron.text import checked_text_entry, text_info_from_entry
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import TextEncoder, TextInfo, Tokenizer
-from siglip_serve.models.text_neuron import checked_text_entry, text_info_from_entry
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,7 @@ from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
 from siglip_serve.models.encoder import Backend, register_backend
 from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
-from siglip_serve.models.manifest import sha256_file
-from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer
-from siglip_serve.models.text_neuron import checked_text_entry, text_info_from_entry
-from siglip_serve.models.torchneuron_env import (
+from siglip_serve.models.neuron.env import (
     LNC_ENV,
     TorchNeuronRefusal,
     check_environment,
@@ -42,7 +38,8 @@ from siglip_serve.models.torchneuron_env import (
     environment,
     installed_versions,
 )
-from siglip_serve.models.torchneuron_runtime import (
+from siglip_serve.models.neuron.manifest import sha256_file
+from siglip_serve.models.neuron.runtime import (
     NativeManifest,
     NativeRuntime,
     TorchNeuronRuntime,
@@ -53,6 +50,9 @@ from siglip_serve.models.torchneuron_runtime import (
     read_native_manifest,
     run_warm,
 )
+from siglip_serve.models.neuron.text import checked_text_entry, text_info_from_entry
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class NativeTextEncoder(TextEncoder):
         self.runtime = runtime
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        from siglip_serve.models.torchneuron_runtime import run_warm
+        from siglip_serve.models.neuron.runtime import run_warm
 
         return run_warm(self.compiled, self.runtime, ids)
 
@@ -240,7 +240,7 @@ class NativeTextEncoder(TextEncoder):
 def load_native_text_encoder(settings: ModelSettings, runtime: Any = None) -> NativeTextEncoder:
     """The same start checks as the image tower (SDK, versions, environment, one core), then the
     text weights and every text bucket's graph from the artifact's NEFF cache."""
-    from siglip_serve.models.torchneuron_runtime import text_input
+    from siglip_serve.models.neuron.runtime import text_input
 
     start = check_start(settings, runtime)
     text = start.manifest.text

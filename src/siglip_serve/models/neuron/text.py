@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from siglip_serve.models.manifest import ArtifactError
+from siglip_serve.models.neuron.manifest import ArtifactError
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import TextEmbedder, TextInfo, Tokenizer, load_tokenizer
 

@@ -1,8 +1,8 @@
 """`siglip-serve compile [--backend neuron|neuron-native] ...`: one command, both Neuron lines.
 
---backend neuron (the default) is the trace line (siglip_serve.models.neuron_compile). --backend neuron-native is
+--backend neuron (the default) is the trace line (siglip_serve.models.neuron.trace). --backend neuron-native is
 TorchNeuron: this module parses its options and sets the compile environment before torch is
-imported (torch autoloads torch-neuronx), then hands over to siglip_serve.models.native_compile. It imports
+imported (torch autoloads torch-neuronx), then hands over to siglip_serve.models.neuron.native. It imports
 nothing that imports torch until then.
 """
 
@@ -28,13 +28,13 @@ from siglip_serve.models.cli_args import (
     settings_from_args,
     setup_logging,
 )
-from siglip_serve.models.settings import NEURON_BACKENDS
-from siglip_serve.models.torchneuron_env import (
+from siglip_serve.models.neuron.env import (
     NativeOptions,
     environment,
     installed_versions,
     sdk_tag,
 )
+from siglip_serve.models.settings import NEURON_BACKENDS
 
 LINES = NEURON_BACKENDS
 DEFAULT_CACHE_ROOT = Path("artifacts")
@@ -102,17 +102,17 @@ def _native(args: argparse.Namespace) -> int:
                             "time are not this plan's")
             os.environ.update(env)
             log.info("TorchNeuron environment: %s", " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
-        native = importlib.import_module("siglip_serve.models.native_compile")  # torch is imported from here on
+        native = importlib.import_module("siglip_serve.models.neuron.native")  # torch is imported from here on
         if args.dry_run:
             print(json.dumps(native.dry_run_plan(settings, options, args.cache_root, versions, args.text).as_json(),
                              indent=2))
             return 0
-        from siglip_serve.models.torchneuron_runtime import TorchNeuronRuntime
+        from siglip_serve.models.neuron.runtime import TorchNeuronRuntime
 
         result = native.compile_native_artifact(settings, options, args.cache_root, staging, TorchNeuronRuntime(),
                                                 force=args.force, text=args.text)
         if args.link is not None:
-            importlib.import_module("siglip_serve.models.neuron_compile").point_link(args.link, result.artifact_dir)
+            importlib.import_module("siglip_serve.models.neuron.trace").point_link(args.link, result.artifact_dir)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return native_main(argv)
     if {"-h", "--help"} & set(rest):
         print("(the trace line's options follow; for TorchNeuron: siglip-serve compile --backend neuron-native --help)")
-    return int(importlib.import_module("siglip_serve.models.neuron_compile").main(rest) or 0)
+    return int(importlib.import_module("siglip_serve.models.neuron.trace").main(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The recipe is seed 000's (`--lnc N --auto-cast matmult --optlevel 3 --model-type transformer`),
 applied to the `ImageEmbedder` (uint8 in, normalisation folded in), for each bucket. The result is
-an artifact directory (siglip_serve.models.manifest): one `torch.jit.save`d TorchScript per bucket and a
+an artifact directory (siglip_serve.models.neuron.manifest): one `torch.jit.save`d TorchScript per bucket and a
 manifest. Same inputs reuse the artifact with no recompile; any changed input makes a new one.
 """
 
@@ -28,7 +28,7 @@ import torch
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.cli_args import add_log_level, add_model_arguments, run_main, settings_from_args, setup_logging
 from siglip_serve.models.loading import ImageEmbedder, load_embedder, model_geometry
-from siglip_serve.models.manifest import (
+from siglip_serve.models.neuron.manifest import (
     ArtifactError,
     Manifest,
     WeightsDigest,
@@ -39,10 +39,10 @@ from siglip_serve.models.manifest import (
     is_complete,
     read_manifest,
 )
-from siglip_serve.models.neuron_sdk import LNC_ENV, VALID_LNC, require_torch_neuronx, runtime_lnc, sdk_versions
+from siglip_serve.models.neuron.sdk import LNC_ENV, VALID_LNC, require_torch_neuronx, runtime_lnc, sdk_versions
+from siglip_serve.models.neuron.text import text_cache_inputs, trace_text_buckets
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import load_text_tower, text_context_length
-from siglip_serve.models.text_neuron import text_cache_inputs, trace_text_buckets
 
 log = logging.getLogger("siglip_serve.compile")
 
@@ -209,7 +209,7 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
                      cache_root: Path = DEFAULT_CACHE_ROOT, force: bool = False, text: bool = False) -> CompileResult:
     """Compile every bucket into `cache_root/<model>-lnc<N>-<key12>/`, or reuse it if complete.
 
-    text: also one graph per text bucket (models/text_neuron.py), in the same directory and manifest."""
+    text: also one graph per text bucket (models/neuron/text.py), in the same directory and manifest."""
     neuronx = require_torch_neuronx()
     versions = sdk_versions(neuronx)
     # Random weights are hashed from the built model; file weights are hashed first, so a reused

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from siglip_serve.models.torchneuron_env import (
+from siglip_serve.models.neuron.env import (
     MANIFEST_NAME,
     NEFF_DIR,
     TorchNeuronRefusal,

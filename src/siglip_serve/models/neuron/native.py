@@ -4,7 +4,7 @@ The artifact is `<cache-root>/<sdk tag>/<model>-lnc<N>-<key12>/`: `manifest.json
 recipe environment, versions, LNC, buckets and the graph files of each bucket), `weights.pt` (the
 state dict replicas load) and `neff/`, the TorchNeuron NEFF cache the replicas point
 TORCH_NEURONX_NEFF_CACHE_DIR at. It is compiled in a hidden staging directory and renamed into
-place when complete. The environment is set by `siglip_serve.models.compile_cli` before torch is imported.
+place when complete. The environment is set by `siglip_serve.models.neuron.cli` before torch is imported.
 """
 
 from __future__ import annotations
@@ -20,11 +20,7 @@ from typing import Any
 import torch
 
 from siglip_serve.models.loading import ImageEmbedder, load_embedder, model_geometry
-from siglip_serve.models.manifest import WeightsDigest, artifact_name, cache_key, digest_weights, sha256_file, utc_now
-from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import load_text_tower, text_context_length
-from siglip_serve.models.text_neuron import text_cache_inputs, text_manifest_entry
-from siglip_serve.models.torchneuron_env import (
+from siglip_serve.models.neuron.env import (
     NEFF_CACHE_ENV,
     NEURONX_CC_VERSION,
     RECIPE_ENV,
@@ -35,7 +31,18 @@ from siglip_serve.models.torchneuron_env import (
     environment,
     sdk_tag,
 )
-from siglip_serve.models.torchneuron_runtime import (
+from siglip_serve.models.neuron.manifest import (
+    WeightsDigest,
+    artifact_name,
+    cache_key,
+    digest_weights,
+    sha256_file,
+    utc_now,
+)
+from siglip_serve.models.neuron.manifest import (
+    is_complete as manifest_complete,
+)
+from siglip_serve.models.neuron.runtime import (
     MANIFEST_NAME,
     TEXT_WEIGHTS_NAME,
     WEIGHTS_NAME,
@@ -47,6 +54,9 @@ from siglip_serve.models.torchneuron_runtime import (
     read_native_manifest,
     text_input,
 )
+from siglip_serve.models.neuron.text import text_cache_inputs, text_manifest_entry
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import load_text_tower, text_context_length
 
 log = logging.getLogger("siglip_serve.compile")
 
@@ -125,11 +135,7 @@ def dry_run_plan(settings: ModelSettings, options: NativeOptions, cache_root: Pa
 
 
 def is_complete(directory: Path) -> bool:
-    try:
-        read_native_manifest(directory)
-    except TorchNeuronRefusal:
-        return False
-    return True
+    return manifest_complete(directory, read_native_manifest, TorchNeuronRefusal)
 
 
 @dataclass

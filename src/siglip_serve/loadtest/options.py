@@ -41,6 +41,14 @@ class Option:
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
+    @property
+    def help_text(self) -> str:
+        """The help with its default, unless the help already says what the default does."""
+        if "default" in self.help or "0:" in self.help:
+            return self.help
+        shown = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+        return f"{self.help} (default {shown})"
+
 
 # A value equal to an option's "off" default (0, "") is not passed on: Locust then keeps that default.
 OPTIONS: tuple[Option, ...] = (
@@ -68,9 +76,7 @@ def add_options(group: Any, names: Sequence[str] | None = None) -> None:
     for option in OPTIONS:
         if names is None or option.flag in names:
             group.add_argument(option.flag, type=option.type, default=option.default, choices=option.choices,
-                               help=option.help if "default" in option.help or "0:" in option.help
-                               else f"{option.help} (default {option.default:g})" if isinstance(option.default, float)
-                               else f"{option.help} (default {option.default})")
+                               help=option.help_text)
 
 
 def locust_arguments(args: argparse.Namespace) -> list[str]:

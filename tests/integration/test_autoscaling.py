@@ -1,4 +1,5 @@
-"""Load raises the cpu encoder replica count, its end lowers it again, and every request gets its 200."""
+"""Load raises the cpu encoder and the ingress replica counts, its end lowers them again, and every request
+gets its 200."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from tests.helpers import deploy
 # Small delays and a 0.5 s look-back so the test sees both moves within seconds.
 SCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0.5,
            "downscale_delay_s": 2, "look_back_period_s": 1, "metrics_interval_s": 0.25}
+# The ingress scales on the cores it keeps busy: idle it uses ~0.02 of a core here, under the test's
+# load several tenths, so 0.1 a replica asks for the most under load and the least idle.
+INGRESS_SCALING = {**{k: v for k, v in SCALING.items() if k != "target_ongoing_requests"}, "target_busy_cores": 0.1}
 
 
-def encoder_replicas(app: str) -> int:
+def replicas(app: str, deployment: str = "Encoder") -> int:
     """Replicas Serve keeps (running or starting: on a busy 2-core runner a start alone takes seconds)."""
-    states = serve.status().applications[app].deployments["Encoder"].replica_states
+    states = serve.status().applications[app].deployments[deployment].replica_states
     return sum(count for state, count in states.items() if state in ("RUNNING", "STARTING"))
 
 
@@ -35,24 +39,28 @@ async def load(url: str, body: bytes, until: float) -> list[int]:
     return [code for codes in results for code in codes]
 
 
-def wait_for(app: str, count: int, timeout_s: float) -> float:
+def wait_for(app: str, deployment: str, count: int, timeout_s: float) -> float:
     began = time.monotonic()
-    while encoder_replicas(app) != count:
-        assert time.monotonic() - began < timeout_s, f"{encoder_replicas(app)} encoder replicas, not {count}"
+    while replicas(app, deployment) != count:
+        assert time.monotonic() - began < timeout_s, f"{replicas(app, deployment)} {deployment} replicas, not {count}"
         time.sleep(0.2)
     return time.monotonic() - began
 
 
-def test_load_scales_the_encoder_up_and_its_end_down(serve_cluster: Any, photo_jpegs: list[bytes]) -> None:
+def test_load_scales_the_encoder_and_ingress_up_and_its_end_down(serve_cluster: Any,
+                                                                 photo_jpegs: list[bytes]) -> None:
     assert ray.is_initialized()
-    deploy("scaling", "/scaling", replicas=None, autoscaling=SCALING, encoder_num_cpus=0.5, ingress_replicas=1,
-           batch_wait_timeout_s=0.01, torch_threads=1)
-    assert encoder_replicas("scaling") == 1
+    deploy("scaling", "/scaling", replicas=None, autoscaling=SCALING, ingress_autoscaling=INGRESS_SCALING,
+           encoder_num_cpus=0.5, batch_wait_timeout_s=0.01, torch_threads=1)
+    time.sleep(2.0)  # idle for twice the look-back: nothing scales out without load
+    assert replicas("scaling") == 1 and replicas("scaling", "Ingress") == 1
     url = f"{serve_cluster.base_url}/scaling/v1/embeddings/image"
     codes: list[int] = []
     began = time.monotonic()
-    while encoder_replicas("scaling") < 2:
-        assert time.monotonic() - began < 30, "load did not add a replica"
+    while replicas("scaling") < 2 or replicas("scaling", "Ingress") < 2:
+        assert time.monotonic() - began < 40, (f"load left {replicas('scaling')} encoder and "
+                                               f"{replicas('scaling', 'Ingress')} ingress replica(s)")
         codes += asyncio.run(load(url, photo_jpegs[0], time.monotonic() + 1.0))
     assert codes and set(codes) == {200}
-    wait_for("scaling", 1, timeout_s=15)
+    wait_for("scaling", "Encoder", 1, timeout_s=15)
+    wait_for("scaling", "Ingress", 1, timeout_s=15)

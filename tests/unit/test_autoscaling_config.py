@@ -26,3 +26,71 @@ def test_contradictions_are_refused_in_one_line(bad: dict[str, object], words: s
         ServiceConfig.from_args({**BASE, **bad})
     assert words in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+INGRESS = {"min_replicas": 1, "max_replicas": 4, "target_busy_cores": 1.5}
+
+
+def test_ingress_autoscaling_gives_serve_our_policy_and_plans_for_its_floor() -> None:
+    from ray.serve.config import AutoscalingConfig
+
+    from siglip_serve.serve.ingress_scaling import BusyCoresPolicy
+
+    config = ServiceConfig.from_args({**BASE, "ingress_autoscaling": INGRESS})
+    options = config.ingress_autoscaling_config()
+    assert options is not None and "target_busy_cores" not in options
+    serve_config = AutoscalingConfig(**options)  # Serve accepts it as it is
+    assert (serve_config.min_replicas, serve_config.max_replicas) == (1, 4)
+    policy = serve_config.policy
+    assert policy.policy_kwargs == {"target_busy_cores": 1.5}
+    assert policy.get_policy() is BusyCoresPolicy
+    # Each ingress plans its share of the encoder calls for the fewest ingress replicas: never too few.
+    assert config.ingress_count == 1
+    assert ServiceConfig.from_args(BASE).ingress_autoscaling_config() is None
+
+
+def test_ingress_autoscaling_with_a_fixed_count_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        ServiceConfig.from_args({**BASE, "ingress_replicas": 2, "ingress_autoscaling": INGRESS})
+    assert "contradict" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def _context(busy: dict[str, float] | None, current: int) -> object:
+    """Serve's own AutoscalingContext, filled as its controller fills it for our policy."""
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.config import AutoscalingConfig, AutoscalingContext
+
+    return AutoscalingContext(
+        deployment_id=DeploymentID(name="Ingress", app_name="app"), deployment_name="Ingress", app_name="app",
+        current_num_replicas=current, target_num_replicas=current, running_replicas=[], total_num_requests=0.0,
+        total_queued_requests=0.0, aggregated_metrics={"busy_cores": busy} if busy is not None else {},
+        raw_metrics={}, capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=8, policy_state={},
+        last_scale_up_time=None, last_scale_down_time=None, current_time=None,
+        config=AutoscalingConfig(min_replicas=1, max_replicas=8))
+
+
+@pytest.mark.parametrize("busy, current, desired", [
+    ({"a": 3.0, "b": 3.0}, 2, 4.0),  # both at twice the target: twice the replicas
+    ({"a": 0.4, "b": 0.2}, 2, 0.4),  # nearly idle: Serve's bounds then keep min_replicas
+    ({"a": 2.0}, 3, 4.0),            # two replicas not reported yet count as the mean
+    (None, 2, 2),                    # no report at all: keep what there is
+])
+def test_the_ingress_policy_asks_for_the_replicas_that_put_each_at_the_target(
+        busy: dict[str, float] | None, current: int, desired: float) -> None:
+    from siglip_serve.serve.ingress_scaling import BusyCoresPolicy
+
+    wanted, state = BusyCoresPolicy(target_busy_cores=1.5)(_context(busy, current))
+    assert wanted == pytest.approx(desired) and state == {}
+
+
+def test_busy_cores_start_counting_at_the_first_read() -> None:
+    import time
+
+    from siglip_serve.serve.ingress_scaling import BusyCores
+
+    meter = BusyCores()
+    assert meter.read() == 0.0  # the replica's start is not load
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # one core busy for 50 ms
+        pass
+    assert 0.5 < meter.read() <= 1.5

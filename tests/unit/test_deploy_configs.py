@@ -70,3 +70,13 @@ def test_the_cpu_configs_autoscaling_example_validates() -> None:
     args.pop("replicas")
     options = ServiceConfig.from_args(args).autoscaling_config()
     assert options is not None and options["target_ongoing_requests"] == 1 and options["max_replicas"] == 4
+
+
+def test_the_cpu_configs_ingress_autoscaling_example_validates() -> None:
+    text = (DEPLOY / "serve-cpu.yaml").read_text()
+    line = next(line for line in text.splitlines() if line.strip().startswith("# ingress_autoscaling:"))
+    args = {**app_args(yaml.safe_load(text)), **yaml.safe_load(line.strip().removeprefix("# "))}
+    args.pop("ingress_replicas", None)
+    options = ServiceConfig.from_args(args).ingress_autoscaling_config()
+    assert options is not None and options["max_replicas"] == 2
+    assert options["policy"]["policy_kwargs"] == {"target_busy_cores": 1.0}

@@ -86,7 +86,7 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
     cluster = manifest["spec"]["rayClusterConfig"]
     args = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"]
     config = ServiceConfig.from_args(args)
-    min_cores = max_cores = 0
+    min_cores = max_cores = min_nodes = max_nodes = 0
     for group in cluster["workerGroupSpecs"]:
         pod = group["template"]["spec"]
         assert "schedulerName" not in pod  # no chart creates a neuron-scheduler; whole chips need none
@@ -106,11 +106,17 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
         assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
         min_cores += declared * group["minReplicas"]
         max_cores += declared * group["maxReplicas"]
+        min_nodes += group["minReplicas"]
+        max_nodes += group["maxReplicas"]
     assert config.backend == "neuron" and config.cores_per_replica == 1 and config.replicas is None
     # Encoders scale by node: one per logical core of the fewest and of the most worker nodes.
     assert config.autoscaling is not None
     assert config.autoscaling.min_replicas == min_cores // config.cores_per_replica
     assert config.autoscaling.max_replicas == max_cores // config.cores_per_replica
+    # The ingress scales with them, on its CPU: one per node at the fewest nodes, two per node at the most.
+    assert config.ingress_autoscaling is not None and config.ingress_autoscaling_config() is not None
+    assert (config.ingress_autoscaling.min_replicas, config.ingress_autoscaling.max_replicas) == (min_nodes,
+                                                                                                2 * max_nodes)
     assert cluster["rayVersion"] == "2.60.0"
 
 

@@ -35,7 +35,10 @@ def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]
     from siglip_serve.serve.cpu_plan import ingress_replicas_for
 
     count = replicas if replicas is not None else 1
-    needed = (count * config.encoder_num_cpus + ingress_replicas_for(config, count) * config.ingress_num_cpus
+    # An autoscaled ingress may grow to its ceiling on this one node.
+    ingress = (config.ingress_autoscaling.max_replicas if config.ingress_autoscaling is not None
+               else ingress_replicas_for(config, count))
+    needed = (count * config.encoder_num_cpus + ingress * config.ingress_num_cpus
               + config.text_replica_count * config.text_num_cpus)
     return {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed))}
 

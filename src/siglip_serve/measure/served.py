@@ -77,7 +77,7 @@ def host_ceiling_config(config: ServiceConfig, replicas: int) -> ServiceConfig:
 
     return ServiceConfig.model_validate({
         **config.model_dump(exclude_unset=True), "backend": NO_MODEL_BACKEND, "replicas": replicas,
-        "ingress_replicas": ingress_replicas_for(config, replicas), "text_replicas": 0,
+        "ingress_replicas": ingress_replicas_for(config, replicas), "ingress_autoscaling": None, "text_replicas": 0,
         "neuron_cores_per_replica": 0, "env_vars": {}, "artifact_dir": None, "torch_threads": None,
         "device_jpeg_decode": False,
     })

@@ -52,12 +52,19 @@ def pin_replicas(config: ServiceConfig) -> ServiceConfig:
     if config.replica_setting == "auto" and config.cores_per_replica > 0:
         return config
     replicas = resolve_replicas(config)
-    return config.model_copy(update={"replicas": replicas, "ingress_replicas": ingress_replicas_for(config, replicas)})
+    return config.model_copy(update={"replicas": replicas, **_pinned_ingress(config, replicas)})
+
+
+def _pinned_ingress(config: ServiceConfig, replicas: int) -> dict[str, Any]:
+    """`ingress_replicas` decided, unless the ingress autoscales (its count is then Serve's to set)."""
+    if config.ingress_autoscaling is not None:
+        return {}
+    return {"ingress_replicas": ingress_replicas_for(config, replicas)}
 
 
 def build(config: ServiceConfig) -> Application:
     replicas = resolve_replicas(config)
-    config = config.model_copy(update={"ingress_replicas": ingress_replicas_for(config, replicas)})
+    config = config.model_copy(update=_pinned_ingress(config, replicas))
     image_size, embed_dim = model_geometry(config.model)
     model = ModelInfo(config.model, embed_dim, image_size, config.weights_source)
     # Only the image replicas split the cores; the text replica keeps its own default.
@@ -66,19 +73,23 @@ def build(config: ServiceConfig) -> Application:
     ingress_options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
     if trace_env := tracing.replica_env(config.tracing):
         ingress_options["runtime_env"] = {"env_vars": trace_env}
+    scale: dict[str, Any] = ({"autoscaling_config": config.ingress_autoscaling_config()}
+                             if config.ingress_autoscaling is not None else {"num_replicas": config.ingress_count})
     ingress = serve.deployment(
         IngressDeployment,
         name="Ingress",
-        num_replicas=config.ingress_count,
         ray_actor_options=ingress_options,
         max_ongoing_requests=INGRESS_MAX_ONGOING,
+        **scale,
     )
     text = text_deployment(config).bind(config) if config.text_replica_count else None
-    log.info("application: %s on %s, %s encoder replica(s)%s, buckets %s, %d ingress replica(s), %d text replica(s)",
+    ingress_scaling = config.ingress_autoscaling
+    log.info("application: %s on %s, %s encoder replica(s)%s, buckets %s, %s ingress replica(s), %d text replica(s)",
              config.model, config.backend,
              replicas if config.autoscaling is None else f"{config.autoscaling.min_replicas}..{replicas} autoscaled",
              f" x {encoder_config.torch_threads} torch thread(s)" if encoder_config.torch_threads else "",
-             list(config.buckets), config.ingress_count, config.text_replica_count)
+             list(config.buckets), config.ingress_count if ingress_scaling is None else
+             f"{ingress_scaling.min_replicas}..{ingress_scaling.max_replicas} autoscaled", config.text_replica_count)
     return ingress.bind(encoder, config, replicas, model, text)
 
 
@@ -104,6 +115,12 @@ def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
                 "neuron_cores", 0):
             log.warning("autoscaling: max_replicas %d do not fit the cluster as it is; replicas past what fits stay "
                         "pending until Ray's autoscaler adds a node", most)
+    if config.ingress_autoscaling is not None:
+        most_ingress = config.ingress_autoscaling.max_replicas
+        if most_ingress * config.ingress_num_cpus + replicas * config.encoder_num_cpus > total.get("CPU", 0):
+            log.warning("ingress_autoscaling: max_replicas %d do not fit the cluster as it is beside the encoders; "
+                        "ingress replicas past what fits stay pending until Ray's autoscaler adds a node",
+                        most_ingress)
     texts = config.text_replica_count
     ingress = ingress_replicas_for(config, replicas)
     cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus + texts * config.text_num_cpus

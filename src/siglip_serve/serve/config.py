@@ -21,31 +21,49 @@ class ConfigError(UserError, ValueError):
     """The config does not validate; the message lists every problem."""
 
 
-class Autoscaling(BaseModel):
-    """Serve's request-based autoscaler for the encoder (ray/serve/config.py AutoscalingConfig, Ray 2.60):
-    the fields passed through as `autoscaling_config`. See docs/operations.md for the target's argument."""
+class Scaling(BaseModel):
+    """What Serve's autoscaler takes for any deployment (ray/serve/config.py AutoscalingConfig, Ray 2.60),
+    passed through as its `autoscaling_config`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min_replicas: int = Field(1, ge=1, description="encoder replicas kept running (and /readyz's ceiling)")
-    max_replicas: int = Field(..., ge=1, description="encoder replicas Serve may scale to; the ingress admits "
-                                                     "for this many")
+    min_replicas: int = Field(1, ge=1, description="replicas kept running")
+    max_replicas: int = Field(..., ge=1, description="replicas Serve may scale to")
+    upscale_delay_s: float = Field(30.0, ge=0, description="seconds above target before a replica is added")
+    downscale_delay_s: float = Field(600.0, ge=0, description="seconds below target before one is removed")
+    look_back_period_s: float = Field(30.0, gt=0, description="seconds Serve averages the load over")
+    # Still how often a handle (the ingress) and a replica push their counts in Ray 2.60
+    # (serve/_private/router.py, replica.py).
+    metrics_interval_s: float = Field(10.0, gt=0, description="seconds between pushes of the load to Serve's "
+                                                              "controller")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> Scaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class Autoscaling(Scaling):
+    """The encoder's: Serve's request-based policy on the encoder calls each replica holds. See
+    docs/operations.md for the target's argument; min_replicas is also /readyz's ceiling, and the
+    ingress admits for max_replicas."""
+
     # Default: the calls one replica is meant to hold (serve/encoder_client.py CALLS_IN_FLIGHT_*): one
     # running and (on an accelerator) one gathering; more than that is a call waiting behind a batch.
     target_ongoing_requests: float | None = Field(None, gt=0, description="encoder calls per replica Serve "
                                                   "scales towards (default: 1 on cpu, 2 on an accelerator)")
-    upscale_delay_s: float = Field(30.0, ge=0, description="seconds above target before a replica is added")
-    downscale_delay_s: float = Field(600.0, ge=0, description="seconds below target before one is removed")
-    look_back_period_s: float = Field(30.0, gt=0, description="seconds Serve averages the ongoing calls over")
-    # Still how often a handle (the ingress) pushes its counts in Ray 2.60 (serve/_private/router.py).
-    metrics_interval_s: float = Field(10.0, gt=0, description="seconds between the ingress's pushes of its "
-                                                              "ongoing calls to Serve's controller")
 
-    @model_validator(mode="after")
-    def _check_range(self) -> Autoscaling:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"autoscaling: min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
-        return self
+
+class IngressAutoscaling(Scaling):
+    """The ingress's: on the host cores each ingress replica keeps busy (serve/ingress_scaling.py), since
+    what limits an ingress is its CPU (HTTP, JSON, decoding), not the requests it holds: those also
+    pile up behind a busy device, where more ingress replicas would not help."""
+
+    # One ingress process saturates near two cores (serve/cpu_plan.py INGRESS_CORES): its event loop
+    # holds the GIL at one while decode threads run beside it. Scaling out at one leaves it headroom.
+    target_busy_cores: float = Field(1.0, gt=0, description="host cores each ingress replica may keep busy "
+                                                            "before Serve adds one")
 
 
 class ServiceConfig(ModelSettings):
@@ -70,6 +88,9 @@ class ServiceConfig(ModelSettings):
     # that stay pending until Ray's autoscaler adds a node (deploy/kuberay/rayservice.yaml).
     autoscaling: Autoscaling | None = Field(None, description="scale the encoder replicas with load between "
                                             "min_replicas and max_replicas (replicas must be unset)")
+    ingress_autoscaling: IngressAutoscaling | None = Field(None, description="scale the ingress replicas with "
+                                                           "their CPU between min_replicas and max_replicas "
+                                                           "(ingress_replicas must be unset)")
     ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs each ingress replica asks Ray for")
     # Pillow releases the GIL, so decode threads run in parallel.
     decode_threads: int = Field(4, ge=1, le=64, description="threads per ingress replica that decode and resize")
@@ -150,6 +171,10 @@ class ServiceConfig(ModelSettings):
         if self.autoscaling is not None and self.replicas is not None:
             raise ValueError(f"replicas: {self.replicas} and autoscaling contradict; with autoscaling the encoder "
                              "count is autoscaling.min_replicas..max_replicas (leave replicas unset)")
+        if self.ingress_autoscaling is not None and self.ingress_replicas != "auto":
+            raise ValueError(f"ingress_replicas: {self.ingress_replicas} and ingress_autoscaling contradict; with "
+                             "ingress_autoscaling the count is its min_replicas..max_replicas (leave "
+                             "ingress_replicas unset)")
         if self.device_jpeg_decode and self.backend not in ("cuda", "cpu"):
             raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
         if self.replica_setting == "auto" and self.cores_per_replica == 0 and self.backend != "cpu":
@@ -168,7 +193,11 @@ class ServiceConfig(ModelSettings):
 
     @property
     def ingress_count(self) -> int:
-        """`ingress_replicas` once decided (serve/app.py pins 'auto' before anything is built)."""
+        """`ingress_replicas` once decided (serve/app.py pins 'auto' before anything is built); with
+        ingress_autoscaling the floor, which is what each ingress plans its share of the encoder calls
+        for: scaled out, the encoders get more calls than they need, never fewer."""
+        if self.ingress_autoscaling is not None:
+            return self.ingress_autoscaling.min_replicas
         if self.ingress_replicas == "auto":
             raise ConfigError("ingress_replicas: auto is decided when the application is built; "
                               "call siglip_serve.serve.app.pin_replicas first")
@@ -183,6 +212,15 @@ class ServiceConfig(ModelSettings):
             from siglip_serve.serve.encoder_client import calls_per_replica  # no cycle at import
             options["target_ongoing_requests"] = calls_per_replica(self.backend == "cpu")
         return options
+
+    def ingress_autoscaling_config(self) -> dict[str, Any] | None:
+        """Serve's `autoscaling_config` for the ingress deployment (its own policy), or None for a fixed count."""
+        if self.ingress_autoscaling is None:
+            return None
+        from siglip_serve.serve.ingress_scaling import policy  # no cycle at import
+
+        options = self.ingress_autoscaling.model_dump(exclude={"target_busy_cores"})
+        return {**options, "policy": policy(self.ingress_autoscaling.target_busy_cores)}
 
     @property
     def cores_per_replica(self) -> int:

@@ -101,7 +101,9 @@ def ingress_replicas_for(config: ServiceConfig, encoder_replicas: int) -> int:
     usable cores left by the encoders and RESERVED_CORES, at least one. On a CPU host the encoders
     take the cores, so auto stays at 1; on an accelerator host it grows with the host (16 cores, one
     GPU: 6; trn2.3xlarge at LNC=2, 12 vCPUs, 4 encoders: 3). It counts the machine that builds the
-    application: on a multi-node cluster name the count."""
+    application: on a multi-node cluster name the count. With ingress_autoscaling: its floor."""
+    if config.ingress_autoscaling is not None:
+        return config.ingress_autoscaling.min_replicas
     if config.ingress_replicas != "auto":
         return config.ingress_replicas
     spare = usable_cpus() - encoder_host_cores(config, encoder_replicas) - RESERVED_CORES

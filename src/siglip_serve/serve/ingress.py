@@ -45,6 +45,7 @@ from siglip_serve.serve.http_body import (
     render_cohere,
     render_embeddings,
 )
+from siglip_serve.serve.ingress_scaling import BUSY_CORES, BusyCores
 from siglip_serve.serve.openapi import install_openapi, openapi_document
 from siglip_serve.serve.text_routes import TextRoutes, check_texts
 
@@ -80,6 +81,12 @@ class Ingress(TextRoutes):
         # One replica per process: the latest one counts, so every error is counted exactly once.
         global _count_error_in_replica
         _count_error_in_replica = self._count_error
+        self._busy_cores = BusyCores()
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's controller gets for `ingress_autoscaling` (serve/ingress_scaling.py); Serve calls
+        this only on an autoscaled deployment."""
+        return {BUSY_CORES: self._busy_cores.read()}
 
     async def _serve(self, route: str, items: Sequence[Item], deadline: float, render: Render | None = None,
                      dimensions: int | None = None) -> Response:
@@ -229,6 +236,8 @@ class IngressDeployment(Ingress):
             "buckets": list(self.config.buckets),
             "replicas_expected": self.expected_replicas,
             "ingress_replicas": self.config.ingress_count,
+            "ingress_autoscaling": (self.config.ingress_autoscaling.model_dump(include={"min_replicas", "max_replicas"})
+                                    if self.config.ingress_autoscaling is not None else None),
             "ingress_replica": self.replica_name,
             "replicas_min_ready": self.min_ready,
             "replicas": replicas,

@@ -66,7 +66,9 @@ def test_not_ready_until_every_replica_has_warmed_up(serve_cluster: ServeCluster
                                                      photo_jpegs: list[bytes]) -> None:
     # main_app holds all 4 declared neuron_cores, so this app's encoder replica cannot be placed:
     # its ingress is up but no encoder has loaded its model.
-    deploy("unready", "/unready", wait=False, replicas=1, neuron_cores_per_replica=1)
+    # A short request timeout: Serve gives the never-placed replica that long (graceful_shutdown_timeout_s,
+    # serve/tower_replica.py) when the module deletes the app; the default 30 s is only waiting.
+    deploy("unready", "/unready", wait=False, replicas=1, neuron_cores_per_replica=1, request_timeout_s=2)
     url = serve_cluster.base_url + "/unready"
     try:
         with httpx.Client(timeout=TIMEOUT) as client:

@@ -161,7 +161,8 @@ def test_readyz_answers_503_at_once_during_start_up_and_progress_is_shown() -> N
     began = time.monotonic()
     proc = subprocess.Popen(
         [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
-         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--set", "torch_threads=1"],
+         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--set", "torch_threads=1",
+         "--set", "text_replicas=0"],  # no text replica to start: this is about the image tower's start-up
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
     )
     lines: list[str] = []

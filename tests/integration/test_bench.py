@@ -20,7 +20,8 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
     run = subprocess.run(
         [str(BIN / "siglip-serve"), "bench", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3",
          "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--endpoint", "json",
-         "--multicore", "2", "--set", "torch_threads=1", "--json", str(out)],
+         "--multicore", "2", "--set", "torch_threads=1", "--json", str(out),
+         "--profile", str(tmp_path / "profiles"), "--profile-seconds", "2"],
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -52,6 +53,13 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
     assert result["bound"]["host_ceiling_images_per_second"] == ceiling["images_per_second"]
     # replicas: auto (the cpu default) with one thread each: one replica per usable core.
     assert result["replicas"] == len(os.sched_getaffinity(0)) and result["torch_threads"] == 1
-    for title in ("bare encoder", "preprocessing", "served over HTTP", "server CPU-ms per image", "multi-core",
-                  "served / bare", "host ceiling", result["bound"]["verdict"]):
+    # A flame graph of each Python process of the service, from py-spy, under the highest concurrency.
+    made = {profile["kind"]: profile["path"] for profile in result["profiles"] if profile["path"]}
+    assert {"ingress", "encoder"} <= set(made), result["profiles"]
+    for kind, path in made.items():
+        svg = Path(path).read_text()
+        assert path.startswith(str(tmp_path / "profiles")) and "<svg" in svg
+        assert kind not in ("ingress", "encoder") or "siglip_serve" in svg  # our own frames, sampled
+    for title in ("flame graphs", "bare encoder", "preprocessing", "served over HTTP", "server CPU-ms per image",
+                  "multi-core", "served / bare", "host ceiling", result["bound"]["verdict"]):
         assert title in run.stdout

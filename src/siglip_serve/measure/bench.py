@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -111,9 +112,10 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         result.endpoint = endpoint
         result.ingress_replicas = ingress_replicas_for(served_config, result.replicas or 1)
         shape += f", {result.ingress_replicas} ingress replica(s)"
-        result.served, result.host_ceiling = bench_served(
+        profile = (Path(args.profile), args.profile_seconds) if args.profile else None
+        result.served, result.host_ceiling, result.profiles = bench_served(
             served_config, levels, args.requests, args.images_per_request, args.front_end, endpoint,
-            host_ceiling="host-ceiling" not in skip)
+            host_ceiling="host-ceiling" not in skip, profile=profile)
         print_table(f"served over HTTP: {config.model}, {shape}, "
                     f"{args.images_per_request} image(s) per request ({endpoint})",
                     [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image}
@@ -123,6 +125,9 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         print_table("server CPU-ms per image by process kind (the whole service process tree)",
                     [{"concurrency": row.concurrency, **row.server_cpu.ms_per_image_by_kind.model_dump()}
                      for row in result.served if row.server_cpu], ["concurrency", *KINDS])
+        if result.profiles:
+            print_table(f"flame graphs under concurrency {max(levels)} (py-spy, {args.profile_seconds:g} s each)",
+                        [p.model_dump() for p in result.profiles], ["kind", "pid", "path", "error"])
         if result.host_ceiling is not None:
             print_table(f"host ceiling: the same deployment with no model ({NO_MODEL_BACKEND}), same client",
                         [{**result.host_ceiling.model_dump(),

@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--endpoint", choices=ENDPOINTS, help="served benchmark's body: raw bytes (the default for "
                                                              "one image a request), multipart (for more), or json "
                                                              "(base64 data URIs)")
+    bench.add_argument("--profile", metavar="DIR", help="also record a py-spy flame graph of each of the service's "
+                                                        "processes under the highest concurrency, after the "
+                                                        "measured rows (DIR/<kind>-<pid>.svg; needs py-spy)")
+    bench.add_argument("--profile-seconds", type=float, default=10.0, help="how long --profile records")
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
     bench.add_argument("--set", action="append", default=[], type=cli_args.key_value, metavar="KEY=VALUE")
     add_front_end_option(bench)
@@ -47,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         from siglip_serve.measure.bench import run_bench
         from siglip_serve.serve.config import ServiceConfig
 
+        if args.profile:  # refused before anything starts, not after minutes of measuring
+            from siglip_serve.measure.profile import ProfileRefused, py_spy
+
+            py_spy()
+            if "served" in args.skip:
+                raise ProfileRefused("--profile records the served part; it is skipped (--skip served)")
         settings = {**cli_args.model_values(args), **cli_args.settings_values(args.set),
                     **cli_args.option_values(args, ("replicas",))}
         return run_bench(ServiceConfig.from_args(settings), args)

@@ -139,6 +139,15 @@ class HostCeiling(Result):
     server_cpu: ServerCpuResult | None
 
 
+class ProfileFile(Result):
+    """One process's flame graph from `bench --profile` (measure/profile.py), or why there is none."""
+
+    kind: str
+    pid: int
+    path: str | None
+    error: str | None = None
+
+
 class Bound(Result):
     """Which side limits a deployment: the host's ceiling against the device's own rate (docs/capacity.md)."""
 
@@ -208,10 +217,11 @@ class BenchResult(Commented):
     ingress_replicas: int | None = None
     host_ceiling: HostCeiling | None = None
     bound: Bound | None = None
+    profiles: list[ProfileFile] | None = None
 
     def _absent(self) -> set[str]:
         parts = ("encoder", "preprocess", "served", "front_end", "replicas", "torch_threads", "multicore",
-                 "served_over_bare", "endpoint", "ingress_replicas", "host_ceiling", "bound")
+                 "served_over_bare", "endpoint", "ingress_replicas", "host_ceiling", "bound", "profiles")
         return super()._absent() | {part for part in parts if getattr(self, part) is None}
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 
 from siglip_serve.measure.corpus import Image, build_bodies, skimage_corpus
-from siglip_serve.measure.results import HostCeiling, ServedRow
+from siglip_serve.measure.results import HostCeiling, ProfileFile, ServedRow
 from siglip_serve.measure.server_cpu import ServerCpu
 from siglip_serve.serve.config import ServiceConfig
 
@@ -94,11 +95,28 @@ def measure_level(url: str, bodies: list[tuple[bytes, str]], level: int, request
     return row
 
 
+def record_profiles(url: str, bodies: list[tuple[bytes, str]], level: int, requests_per_second: float,
+                    server: ServerCpu, out_dir: Path, seconds: float) -> list[ProfileFile]:
+    """Drive the service for about `seconds` at `level` while py-spy records each of its processes."""
+    from siglip_serve.measure.profile import Profiles
+
+    profiles = Profiles(server, out_dir, seconds)
+    # Enough requests to outlast the recordings at the rate just measured.
+    asyncio.run(drive(url, bodies, level, max(level, int(requests_per_second * (seconds + 1)))))
+    files = profiles.finish(timeout_s=seconds + 30)
+    for file in files:
+        log.info("profile of %s (pid %d): %s", file.kind, file.pid, file.path or f"none: {file.error}")
+    return files
+
+
 def bench_served(config: ServiceConfig, levels: list[int], requests: int, images_per_request: int = 1,
-                 front_end: str = "haproxy", endpoint: str = "raw",
-                 host_ceiling: bool = False) -> tuple[list[ServedRow], HostCeiling | None]:
-    """The served rows at each concurrency, and with `host_ceiling` the same deployment with the model
-    taken out (a second application on the same Ray), at the highest concurrency."""
+                 front_end: str = "haproxy", endpoint: str = "raw", host_ceiling: bool = False,
+                 profile: tuple[Path, float] | None = None,
+                 ) -> tuple[list[ServedRow], HostCeiling | None, list[ProfileFile] | None]:
+    """The served rows at each concurrency; with `host_ceiling` the same deployment with the model
+    taken out (a second application on the same Ray), at the highest concurrency; with `profile`
+    (directory, seconds) a flame graph of each of the service's processes under the highest
+    concurrency, recorded after the measured rows (measure/profile.py)."""
     import ray
     from ray import serve
 
@@ -130,6 +148,10 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
         # Ray's processes are this process's children; this process is the client and is left out.
         server = ServerCpu.of_children()
         rows = [measure_level(url, bodies, level, requests, images_per_request, server) for level in levels]
+        profiles = None
+        if profile is not None:
+            profiles = record_profiles(url, bodies, max(levels), rows[-1].images_per_second / images_per_request,
+                                       server, *profile)
         ceiling = None
         if host_ceiling:
             count = resolve_replicas(config)
@@ -145,7 +167,7 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
                                   ingress_replicas=ingress_replicas_for(config, count),
                                   images_per_second=row.images_per_second,
                                   images_per_second_per_core=1000.0 / ms if ms else None, server_cpu=row.server_cpu)
-        return rows, ceiling
+        return rows, ceiling, profiles
     finally:
         # Not serve.shutdown(): it stops each replica gracefully, and a direct-ingress replica (the
         # HAProxy front end) drains for at least 30 s (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S,

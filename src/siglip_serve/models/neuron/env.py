@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from siglip_serve.core.constants import LNC_ENV, TRN2_DEFAULT_LNC, VISIBLE_CORES_ENV, package_version
-from siglip_serve.core.errors import UserError
+from siglip_serve.models.neuron.base import NeuronRefusal
 
 SDK_RELEASE = "2.33.1"
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
@@ -56,7 +56,7 @@ NEFF_DIR = "neff"
 MANIFEST_NAME = "manifest.json"
 
 
-class TorchNeuronRefusal(UserError, RuntimeError):
+class TorchNeuronRefusal(NeuronRefusal):
     """The neuron-native backend will not start here; the message is one line with the fix."""
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from siglip_serve.core.errors import UserError
+from siglip_serve.models.neuron.base import NeuronRefusal
 from siglip_serve.models.settings import ModelSettings
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ FORMAT_VERSION = 1
 _CHUNK = 8 * 1024 * 1024
 
 
-class ArtifactError(UserError, RuntimeError):
+class ArtifactError(NeuronRefusal):
     """An artifact directory is missing, incomplete or does not fit what was asked of it."""
 
 
@@ -216,11 +216,10 @@ def read_manifest(directory: Path) -> Manifest:
     return manifest
 
 
-def is_complete(directory: Path, read: Callable[[Path], object] = read_manifest,
-                refused: type[Exception] = ArtifactError) -> bool:
-    """Both lines' test: their reader accepts the directory (TorchNeuron passes its reader and refusal)."""
+def is_complete(directory: Path, read: Callable[[Path], object] = read_manifest) -> bool:
+    """Both lines' test: their reader accepts the directory (TorchNeuron passes its reader)."""
     try:
         read(directory)
-    except refused:
+    except NeuronRefusal:
         return False
     return True

@@ -135,7 +135,7 @@ def dry_run_plan(settings: ModelSettings, options: NativeOptions, cache_root: Pa
 
 
 def is_complete(directory: Path) -> bool:
-    return manifest_complete(directory, read_native_manifest, TorchNeuronRefusal)
+    return manifest_complete(directory, read_native_manifest)
 
 
 @dataclass

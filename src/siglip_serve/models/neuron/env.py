@@ -28,6 +28,7 @@ from pathlib import Path
 
 from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV, package_version
 from siglip_serve.models.neuron.base import NeuronOptions, NeuronRefusal
+from siglip_serve.models.neuron.manifest import MANIFEST_NAME
 
 SDK_RELEASE = "2.33.1"
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
@@ -53,7 +54,6 @@ NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 # Every variable that decides what is compiled, or where the compiled graphs are looked up.
 RECIPE_ENV = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV)
 NEFF_DIR = "neff"
-MANIFEST_NAME = "manifest.json"
 
 
 class TorchNeuronRefusal(NeuronRefusal):

@@ -76,12 +76,10 @@ def sha256_state_dict(module: nn.Module) -> str:
 def pretrained_weights_file(settings: ModelSettings, download: bool = True) -> Path | None:
     """The local file open_clip loads for a pretrained tag, downloaded once into its cache.
     With download=False: the cached file, or None when it is not on disk (no network used)."""
-    import open_clip
-
     from siglip_serve.models.hub import HubUnreachable, cached_weights, check_weights_reachable
-    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.loading import ModelLoadError, open_clip_module
 
-    _register_tiny()
+    open_clip = open_clip_module()
     cfg = open_clip.get_pretrained_cfg(settings.model, settings.pretrained or "")
     if not cfg:
         raise ModelLoadError(f"no pretrained tag {settings.pretrained!r} for {settings.model}")

@@ -306,12 +306,11 @@ def word_id(word: str) -> int:
 
 
 def forced_checkpoint(path: Path, winner: str) -> Path:
-    import open_clip
     import torch
 
-    from siglip_serve.models.loading import _register_tiny
+    from siglip_serve.models.loading import open_clip_module
 
-    _register_tiny()
+    open_clip = open_clip_module()
     torch.manual_seed(1)
     model = open_clip.create_model(CHECKPOINT_MODEL, pretrained=None)
     width = model.text.width

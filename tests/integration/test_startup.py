@@ -80,11 +80,11 @@ def test_a_listener_sharing_its_port_still_blocks_the_check() -> None:
 
 def _weights_check_seconds(monkeypatch: pytest.MonkeyPatch, **env: str) -> tuple[str, float]:
     """The weights preflight in this process (imports already paid): its message and how long it took."""
-    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.loading import ModelLoadError, open_clip_module
     from siglip_serve.serve.config import ServiceConfig
     from siglip_serve.serve.model_checks import preflight_weights
 
-    _register_tiny()  # pays open_clip's and timm's imports before the clock starts
+    open_clip_module()  # pays open_clip's and timm's imports before the clock starts
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     config = ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "pretrained": "webli"})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from siglip_serve.models.encoder import create_text_encoder
-from siglip_serve.models.loading import ModelLoadError, _register_tiny, load_embedder
+from siglip_serve.models.loading import ModelLoadError, load_embedder, open_clip_module
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, load_text_tower
 from siglip_serve.serve.errors import ApiError
@@ -21,9 +21,7 @@ TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz 
 
 
 def open_clip_reference(model_name: str, tokenizer_dir: Path, checkpoint: Path | None = None):
-    import open_clip
-
-    _register_tiny()
+    open_clip = open_clip_module()
     torch.manual_seed(0)
     model = open_clip.create_model(model_name, pretrained=None).eval()
     if checkpoint is not None:
@@ -54,11 +52,9 @@ def test_siglip2_configs_are_served_as_siglip_and_tiny_siglip2_has_their_text_ar
     tiny-siglip2 differs from them only in size. NaFlex variants are refused in one line."""
     import json
 
-    import open_clip
-
     from siglip_serve.models.loading import available_models
 
-    _register_tiny()
+    open_clip = open_clip_module()
     siglip2 = [name for name in available_models() if "SigLIP2" in name]
     assert len(siglip2) == 15 and "ViT-SO400M-16-SigLIP2-384" in siglip2 and "ViT-gopt-16-SigLIP2-384" in siglip2
     tiny = json.loads((SRC / "models" / "configs" / "tiny-siglip2.json").read_text())["text_cfg"]
@@ -141,9 +137,7 @@ def test_tokenizer_and_checkpoint_problems_are_one_clear_line(tmp_path: Path) ->
     with pytest.raises(ModelLoadError, match="cannot load the tokenizer from .*set tokenizer: DIR"):
         create_text_encoder(ModelSettings(model="tiny-siglip", tokenizer=tmp_path / "empty"))
     # An image-tower-only checkpoint has no text weights: refuse to serve a random text tower.
-    import open_clip
-
-    _register_tiny()
+    open_clip = open_clip_module()
     model = open_clip.create_model(CHECKPOINT_MODEL, pretrained=None)
     torch.save(model.visual.state_dict(), tmp_path / "visual.pt")
     with pytest.raises(ModelLoadError, match="no text-tower weights"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -70,15 +71,17 @@ class ImageEmbedder(nn.Module):
         return F.normalize(features.float(), dim=-1)
 
 
-def _register_tiny() -> None:
-    """Teach timm and open_clip the tiny SigLIP-architecture model used by tests and quick runs.
+def open_clip_module() -> ModuleType:
+    """open_clip, once it knows the tiny SigLIP-architecture model used by tests and quick runs
+    (registered in timm and open_clip on the first call).
 
     configs/ also holds tiny-siglip-checkpoint: the same architecture under a name that takes a
     checkpoint (tiny-siglip is always random), for tests that build weights with a forced answer."""
     global _registered
-    if _registered:
-        return
     import open_clip
+
+    if _registered:
+        return open_clip
     from timm.models import register_model
     from timm.models.vision_transformer import vit_base_patch16_siglip_224
 
@@ -90,19 +93,16 @@ def _register_tiny() -> None:
 
     open_clip.add_model_config(_CONFIG_DIR)
     _registered = True
+    return open_clip
 
 
 def available_models() -> list[str]:
-    _register_tiny()
-    import open_clip
-
-    return [name for name in open_clip.list_models() if "SigLIP" in name or name in TINY_MODELS]
+    return [name for name in open_clip_module().list_models() if "SigLIP" in name or name in TINY_MODELS]
 
 
 def load_clip(settings: ModelSettings) -> tuple[nn.Module, bool]:
     """The whole open_clip model (both towers, logit scale and bias) in float32 eval mode on the CPU,
     and whether its text tower has real weights (False: an image-tower-only checkpoint)."""
-    _register_tiny()
     model = _create(settings)
     text_loaded = getattr(model, _TEXT_MISSING, False) is False
     return model.eval().requires_grad_(False), text_loaded
@@ -113,7 +113,7 @@ _TEXT_MISSING = "_siglip_serve_text_missing"
 
 
 def _create(settings: ModelSettings) -> nn.Module:
-    import open_clip
+    open_clip = open_clip_module()
 
     if settings.model not in open_clip.list_models():
         raise ModelLoadError(
@@ -136,7 +136,7 @@ def _create(settings: ModelSettings) -> nn.Module:
 
 
 def _create_pretrained(settings: ModelSettings) -> nn.Module:
-    import open_clip
+    open_clip = open_clip_module()
 
     try:
         return open_clip.create_model(settings.model, pretrained=settings.pretrained)
@@ -177,7 +177,6 @@ def _load_checkpoint(model: nn.Module, path: Path) -> None:
 
 def load_embedder(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
     """Build the image tower for `settings` in float32 eval mode on the CPU."""
-    _register_tiny()
     model = _create(settings)
     # The same source the ingress sizes its images by; Encoder.warmup checks the output width.
     image_size, embed_dim = model_geometry(settings.model)
@@ -190,10 +189,7 @@ def load_embedder(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
 
 def model_geometry(model: str) -> tuple[tuple[int, int], int]:
     """(image size, embedding dim) from open_clip's config, without building the model."""
-    _register_tiny()
-    import open_clip
-
-    cfg = open_clip.get_model_config(model)
+    cfg = open_clip_module().get_model_config(model)
     if cfg is None:
         raise ModelLoadError(f"unknown model {model!r}; SigLIP models: {', '.join(available_models())}")
     size = cfg["vision_cfg"].get("image_size", 224)
@@ -213,9 +209,7 @@ class ParameterCounts:
 
 def parameter_counts(model: str) -> ParameterCounts:
     """The open_clip model's parameter counts, built on the meta device: nothing allocated or downloaded."""
-    _register_tiny()
-    import open_clip
-
+    open_clip = open_clip_module()
     if model not in open_clip.list_models():
         raise ModelLoadError(f"unknown model {model!r}; SigLIP models: {', '.join(available_models())}")
     root = logging.getLogger()  # open_clip warns on the root logger that no weights were loaded

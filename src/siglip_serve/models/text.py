@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from siglip_serve.models.loading import ModelLoadError, load_clip
+from siglip_serve.models.loading import ModelLoadError, load_clip, open_clip_module
 from siglip_serve.models.settings import TINY_MODEL, TINY_SIGLIP2, ModelSettings
 from siglip_serve.models.tower import ForwardHook, Tower
 
@@ -74,9 +74,9 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
     HFTokenizer with the model's tokenizer_kwargs; nothing touches the network. Without a directory,
     `open_clip.get_tokenizer(model)`, which may fetch from the Hugging Face hub.
     """
-    import open_clip
     from open_clip.tokenizer import HFTokenizer
 
+    open_clip = open_clip_module()
     context = int(text_cfg.get("context_length", 64))
     directory = tokenizer_dir(settings)
     try:
@@ -99,12 +99,7 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
 
 def text_context_length(model: str) -> int:
     """The text tower's fixed context length from open_clip's config, without building the model."""
-    import open_clip
-
-    from siglip_serve.models.loading import _register_tiny
-
-    _register_tiny()
-    cfg = open_clip.get_model_config(model)
+    cfg = open_clip_module().get_model_config(model)
     if cfg is None:
         raise ModelLoadError(f"unknown model {model!r}")
     return int(cfg.get("text_cfg", {}).get("context_length", 64))
@@ -125,14 +120,12 @@ def load_text_tower(settings: ModelSettings,
     """The text tower, its tokenizer and the zero-shot scale/bias, float32 eval mode on the CPU.
 
     with_tokenizer=False (compiling): no tokenizer is loaded; it runs at serving time only."""
-    import open_clip
-
     model: Any  # open_clip's CLIP is untyped: context_length, vocab_size and the rest are plain attributes
     model, text_loaded = load_clip(settings)
     if not text_loaded:
         raise ModelLoadError(f"checkpoint {settings.checkpoint} has no text-tower weights (or no logit scale/bias); "
                              "serve text from a whole-model state dict, or set text_replicas: 0")
-    cfg = open_clip.get_model_config(settings.model) or {}
+    cfg = open_clip_module().get_model_config(settings.model) or {}
     tokenizer, source = load_tokenizer(settings, cfg.get("text_cfg", {})) if with_tokenizer else (None, "none")
     bias = getattr(model, "logit_bias", None)
     info = TextInfo(

@@ -19,12 +19,10 @@ def preflight_weights(config: ServiceConfig) -> None:
     hub client's minute of retries."""
     if not config.needs_weights or config.checkpoint is not None:
         return
-    import open_clip
-
     from siglip_serve.models.hub import OFFLINE_HINT, HubUnreachable, check_weights_reachable
-    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.loading import ModelLoadError, open_clip_module
 
-    _register_tiny()
+    open_clip = open_clip_module()
     cfg = open_clip.get_pretrained_cfg(config.model, config.pretrained or "")
     if not cfg:
         tags = open_clip.list_pretrained_tags_by_model(config.model)
@@ -54,13 +52,11 @@ def preflight_tokenizer(config: ServiceConfig) -> ServiceConfig:
     starts without minutes of hub retries."""
     if config.text_replica_count == 0:
         return config
-    import open_clip
-
     from siglip_serve.models.hub import hub_address, offline_requested, reachable
-    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.loading import ModelLoadError, open_clip_module
     from siglip_serve.models.text import load_tokenizer, tokenizer_dir
 
-    _register_tiny()
+    open_clip = open_clip_module()
     settings = config.model_settings()
     asked = config.text_replicas is not None or config.tokenizer is not None
     if tokenizer_dir(settings) is None and not offline_requested():

@@ -1,8 +1,9 @@
 """What the two Neuron backends share: a compiled artifact found from the settings and checked
 against them, the ModelInfo its manifest describes, and an Encoder that reports the artifact.
 
-The trace line (backends/neuron.py) and TorchNeuron (backends/neuron_native.py) differ in
-their manifests, their error classes and how they load; they agree on this shape.
+The trace line (backends/neuron.py) and TorchNeuron (backends/neuron_native.py) differ in what
+their manifests add to neuron.manifest.ArtifactManifest, in their refusals (both a
+neuron.base.NeuronRefusal) and in how they load; they agree on this shape.
 """
 
 from __future__ import annotations
@@ -10,26 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.neuron.manifest import ArtifactManifest
 from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV
 from siglip_serve.models.settings import ModelSettings
-
-
-class ArtifactManifest(Protocol):
-    """The fields both manifests (neuron.manifest.Manifest, neuron.runtime.NativeManifest) have."""
-
-    model: str
-    weights: dict[str, str]
-    image_size: list[int]
-    embed_dim: int
-    buckets: list[int]
-    lnc: int
-
-    def summary(self) -> dict[str, Any]: ...
-
 
 M = TypeVar("M", bound=ArtifactManifest)
 

@@ -20,8 +20,9 @@ from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
 from siglip_serve.models.encoder import Backend, register_backend
 from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.neuron.base import NeuronRefusal
 from siglip_serve.models.neuron.manifest import ArtifactError, Manifest, read_manifest
-from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV, LncMismatch, check_lnc, require_torch_neuronx
+from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV, check_lnc, require_torch_neuronx
 from siglip_serve.models.neuron.text import checked_text_entry, text_info_from_entry
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import TextEncoder, TextInfo, Tokenizer
@@ -77,7 +78,7 @@ def check_available(settings: ModelSettings, env: Mapping[str, str] | None = Non
         directory, manifest = artifact_for(settings)
         if env is not None:
             check_lnc(manifest.lnc, str(directory), env, manifest.target)
-    except (ArtifactError, LncMismatch) as exc:
+    except NeuronRefusal as exc:
         raise BackendUnavailable(str(exc)) from None
 
 

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import open_clip
 import torch
 
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
 from siglip_serve.models.encoder import Backend, register_backend
-from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, _register_tiny
+from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, open_clip_module
 from siglip_serve.models.neuron.env import (
     LNC_ENV,
     TorchNeuronRefusal,
@@ -95,8 +94,7 @@ def adopt_unset(expected: Mapping[str, str], env: MutableMapping[str, str]) -> N
 
 
 def _build_embedder(manifest: NativeManifest, weights_path: Path) -> ImageEmbedder:
-    _register_tiny()
-    model = open_clip.create_model(manifest.model, pretrained=None)  # architecture only; weights follow
+    model = open_clip_module().create_model(manifest.model, pretrained=None)  # architecture only; weights follow
     embedder = ImageEmbedder(model.visual, SIGLIP_MEAN, SIGLIP_STD).eval()
     state = torch.load(weights_path, map_location="cpu", weights_only=True)
     embedder.load_state_dict(state, strict=True)
@@ -247,8 +245,7 @@ def load_native_text_encoder(settings: ModelSettings, runtime: Any = None) -> Na
     checked_text_entry(settings, start.directory, text, "siglip-serve compile --backend neuron-native")
     tokenizer, info = text_info_from_entry(settings, start.manifest.model, text)
     weights = check_weights(start, text["weights_file"], text["weights_file_sha256"])
-    _register_tiny()
-    embedder = TextEmbedder(open_clip.create_model(start.manifest.model, pretrained=None).text).eval()
+    embedder = TextEmbedder(open_clip_module().create_model(start.manifest.model, pretrained=None).text).eval()
     embedder.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
     embedder.requires_grad_(False)
     buckets = tuple(sorted(settings.text_buckets))

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from siglip_serve.core.constants import LNC_ENV, InvalidLnc, lnc_setting
+from siglip_serve.core.constants import InvalidLnc, lnc_setting
 from siglip_serve.models.cli_args import (
     SettingsError,
     add_log_level,
@@ -28,6 +28,7 @@ from siglip_serve.models.cli_args import (
     settings_from_args,
     setup_logging,
 )
+from siglip_serve.models.neuron.base import add_recipe_arguments
 from siglip_serve.models.neuron.env import (
     NativeOptions,
     environment,
@@ -52,15 +53,7 @@ def build_native_parser() -> argparse.ArgumentParser:
                         help="also compile the text tower, one graph per --text-buckets size (for /v1/classify and "
                              "text), into the same artifact")
     recipe = parser.add_argument_group("TorchNeuron recipe (NEURON_CC_FLAGS, NEURON_COMPILER_OPT_LEVEL, LNC)")
-    recipe.add_argument("--lnc", type=int, choices=(1, 2),
-                        help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
-    recipe.add_argument("--optlevel", type=int, choices=(1, 2, 3), default=3)
-    recipe.add_argument("--auto-cast", choices=("none", "matmult", "all"), default="matmult")
-    recipe.add_argument("--auto-cast-type", choices=("bf16", "fp16", "tf32", "fp8_e4m3"), default="bf16")
-    recipe.add_argument("--model-type", default="transformer")
-    recipe.add_argument("--target", default="trn2")
-    recipe.add_argument("--compiler-arg", action="append", default=[], metavar="ARG",
-                        help="one more compiler argument, repeatable (write --compiler-arg=--flag)")
+    add_recipe_arguments(recipe)
     parser.add_argument("--cache-root", type=Path, default=DEFAULT_CACHE_ROOT,
                         help="artifacts go to CACHE_ROOT/<SDK tag>/<model>-lnc<N>-<key>/")
     parser.add_argument("--link", type=Path, help="also point this symlink at the artifact (stable path for configs)")
@@ -78,8 +71,7 @@ def native_options(args: argparse.Namespace) -> NativeOptions:
             lnc, _ = lnc_setting()
         except InvalidLnc as exc:
             raise SettingsError(str(exc)) from None
-    return NativeOptions(lnc=lnc, optlevel=args.optlevel, auto_cast=args.auto_cast, auto_cast_type=args.auto_cast_type,
-                         model_type=args.model_type, target=args.target, extra_args=tuple(args.compiler_arg))
+    return NativeOptions.from_args(args, lnc)
 
 
 def native_main(argv: Sequence[str]) -> int:

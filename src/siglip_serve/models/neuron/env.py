@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from siglip_serve.core.constants import LNC_ENV, TRN2_DEFAULT_LNC, VISIBLE_CORES_ENV, package_version
-from siglip_serve.core.errors import UserError
+from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV, package_version
+from siglip_serve.models.neuron.base import NeuronOptions, NeuronRefusal
+from siglip_serve.models.neuron.manifest import MANIFEST_NAME
 
 SDK_RELEASE = "2.33.1"
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
@@ -53,30 +54,15 @@ NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 # Every variable that decides what is compiled, or where the compiled graphs are looked up.
 RECIPE_ENV = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV)
 NEFF_DIR = "neff"
-MANIFEST_NAME = "manifest.json"
 
 
-class TorchNeuronRefusal(UserError, RuntimeError):
+class TorchNeuronRefusal(NeuronRefusal):
     """The neuron-native backend will not start here; the message is one line with the fix."""
 
 
-@dataclass(frozen=True)
-class NativeOptions:
-    """Seed 000's recipe (LNC, -O3, matmult auto-cast to bf16, transformer) as TorchNeuron sees it."""
-
-    lnc: int = TRN2_DEFAULT_LNC
-    optlevel: int = 3
-    auto_cast: str = "matmult"
-    auto_cast_type: str = "bf16"
-    model_type: str = "transformer"
-    target: str = "trn2"
-    extra_args: tuple[str, ...] = field(default=())
-
-    def __post_init__(self) -> None:
-        if self.lnc not in (1, 2):
-            raise ValueError(f"--lnc must be 1 or 2, got {self.lnc}")
-        if self.optlevel not in (1, 2, 3):
-            raise ValueError(f"--optlevel must be 1, 2 or 3, got {self.optlevel}")
+@dataclass(frozen=True, kw_only=True)
+class NativeOptions(NeuronOptions):
+    """The recipe as TorchNeuron reads it: from the environment (NEURON_CC_FLAGS and the rest)."""
 
     def cc_flags(self) -> str:
         flags = ["--target", self.target, "--lnc", str(self.lnc), f"--auto-cast={self.auto_cast}"]

@@ -5,25 +5,30 @@ carries a hash of everything that decides the compiled result (model, weights, b
 arguments, package versions), so the same inputs find the same directory and any change makes a
 new one. A directory exists under its final name only once complete: compiles write to a temp
 directory and rename it at the end.
+
+`ArtifactManifest` is what the manifests of both Neuron lines share; `Manifest` is the trace line's
+(TorchNeuron's is runtime.NativeManifest). This module imports no torch: env.py, which TorchNeuron's
+compile command loads before torch, takes MANIFEST_NAME from here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
-import torch
-from torch import nn
-
-from siglip_serve.core.errors import UserError
+from siglip_serve.models.neuron.base import NeuronRefusal
 from siglip_serve.models.settings import ModelSettings
+
+if TYPE_CHECKING:
+    from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +38,7 @@ FORMAT_VERSION = 1
 _CHUNK = 8 * 1024 * 1024
 
 
-class ArtifactError(UserError, RuntimeError):
+class ArtifactError(NeuronRefusal):
     """An artifact directory is missing, incomplete or does not fit what was asked of it."""
 
 
@@ -57,6 +62,9 @@ def sha256_file(path: Path) -> str:
 
 def sha256_state_dict(module: nn.Module) -> str:
     """Hash of every tensor's name, dtype, shape and bytes, in state-dict order."""
+    # Imported here, not above: see the module's docstring.
+    import torch
+
     digest = hashlib.sha256()
     for name, tensor in module.state_dict().items():
         t = tensor.detach().cpu().contiguous().reshape(-1)
@@ -68,12 +76,10 @@ def sha256_state_dict(module: nn.Module) -> str:
 def pretrained_weights_file(settings: ModelSettings, download: bool = True) -> Path | None:
     """The local file open_clip loads for a pretrained tag, downloaded once into its cache.
     With download=False: the cached file, or None when it is not on disk (no network used)."""
-    import open_clip
-
     from siglip_serve.models.hub import HubUnreachable, cached_weights, check_weights_reachable
-    from siglip_serve.models.loading import ModelLoadError, _register_tiny
+    from siglip_serve.models.loading import ModelLoadError, open_clip_module
 
-    _register_tiny()
+    open_clip = open_clip_module()
     cfg = open_clip.get_pretrained_cfg(settings.model, settings.pretrained or "")
     if not cfg:
         raise ModelLoadError(f"no pretrained tag {settings.pretrained!r} for {settings.model}")
@@ -134,49 +140,42 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-@dataclass
-class Manifest:
+@dataclass(kw_only=True)
+class ArtifactManifest:
+    """What both lines' manifests record (each line adds how it compiled and what it wrote)."""
+
     model: str
     weights: dict[str, str]
     image_size: list[int]
     embed_dim: int
     buckets: list[int]
     lnc: int
-    auto_cast: str
-    auto_cast_type: str | None
-    target: str
-    compiler_args: list[str]
     versions: dict[str, str | None]
     cache_key: str
-    created_at: str = field(default_factory=utc_now)
-    files: dict[str, str] = field(default_factory=dict)
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    created_at: str = field(default_factory=utc_now)
     input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
-    format_version: int = FORMAT_VERSION
     # The text tower's graphs (models/neuron/text.py), or {} for an image-only artifact.
     text: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """The manifest of parsed JSON; keys this version does not know are left out, a missing field
+        raises TypeError."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
     def write(self, directory: Path) -> Path:
-        path = directory / MANIFEST_NAME
+        path = Path(directory) / MANIFEST_NAME
         path.write_text(self.to_json())
         return path
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        known = {f for f in cls.__dataclass_fields__}
-        missing = [f for f in ("model", "buckets", "lnc", "files", "cache_key") if f not in data]
-        if missing:
-            raise ArtifactError(f"manifest lacks {missing}")
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def bucket_path(self, directory: Path, bucket: int) -> Path:
-        name = self.files.get(str(bucket))
-        if name is None:
-            raise ArtifactError(f"artifact {directory} has no bucket {bucket} (it has {self.buckets})")
-        return directory / name
+    def recipe_summary(self) -> dict[str, Any]:
+        """How the line compiled it, as summary() shows it."""
+        raise NotImplementedError
 
     def summary(self) -> dict[str, Any]:
         """What /v1/models and the logs show: enough to tell two artifacts apart."""
@@ -186,14 +185,41 @@ class Manifest:
             "weights_sha256": self.weights.get("sha256", "")[:16],
             "buckets": self.buckets,
             "lnc": self.lnc,
-            "auto_cast": self.auto_cast,
-            "auto_cast_type": self.auto_cast_type,
-            "compiler_args": self.compiler_args,
+            **self.recipe_summary(),
             "versions": self.versions,
             "cache_key": self.cache_key[:12],
             "text_buckets": self.text.get("buckets", []),
             "created_at": self.created_at,
         }
+
+
+@dataclass(kw_only=True)
+class Manifest(ArtifactManifest):
+    """The trace line's: the compiler arguments, and one TorchScript file per bucket."""
+
+    auto_cast: str
+    auto_cast_type: str | None
+    target: str
+    compiler_args: list[str]
+    files: dict[str, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        missing = [f for f in ("model", "buckets", "lnc", "files", "cache_key") if f not in data]
+        if missing:
+            raise ArtifactError(f"manifest lacks {missing}")
+        return super().from_dict(data)
+
+    def bucket_path(self, directory: Path, bucket: int) -> Path:
+        name = self.files.get(str(bucket))
+        if name is None:
+            raise ArtifactError(f"artifact {directory} has no bucket {bucket} (it has {self.buckets})")
+        return directory / name
+
+    def recipe_summary(self) -> dict[str, Any]:
+        return {"auto_cast": self.auto_cast, "auto_cast_type": self.auto_cast_type,
+                "compiler_args": self.compiler_args}
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -216,11 +242,10 @@ def read_manifest(directory: Path) -> Manifest:
     return manifest
 
 
-def is_complete(directory: Path, read: Callable[[Path], object] = read_manifest,
-                refused: type[Exception] = ArtifactError) -> bool:
-    """Both lines' test: their reader accepts the directory (TorchNeuron passes its reader and refusal)."""
+def is_complete(directory: Path, read: Callable[[Path], object] = read_manifest) -> bool:
+    """Both lines' test: their reader accepts the directory (TorchNeuron passes its reader)."""
     try:
         read(directory)
-    except refused:
+    except NeuronRefusal:
         return False
     return True

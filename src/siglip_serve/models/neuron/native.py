@@ -37,13 +37,11 @@ from siglip_serve.models.neuron.manifest import (
     cache_key,
     digest_weights,
     sha256_file,
-    utc_now,
 )
 from siglip_serve.models.neuron.manifest import (
     is_complete as manifest_complete,
 )
 from siglip_serve.models.neuron.runtime import (
-    MANIFEST_NAME,
     TEXT_WEIGHTS_NAME,
     WEIGHTS_NAME,
     BucketCompile,
@@ -135,7 +133,7 @@ def dry_run_plan(settings: ModelSettings, options: NativeOptions, cache_root: Pa
 
 
 def is_complete(directory: Path) -> bool:
-    return manifest_complete(directory, read_native_manifest, TorchNeuronRefusal)
+    return manifest_complete(directory, read_native_manifest)
 
 
 @dataclass
@@ -208,7 +206,7 @@ def compile_native_artifact(settings: ModelSettings, options: NativeOptions, cac
             weights_file_sha256=sha256_file(weights_path), image_size=list(plan.image_size), embed_dim=info.embed_dim,
             buckets=list(settings.buckets), lnc=options.lnc, recipe_env=options.recipe_env(), versions=versions,
             cache_key=plan.key, graphs={str(r.bucket): r.new_graphs for r in results},
-            compile_seconds={str(r.bucket): r.seconds for r in results}, created_at=utc_now(), text=text_entry,
+            compile_seconds={str(r.bucket): r.seconds for r in results}, text=text_entry,
         ).write(staging)
     except BaseException:
         log.error("compile failed; the partial output stays at %s (never taken for an artifact)", staging)
@@ -229,4 +227,4 @@ def plan_text(plan: NativePlan) -> str:
     return json.dumps(plan.as_json(), indent=2)
 
 
-__all__ = ["MANIFEST_NAME", "NativePlan", "compile_native_artifact", "dry_run_plan", "make_native_plan", "plan_text"]
+__all__ = ["NativePlan", "compile_native_artifact", "dry_run_plan", "make_native_plan", "plan_text"]

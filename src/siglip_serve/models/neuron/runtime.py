@@ -13,19 +13,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from siglip_serve.models.neuron.env import (
-    MANIFEST_NAME,
-    NEFF_DIR,
-    TorchNeuronRefusal,
-    check_native_sdk,
-    installed_versions,
-)
+from siglip_serve.models.neuron.env import NEFF_DIR, TorchNeuronRefusal, check_native_sdk, installed_versions
+from siglip_serve.models.neuron.manifest import MANIFEST_NAME, ArtifactManifest
 
 log = logging.getLogger(__name__)
 
@@ -163,37 +158,19 @@ def run_warm(compiled: Any, runtime: NativeRuntime, batch: torch.Tensor) -> torc
         return runtime.to_host(compiled(runtime.to_device(batch)))
 
 
-@dataclass
-class NativeManifest:
-    model: str
-    weights: dict[str, str]
+@dataclass(kw_only=True)
+class NativeManifest(ArtifactManifest):
+    """TorchNeuron's: the recipe environment, the weights file replicas load, and each bucket's graphs."""
+
     weights_file: str
     weights_file_sha256: str
-    image_size: list[int]
-    embed_dim: int
-    buckets: list[int]
-    lnc: int
     recipe_env: dict[str, str]
-    versions: dict[str, str | None]
-    cache_key: str
     # bucket -> graph files (relative to neff/) its compile wrote into the NEFF cache
     graphs: dict[str, list[str]]
-    compile_seconds: dict[str, float] = field(default_factory=dict)
-    created_at: str = ""
     line: str = LINE
-    input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
-    # The text tower (`compile --text`), or {} for an image-only artifact: context length, buckets,
-    # the graph files of each bucket, its weights file and the checkpoint's logit scale and bias.
-    text: dict[str, Any] = field(default_factory=dict)
 
-    def write(self, directory: Path) -> None:
-        (Path(directory) / MANIFEST_NAME).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-
-    def summary(self) -> dict[str, Any]:
-        return {"line": self.line, "model": self.model, "weights": self.weights.get("source"),
-                "weights_sha256": self.weights.get("sha256", "")[:16], "buckets": self.buckets, "lnc": self.lnc,
-                "recipe_env": self.recipe_env, "versions": self.versions, "cache_key": self.cache_key[:12],
-                "text_buckets": self.text.get("buckets", []), "created_at": self.created_at}
+    def recipe_summary(self) -> dict[str, Any]:
+        return {"line": self.line, "recipe_env": self.recipe_env}
 
 
 def read_native_manifest(directory: Path) -> NativeManifest:
@@ -211,9 +188,8 @@ def read_native_manifest(directory: Path) -> NativeManifest:
         raise TorchNeuronRefusal(f"{directory} is an artifact of the trace line (--backend neuron), not of "
                                  f"neuron-native; serve it with --backend neuron or compile with "
                                  f"--backend neuron-native")
-    known = set(NativeManifest.__dataclass_fields__)
     try:
-        manifest = NativeManifest(**{k: v for k, v in data.items() if k in known})
+        manifest = NativeManifest.from_dict(data)
     except TypeError as exc:
         raise TorchNeuronRefusal(f"{path} lacks fields ({exc}); compile the artifact again") from None
     for weights in (manifest.weights_file, *([manifest.text["weights_file"]] if manifest.text else [])):

@@ -16,7 +16,8 @@ from siglip_serve.core.constants import LNC_ENV as LNC_ENV
 from siglip_serve.core.constants import VALID_LNC as VALID_LNC
 from siglip_serve.core.constants import VISIBLE_CORES_ENV as VISIBLE_CORES_ENV
 from siglip_serve.core.constants import InvalidLnc, lnc_setting, package_version
-from siglip_serve.core.errors import BackendUnavailable, UserError
+from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.neuron.base import NeuronRefusal
 
 NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
@@ -31,7 +32,7 @@ class NeuronSdkMissing(BackendUnavailable):
     """torch-neuronx is absent, is PyPI's placeholder, or does not import."""
 
 
-class LncMismatch(UserError, RuntimeError):
+class LncMismatch(NeuronRefusal):
     """The artifact's compiled LNC differs from the runtime's; the Neuron runtime would refuse it."""
 
 

@@ -58,12 +58,9 @@ def checked_text_entry(settings: ModelSettings, directory: Path, text: dict[str,
 
 def text_info_from_entry(settings: ModelSettings, model: str, text: dict[str, Any]) -> tuple[Tokenizer, TextInfo]:
     """The tokenizer (never compiled: loaded from `tokenizer`) and the TextInfo the manifest records."""
-    import open_clip
+    from siglip_serve.models.loading import open_clip_module
 
-    from siglip_serve.models.loading import _register_tiny
-
-    _register_tiny()
-    cfg = open_clip.get_model_config(settings.model) or {}
+    cfg = open_clip_module().get_model_config(settings.model) or {}
     tokenizer, source = load_tokenizer(settings, {**cfg.get("text_cfg", {}), "context_length": text["context_length"]})
     info = TextInfo(model=model, embed_dim=int(text["embed_dim"]), context_length=int(text["context_length"]),
                     vocab_size=int(text["vocab_size"]), logit_scale=float(text["logit_scale"]),

@@ -28,6 +28,7 @@ import torch
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.cli_args import add_log_level, add_model_arguments, run_main, settings_from_args, setup_logging
 from siglip_serve.models.loading import ImageEmbedder, load_embedder, model_geometry
+from siglip_serve.models.neuron.base import NeuronOptions, add_recipe_arguments
 from siglip_serve.models.neuron.manifest import (
     ArtifactError,
     Manifest,
@@ -39,7 +40,7 @@ from siglip_serve.models.neuron.manifest import (
     is_complete,
     read_manifest,
 )
-from siglip_serve.models.neuron.sdk import LNC_ENV, VALID_LNC, require_torch_neuronx, runtime_lnc, sdk_versions
+from siglip_serve.models.neuron.sdk import LNC_ENV, require_torch_neuronx, runtime_lnc, sdk_versions
 from siglip_serve.models.neuron.text import text_cache_inputs, trace_text_buckets
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import load_text_tower, text_context_length
@@ -47,28 +48,13 @@ from siglip_serve.models.text import load_text_tower, text_context_length
 log = logging.getLogger("siglip_serve.compile")
 
 DEFAULT_CACHE_ROOT = Path("artifacts")
-AUTO_CAST_MODES = ("none", "matmult", "all")
-AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 
 
-@dataclass(frozen=True)
-class CompileOptions:
-    """neuronx-cc arguments; the defaults are seed 000's recipe for SigLIP-SO400M on trn2."""
+@dataclass(frozen=True, kw_only=True)
+class CompileOptions(NeuronOptions):
+    """The recipe as torch_neuronx.trace's compiler arguments."""
 
-    lnc: int = 2
-    auto_cast: str = "matmult"
-    auto_cast_type: str = "bf16"
-    target: str = "trn2"
-    optlevel: int = 3
-    model_type: str = "transformer"
     verbose: str | None = "error"
-    extra_args: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.lnc not in VALID_LNC:
-            raise ValueError(f"--lnc must be 1 or 2, got {self.lnc}")
-        if self.auto_cast not in AUTO_CAST_MODES:
-            raise ValueError(f"--auto-cast must be one of {AUTO_CAST_MODES}, got {self.auto_cast!r}")
 
     def compiler_args(self) -> list[str]:
         args = ["--target", self.target, "--lnc", str(self.lnc), "--auto-cast", self.auto_cast]
@@ -275,16 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, backend=False, extra=("text_buckets",))
     neuron = parser.add_argument_group("neuronx-cc")
-    neuron.add_argument("--lnc", type=int, choices=VALID_LNC,
-                        help=f"logical NeuronCore size (default: ${LNC_ENV}, else 2)")
-    neuron.add_argument("--auto-cast", choices=AUTO_CAST_MODES, default="matmult")
-    neuron.add_argument("--auto-cast-type", choices=AUTO_CAST_TYPES, default="bf16")
-    neuron.add_argument("--target", default="trn2")
-    neuron.add_argument("--optlevel", type=int, choices=(1, 2, 3), default=3)
-    neuron.add_argument("--model-type", default="transformer")
+    add_recipe_arguments(neuron)
     neuron.add_argument("--verbose", default="error", help="compiler verbosity ('' to leave it out)")
-    neuron.add_argument("--compiler-arg", action="append", default=[], metavar="ARG",
-                        help="one more compiler argument, repeatable (write --compiler-arg=--flag)")
     neuron.add_argument("--extra-args", default="", help='more compiler arguments in one string, e.g. "--foo 1"')
     parser.add_argument("--cache-root", type=Path, default=DEFAULT_CACHE_ROOT, help="where artifacts live")
     parser.add_argument("--link", type=Path, help="also point this symlink at the artifact (stable path for configs)")
@@ -300,10 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from_args(args: argparse.Namespace) -> CompileOptions:
     # No --lnc: the LNC the runtime will use here (an invalid NEURON_LOGICAL_NC_CONFIG is refused).
     lnc = args.lnc if args.lnc is not None else runtime_lnc(target=args.target)[0]
-    return CompileOptions(lnc=lnc, auto_cast=args.auto_cast, auto_cast_type=args.auto_cast_type,
-                          target=args.target, optlevel=args.optlevel, model_type=args.model_type,
-                          verbose=args.verbose or None,
-                          extra_args=tuple(args.compiler_arg) + tuple(shlex.split(args.extra_args)))
+    return CompileOptions.from_args(args, lnc, shlex.split(args.extra_args), verbose=args.verbose or None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,6 +85,12 @@ class PrometheusServer:
             raise ValueError(f"{body.get('errorType')}: {body.get('error')} in {promql}")
         return body["data"]
 
+    def scrape_health(self) -> str:
+        """Each target's last scrape as Prometheus saw it: why a series went missing, when one did."""
+        targets = self.client.get("/api/v1/targets").json()["data"]["activeTargets"]
+        return "; ".join(f"{t['labels'].get('job')}: {t['health']}, last scrape {t['lastScrapeDuration']:.2f} s"
+                         f"{', ' + t['lastError'] if t.get('lastError') else ''}" for t in targets)
+
     def scalar(self, promql: str) -> float | None:
         """The single value of an instant vector with at most one series; None when it is empty."""
         result = self.query(promql)["result"]

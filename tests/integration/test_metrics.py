@@ -43,6 +43,7 @@ MAX_IMAGES = 4
 LOAD_SECONDS = 6.0
 LOAD_THREADS = 4
 CONVERGE_S = 40.0
+SCRAPE_INTERVAL = "3s"
 # Grafana's built-in variables, as the test stands in for Grafana.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "15s", "$application": APP}
 # Ray attaches these to every series it exports (its own ray_serve_* too); they are not ours.
@@ -202,8 +203,12 @@ def prometheus(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFac
     ensure_installed()
     nothing_there = f"127.0.0.1:{free_port()}"  # no neuron-monitor here; the job stays, its target is down
     haproxy = serve_cluster.haproxy_metrics_port
+    # Every 3 s: Prometheus caps a scrape's timeout at its interval, and late in a full test session
+    # Ray's exporter carries the series of every replica the session ran, which on a loaded 2-core
+    # runner took over 1 s to answer (every scrape failed, every series went stale).
     config = scrape_config_for({"ray": [f"127.0.0.1:{serve_cluster.metrics_port}"], "neuron-monitor": [nothing_there],
-                                "haproxy": [f"127.0.0.1:{haproxy}" if haproxy else nothing_there]})
+                                "haproxy": [f"127.0.0.1:{haproxy}" if haproxy else nothing_there]},
+                               scrape_interval=SCRAPE_INTERVAL)
     server = PrometheusServer(config, tmp_path_factory.mktemp("prometheus"), free_port())
     try:
         server.wait_ready()
@@ -320,10 +325,11 @@ def traffic(serve_cluster: ServeCluster, metrics_app: str, prometheus: Prometheu
     return Traffic(totals["images"], totals["requests"], dict(by_endpoint), rejected, refused)
 
 
-def _eventually(read: Callable[[], object], expected: object, what: str) -> None:
-    """Wait until Prometheus has scraped the final values (Ray pushes every 1 s, scrapes every 1 s)."""
+def _eventually(read: Callable[[], object], expected: object, what: str, prometheus: PrometheusServer) -> None:
+    """Wait until Prometheus has scraped the final values (Ray pushes every 1 s, scrapes every 3 s)."""
     got, _, _ = poll(read, lambda got: got == expected, CONVERGE_S, interval_s=0.5)
-    assert got == expected, f"{what}: Prometheus has {got}, the client saw {expected}"
+    assert got == expected, (f"{what}: Prometheus has {got}, the client saw {expected} "
+                             f"(scrapes: {prometheus.scrape_health()})")
 
 
 def _count(prometheus: PrometheusServer, promql: str) -> int | None:
@@ -334,7 +340,7 @@ def _count(prometheus: PrometheusServer, promql: str) -> int | None:
 def test_prometheus_counts_what_the_client_saw(prometheus: PrometheusServer, traffic: Traffic) -> None:
     sel = f'application="{APP}"'
     _eventually(lambda: _count(prometheus, f"sum(ray_siglip_images_embedded_total{{{sel}}})"),
-                traffic.images_embedded, "images embedded")
+                traffic.images_embedded, "images embedded", prometheus)
 
     def by_reason() -> dict[str, int]:
         query = f"sum by (reason) (ray_siglip_requests_rejected_total{{{sel}}})"
@@ -343,16 +349,16 @@ def test_prometheus_counts_what_the_client_saw(prometheus: PrometheusServer, tra
     # Every reason is exported from the start, at 0 until it happens (or rate() would miss it).
     expected = {reason.value: traffic.rejected.get(reason.value, 0) for reason in ErrorType}
     assert set(traffic.rejected) <= set(expected)
-    _eventually(by_reason, expected, "rejections by reason")
+    _eventually(by_reason, expected, "rejections by reason", prometheus)
 
     # The other series agree with the same traffic.
     endpoints = {r["metric"]["endpoint"]: int(float(r["value"][1])) for r in prometheus.query(
         f'sum by (endpoint) (ray_siglip_request_seconds_count{{{sel}, status="200"}})')["result"]}
     assert endpoints == traffic.good_by_endpoint
     _eventually(lambda: _count(prometheus, f"sum(ray_siglip_encoder_images_total{{{sel}}})"),
-                traffic.images_embedded, "images through the encoders")
+                traffic.images_embedded, "images through the encoders", prometheus)
     _eventually(lambda: _count(prometheus, f"sum(ray_siglip_preprocess_seconds_count{{{sel}}})"),
-                traffic.images_embedded, "images preprocessed (every accepted image, once)")
+                traffic.images_embedded, "images preprocessed (every accepted image, once)", prometheus)
     forwards = _count(prometheus, f"sum(ray_siglip_encoder_forward_seconds_count{{{sel}}})")
     assert forwards == _count(prometheus, f"sum(ray_siglip_batch_fill_ratio_count{{{sel}}})")
     assert forwards is not None and forwards <= traffic.images_embedded
@@ -364,7 +370,7 @@ def test_prometheus_counts_what_the_client_saw(prometheus: PrometheusServer, tra
 def test_every_dashboard_query_runs_and_ours_return_data(serve_cluster: ServeCluster, prometheus: PrometheusServer,
                                                          traffic: Traffic) -> None:
     _eventually(lambda: _count(prometheus, f'sum(ray_siglip_images_embedded_total{{application="{APP}"}})'),
-                traffic.images_embedded, "images embedded")
+                traffic.images_embedded, "images embedded", prometheus)
     exported = set(prometheus.client.get("/api/v1/label/__name__/values").json()["data"])
     problems = []
     queries = dashboard_queries()
@@ -383,7 +389,7 @@ def test_every_dashboard_query_runs_and_ours_return_data(serve_cluster: ServeClu
             problems.append(f"{query.panel}: metrics Prometheus does not have: {sorted(missing)}")
         elif not any(math.isfinite(v) for v in values):
             problems.append(f"{query.panel}: no data ({values}) for {expr}")
-    assert not problems, "\n".join(problems)
+    assert not problems, "\n".join([*problems, f"scrapes: {prometheus.scrape_health()}"])
     assert sum(q.from_neuron_monitor for q in queries) >= 2 and sum(q.from_haproxy for q in queries) >= 4
     if serve_cluster.front_end == "haproxy":
         # The header flood the traffic sent was refused by HAProxy itself, and its exporter counted it.

@@ -54,6 +54,8 @@ def test_load_scales_the_encoder_and_ingress_up_and_its_end_down(serve_cluster: 
            encoder_num_cpus=0.5, batch_wait_timeout_s=0.01, torch_threads=1)
     time.sleep(2.0)  # idle for twice the look-back: nothing scales out without load
     assert replicas("scaling") == 1 and replicas("scaling", "Ingress") == 1
+    model = httpx.get(f"{serve_cluster.base_url}/scaling/v1/models", timeout=30).json()["data"][0]
+    assert model["ingress_autoscaling"] == {"min_replicas": 1, "max_replicas": 2} and model["ingress_replicas"] == 1
     url = f"{serve_cluster.base_url}/scaling/v1/embeddings/image"
     codes: list[int] = []
     began = time.monotonic()

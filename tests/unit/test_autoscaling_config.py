@@ -94,3 +94,12 @@ def test_busy_cores_start_counting_at_the_first_read() -> None:
     while time.process_time() < end:  # one core busy for 50 ms
         pass
     assert 0.5 < meter.read() <= 1.5
+
+
+def test_a_local_ray_gets_cpus_for_the_ingress_ceiling() -> None:
+    from siglip_serve.launcher.runner import ray_resources
+
+    fixed = ServiceConfig.from_args({**BASE, "ingress_replicas": 1, "ingress_num_cpus": 8, "text_replicas": 0})
+    scaled = ServiceConfig.from_args({**BASE, "ingress_autoscaling": {**INGRESS, "max_replicas": 4},
+                                      "ingress_num_cpus": 8, "text_replicas": 0})
+    assert ray_resources(scaled, 1)["num_cpus"] - ray_resources(fixed, 1)["num_cpus"] == 3 * 8

@@ -7,6 +7,7 @@ import concurrent.futures
 import shutil
 import subprocess
 import zlib
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -54,6 +55,18 @@ def test_raw_image_matches_in_process_model(client: httpx.Client, photo_jpegs: l
     assert response.headers["x-request-id"]
     tagged = client.post("/v1/embeddings/image", content=photo_jpegs[0], headers={"X-Request-ID": "client-id-42"})
     assert tagged.headers["x-request-id"] == "client-id-42"
+
+
+def test_the_ingress_calls_its_encoders_over_grpc(client: httpx.Client) -> None:
+    # The tests' app is built in a process without Serve's throughput mode in its environment, so its
+    # handles would call by reference (Ray tasks) had the ingress not chosen gRPC itself.
+    import ray
+
+    assert client.get("/readyz").status_code == 200
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    said = "".join(path.read_text(errors="replace") for path in logs.glob("worker-*.err"))
+    assert "encoder calls (gRPC)" in said
+    assert "encoder calls (Ray actor tasks)" not in said
 
 
 def test_curl_command_from_the_contract_works(main_app: str, photo_jpegs: list[bytes], tmp_path) -> None:

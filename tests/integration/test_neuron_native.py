@@ -305,6 +305,7 @@ def test_the_serving_check_refuses_a_shell_lnc_other_than_the_artifacts(
 # -- the serving wiring -----------------------------------------------------------------------------
 
 def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> None:
+    from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
     from siglip_serve.serve.config import ServiceConfig
     from siglip_serve.serve.encoder_deployment import encoder_deployment
 
@@ -314,7 +315,7 @@ def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> 
     env = options["runtime_env"]["env_vars"]
     manifest = read_native_manifest(artifact)
     assert env == {**manifest.recipe_env, NEFF_CACHE_ENV: str(artifact.resolve() / "neff"),
-                   "NEURON_RT_LOG_LEVEL": "WARNING"}
+                   **SERVE_THROUGHPUT_ENV, "NEURON_RT_LOG_LEVEL": "WARNING"}
     assert options["resources"] == {"neuron_cores": 1}  # Ray then sets NEURON_RT_VISIBLE_CORES to one core
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ray.exceptions import RayActorError
+from ray.serve._private.handle_options import DynamicHandleOptions
 
 from siglip_serve.serve.encoder_client import EncoderClient, calls_in_flight, worth_coalescing
 from siglip_serve.serve.errors import ApiError
@@ -17,7 +18,10 @@ from tests.helpers import ServeResponse as Response
 
 
 class Replica:
-    """The encoder deployment's `embed_chunks(chunks, deadlines)`: each image embeds to [its first pixel]."""
+    """The encoder deployment's handle: `embed_chunks(chunks, deadlines)`, each image embedding to [its first
+    pixel], and Serve's own options (a handle built without Serve's throughput mode calls by reference)."""
+
+    handle_options = DynamicHandleOptions(_by_reference=True)
 
     def __init__(self, seconds: float = 0.05, deaths: int = 0) -> None:
         self.seconds = seconds

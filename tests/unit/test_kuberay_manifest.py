@@ -148,6 +148,17 @@ def test_the_head_stays_off_trn2_nodes(manifest: dict) -> None:
     assert not any(k.startswith("aws.amazon.com/") for k in container["resources"]["limits"])
 
 
+def test_every_ray_process_runs_serve_in_throughput_mode(manifest: dict) -> None:
+    from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
+
+    cluster = manifest["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container.get("env", [])}
+        assert {k: env.get(k) for k in SERVE_THROUGHPUT_ENV} == SERVE_THROUGHPUT_ENV, container["name"]
+
+
 # -- deploy/kuberay/rayjob-embed.yaml: the bulk job -------------------------------------------
 
 JOB_MANIFEST = REPO / "deploy" / "kuberay" / "rayjob-embed.yaml"

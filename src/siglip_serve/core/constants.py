@@ -22,6 +22,14 @@ LNC_DEFAULT_BY_TARGET = {"trn2": TRN2_DEFAULT_LNC, "trn3": TRN2_DEFAULT_LNC}
 # the standard OTEL_* variables.
 TRACES_FILE_ENV = "SIGLIP_TRACES_FILE"
 
+# Ray Serve's throughput-optimized mode (Ray 2.56+, docs.ray.io kuberay/user-guides/serve-high-throughput;
+# ray/serve/_private/constants.py): calls between replicas over gRPC instead of Ray actor tasks, user
+# code and the handle's router on the replica's own event loop instead of a thread each. Serve reads
+# these at import in every replica, so the app puts them in each deployment's runtime_env
+# (`throughput_optimized: true`). The mode would also turn replica stderr into Serve's log files only;
+# our replicas' log lines must still reach the console, so stderr stays on.
+SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_LOG_TO_STDERR": "1"}
+
 
 class InvalidLnc(ValueError):
     """NEURON_LOGICAL_NC_CONFIG holds something the Neuron runtime would refuse."""

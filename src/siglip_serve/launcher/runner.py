@@ -87,6 +87,10 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         from siglip_serve.launcher.haproxy_front import use_front_end
 
         use_front_end(front_end, local_only=metrics_host in LOOPBACK, metrics_port=haproxy_metrics_port)
+        # The Ray we start runs Serve's mode everywhere, as Ray's guide sets it on the whole cluster (the
+        # replicas get it from their runtime_env either way); an operator's own value wins.
+        for name, value in config.serve_mode_env().items():
+            os.environ.setdefault(name, value)
     import ray
     from ray import serve
 

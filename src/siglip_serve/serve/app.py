@@ -71,8 +71,8 @@ def build(config: ServiceConfig) -> Application:
     encoder_config = config.model_copy(update={"torch_threads": encoder_torch_threads(config, replicas)})
     encoder = encoder_deployment(encoder_config, replicas).bind(encoder_config)
     ingress_options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
-    if trace_env := tracing.replica_env(config.tracing):
-        ingress_options["runtime_env"] = {"env_vars": trace_env}
+    if ingress_env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing)}:
+        ingress_options["runtime_env"] = {"env_vars": ingress_env}
     scale: dict[str, Any] = ({"autoscaling_config": config.ingress_autoscaling_config()}
                              if config.ingress_autoscaling is not None else {"num_replicas": config.ingress_count})
     ingress = serve.deployment(

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
 from siglip_serve.core.errors import UserError, describe_validation
 from siglip_serve.models.cli_args import LogLevel, model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
@@ -156,6 +157,9 @@ class ServiceConfig(ModelSettings):
     env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
                                                                        "replica (Ray runtime_env), e.g. "
                                                                        "NEURON_LOGICAL_NC_CONFIG on trn2")
+    throughput_optimized: bool = Field(True, description="Ray Serve's throughput-optimized mode in every replica "
+                                       "(gRPC between replicas, user code on the replica's own event loop; "
+                                       "docs/capacity.md); false: Serve's defaults")
     log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
                                                "every replica")
@@ -256,6 +260,10 @@ class ServiceConfig(ModelSettings):
 
     def model_settings(self) -> ModelSettings:
         return model_settings_of(self)
+
+    def serve_mode_env(self) -> dict[str, str]:
+        """What every replica of the app (ingress and towers) gets in its runtime_env for Serve's mode."""
+        return dict(SERVE_THROUGHPUT_ENV) if self.throughput_optimized else {}
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:

@@ -72,8 +72,12 @@ class EncoderClient:
 
     def __init__(self, handle: DeploymentHandle, replicas: int, ingress_replicas: int, max_images: int,
                  retry_after_s: int, max_in_flight: int, model_on_host_cores: bool = False,
-                 tower: str = "image") -> None:
-        self.handle = handle
+                 tower: str = "image", grpc: bool = False) -> None:
+        # Serve picks a call's transport from options pickled into the handle by whichever process built
+        # the app (ray/serve/_private/handle_options.py: `_by_reference = not RAY_SERVE_USE_GRPC_BY_DEFAULT`,
+        # read at import there), not from this replica's environment: so the choice is made here. gRPC
+        # skips Ray's task path (ray/serve/_private/replica_result.py gRPCReplicaResult).
+        self.handle = handle.options(_by_reference=False) if grpc else handle
         self.replica_kind = "a text encoder replica" if tower == "text" else "an encoder replica"
         self.retry_after_s = retry_after_s
         self.coalescing_window = calls_in_flight(replicas, ingress_replicas, model_on_host_cores)
@@ -88,9 +92,14 @@ class EncoderClient:
         coalesce = worth_coalescing(full_batch_seconds, self.calls.max_size)
         if coalesce:
             self.calls.set_concurrency(self.coalescing_window)
-        log.info("encoder calls: a full batch runs in %.1f ms; %s", full_batch_seconds * 1e3,
+        log.info("encoder calls (%s): a full batch runs in %.1f ms; %s", self.transport, full_batch_seconds * 1e3,
                  f"coalescing, {self.coalescing_window} call(s) in flight" if coalesce
                  else "each request's chunks sent at once")
+
+    @property
+    def transport(self) -> str:
+        by_reference = getattr(self.handle.handle_options, "_by_reference", True)
+        return "Ray actor tasks" if by_reference else "gRPC"
 
     async def embed(self, images: np.ndarray | JpegFiles | Sequence[str], deadline: float,
                     trace: Carrier | None = None) -> np.ndarray:

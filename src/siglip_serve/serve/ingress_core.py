@@ -77,14 +77,16 @@ class IngressCore:
         image_calls = replicas * encoder_max_ongoing(config)
         self.towers = {"image": Tower(EncoderClient(encoder, replicas, config.ingress_count, config.max_batch_size,
                                                     config.retry_after_s, max_in_flight=image_calls,
-                                                    model_on_host_cores=config.backend == "cpu"),
+                                                    model_on_host_cores=config.backend == "cpu",
+                                                    grpc=config.throughput_optimized),
                                       image_calls + config.max_queued_requests)}
         self.text_encoder = text_encoder
         if text_encoder is not None:
             text_calls = config.text_replica_count * text_max_ongoing(config)
             self.towers["text"] = Tower(EncoderClient(text_encoder, config.text_replica_count, config.ingress_count,
                                                       config.text_buckets[-1], config.retry_after_s,
-                                                      max_in_flight=text_calls, tower="text"),
+                                                      max_in_flight=text_calls, tower="text",
+                                                      grpc=config.throughput_optimized),
                                         text_calls + config.max_queued_requests)
         self._text_info: dict[str, Any] | None = None
         if replica is None:

@@ -137,8 +137,8 @@ def tower_deployment(replica_class: type[TowerReplica], name: str, config: Servi
         actor_options["num_gpus"] = 1
     # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
     # at import); a config env_var that contradicts it is refused by the replica, naming both.
-    env_vars = {**backend_replica_env(config.model_settings()), **tracing.replica_env(config.tracing),
-                **config.env_vars}
+    env_vars = {**backend_replica_env(config.model_settings()), **config.serve_mode_env(),
+                **tracing.replica_env(config.tracing), **config.env_vars}
     if env_vars:
         actor_options["runtime_env"] = {"env_vars": env_vars}
     # Serve takes either a count or an autoscaling_config (ray/serve/api.py deployment()).

@@ -1,0 +1,57 @@
+"""Serve's throughput-optimized mode reaches every replica of the app, and `throughput_optimized: false`
+leaves Serve's defaults (docs/capacity.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
+from siglip_serve.serve.config import ServiceConfig
+
+
+def replica_envs(config: ServiceConfig) -> dict[str, dict[str, Any]]:
+    from ray.serve import Application
+
+    from siglip_serve.serve.app import build
+
+    ingress = build(config)._bound_deployment  # the application's root, bound to its towers
+    towers = [arg._bound_deployment for arg in ingress.init_args if isinstance(arg, Application)]
+    deployments = {d.name: d for d in (ingress, *towers)}
+    return {name: d.ray_actor_options.get("runtime_env", {}).get("env_vars", {}) for name, d in deployments.items()}
+
+
+def test_every_replica_runs_serve_in_throughput_mode_with_its_log_on_stderr() -> None:
+    envs = replica_envs(ServiceConfig(model="tiny-siglip", random_weights=True, replicas=2, text_replicas=1,
+                                      env_vars={"MY_VAR": "1"}))
+    assert set(envs) == {"Ingress", "Encoder", "TextEncoder"}
+    for name, env in envs.items():
+        assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1", name
+        # The mode alone would send a replica's stderr (our log lines) to Serve's files only.
+        assert env["RAY_SERVE_LOG_TO_STDERR"] == "1", name
+    assert envs["Encoder"]["MY_VAR"] == "1"
+
+
+@pytest.mark.parametrize("override", [{"throughput_optimized": False},
+                                      {"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}}],
+                         ids=["config-off", "env-var-wins"])
+def test_serve_defaults_when_turned_off(override: dict[str, Any]) -> None:
+    envs = replica_envs(ServiceConfig(model="tiny-siglip", random_weights=True, replicas=1, text_replicas=1,
+                                      **override))
+    assert envs["Encoder"].get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0") == "0"
+    if "throughput_optimized" in override:
+        assert not any(name in env for env in envs.values() for name in SERVE_THROUGHPUT_ENV)
+
+
+
+def test_a_handle_built_without_the_mode_calls_by_reference() -> None:
+    # What a builder without the mode in its environment pickles into the ingress: so the ingress picks
+    # gRPC itself (integration: tests/integration/test_http_api.py reads its log line).
+    from ray.serve.handle import DeploymentHandle
+
+    from siglip_serve.serve.encoder_client import EncoderClient
+
+    handle: DeploymentHandle = DeploymentHandle("Encoder", "siglip")
+    client = EncoderClient(handle, replicas=1, ingress_replicas=1, max_images=8, retry_after_s=1, max_in_flight=2)
+    assert client.transport == "Ray actor tasks"

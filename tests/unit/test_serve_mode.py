@@ -22,14 +22,16 @@ def replica_envs(config: ServiceConfig) -> dict[str, dict[str, Any]]:
     return {name: d.ray_actor_options.get("runtime_env", {}).get("env_vars", {}) for name, d in deployments.items()}
 
 
-def test_every_replica_runs_serve_in_throughput_mode_with_its_log_on_stderr() -> None:
+def test_every_replica_runs_serve_in_throughput_mode_with_its_log_on_stderr_and_the_front_end_kept() -> None:
     envs = replica_envs(ServiceConfig(model="tiny-siglip", random_weights=True, replicas=2, text_replicas=1,
                                       env_vars={"MY_VAR": "1"}))
     assert set(envs) == {"Ingress", "Encoder", "TextEncoder"}
     for name, env in envs.items():
         assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1", name
-        # The mode alone would send a replica's stderr (our log lines) to Serve's files only.
+        # The mode alone would send a replica's stderr (our log lines) to Serve's files only, and turn
+        # direct ingress on in replicas whose controller may run Serve's proxy actor.
         assert env["RAY_SERVE_LOG_TO_STDERR"] == "1", name
+        assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0", name
     assert envs["Encoder"]["MY_VAR"] == "1"
 
 

@@ -26,9 +26,13 @@ TRACES_FILE_ENV = "SIGLIP_TRACES_FILE"
 # ray/serve/_private/constants.py): calls between replicas over gRPC instead of Ray actor tasks, user
 # code and the handle's router on the replica's own event loop instead of a thread each. Serve reads
 # these at import in every replica, so the app puts them in each deployment's runtime_env
-# (`throughput_optimized: true`). The mode would also turn replica stderr into Serve's log files only;
-# our replicas' log lines must still reach the console, so stderr stays on.
-SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_LOG_TO_STDERR": "1"}
+# (`throughput_optimized: true`). Two of its switches are set back: replica stderr would go to Serve's
+# log files only (our replicas' log lines must still reach the console), and direct ingress would come
+# on in the replicas while a controller started without the mode runs Serve's proxy actor (`serve run`
+# of a YAML, KubeRay): direct ingress stays what the front end makes it (HAProxy mode forces it on,
+# ray/serve/_private/constants.py, after the mode's block).
+SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_LOG_TO_STDERR": "1",
+                        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
 class InvalidLnc(ValueError):

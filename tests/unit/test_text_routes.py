@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ray.exceptions import RayActorError
+from ray.serve._private.handle_options import DynamicHandleOptions
 
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.serve.config import ServiceConfig
@@ -22,7 +23,19 @@ from tests.helpers import ServeResponse as Response
 MODEL = ModelInfo("tiny-siglip", 4, (64, 64), "random")
 
 
-class TextHandle:
+class HandleOptions:
+    """Serve's handle as far as the ingress's constructor uses it: `options(...)` (recorded, the same
+    handle back) and the options it holds. Alone it stands for the image tower's handle, never called
+    here; a real DeploymentHandle's options() needs a running Serve."""
+
+    handle_options = DynamicHandleOptions()
+
+    def options(self, **options: Any) -> HandleOptions:
+        self.handle_options = self.handle_options.copy_and_update(**options)
+        return self
+
+
+class TextHandle(HandleOptions):
     """Stands in for the TextEncoder deployment handle: `embed_chunks.remote(chunks, deadlines)` and
     `describe.remote()`, answering a fixed embedding per text after `seconds`, the first `deaths` calls
     failing as a replica that died would. It records every embed call, its deadlines and its Response. It
@@ -67,7 +80,7 @@ class TextHandle:
 def routes(handle: TextHandle | None, **args: Any) -> TextRoutes:
     config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1,
                                       "text_replicas": 1 if handle else 0, **args})
-    return TextRoutes(None, config, 1, MODEL, handle, replica=("test", "ingress-1"))  # type: ignore[arg-type]
+    return TextRoutes(HandleOptions(), config, 1, MODEL, handle, replica=("test", "ingress-1"))  # type: ignore[arg-type]
 
 
 def soon(seconds: float = 30.0) -> float:
@@ -85,6 +98,14 @@ def test_text_off_answers_404_naming_why_and_lists_only_images() -> None:
     with pytest.raises(ApiError) as error:
         asyncio.run(found.encode_texts(["cat"], soon()))
     assert "unreachable" in error.value.message and "tokenizer: DIR" in error.value.message
+
+
+def test_both_towers_call_their_replicas_over_grpc_in_serves_throughput_mode() -> None:
+    handle = TextHandle()
+    ingress = routes(handle)
+    assert {name: tower.client.transport for name, tower in ingress.towers.items()} == {"image": "gRPC",
+                                                                                      "text": "gRPC"}
+    assert routes(TextHandle(), throughput_optimized=False).towers["text"].client.transport == "Ray actor tasks"
 
 
 def test_a_draining_ingress_refuses_texts_as_it_refuses_images() -> None:

@@ -173,9 +173,10 @@ def _delete_module_apps() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def main_app(serve_cluster: ServeCluster) -> str:
-    """tiny-siglip, one replica per declared NeuronCore (and one text replica), with an API key."""
+    """tiny-siglip, one replica per declared NeuronCore (and one text replica), with an API key, and
+    Serve's throughput mode as an accelerator host has it by default."""
     deploy(
         "main", "/", replicas=TEST_NEURON_CORES, neuron_cores_per_replica=1, api_key=API_KEY, text_replicas=1,
-        encoder_num_cpus=0.5, batch_wait_timeout_s=0.01, torch_threads=1,
+        encoder_num_cpus=0.5, batch_wait_timeout_s=0.01, torch_threads=1, throughput_optimized=True,
     )
     return serve_cluster.base_url

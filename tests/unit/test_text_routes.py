@@ -101,8 +101,7 @@ def test_text_off_answers_404_naming_why_and_lists_only_images() -> None:
 
 
 def test_both_towers_call_their_replicas_over_grpc_in_serves_throughput_mode() -> None:
-    handle = TextHandle()
-    ingress = routes(handle)
+    ingress = routes(TextHandle(), throughput_optimized=True)
     assert {name: tower.client.transport for name, tower in ingress.towers.items()} == {"image": "gRPC",
                                                                                       "text": "gRPC"}
     assert routes(TextHandle(), throughput_optimized=False).towers["text"].client.transport == "Ray actor tasks"

@@ -157,9 +157,10 @@ class ServiceConfig(ModelSettings):
     env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
                                                                        "replica (Ray runtime_env), e.g. "
                                                                        "NEURON_LOGICAL_NC_CONFIG on trn2")
-    throughput_optimized: bool = Field(True, description="Ray Serve's throughput-optimized mode in every replica "
-                                       "(gRPC between replicas, user code on the replica's own event loop; "
-                                       "docs/capacity.md); false: Serve's defaults")
+    throughput_optimized: bool | None = Field(None, description="Ray Serve's throughput-optimized mode in every "
+                                              "replica (gRPC between replicas, user code on the replica's own "
+                                              "event loop; docs/capacity.md); default: on unless the model runs "
+                                              "on the host's cores (backend cpu); false: Serve's defaults")
     log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
                                                "every replica")
@@ -261,9 +262,19 @@ class ServiceConfig(ModelSettings):
     def model_settings(self) -> ModelSettings:
         return model_settings_of(self)
 
+    @property
+    def serve_throughput_mode(self) -> bool:
+        """Serve's throughput mode: as set, else on where the model is not on the host's cores. On cpu it
+        cost ViT-B-16 a tenth of its images per second and doubled its p99 (docs/capacity.md): it saves
+        host work per call, which a slow model hardly spends, and its replicas' extra work took CPU from
+        the forward passes on the same cores."""
+        if self.throughput_optimized is not None:
+            return self.throughput_optimized
+        return self.backend != "cpu"
+
     def serve_mode_env(self) -> dict[str, str]:
         """What every replica of the app (ingress and towers) gets in its runtime_env for Serve's mode."""
-        return dict(SERVE_THROUGHPUT_ENV) if self.throughput_optimized else {}
+        return dict(SERVE_THROUGHPUT_ENV) if self.serve_throughput_mode else {}
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:

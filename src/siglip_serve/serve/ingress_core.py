@@ -78,7 +78,7 @@ class IngressCore:
         self.towers = {"image": Tower(EncoderClient(encoder, replicas, config.ingress_count, config.max_batch_size,
                                                     config.retry_after_s, max_in_flight=image_calls,
                                                     model_on_host_cores=config.backend == "cpu",
-                                                    grpc=config.throughput_optimized),
+                                                    grpc=config.serve_throughput_mode),
                                       image_calls + config.max_queued_requests)}
         self.text_encoder = text_encoder
         if text_encoder is not None:
@@ -86,7 +86,7 @@ class IngressCore:
             self.towers["text"] = Tower(EncoderClient(text_encoder, config.text_replica_count, config.ingress_count,
                                                       config.text_buckets[-1], config.retry_after_s,
                                                       max_in_flight=text_calls, tower="text",
-                                                      grpc=config.throughput_optimized),
+                                                      grpc=config.serve_throughput_mode),
                                         text_calls + config.max_queued_requests)
         self._text_info: dict[str, Any] | None = None
         if replica is None:

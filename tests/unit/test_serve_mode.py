@@ -50,7 +50,7 @@ def test_serve_defaults_when_turned_off(override: dict[str, Any]) -> None:
 @pytest.mark.parametrize(("backend", "on"), [("cpu", False), ("cuda", True), ("neuron", True),
                                              ("neuron-native", True), ("zeros-no-model", True)])
 def test_the_mode_is_on_by_default_where_the_model_is_not_on_the_hosts_cores(backend: str, on: bool) -> None:
-    # On cpu the mode cost ViT-B-16 a tenth of its img/s and doubled its p99 (docs/capacity.md).
+    # On cpu the mode cost ViT-B-16 about 15 % of its img/s and doubled its p99 (docs/capacity.md).
     assert ServiceConfig.model_construct(backend=backend, throughput_optimized=None).serve_throughput_mode is on
     assert ServiceConfig.model_construct(backend=backend, throughput_optimized=not on).serve_throughput_mode is not on
 

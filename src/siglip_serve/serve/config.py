@@ -265,9 +265,9 @@ class ServiceConfig(ModelSettings):
     @property
     def serve_throughput_mode(self) -> bool:
         """Serve's throughput mode: as set, else on where the model is not on the host's cores. On cpu it
-        cost ViT-B-16 a tenth of its images per second and doubled its p99 (docs/capacity.md): it saves
-        host work per call, which a slow model hardly spends, and its replicas' extra work took CPU from
-        the forward passes on the same cores."""
+        cost ViT-B-16 about 15 % of its images per second and doubled its p99 (docs/capacity.md): it
+        saves host work per call, which a slow model hardly spends, and the encoder replicas took more
+        CPU per image on the cores the forward passes need."""
         if self.throughput_optimized is not None:
             return self.throughput_optimized
         return self.backend != "cpu"

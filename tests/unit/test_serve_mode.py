@@ -55,7 +55,6 @@ def test_the_mode_is_on_by_default_where_the_model_is_not_on_the_hosts_cores(bac
     assert ServiceConfig.model_construct(backend=backend, throughput_optimized=not on).serve_throughput_mode is not on
 
 
-
 def test_a_handle_built_without_the_mode_calls_by_reference() -> None:
     # What a builder without the mode in its environment pickles into the ingress: so the ingress picks
     # gRPC itself (integration: tests/integration/test_http_api.py reads its log line).

@@ -215,7 +215,7 @@ class ServiceConfig(ModelSettings):
         options = self.autoscaling.model_dump()
         if options["target_ongoing_requests"] is None:
             from siglip_serve.serve.encoder_client import calls_per_replica  # no cycle at import
-            options["target_ongoing_requests"] = calls_per_replica(self.backend == "cpu")
+            options["target_ongoing_requests"] = calls_per_replica(self.model_on_host_cores)
         return options
 
     def ingress_autoscaling_config(self) -> dict[str, Any] | None:
@@ -263,6 +263,11 @@ class ServiceConfig(ModelSettings):
         return model_settings_of(self)
 
     @property
+    def model_on_host_cores(self) -> bool:
+        """Whether the encoders' forward passes share the host's cores with the serving path (cpu)."""
+        return self.backend == "cpu"
+
+    @property
     def serve_throughput_mode(self) -> bool:
         """Serve's throughput mode: as set, else on where the model is not on the host's cores. On cpu it
         cost ViT-B-16 about 15 % of its images per second and doubled its p99 (docs/capacity.md): it
@@ -270,7 +275,7 @@ class ServiceConfig(ModelSettings):
         CPU per image on the cores the forward passes need."""
         if self.throughput_optimized is not None:
             return self.throughput_optimized
-        return self.backend != "cpu"
+        return not self.model_on_host_cores
 
     def serve_mode_env(self) -> dict[str, str]:
         """What every replica of the app (ingress and towers) gets in its runtime_env for Serve's mode."""

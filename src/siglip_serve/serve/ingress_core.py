@@ -77,7 +77,7 @@ class IngressCore:
         image_calls = replicas * encoder_max_ongoing(config)
         self.towers = {"image": Tower(EncoderClient(encoder, replicas, config.ingress_count, config.max_batch_size,
                                                     config.retry_after_s, max_in_flight=image_calls,
-                                                    model_on_host_cores=config.backend == "cpu",
+                                                    model_on_host_cores=config.model_on_host_cores,
                                                     grpc=config.serve_throughput_mode),
                                       image_calls + config.max_queued_requests)}
         self.text_encoder = text_encoder

@@ -45,8 +45,8 @@ def test_full_queue_is_503_with_retry_after_and_nothing_is_lost(strict_app: str,
     for response in overloaded:
         assert_error(response, 503, "overloaded")
         assert response.headers["retry-after"] == "2"
-    # The queue sheds only when full: one replica runs 2 x max_batch_size (8) calls at once and one
-    # more may wait, so at least 17 requests were admitted before the first 503.
+    # The queue sheds only when full: the ingress works on 2 x max_batch_size (8) + 4 decode threads
+    # requests at once and one more may wait, so at least 17 requests were admitted before the first 503.
     admitted = len(payloads) - len(overloaded)
     assert admitted >= 2 * 8 + 1, statuses
     expected = [tiny_reference.embed(data) for data in photo_jpegs]

@@ -48,7 +48,8 @@ def budget_app(serve_cluster: ServeCluster) -> str:
 
 @pytest.fixture(scope="module")
 def front_app(serve_cluster: ServeCluster) -> str:
-    """One replica, one decode thread, a 17-call queue (16 running + 1) and a 1.5 s deadline."""
+    """One replica, one decode thread, 17 requests at work (2 x 8 images + 1 decode thread) and 1 waiting,
+    and a 1.5 s deadline."""
     deploy("front", "/front", replicas=1, neuron_cores_per_replica=0, encoder_num_cpus=0.25, torch_threads=1,
            decode_threads=1, max_queued_requests=1, request_timeout_s=1.5, retry_after_s=2)
     return serve_cluster.base_url + "/front"
@@ -112,7 +113,7 @@ def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app
     statuses = [r.status_code for r, _ in results]
     assert set(statuses) <= {200, 503, 504}, statuses
     shed = [(r, s) for r, s in results if r.status_code == 503]
-    # At most 17 encoder calls are admitted; the rest are refused before any decoding.
+    # At most 18 requests are held (17 at work, 1 waiting); the rest are refused before any decoding.
     assert len(shed) >= 30, statuses
     for response, _ in shed:
         assert_error(response, 503, "overloaded")
@@ -120,6 +121,60 @@ def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app
     assert max(s for _, s in shed) < 2.0, sorted(s for _, s in shed)  # before: none, or after up to 18 s
     # Admitted requests end by their 1.5 s deadline (plus the proxy's and the client's share).
     assert max(s for r, s in results if r.status_code != 503) < 1.5 + 1.5
+
+
+async def _burst(port: int, request: bytes, count: int) -> list[tuple[bytes, float]]:
+    """`count` connections opened first, then `request` written on all of them at once: each reply (read to
+    the end: `request` says Connection: close) and the seconds from its write."""
+    import asyncio
+
+    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
+    go = asyncio.Event()
+
+    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[bytes, float]:
+        await go.wait()
+        began = time.monotonic()
+        writer.write(request)
+        await writer.drain()
+        reply = await reader.read()
+        writer.close()
+        return reply, time.monotonic() - began
+
+    tasks = [asyncio.ensure_future(one(*connection)) for connection in connections]
+    await asyncio.sleep(0.1)
+    go.set()
+    return list(await asyncio.gather(*tasks))
+
+
+def test_a_400_request_burst_is_shed_at_once_and_nothing_outlives_its_deadline(
+        serve_cluster: ServeCluster, front_app: str, photo_jpegs: list[bytes]) -> None:
+    import asyncio
+    import json
+    import statistics
+
+    from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
+
+    # The issue's probe: 400 single-image requests at once. front_app works on 17 at once (2 x 8 + 1 decode
+    # thread) and lets 1 wait. Before: the ingress took all 400, its deadline began only when its event
+    # loop got to each, and the 503s came after seconds.
+    image = photo_jpegs[1]
+    request = (f"POST /front/v1/embeddings/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+               f"Content-Length: {len(image)}\r\nConnection: close\r\n\r\n").encode() + image
+    replies = asyncio.run(_burst(serve_cluster.http_port, request, 400))
+    statuses = [int(reply.split(b" ", 2)[1]) if reply else 0 for reply, _ in replies]
+    assert set(statuses) <= {200, 503, 504} and 200 in statuses, sorted(set(statuses))
+    shed = [(reply, seconds) for (reply, seconds), status in zip(replies, statuses, strict=True) if status == 503]
+    assert len(shed) >= 300, statuses.count(503)
+    for reply, _ in shed:
+        head, body = reply.split(b"\r\n\r\n", 1)
+        # HAProxy's page has a Content-Length; the ingress's own answer may come chunked.
+        error = json.loads(body[body.index(b"{"):body.rindex(b"}") + 1])["error"]
+        assert error["type"] == "overloaded" and b"\r\nretry-after: 2" in head.lower(), reply
+    # Shed at once (by HAProxy, before any Python), not after a wait.
+    assert statistics.median(seconds for _, seconds in shed) < 0.25, sorted(seconds for _, seconds in shed)
+    # Nothing answered later than the 1.5 s deadline plus the documented margin.
+    assert max(seconds for _, seconds in replies) < 1.5 + FRONT_END_TIMEOUT_MARGIN_S, sorted(
+        seconds for _, seconds in replies)[-10:]
 
 
 def test_the_deadline_covers_decoding_and_queueing(front_app: str) -> None:
@@ -277,16 +332,40 @@ def test_101_headers_are_the_contracts_431(serve_cluster: ServeCluster, main_app
     assert reply.startswith(b"HTTP/1.1 431") and b'"headers_too_large"' in reply, reply[:300]
 
 
-def test_unfinished_headers_are_cut_at_the_header_timeout(serve_cluster: ServeCluster, main_app: str) -> None:
-    if serve_cluster.front_end != "haproxy":
-        pytest.skip("Serve's proxy actor has no header read timeout (docs/http-api.md, Front-end limits)")
-    from siglip_serve.launcher.haproxy_front import DEFAULT_HEADER_TIMEOUT_S
-
-    with socket.create_connection(("127.0.0.1", serve_cluster.http_port), timeout=60) as sock:
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n")
+def stalled_reply(port: int, sent: bytes) -> tuple[bytes, float]:
+    """What the service answers a client that sends `sent` and then nothing, and after how long."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(sent)
         began = time.monotonic()
         reply = sock.recv(65536)
-        seconds = time.monotonic() - began
-    # Before: the connection was held until the client gave up.
-    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-    assert DEFAULT_HEADER_TIMEOUT_S - 1 <= seconds < DEFAULT_HEADER_TIMEOUT_S + 5, seconds
+        return reply, time.monotonic() - began
+
+
+def test_a_client_that_stops_sending_is_cut_at_ten_seconds(serve_cluster: ServeCluster, main_app: str) -> None:
+    from siglip_serve.core.front_door import CLIENT_SEND_TIMEOUT_S
+
+    # A body shorter than its Content-Length, past HAProxy's 16 KiB buffer so the ingress reads it; the
+    # app's deadline is 30 s. Before: held until that deadline (504 at 30 s).
+    head = (b"POST /v1/embeddings/image HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode()
+            + b"\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
+    unfinished = [head + b"\x89PNG" * 10_000]
+    if serve_cluster.front_end == "haproxy":  # Serve's proxy actor has no header read timeout (docs/http-api.md)
+        unfinished.append(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n")
+    with concurrent.futures.ThreadPoolExecutor(len(unfinished)) as pool:
+        replies = list(pool.map(functools.partial(stalled_reply, serve_cluster.http_port), unfinished))
+    (body_reply, body_seconds), *headers = replies
+    assert body_reply.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in body_reply, body_reply[:300]
+    assert CLIENT_SEND_TIMEOUT_S - 1 <= body_seconds < CLIENT_SEND_TIMEOUT_S + 5, body_seconds
+    for reply, seconds in headers:
+        # Before: the connection was held until the client gave up.
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert CLIENT_SEND_TIMEOUT_S - 1 <= seconds < CLIENT_SEND_TIMEOUT_S + 5, seconds
+
+
+def test_an_http2_preface_is_refused_at_once(serve_cluster: ServeCluster, main_app: str) -> None:
+    if serve_cluster.front_end != "haproxy":
+        pytest.skip("Serve's proxy actor answers an HTTP/2 preface with its own parser (uvicorn/httptools)")
+    # Before: HAProxy took it as h2c prior knowledge, answered SETTINGS and held the connection 10 s.
+    reply, seconds = stalled_reply(serve_cluster.http_port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert seconds < 2.0, seconds

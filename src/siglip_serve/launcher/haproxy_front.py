@@ -16,6 +16,17 @@ time Ray starts or reloads HAProxy, `main` rewrites the rendered file, then exec
 - HAProxy's answers when no ingress replica can take a request (502/503/504, which the template
   turns into a plain-text 500) in the contract's JSON shape: 503 `not_ready` with Retry-After, or
   504 `deadline_exceeded`.
+- The application's own limits per backend (core/front_door.py, written by each ingress replica): no
+  more requests at once to an ingress replica than it works on (`maxconn` on each server), a bounded
+  queue in front of it (`avg_queue` past `max_queued_requests`: 503 `overloaded` at once, health and
+  readiness probes excepted and dequeued first) whose wait is bounded by the request's deadline
+  (`timeout queue`), and a stamp of when HAProxy had the request (`X-Request-Start`), where the
+  ingress starts the deadline. HAProxy 2.8's documentation: "maxconn" and "maxqueue" (server options),
+  "timeout queue", "avg_queue", "http-request return", "set-priority-class".
+- HTTP/1 only on the service port (`proto h1`): HAProxy would otherwise take an HTTP/2 preface as h2c and
+  hold the connection for the header timeout; a client's `x-request-timeout-seconds` (which Serve reads
+  to lift its own timeout) is dropped; bodies up to `tune.bufsize` are read before an ingress replica
+  is taken (`option http-buffer-request`), within the header timeout.
 Header count and size are bounded by HAProxy itself, before anything reaches Python:
 `tune.http.maxhdr` (101 headers) and `tune.bufsize` (16 KiB for the request line and headers). Those
 refusals, and the 408 of the header timeout, come from HAProxy's HTTP/1 parser, which answers with
@@ -24,12 +35,22 @@ its own short HTML page: `errorfile` does not reach that layer in HAProxy 2.8 (t
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+from siglip_serve.core.front_door import (
+    CLIENT_SEND_TIMEOUT_S,
+    LIMITS_DIR_ENV,
+    REQUEST_START_HEADER,
+    FrontDoorLimits,
+    read_limits,
+)
 
 ENABLE_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
@@ -37,53 +58,103 @@ HEADER_TIMEOUT_ENV = "SIGLIP_HAPROXY_HEADER_TIMEOUT_S"
 LOCAL_ONLY_ENV = "SIGLIP_HAPROXY_LOCAL_ONLY"
 SCRIPT = "siglip-serve-haproxy"
 FRONT_ENDS = ("haproxy", "python")
-DEFAULT_HEADER_TIMEOUT_S = 10
+DEFAULT_HEADER_TIMEOUT_S = CLIENT_SEND_TIMEOUT_S
 DEFAULT_CLIENT_TIMEOUT_S = 60
 
 # `bind :9101` / `bind *:8404`: the template's stats and Prometheus frontends.
 _ANY_INTERFACE_BIND = re.compile(r"^(\s*bind\s+)(?:\*|0\.0\.0\.0)?(:\d+)", re.MULTILINE)
 _DEFAULTS = re.compile(r"^defaults\s*$", re.MULTILINE)
+_SERVICE_BIND = re.compile(r"^(frontend http_frontend\s*\n\s*bind\s+\S+)([^\n]*\n)", re.MULTILINE)
+_SECTION = re.compile(r"^(?=\S)", re.MULTILINE)
 _TEMPLATE_ERRORFILE = re.compile(r"^\s*errorfile\s+\d+\s+\S+\s*\n", re.MULTILINE)
 ERROR_DIR = "siglip-errors"
 
 # HAProxy status -> (status line, contract type, message, Retry-After seconds or None).
 _ERRORS: dict[int, tuple[str, str, str, int | None]] = {
     502: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request; retry", 1),
-    503: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request; retry", 1),
+    # Also a request that waited its whole deadline in the queue (`timeout queue`).
+    503: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request in time; retry", 1),
     504: ("504 Gateway Timeout", "deadline_exceeded", "the request did not finish in time", None),
 }
 
 
 def error_pages() -> dict[int, bytes]:
     """HAProxy errorfiles (whole HTTP responses) carrying the contract's error body."""
+    return {status: _page(line, kind, message, retry_after)
+            for status, (line, kind, message, retry_after) in _ERRORS.items()}
+
+
+def _page(line: str, kind: str, message: str, retry_after_s: int | None) -> bytes:
     import json
 
-    pages = {}
-    for status, (line, kind, message, retry_after) in _ERRORS.items():
-        code = int(line.split()[0])
-        body = json.dumps({"error": {"message": message, "type": kind,
-                                     "code": code}}).encode()
-        head = [f"HTTP/1.1 {line}", "Content-Type: application/json", f"Content-Length: {len(body)}",
-                "Cache-Control: no-cache", "Connection: close"]
-        if retry_after is not None:
-            head.append(f"Retry-After: {retry_after}")
-        pages[status] = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-    return pages
+    body = json.dumps({"error": {"message": message, "type": kind, "code": int(line.split()[0])}}).encode()
+    head = [f"HTTP/1.1 {line}", "Content-Type: application/json", f"Content-Length: {len(body)}",
+            "Cache-Control: no-cache", "Connection: close"]
+    if retry_after_s is not None:
+        head.append(f"Retry-After: {retry_after_s}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def rewrite_config(text: str, header_timeout_s: int | None, local_only: bool, error_dir: Path) -> str:
-    """The rendered configuration with our header timeout, error pages and loopback binds applied."""
+def overloaded_page(retry_after_s: int) -> bytes:
+    """The whole HTTP response HAProxy sends for a request its bounded queue has no room for."""
+    return _page("503 Service Unavailable", "overloaded", "server is at capacity; retry later", retry_after_s)
+
+
+def rewrite_config(text: str, header_timeout_s: int | None, local_only: bool, error_dir: Path,
+                   limits_dir: Path | None = None) -> str:
+    """The rendered configuration with our header timeout, error pages, loopback binds, the service port's
+    request rules and, for each backend whose limits are in `limits_dir`, those limits applied. Writes
+    the backends' overload pages into `error_dir`."""
     if local_only:
         text = _ANY_INTERFACE_BIND.sub(r"\g<1>127.0.0.1\g<2>", text)
     text = _TEMPLATE_ERRORFILE.sub("", text)
     added = [f"    errorfile {status} {error_dir / f'{status}.http'}" for status in _ERRORS]
+    added.append("    option http-buffer-request")
     if header_timeout_s is not None:
         # First in `defaults`: a `timeout http-request` that Ray itself renders later still wins.
         added.insert(0, f"    timeout http-request {header_timeout_s}s")
     text, found = _DEFAULTS.subn("defaults\n" + "\n".join(added), text, count=1)
     if not found:
         raise ValueError("HAProxy configuration has no `defaults` section to add our settings to")
+    text = _SERVICE_BIND.sub(lambda m: m.group(1) + " proto h1" + m.group(2) + _SERVICE_RULES, text, count=1)
+    if limits_dir is not None:
+        text = "".join(_with_limits(section, limits_dir, error_dir) for section in _SECTION.split(text))
     return text
+
+
+# When HAProxy had the request (its headers complete; HAProxy 2.8 has no fetch of the first byte's time),
+# replacing whatever a client sent; and no client lifts Serve's own timeout.
+_SERVICE_RULES = (f"    http-request set-header {REQUEST_START_HEADER} t=%[date(0,ms)]\n"
+                  "    http-request del-header x-request-timeout-seconds\n")
+_PROBE = "{ path_end /healthz /readyz }"
+
+
+def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
+    """One section of the configuration; a `backend` with limits written for it gets them."""
+    header, _, body = section.partition("\n")
+    words = header.split()
+    if len(words) != 2 or words[0] != "backend":
+        return section
+    limits = read_limits(limits_dir, words[1])
+    if limits is None:
+        return section
+    page = error_dir / f"{words[1]}-overloaded.http"
+    page.write_bytes(overloaded_page(limits.retry_after_s))
+    rules = [f"    timeout queue {max(1, round(limits.request_timeout_s * 1000))}ms",
+             # Probes are never shed and leave the queue first (lower class first).
+             f"    http-request set-priority-class int(-1) if {_PROBE}",
+             f"    http-request return status 503 errorfile {page} if !{_PROBE} "
+             f"{{ avg_queue() ge {limits.max_queued_requests} }}"]
+    lines = [_with_maxconn(line, limits) for line in body.split("\n")]
+    return header + "\n" + "\n".join(rules) + "\n" + "\n".join(lines)
+
+
+def _with_maxconn(line: str, limits: FrontDoorLimits) -> str:
+    words = line.split()
+    # An ingress replica; not the fallback (`backup`): Serve's proxy, which bounds what it sends itself.
+    if words[:1] == ["server"] and "backup" not in words and "maxconn" not in words:
+        return f"{line} maxconn {limits.max_ongoing_requests}"
+    return line
 
 
 def script_path() -> str:
@@ -111,10 +182,15 @@ PORT_ENVS = ("RAY_SERVE_HAPROXY_STATS_PORT", METRICS_PORT_ENV,
 
 def front_end_env(local_only: bool, ports: Mapping[str, int],
                   header_timeout_s: int = DEFAULT_HEADER_TIMEOUT_S,
-                  client_timeout_s: int = DEFAULT_CLIENT_TIMEOUT_S) -> dict[str, str]:
-    """Environment for the process that starts Ray: Ray's workers (HAProxy's manager among them)
-    inherit it. `ports`: one for each of PORT_ENVS."""
+                  client_timeout_s: int = DEFAULT_CLIENT_TIMEOUT_S, limits_dir: str | None = None) -> dict[str, str]:
+    """Environment for the process that starts Ray: Ray's workers (HAProxy's manager and the ingress
+    replicas among them) inherit it. `ports`: one for each of PORT_ENVS; `limits_dir`: where the ingress
+    replicas write their applications' limits for HAProxy (core/front_door.py; None: a new directory)."""
+    if limits_dir is None:
+        limits_dir = tempfile.mkdtemp(prefix="siglip-haproxy-limits-")
+        atexit.register(shutil.rmtree, limits_dir, ignore_errors=True)
     return {
+        LIMITS_DIR_ENV: limits_dir,
         **{name: str(ports[name]) for name in PORT_ENVS},
         ENABLE_ENV: "1",
         BINARY_ENV: script_path(),
@@ -147,7 +223,8 @@ def use_front_end(front_end: str, local_only: bool, metrics_port: int | None = N
     os.environ.update(front_end_env(
         local_only, chosen,
         header_timeout_s=int(os.environ.get(HEADER_TIMEOUT_ENV, DEFAULT_HEADER_TIMEOUT_S)),
-        client_timeout_s=int(os.environ.get("RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S", DEFAULT_CLIENT_TIMEOUT_S))))
+        client_timeout_s=int(os.environ.get("RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S", DEFAULT_CLIENT_TIMEOUT_S)),
+        limits_dir=os.environ.get(LIMITS_DIR_ENV)))
 
 
 def _real_binary() -> str:
@@ -157,15 +234,16 @@ def _real_binary() -> str:
     return get_haproxy_binary()
 
 
-def _settings(env: Mapping[str, str]) -> tuple[int | None, bool]:
+def _settings(env: Mapping[str, str]) -> tuple[int | None, bool, Path | None]:
     timeout = env.get(HEADER_TIMEOUT_ENV)
-    return (int(timeout) if timeout else None), env.get(LOCAL_ONLY_ENV) == "1"
+    limits_dir = env.get(LIMITS_DIR_ENV)
+    return (int(timeout) if timeout else None), env.get(LOCAL_ONLY_ENV) == "1", Path(limits_dir) if limits_dir else None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Stand in for `haproxy ARGS`: rewrite the `-f FILE` it is given into FILE.siglip, exec HAProxy."""
     args = list(sys.argv[1:] if argv is None else argv)
-    header_timeout_s, local_only = _settings(os.environ)
+    header_timeout_s, local_only, limits_dir = _settings(os.environ)
     if "-f" in args:
         index = args.index("-f") + 1
         source = Path(args[index])
@@ -174,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         error_dir.mkdir(exist_ok=True)
         for status, page in error_pages().items():
             (error_dir / f"{status}.http").write_bytes(page)
-        target.write_text(rewrite_config(source.read_text(), header_timeout_s, local_only, error_dir))
+        target.write_text(rewrite_config(source.read_text(), header_timeout_s, local_only, error_dir, limits_dir))
         args[index] = str(target)
     binary = _real_binary()
     os.execv(binary, [binary, *args])

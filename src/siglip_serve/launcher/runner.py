@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
 from siglip_serve.launcher.preflight import RAY_HOST
 from siglip_serve.launcher.startup import Placeholder, replica_progress, wait_with_progress
 from siglip_serve.serve.config import ServiceConfig
@@ -144,7 +145,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         system_level = "WARNING" if config.log_level == "INFO" and not config.access_log else config.log_level
         if placeholder is not None:
             placeholder.release()
-        serve.start(http_options={"host": host, "port": port},
+        serve.start(http_options={"host": host, "port": port,
+                                  "request_timeout_s": config.request_timeout_s + FRONT_END_TIMEOUT_MARGIN_S},
                     logging_config={**quiet, "log_level": system_level})
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)

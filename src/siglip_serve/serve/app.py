@@ -16,13 +16,11 @@ from siglip_serve.serve import tracing
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
 from siglip_serve.serve.encoder_deployment import encoder_deployment
+from siglip_serve.serve.front_door import front_door_limits
 from siglip_serve.serve.ingress import IngressDeployment
 from siglip_serve.serve.text_deployment import text_deployment, text_neuron_cores
 
 log = logging.getLogger("siglip_serve")
-
-# Concurrent HTTP requests one ingress replica holds; they are cheap awaits on the encoder.
-INGRESS_MAX_ONGOING = 1024
 
 
 def resolve_replicas(config: ServiceConfig) -> int:
@@ -75,11 +73,15 @@ def build(config: ServiceConfig) -> Application:
         ingress_options["runtime_env"] = {"env_vars": ingress_env}
     scale: dict[str, Any] = ({"autoscaling_config": config.ingress_autoscaling_config()}
                              if config.ingress_autoscaling is not None else {"num_replicas": config.ingress_count})
+    limits = front_door_limits(config, replicas)
     ingress = serve.deployment(
         IngressDeployment,
         name="Ingress",
         ray_actor_options=ingress_options,
-        max_ongoing_requests=INGRESS_MAX_ONGOING,
+        # Every request the ingress may hold reaches its handler, whose places (serve/front_door.py) say
+        # 503 in the contract's JSON; past those, Serve's proxy holds as many again, then answers its own 503.
+        max_ongoing_requests=limits.max_ongoing_requests + limits.max_queued_requests,
+        max_queued_requests=limits.max_queued_requests,
         **scale,
     )
     text = text_deployment(config).bind(config) if config.text_replica_count else None

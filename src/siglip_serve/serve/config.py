@@ -98,12 +98,18 @@ class ServiceConfig(ModelSettings):
 
     batch_wait_timeout_s: float = Field(0.005, ge=0, le=10,
                                         description="seconds the batcher waits to fill a batch")
-    # Each encoder call carries up to the largest bucket's images (Ingress._encode).
-    max_queued_requests: int = Field(256, ge=1, description="encoder calls each ingress may hold beyond what the "
-                                                            "replicas run at once; past it: 503 at once")
-    # Reading the body, decoding, queueing and encoding all count; past it the remaining work is dropped.
-    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the ingress "
-                                                             "receives it; past it: 504")
+    # Enough to keep this ingress's share of the encoders' calls full twice over (one set running, the next
+    # gathering) plus its decode threads (serve/front_door.py); HAProxy sends each replica no more at once.
+    ingress_max_ongoing_requests: int | Literal["auto"] = Field(
+        "auto", description="requests each ingress replica works on at once (reading, decoding, encoding), or "
+                            "'auto': twice the images its share of the encoder calls carries, plus decode_threads")
+    # Waiting costs a connection, not memory: under HAProxy they wait in HAProxy's queue (docs/operations.md).
+    max_queued_requests: int = Field(256, ge=1, description="requests that may wait for each ingress replica "
+                                                            "beyond those it works on; past it: 503 at once")
+    # Time queued in HAProxy before the ingress, reading the body, decoding, queueing and encoding all
+    # count; past it the remaining work is dropped.
+    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the front end "
+                                                             "has its headers; past it: 504")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds of a 503")
     min_ready_replicas: int = Field(1, ge=1, description="/readyz answers 200 while at least this many encoder "
                                                          "replicas are warm (capped at replicas)")
@@ -173,6 +179,8 @@ class ServiceConfig(ModelSettings):
             raise ValueError("replicas must be at least 1 (or 'auto')")
         if isinstance(self.ingress_replicas, int) and self.ingress_replicas < 1:
             raise ValueError("ingress_replicas must be at least 1 (or 'auto')")
+        if isinstance(self.ingress_max_ongoing_requests, int) and self.ingress_max_ongoing_requests < 1:
+            raise ValueError("ingress_max_ongoing_requests must be at least 1 (or 'auto')")
         if self.autoscaling is not None and self.replicas is not None:
             raise ValueError(f"replicas: {self.replicas} and autoscaling contradict; with autoscaling the encoder "
                              "count is autoscaling.min_replicas..max_replicas (leave replicas unset)")

@@ -50,6 +50,7 @@ class ErrorType(str, Enum):
     OVERLOADED = "overloaded"
     REPLICA_UNAVAILABLE = "replica_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    REQUEST_TIMEOUT = "request_timeout"
     HEADERS_TOO_LARGE = "headers_too_large"
     INTERNAL = "internal_error"
 

@@ -5,6 +5,7 @@ Kept apart from the request path (serve/ingress.py) so that module stays about w
 costs and when; nothing here knows Ray. What comes out is image file bytes for models/preprocess.py.
 """
 
+import asyncio
 import base64
 import binascii
 import unicodedata
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from siglip_serve.core.front_door import CLIENT_SEND_TIMEOUT_S
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
 from siglip_serve.serve.embed_request import URLSAFE_TO_STD, CohereEmbedRequest, EmbeddingsRequest
@@ -66,13 +68,26 @@ class HeaderLimits:
         await self.app(scope, receive, send)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, idle_timeout_s: float = CLIENT_SEND_TIMEOUT_S) -> bytes:
+    """The body within `limit` bytes (413 past it); 408 when it stops arriving for `idle_timeout_s`
+    (a body shorter than its Content-Length would otherwise hold its place until the deadline)."""
     declared = request.headers.get("content-length")
     declared_size = int(declared) if declared is not None and declared.isdigit() else None
     over = declared_size is not None and declared_size > limit
     body = bytearray()
     received = 0
-    async for chunk in request.stream():
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            async with asyncio.timeout(idle_timeout_s):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise ApiError(408, ErrorType.REQUEST_TIMEOUT,
+                           f"the body stopped arriving: nothing for {idle_timeout_s:g} s after {received} bytes"
+                           + (f" of {declared_size}" if declared_size is not None else ""),
+                           {"Connection": "close"}) from None
         received += len(chunk)
         if over or received > limit:
             over = True

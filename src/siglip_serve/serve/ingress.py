@@ -1,16 +1,15 @@
 """The ingress deployment: the HTTP contract (docs/http-api.md), on FastAPI.
 
-It reads and limits the body (serve/http_body.py), admits the request to its tower's bounded queue,
-has every image checked and decoded (serve/image_prep.py: a bad image fails only its own request,
+It takes the request's place among those the replica works on, reads and limits the body
+(serve/http_body.py), has every image checked and decoded (serve/image_prep.py: a bad image fails only its own request,
 before it can join a batch) or every text checked (serve/text_routes.py), sends the chunks to the
 tower's deployment and turns the result, or any failure, into the contract's JSON. One deadline, from
-the moment the request arrives here, covers all of it; serve/ingress_core.py holds what both towers'
+the moment the front end had the request, covers all of it; serve/ingress_core.py holds what both towers'
 routes share.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves route parameter types at runtime.
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -106,19 +105,18 @@ class Ingress(TextRoutes):
             if texts:
                 self._require_text()
                 check_texts(text_values, [items[i].label for i in texts], self.config)
-            async with contextlib.AsyncExitStack() as admitted:
-                for tower, count in (("image", len(images)), ("text", len(texts))):
-                    if count:
-                        await admitted.enter_async_context(self._admitted(tower, count, deadline))
-                tasks = [asyncio.ensure_future(self._embed_images([items[i].value for i in images],
-                                                                  [items[i].label for i in images], deadline)),
-                         asyncio.ensure_future(self._encode("text", text_values, deadline) if texts else _nothing())]
-                try:
-                    parts = await asyncio.gather(*tasks)
-                except BaseException:
-                    for task in tasks:  # one tower failed (a bad image): the other's work is not wanted
-                        task.cancel()
-                    raise
+            for tower, count in (("image", len(images)), ("text", len(texts))):
+                if count:
+                    await self._admitted(tower, deadline)
+            tasks = [asyncio.ensure_future(self._embed_images([items[i].value for i in images],
+                                                              [items[i].label for i in images], deadline)),
+                     asyncio.ensure_future(self._encode("text", text_values, deadline) if texts else _nothing())]
+            try:
+                parts = await asyncio.gather(*tasks)
+            except BaseException:
+                for task in tasks:  # one tower failed (a bad image): the other's work is not wanted
+                    task.cancel()
+                raise
             rows = _in_order(len(items), (images, parts[0]), (texts, parts[1]))
             if cut is not None:
                 rows = cut_dimensions(rows, cut)

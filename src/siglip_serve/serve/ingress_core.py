@@ -1,9 +1,11 @@
 """What every ingress route shares, for both towers: auth, readiness, the drain, the request's one
 deadline, admission to the bounded queue, the encoder calls and the request metric.
 
-A route reads its body, then for each tower it uses: `_admitted(tower, items, deadline)` (503 while
-draining, while the tower is still loading, or when its queue is full; before any decoding or
-tokenizing), then `_encode(tower, items, deadline)` (serve/encoder_client.py: a dead replica retried
+A route takes the request's place and deadline first (`_deadline`: the deadline begins when the front end
+had the request, serve/front_door.py; 503 at once when the ingress already works on and holds as many
+requests as it may), reads its body, then for each tower it uses: `_admitted(tower, deadline)` (503 while
+draining or while the tower is still loading; before any decoding or tokenizing), then
+`_encode(tower, items, deadline)` (serve/encoder_client.py: a dead replica retried
 once, a caller that leaves drops its own chunk, the call itself cancelled once nobody waits for it,
 504 when the deadline passes). Image and text follow the same path; only their limits and what their
 items are differ.
@@ -14,7 +16,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -27,6 +28,7 @@ from fastapi import Request, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from siglip_serve.core.front_door import REQUEST_START_HEADER, write_limits
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.loading import ModelInfo
@@ -35,8 +37,10 @@ from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.encoder_client import EncoderClient
 from siglip_serve.serve.encoder_deployment import encoder_max_ongoing
 from siglip_serve.serve.errors import ApiError, ErrorType, image_error
+from siglip_serve.serve.front_door import Deadline, RequestSlots, front_door_limits
 from siglip_serve.serve.image_prep import ImagePrep
 from siglip_serve.serve.metrics import IngressMetrics
+from siglip_serve.serve.replica_grpc import bind_to_node_address
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.text_deployment import text_max_ongoing
 from siglip_serve.serve.tower_replica import DeadlineExceeded
@@ -49,12 +53,9 @@ DRAIN_POLL_S = 0.25
 
 @dataclass
 class Tower:
-    """The ingress's side of one tower: its calls and its share of the bounded queue, i.e. the calls
-    its replicas run at once plus `max_queued_requests` waiting (per ingress replica)."""
+    """The ingress's side of one tower: its coalescing client of the tower's deployment."""
 
     client: EncoderClient
-    max_calls: int
-    calls: int = 0
 
 
 class IngressCore:
@@ -62,6 +63,7 @@ class IngressCore:
                  text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None) -> None:
         """`replica`: (application, replica id); read from Serve's replica context when not given."""
         configure_replica_logging(config.log_level)
+        bind_to_node_address()
         tracing.configure(config.tracing, "ingress")
         self.config = config
         self.expected_replicas = replicas
@@ -78,21 +80,23 @@ class IngressCore:
         self.towers = {"image": Tower(EncoderClient(encoder, replicas, config.ingress_count, config.max_batch_size,
                                                     config.retry_after_s, max_in_flight=image_calls,
                                                     model_on_host_cores=config.model_on_host_cores,
-                                                    grpc=config.serve_throughput_mode),
-                                      image_calls + config.max_queued_requests)}
+                                                    grpc=config.serve_throughput_mode))}
         self.text_encoder = text_encoder
         if text_encoder is not None:
             text_calls = config.text_replica_count * text_max_ongoing(config)
             self.towers["text"] = Tower(EncoderClient(text_encoder, config.text_replica_count, config.ingress_count,
                                                       config.text_buckets[-1], config.retry_after_s,
                                                       max_in_flight=text_calls, tower="text",
-                                                      grpc=config.serve_throughput_mode),
-                                        text_calls + config.max_queued_requests)
+                                                      grpc=config.serve_throughput_mode))
         self._text_info: dict[str, Any] | None = None
         if replica is None:
             context = serve.get_replica_context()
             replica = (context.app_name, context.replica_id.unique_id)
         self.app_name, self.replica_name = replica
+        limits = front_door_limits(config, replicas)
+        self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s)
+        # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
+        write_limits(limits, self.app_name)
         # Requests are accepted once `min_ready` replicas have been up once: a later replica
         # restart shows in /readyz's counts while the remaining replicas keep serving.
         self._accepting = False
@@ -207,16 +211,19 @@ class IngressCore:
 
     @asynccontextmanager
     async def _deadline(self, request: Request) -> AsyncIterator[float]:
-        """The request's one deadline, from its arrival here; yields it as time.monotonic(). With
-        tracing on, the request's span (continuing the client's `traceparent`) is open meanwhile."""
+        """The request's place among those this replica works on, and its one deadline (begun when the
+        front end had it: X-Request-Start); yields the deadline as time.monotonic(). 503 at once when
+        every place is taken and `max_queued_requests` wait; 504 when the deadline passes, waiting for a
+        place included. With tracing on, the request's span (continuing the client's `traceparent`)
+        is open meanwhile."""
         self._watch_for_drain()
         timeout = self.config.request_timeout_s
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(request.headers.get(REQUEST_START_HEADER), timeout)
         self.requests_in_handler += 1
         try:
             with self._request_span(request):
-                async with asyncio.timeout(timeout):
-                    yield deadline
+                async with asyncio.timeout(deadline.remaining()), self.slots.place():
+                    yield deadline.at
         except TimeoutError:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED, f"request did not finish within {timeout:g} s") from None
         finally:
@@ -229,23 +236,13 @@ class IngressCore:
                             attributes={"http.request.method": request.method, "http.route": request.url.path,
                                         "siglip.request_id": request_id(request)})
 
-    @asynccontextmanager
-    async def _admitted(self, tower: str, items: int, deadline: float) -> AsyncIterator[None]:
-        """A place in `tower`'s bounded queue for this request's calls, or 503 now."""
+    async def _admitted(self, tower: str, deadline: float) -> None:
+        """`tower` takes this request's work, or 503 now: while draining, or while the tower still loads."""
         if tower == "text":
             self._require_text()
         if self._draining:
             raise ApiError(503, ErrorType.NOT_READY, "server is shutting down; retry", self._retry_after())
         await self._tower_ready(tower, deadline)
-        entry = self.towers[tower]
-        calls = math.ceil(items / entry.client.calls.max_size)
-        if entry.calls + calls > entry.max_calls:
-            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later", self._retry_after())
-        entry.calls += calls
-        try:
-            yield
-        finally:
-            entry.calls -= calls
 
     async def _encode(self, tower: str, items: np.ndarray | JpegFiles | Sequence[str], deadline: float) -> np.ndarray:
         """Admitted items -> float32 [n, D], within the request's deadline (time.monotonic())."""

@@ -177,6 +177,7 @@ _WHY = {
     400: "empty body, malformed multipart, an image that cannot be decoded, or dimensions not served",
     401: "missing or wrong API key (only when the service has one)",
     404: "texts or classify where the service runs no text tower",
+    408: "the body stopped arriving for 10 s before its end (connection closed)",
     413: "body, image, request pixels or text over the configured limit",
     415: "content type that is not an image",
     422: "JSON that does not match the request schema, too many images or texts, a typed item against modality",
@@ -200,7 +201,7 @@ def _ok(schema: dict[str, Any], description: str) -> dict[int | str, dict[str, A
     return {200: {"description": description, "content": {"application/json": {"schema": schema}}}}
 
 
-_EMBED_ERRORS = (400, 401, 404, 413, 415, 422, 431, 500, 503, 504)
+_EMBED_ERRORS = (400, 401, 404, 408, 413, 415, 422, 431, 500, 503, 504)
 
 ROUTES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/embeddings"): {

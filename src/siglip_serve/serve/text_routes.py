@@ -69,10 +69,10 @@ class TextRoutes(IngressCore):
         self._prompt_cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
     async def encode_texts(self, texts: Sequence[str], deadline: float) -> np.ndarray:
-        """Checked texts -> float32 [n, D]: admitted, then encoded like images (the same retry,
+        """Checked texts -> float32 [n, D]: admitted (the text tower ready), then encoded like images (the same retry,
         cancellation and deadline), in calls of at most the largest text bucket."""
-        async with self._admitted("text", len(texts), deadline):
-            return await self._encode("text", texts, deadline)
+        await self._admitted("text", deadline)
+        return await self._encode("text", texts, deadline)
 
     async def embed_prompts(self, prompts: Sequence[str], deadline: float) -> np.ndarray:
         """Text embeddings of classify prompts: cached ones from the LRU cache, the rest encoded once."""
@@ -125,12 +125,11 @@ class TextRoutes(IngressCore):
         if info is None:
             raise ApiError(503, ErrorType.NOT_READY, "the text encoder is still loading; retry later",
                            {"Retry-After": str(self.config.retry_after_s)})
-        # The image half takes its place in the bounded queue (503 now when full) before decoding.
-        async with self._admitted("image", len(items), deadline):
-            with tracing.span("decode", images=len(items)):
-                images = await self.images.prepare_all(items, image_labels)
-            image_embeddings, text_embeddings = await asyncio.gather(
-                self._encode("image", images, deadline), self.embed_prompts(prompts, deadline))
+        await self._admitted("image", deadline)  # before decoding: 503 while draining or loading
+        with tracing.span("decode", images=len(items)):
+            images = await self.images.prepare_all(items, image_labels)
+        image_embeddings, text_embeddings = await asyncio.gather(
+            self._encode("image", images, deadline), self.embed_prompts(prompts, deadline))
         scores = zero_shot(image_embeddings, text_embeddings, float(info["logit_scale"]), float(info["logit_bias"]))
         self.metrics.images_embedded.inc(len(items), tags={"endpoint": "classify"})
         self.metrics.texts_embedded.inc(len(prompts), tags={"endpoint": "classify"})

@@ -23,6 +23,7 @@ from siglip_serve.serve import tracing
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.replica_grpc import bind_to_node_address
 
 log = logging.getLogger("siglip_serve.replica")
 
@@ -40,6 +41,7 @@ class TowerReplica:
         self.config = config
         self.encoder = encoder
         self.metrics = metrics
+        bind_to_node_address()
         tracing.configure(config.tracing, f"{encoder.tower}-encoder")
         warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS)
         self.warmup_seconds = {str(b): round(s, 6) for b, s in warm.items()}
@@ -148,8 +150,8 @@ def tower_deployment(replica_class: type[TowerReplica], name: str, config: Servi
         name=name,
         **scale,
         ray_actor_options=actor_options,
-        # No max_queued_requests: the queue is bounded in the ingress (IngressCore._admitted), which
-        # answers 503 in the contract's JSON, where Serve's own limit answers in plain text.
+        # No max_queued_requests: what waits is bounded in the ingress, by the requests it works on
+        # (serve/front_door.py) and the calls its clients keep in flight (serve/encoder_client.py).
         max_ongoing_requests=max_ongoing(largest_bucket),
         health_check_period_s=10,
         # Scale-in drains too: Serve stops routing to the replica, waits while it still has calls

@@ -28,7 +28,7 @@ from siglip_serve.kernels import references
 from siglip_serve.kernels.compile_cache import CacheKey, CompileCache
 from siglip_serve.kernels.device import Device, LatencyStats, ResultMismatch, torch_dtype
 from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
-from siglip_serve.kernels.lnc import needs_launch_grid, pin_launch_lnc, runtime_kernel_lnc
+from siglip_serve.kernels.lnc import launch_grid, pin_launch_lnc, runtime_kernel_lnc
 from siglip_serve.kernels.nki_launch import nki_status, validate_gated_mlp
 
 log = logging.getLogger(__name__)
@@ -97,15 +97,13 @@ def _build_module(inputs: dict[str, np.ndarray], dtype: str, use_nki: bool, lnc:
 
         def forward(self, x):
             if use_nki:
-                import nki
-
                 from siglip_serve.kernels.nki_launch import jitted_kernel
 
                 kernel = jitted_kernel("gated_mlp_t")
                 # The kernel's LNC must equal the graph's (--lnc below): NCC_EVRF066 otherwise.
                 pin_launch_lnc(lnc)
-                if lnc > 1 and needs_launch_grid(getattr(nki, "__version__", None)):
-                    kernel = kernel[lnc]
+                grid = launch_grid(lnc)
+                kernel = kernel if grid is None else kernel[grid]
                 out_t = kernel(x.t().contiguous(), self.w_gate, self.w_up, self.w_down)
                 return out_t.t()
             gate = torch.nn.functional.silu(x @ self.w_gate)

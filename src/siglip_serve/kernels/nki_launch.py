@@ -34,7 +34,7 @@ from siglip_serve.kernels.hardware import (
     check_partitions,
     check_sbuf_budget,
 )
-from siglip_serve.kernels.lnc import needs_launch_grid, pin_launch_lnc, require_kernel_lnc, runtime_kernel_lnc
+from siglip_serve.kernels.lnc import launch_grid, pin_launch_lnc, require_kernel_lnc, runtime_kernel_lnc
 
 log = logging.getLogger(__name__)
 
@@ -248,16 +248,15 @@ def jitted_kernel(name: str, module: str = "siglip_serve.kernels.nki_kernels"):
 def launchable(run: KernelRun, on_device: bool = True):
     """The jitted kernel ready to launch at ``run.lnc``; a kernel not written for it raises.
 
-    The LNC is set in the environment first (``pin_launch_lnc``); the launch grid repeats it for the
-    NKI versions that read it from there (``needs_launch_grid``). At LNC=1 the plain call is the
-    documented form on every version.
+    The LNC is set in the environment first (``pin_launch_lnc``, what NKI 0.7's ``nki.jit`` reads) and, at
+    LNC > 1, passed as the matching launch grid too (``launch_grid``: what NKI 0.5 and the simulator's docs
+    use). At LNC=1 the plain call is the documented form on every version.
     """
     require_kernel_lnc(run.name, run.supported_lnc, run.lnc)
     pin_launch_lnc(run.lnc, on_device=on_device)
     kernel = jitted_kernel(run.kernel, run.module)
-    if run.lnc > 1 and needs_launch_grid(getattr(_nki(), "__version__", None)):
-        return kernel[run.lnc]
-    return kernel
+    grid = launch_grid(run.lnc)
+    return kernel if grid is None else kernel[grid]
 
 
 def simulate(run: KernelRun) -> np.ndarray:

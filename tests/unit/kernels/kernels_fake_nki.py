@@ -30,14 +30,19 @@ breaks one fails here, on any machine:
   activation function;
 * ``nc_transpose`` keeps the dtype; a DMA moves raw bytes, so a ``dma_copy`` that changes the dtype
   needs a casting DGE mode (``dge_mode.swdge`` or ``dge_mode.none``: the NKI 0.3.0 migration guide);
-* a launch grid of 1 or 2 (the LNC degrees).
+* a launch grid of 1 or 2 (the LNC degrees); without a grid a launch runs at the LNC of
+  NEURON_LOGICAL_NC_CONFIG (1 when unset), as NKI 0.7's ``nki.jit`` page says; from version 0.7 a
+  grid that differs from that variable is refused (the SPMD-grid notice: "a compile-time error").
+  The version string is ``build``'s argument: NKI 0.5's grid-only LNC and the real simulator's
+  treatment of a launch without a grid are not modelled beyond that.
 
-LNC launches (``kernel[n]``) run the programs one after another, sharing ``shared_hbm``.
+LNC launches run the programs one after another, sharing ``shared_hbm``.
 The real simulator and hardware runs are the ``neuron``-marked tests.
 """
 from __future__ import annotations
 
 import math
+import os
 import types
 import weakref
 from collections import Counter
@@ -134,7 +139,8 @@ class FakeNkiState:
         self.shared: list[Buffer] = []
         self.alloc_index = 0
         self.instructions: Counter[str] = Counter()
-        self.grids: list[int] = []  # launch grid of every kernel call, in order
+        self.grids: list[int] = []  # programs each kernel call ran (its LNC), in order
+        self.explicit_grids: list[int | None] = []  # the grid each call passed (None: a plain call)
         self.live: weakref.WeakSet[Buffer] = weakref.WeakSet()  # on-chip tiles some name still holds
 
 
@@ -175,11 +181,25 @@ def hbm_input(array: np.ndarray, dtype: str) -> FakeTensor:
     return FakeTensor.whole(Buffer(values.shape, name, "hbm", values))
 
 
-def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
+def _release(version: str) -> tuple[int, int] | None:
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return None
+    return major, minor
+
+
+def _env_lnc() -> int:
+    raw = (os.environ.get("NEURON_LOGICAL_NC_CONFIG") or "").strip()
+    return int(raw) if raw else 1
+
+
+def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, types.ModuleType]:
+    """The fake ``nki``, ``nki.language`` and ``nki.isa`` modules; ``version`` is ``nki.__version__``."""
     nki = types.ModuleType("nki")
     nl = types.ModuleType("nki.language")
     nisa = types.ModuleType("nki.isa")
-    nki.language, nki.isa, nki.__version__ = nl, nisa, "fake-for-tests"
+    nki.language, nki.isa, nki.__version__ = nl, nisa, version
 
     nl.sbuf, nl.psum, nl.shared_hbm, nl.hbm = "sbuf", "psum", "shared_hbm", "hbm"
     nl.float32, nl.bfloat16, nl.float16, nl.int32 = "float32", "bfloat16", "float16", "int32"
@@ -360,8 +380,10 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             raise NkiRuleError(f"kernel input {arg} must be in HBM (top-level tensors live in HBM)")
         return arg
 
+    release = _release(version)
+
     class Kernel:
-        def __init__(self, fn, grid=1):
+        def __init__(self, fn, grid=None):
             self.fn, self.grid = fn, grid
 
         def __getitem__(self, grid):
@@ -370,12 +392,18 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             return Kernel(self.fn, grid)
 
         def __call__(self, *args):
-            state.grids.append(self.grid)
-            kind = "shared_hbm" if self.grid > 1 else "hbm"
+            env_lnc = _env_lnc()
+            if self.grid is not None and release is not None and release >= (0, 7) and self.grid != env_lnc:
+                raise NkiRuleError(f"launch grid [{self.grid}] differs from the LNC in use "
+                                   f"(NEURON_LOGICAL_NC_CONFIG={env_lnc}): a compile-time error from NKI 0.7")
+            programs = env_lnc if self.grid is None else self.grid
+            state.grids.append(programs)
+            state.explicit_grids.append(self.grid)
+            kind = "shared_hbm" if programs > 1 else "hbm"
             inputs = [as_input(a, kind) for a in args]
             state.shared, result = [], None
-            for pid in range(self.grid):
-                state.program_id, state.num_programs, state.alloc_index = pid, self.grid, 0
+            for pid in range(programs):
+                state.program_id, state.num_programs, state.alloc_index = pid, programs, 0
                 result = self.fn(*inputs)
             state.program_id, state.num_programs = 0, 1
             if not isinstance(result, FakeTensor) or result.buffer not in HBM_KINDS:

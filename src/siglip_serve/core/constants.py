@@ -17,6 +17,15 @@ VALID_LNC = (1, 2)
 TRN2_DEFAULT_LNC = 2
 LNC_DEFAULT_BY_TARGET = {"trn2": TRN2_DEFAULT_LNC, "trn3": TRN2_DEFAULT_LNC}
 
+# The chip NKI compiles and simulates for (nki.jit and the NKI CPU Simulator pages). Unset, the simulator
+# "uses the Neuron chip detected on the running machine, otherwise defaults to trn3" (nki_simulator,
+# "Target Platform"): a dev box's check would hold the kernels to another chip's limits.
+PLATFORM_TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+KERNEL_TARGET = "trn2"
+# nl.tile_size.psum_num_banks: "Returns 7 when dma_transpose is lowered to PE transpose
+# (NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+), since bank 7 is reserved for nc_transpose. Otherwise 8."
+DMA_TRANSPOSE_AS_PE_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
+
 # With `tracing: true`, write spans as JSON lines into this file instead of exporting them over OTLP
 # (serve/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
 # the standard OTEL_* variables.

@@ -18,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from siglip_serve.core.constants import KERNEL_TARGET, PLATFORM_TARGET_ENV
 from siglip_serve.kernels import references
 from siglip_serve.kernels.device import WALL_CLOCK_TIMING
 from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
@@ -32,6 +34,7 @@ from siglip_serve.kernels.hardware import (
     PMAX,
     check_free,
     check_partitions,
+    check_psum_banks,
     check_sbuf_budget,
 )
 from siglip_serve.kernels.lnc import launch_grid, pin_launch_lnc, require_kernel_lnc, runtime_kernel_lnc
@@ -135,6 +138,8 @@ def validate_gated_mlp(tokens: int, hidden: int, inter: int, itemsize: int) -> N
         + t_tile * 4  # silu(gate) in fp32
     )
     check_sbuf_budget(per_partition, "gated_mlp resident weights")
+    # gate and up accumulate side by side; the last pair is still held while down accumulates.
+    check_psum_banks(3, "gated_mlp gate/up/down accumulators")
 
 
 # --- kernel specs: inputs, host-side layout, reference --------------------------------------
@@ -259,10 +264,23 @@ def launchable(run: KernelRun, on_device: bool = True):
     return kernel if grid is None else kernel[grid]
 
 
+def pin_simulator_target(env: MutableMapping[str, str] | None = None) -> str:
+    """The chip the NKI simulator models, as a row title says it: NEURON_PLATFORM_TARGET_OVERRIDE where the
+    user set it, else pinned here to trn2 (unset, the simulator takes the chip it runs on, else trn3)."""
+    env = os.environ if env is None else env
+    current = (env.get(PLATFORM_TARGET_ENV) or "").strip()
+    if current and current != KERNEL_TARGET:
+        return f"{current} from {PLATFORM_TARGET_ENV}"
+    env[PLATFORM_TARGET_ENV] = KERNEL_TARGET
+    return KERNEL_TARGET
+
+
 def simulate(run: KernelRun) -> np.ndarray:
-    """Run on the NKI CPU simulator and return the host-layout result."""
+    """Run on the NKI CPU simulator, for trn2 unless the user chose another target, and return the
+    host-layout result."""
     nki = _nki()
     kernel = launchable(run, on_device=False)
+    pin_simulator_target()
     if hasattr(nki, "simulate"):
         out = nki.simulate(kernel)(*run.args)
     elif hasattr(nki, "simulate_kernel"):
@@ -384,9 +402,11 @@ def check_kernel(run: KernelRun, on: str = "simulator") -> CheckResult:
     tolerance = kernel_tolerance(run, on)
     if on == "simulator":
         actual = simulate(run)
+        where = f"simulator {pin_simulator_target()}"
     elif on == "neuron":
         actual, _ = run_on_neuron(run, warmup=1, iterations=1)
+        where = "neuron"
     else:
         raise KernelInputError(f"on must be 'simulator' or 'neuron', got {on!r}")
-    result = compare(run.name, f"nki kernel ({on}, LNC={run.lnc})", actual, run.expected, tolerance, tolerance)
+    result = compare(run.name, f"nki kernel ({where}, LNC={run.lnc})", actual, run.expected, tolerance, tolerance)
     return dataclasses.replace(result, tolerance=tolerance, lnc=run.lnc)

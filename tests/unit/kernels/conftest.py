@@ -44,6 +44,8 @@ def fake_nki(monkeypatch, request):
     # Launches set NEURON_LOGICAL_NC_CONFIG (kernels/lnc.py pin_launch_lnc); set here first, so that
     # monkeypatch puts the variable back as it was when the test ends.
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "")
+    # The simulator's target is pinned by a launch too (kernels/nki_launch.py pin_simulator_target).
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     state = lib.FakeNkiState()
     modules = lib.build(state, getattr(request, "param", "fake-for-tests"))
     for name, module in modules.items():

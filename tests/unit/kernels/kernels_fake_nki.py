@@ -24,7 +24,8 @@ breaks one fails here, on any machine:
   stationary <= 128x128 and moving <= 128x512;
 * budgets per partition, counted over the tiles still alive (CPython frees a tile once no name
   holds it, as a kernel's scope would): SBUF 212,728 bytes (nki-library's MAX_AVAILABLE_SBUF_SIZE,
-  what ``nl.tile_size.total_available_sbuf_size`` reports), PSUM 8 banks of 2 KiB;
+  what ``nl.tile_size.sbuf_fmax_bytes`` reports), PSUM 8 banks of 2 KiB (7 with
+  NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true);
 * ``op=`` (and ``op0``/``op1``) only from the ISA's operator table (nki.api.shared, "Supported Math
   Operators": ``nl.maximum``, not the reduction function ``nl.max``); ``activation`` only with an
   activation function;
@@ -141,6 +142,7 @@ class FakeNkiState:
         self.instructions: Counter[str] = Counter()
         self.grids: list[int] = []  # programs each kernel call ran (its LNC), in order
         self.explicit_grids: list[int | None] = []  # the grid each call passed (None: a plain call)
+        self.simulate_targets: list[str | None] = []  # NEURON_PLATFORM_TARGET_OVERRIDE at each nki.simulate
         self.live: weakref.WeakSet[Buffer] = weakref.WeakSet()  # on-chip tiles some name still holds
 
 
@@ -179,6 +181,13 @@ def hbm_input(array: np.ndarray, dtype: str) -> FakeTensor:
     name = dtype_name(dtype)
     values = _cast(np.asarray(array, dtype=np.float32), name)
     return FakeTensor.whole(Buffer(values.shape, name, "hbm", values))
+
+
+def psum_budget() -> int:
+    """PSUM bytes per partition a kernel may hold: 8 banks, 7 with NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true
+    (``nl.tile_size.psum_num_banks``: bank 7 is reserved for nc_transpose then)."""
+    pe_transpose = (os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE") or "").strip().lower() == "true"
+    return PSUM_BUDGET - PSUM_BANK_BYTES if pe_transpose else PSUM_BUDGET
 
 
 def _release(version: str) -> tuple[int, int] | None:
@@ -236,7 +245,7 @@ def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, typ
         if kind == "psum" and per_partition > PSUM_BANK_BYTES:
             raise NkiRuleError(f"PSUM tile {shape} of {name} exceeds one 2 KiB bank per partition")
         if kind in ON_CHIP:
-            budget = SBUF_BUDGET if kind == "sbuf" else PSUM_BUDGET
+            budget = SBUF_BUDGET if kind == "sbuf" else psum_budget()
             live = sum(math.prod(b.data.shape[1:]) * ITEMSIZE[b.dtype] for b in state.live if b.kind == kind)
             if live + per_partition > budget:
                 raise NkiRuleError(f"{kind} over budget: {live} bytes per partition live + {per_partition} "
@@ -411,5 +420,9 @@ def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, typ
             return result.values.copy()
 
     nki.jit = lambda fn: Kernel(fn)
-    nki.simulate = lambda kernel: kernel
+    def simulate(kernel):
+        state.simulate_targets.append(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"))
+        return kernel
+
+    nki.simulate = simulate
     return {"nki": nki, "nki.language": nl, "nki.isa": nisa}

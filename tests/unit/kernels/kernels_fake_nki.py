@@ -27,8 +27,11 @@ breaks one fails here, on any machine:
   what ``nl.tile_size.sbuf_fmax_bytes`` reports), PSUM 8 banks of 2 KiB (7 with
   NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true);
 * ``op=`` (and ``op0``/``op1``) only from the ISA's operator table (nki.api.shared, "Supported Math
-  Operators": ``nl.maximum``, not the reduction function ``nl.max``); ``activation`` only with an
-  activation function;
+  Operators": ``nl.maximum``, not the reduction function ``nl.max``; its unary ``nl.rsqrt`` and
+  ``nl.reciprocal`` with ``operand0`` None or 0); ``activation`` only with an activation function;
+  ``tensor_scalar(engine=gpsimd)`` only for rsqrt; ``nisa.reciprocal`` runs on the Vector Engine. Which
+  engine ran which function is recorded (``engine_ops``), not its precision: the fake computes every
+  function exactly, on every engine;
 * ``nc_transpose`` keeps the dtype; a DMA moves raw bytes, so a ``dma_copy`` that changes the dtype
   needs a casting DGE mode (``dge_mode.swdge`` or ``dge_mode.none``: the NKI 0.3.0 migration guide);
 * a launch grid of 1 or 2 (the LNC degrees); without a grid a launch runs at the LNC of
@@ -143,6 +146,8 @@ class FakeNkiState:
         self.grids: list[int] = []  # programs each kernel call ran (its LNC), in order
         self.explicit_grids: list[int | None] = []  # the grid each call passed (None: a plain call)
         self.simulate_targets: list[str | None] = []  # NEURON_PLATFORM_TARGET_OVERRIDE at each nki.simulate
+        # (instruction, function, engine) of each activation, reciprocal and tensor_scalar: which engine ran what.
+        self.engine_ops: Counter[tuple[str, str, str]] = Counter()
         self.live: weakref.WeakSet[Buffer] = weakref.WeakSet()  # on-chip tiles some name still holds
 
 
@@ -214,14 +219,29 @@ def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, typ
     nl.float32, nl.bfloat16, nl.float16, nl.int32 = "float32", "bfloat16", "float16", "int32"
     nl.add, nl.subtract, nl.multiply, nl.maximum = np.add, np.subtract, np.multiply, np.maximum
     nl.minimum = np.minimum
-    operators = (nl.add, nl.subtract, nl.multiply, nl.maximum, nl.minimum)
+    binary = (nl.add, nl.subtract, nl.multiply, nl.maximum, nl.minimum)
     # The reduction *function* nl.max(x, axis): not an operator, so never an op= argument.
     nl.max = lambda x, axis=None, keepdims=False: np.max(x, axis=axis, keepdims=keepdims)
-    nl.exp, nl.rsqrt, nl.reciprocal = np.exp, lambda x: 1.0 / np.sqrt(x), lambda x: 1.0 / x
-    nl.silu = lambda x: x / (1.0 + np.exp(-x))
-    nl.gelu_apprx_tanh = lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    def rsqrt(x):
+        return 1.0 / np.sqrt(x)
+
+    def reciprocal(x):
+        return 1.0 / x
+
+    def silu(x):
+        return x / (1.0 + np.exp(-x))
+
+    def gelu_apprx_tanh(x):
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+    nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh = np.exp, rsqrt, reciprocal, silu, gelu_apprx_tanh
     activations = (nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh)
+    # The operator table's "Arithmetic Unary" rows: op0 of tensor_scalar with operand0 None or 0.
+    unary = (nl.rsqrt, nl.reciprocal)
+    operators = binary + unary
     nisa.dge_mode = SimpleNamespace(none="none", swdge="swdge", hwdge="hwdge", unknown="unknown")
+    nisa.engine = SimpleNamespace(unknown="unknown", vector="vector", scalar="scalar", gpsimd="gpsimd",
+                                  tensor="tensor")
 
     def operator(op, where: str):
         if not any(op is known for known in operators):
@@ -305,14 +325,23 @@ def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, typ
             return operand
         return value
 
-    def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, **_):
+    def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                      engine="unknown", **_):
         state.instructions["tensor_scalar"] += 1
         values = _read(data, "tensor_scalar", "data", ON_CHIP).astype(np.float32)
         operator(op0, "tensor_scalar op0")
         if op1 is not None:
             operator(op1, "tensor_scalar op1")
-        first = _operand(operand0, values, "tensor_scalar")
-        values = op0(first, values) if reverse0 else op0(values, first)
+        if engine == "gpsimd" and op0 is not nl.rsqrt:
+            raise NkiRuleError("tensor_scalar: engine=gpsimd is only allowed for rsqrt")
+        state.engine_ops[("tensor_scalar", op0.__name__, engine)] += 1
+        if any(op0 is u for u in unary):
+            if operand0 not in (None, 0, 0.0):
+                raise NkiRuleError(f"tensor_scalar: operand0 must be None or 0 for the unary {op0.__name__}")
+            values = op0(values)
+        else:
+            first = _operand(operand0, values, "tensor_scalar")
+            values = op0(first, values) if reverse0 else op0(values, first)
         if op1 is not None:
             second = _operand(operand1, values, "tensor_scalar")
             values = op1(second, values) if reverse1 else op1(values, second)
@@ -325,7 +354,15 @@ def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, typ
             raise NkiRuleError(f"activation: {getattr(op, '__name__', op)!r} is not an activation function "
                                "(nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh, ...)")
         shift = 0.0 if bias is None else _operand(bias, values, "activation")
+        state.engine_ops[("activation", op.__name__, "scalar")] += 1
         _write(dst, op(values * scale + shift), "activation", ON_CHIP)
+
+    def vector_reciprocal(dst, data, **_):
+        # nisa.reciprocal: on the Vector Engine, in float32 (nki.isa.reciprocal); both tiles in SBUF or PSUM.
+        state.instructions["reciprocal"] += 1
+        values = _read(data, "reciprocal", "data", ON_CHIP).astype(np.float32)
+        state.engine_ops[("reciprocal", "reciprocal", "vector")] += 1
+        _write(dst, 1.0 / values, "reciprocal", ON_CHIP)
 
     def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, **_):
         state.instructions["tensor_reduce"] += 1
@@ -377,6 +414,7 @@ def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, typ
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, activation, tensor_reduce, memset,
                nc_matmul, nc_transpose):
         setattr(nisa, fn.__name__, fn)
+    nisa.reciprocal = vector_reciprocal
 
     def as_input(arg, kind: str):
         if hasattr(arg, "detach") and hasattr(arg, "numpy"):  # a torch tensor, as nki.simulate accepts

@@ -44,6 +44,19 @@ SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_LOG_TO
                         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
+def expand_visible_cores(raw: str) -> list[int]:
+    """The NeuronCore indices NEURON_RT_VISIBLE_CORES names: single indices and inclusive ranges, comma separated
+    ("0-3", "0-1,4"), as the Neuron runtime takes them (its configuration guide: "a single NeuronCore index or
+    an inclusive range"; comma lists of both since runtime 2.16.18). ValueError names what is not an index."""
+    cores: list[int] = []
+    for part in raw.replace(" ", "").split(","):
+        low, dash, high = part.partition("-")
+        if not (low.isdigit() and (high.isdigit() if dash else not high)) or (dash and int(high) < int(low)):
+            raise ValueError(f"{VISIBLE_CORES_ENV}={raw!r}: {part!r} is not a core index or an inclusive range")
+        cores.extend(range(int(low), int(high) + 1) if dash else [int(low)])
+    return cores
+
+
 class InvalidLnc(ValueError):
     """NEURON_LOGICAL_NC_CONFIG holds something the Neuron runtime would refuse."""
 

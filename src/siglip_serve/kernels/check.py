@@ -3,9 +3,10 @@
 Step 1 always runs: every NumPy reference in :mod:`siglip_serve.kernels.references` is compared
 with torch on random inputs (e.g. conv2d+bias+maxpool against
 ``torch.nn.functional.conv2d`` + ``max_pool2d``). Step 2 runs each NKI kernel against
-its reference, on the NKI simulator or a NeuronCore, at the runtime's LNC, only where a
-real ``nki`` is installed; otherwise it reports that it skipped them and the check fails
-(``--kernels-on none`` asks for the references only).
+its reference, on the NKI simulator or a NeuronCore (the line installed here: torch-xla on Neuron
+2.31, TorchNeuron on 2.33), at the runtime's LNC, only where a real ``nki`` is installed (and, for
+``neuron``, a NeuronCore line); otherwise it reports that it skipped them and why, and the check
+fails (``--kernels-on none`` asks for the references only).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from siglip_serve.kernels import references
+from siglip_serve.kernels.device import DeviceUnavailableError, resolve_device
 from siglip_serve.kernels.errors import KernelInputError
 from siglip_serve.kernels.hardware import psum_banks_source, sbuf_budget_source
 from siglip_serve.kernels.lnc import runtime_kernel_lnc
@@ -152,10 +154,20 @@ def run_checks(seed: int = 0, kernels_on: str = "simulator") -> CheckReport:
     from siglip_serve.kernels.siglip import small_runs
 
     report.setting = kernel_setting(kernels_on)
+    device = None
+    if kernels_on == "neuron":
+        # The NeuronCore of the line installed here (torch-xla on 2.31, TorchNeuron on 2.33), found once.
+        try:
+            device = resolve_device("neuron")
+        except DeviceUnavailableError as exc:
+            report.kernels_skipped_reason = f"{exc}; only the references were checked"
+            log.warning("NKI kernels skipped: %s", exc)
+            return report
+        report.setting["NeuronCore"] = device.description
     lnc = runtime_kernel_lnc()
     for run in default_runs(seed, lnc) + small_runs(lnc, seed):
         try:
-            report.kernels.append(check_kernel(run, on=kernels_on))
+            report.kernels.append(check_kernel(run, on=kernels_on, device=device))
         except Exception as exc:  # a kernel that fails to build is a failed check, not a crash
             log.exception("kernel %s failed", run.name)
             report.kernels.append(CheckResult(run.name, f"nki kernel ({kernels_on})", float("inf"), False,

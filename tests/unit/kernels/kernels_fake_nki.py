@@ -455,6 +455,10 @@ def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, typ
             state.program_id, state.num_programs = 0, 1
             if not isinstance(result, FakeTensor) or result.buffer not in HBM_KINDS:
                 raise NkiRuleError(f"kernel output {result!r} must be an HBM tensor")
+            if any(hasattr(a, "detach") for a in args):  # torch in, torch out, as nki.simulate and nki.jit do
+                import torch
+
+                return torch.from_numpy(result.values.copy())
             return result.values.copy()
 
     nki.jit = lambda fn: Kernel(fn)

@@ -47,28 +47,12 @@ from siglip_serve.kernels.nki_specs import (  # noqa: F401 - re-exported: caller
     validate_vector_add_stream,
     validate_vector_add_tiled,
 )
+from siglip_serve.models.neuron.sdk import nki_status as nki_status  # where trn2-check's probe asks it too
 
 log = logging.getLogger(__name__)
 
 
 # --- nki availability -----------------------------------------------------------------------
-
-def nki_status() -> tuple[bool, str]:
-    """(usable, reason). PyPI's ``nki`` 0.0.1 is an empty placeholder and does not count."""
-    try:
-        import nki
-    except ImportError as exc:
-        return False, f"nki is not installed ({exc})"
-    try:
-        importlib.import_module("nki.isa")
-        importlib.import_module("nki.language")
-    except ImportError as exc:
-        version = getattr(nki, "__version__", "unknown")
-        return False, f"nki {version} has no nki.language/nki.isa (the PyPI placeholder?): {exc}"
-    if not hasattr(nki, "jit"):
-        return False, "nki has no nki.jit; need NKI 0.2+ (Neuron SDK 2.27+)"
-    return True, f"nki {getattr(nki, '__version__', 'unknown')}"
-
 
 def _nki():
     usable, reason = nki_status()

@@ -59,7 +59,7 @@ def versions() -> dict[str, Any]:
     except LncMismatch as exc:
         info["lnc"], info["lnc_explicit"], info["lnc_error"] = None, True, str(exc)
     info["env"] = {k: v for k, v in os.environ.items() if k.startswith("NEURON_")}
-    from siglip_serve.kernels.nki_launch import nki_status
+    from siglip_serve.models.neuron.sdk import nki_status
 
     usable, reason = nki_status()
     info["nki"] = {"usable": usable, "reason": reason}

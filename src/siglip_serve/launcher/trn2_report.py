@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.core.constants import VISIBLE_CORES_ENV
 from siglip_serve.models.neuron.env import LOCAL_NEFF_CACHE_ENV, NEFF_CACHE_ENV, default_neff_caches
 
 # Where a NEFF may land besides the artifacts: the trace line's compile cache default
@@ -99,7 +100,7 @@ def ray_answer(out: Path) -> str:
     if not isinstance(view, dict):
         return "no versions.json with Ray's view"
     detected = view.get("ray_detected_neuron_cores", view.get("ray_detected_error"))
-    text = (f"NEURON_RT_VISIBLE_CORES={view.get('NEURON_RT_VISIBLE_CORES')}; Ray reads ids "
+    text = (f"{VISIBLE_CORES_ENV}={view.get(VISIBLE_CORES_ENV)}; Ray reads ids "
             f"{view.get('ray_visible_ids', view.get('ray_error'))}; Ray's neuron-ls count: {detected}")
     if view.get("ray_sees_fewer_cores_than_the_runtime"):
         text += f"; FEWER than the runtime's {len(view.get('runtime_cores') or [])}: a range, which `ray start` refuses"

@@ -61,6 +61,23 @@ def installed_line() -> str | None:
     return None if version in (None, "1.0") else sdk_line(version, has_trace=True)
 
 
+def nki_status() -> tuple[bool, str]:
+    """(usable, reason). PyPI's ``nki`` 0.0.1 is an empty placeholder and does not count."""
+    try:
+        import nki
+    except ImportError as exc:
+        return False, f"nki is not installed ({exc})"
+    try:
+        importlib.import_module("nki.isa")
+        importlib.import_module("nki.language")
+    except ImportError as exc:
+        version = getattr(nki, "__version__", "unknown")
+        return False, f"nki {version} has no nki.language/nki.isa (the PyPI placeholder?): {exc}"
+    if not hasattr(nki, "jit"):
+        return False, "nki has no nki.jit; need NKI 0.2+ (Neuron SDK 2.27+)"
+    return True, f"nki {getattr(nki, '__version__', 'unknown')}"
+
+
 def require_torch_neuronx() -> ModuleType:
     """Import torch_neuronx, or raise NeuronSdkMissing with one line naming what to install."""
     try:

@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture
 def neuron_device():
-    """A torch-xla Neuron device, or a skip when only the NKI simulator is available."""
+    """The NeuronCore of the line installed here (torch-xla on Neuron 2.31, TorchNeuron on 2.33), or a skip
+    when only the NKI simulator is available."""
     from siglip_serve.kernels.device import DeviceUnavailableError, resolve_device
 
     try:

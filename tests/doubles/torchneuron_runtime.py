@@ -16,7 +16,10 @@ input, and forbids recompiles after warm-up.
 What it does NOT prove: that TorchNeuron lowers this graph (StableHLO, neuronx-cc), that the flags
 reach neuronx-cc or that later flags override its defaults, TorchNeuron's real cache key and layout,
 bf16 auto-cast numerics (this runs float32), the `neuron` device, NeuronCore placement or LNC in the
-runtime, compile times, or throughput. tests/device/test_neuron_native_trn2.py does those on a trn2.
+runtime, compile times, or throughput, nor that `synchronize` waits for anything (CPU work is done when
+its call returns; the double counts the calls) or that an NKI kernel runs eagerly on the `neuron` device
+(the kernel tests call the fake NKI with its CPU tensors). tests/device/test_neuron_native_trn2.py and
+tests/device/test_kernels_neuron.py do those on a trn2.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class RecordingRuntime:
     sdk_versions: dict[str, str | None] = field(default_factory=lambda: dict(DOUBLE_VERSIONS))
     compiles: list[dict[str, Any]] = field(default_factory=list)
     hits: list[dict[str, Any]] = field(default_factory=list)
+    syncs: int = 0
     name: str = "recording-double"
 
     def check_sdk(self) -> None:
@@ -70,6 +74,9 @@ class RecordingRuntime:
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+    def synchronize(self) -> None:
+        self.syncs += 1  # eager CPU work is done when its call returns: nothing to wait for
 
     def graph_files(self, neff_dir: Path) -> dict[str, int]:
         return neff_files(neff_dir)

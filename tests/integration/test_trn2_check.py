@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from siglip_serve.launcher import trn2_check
+from siglip_serve.launcher import trn2_check, trn2_probes, trn2_report, trn2_steps
 from siglip_serve.launcher.trn2_check import Run, Step, run_step, write_summary
 from tests.helpers import DOUBLES, PLACEHOLDER, REPO
 
@@ -162,6 +163,88 @@ def test_another_python_without_the_project_is_refused_in_one_line(tmp_path: Pat
     assert not (tmp_path / "out").exists()
 
 
+def test_the_kernel_steps_run_in_the_line_found_and_skip_with_the_reason(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35, B2/B6: the NeuronCore step runs `kernels check` in TorchNeuron's python, else the trace line's,
+    each only with a usable nki, and says why when neither will do; the simulator step is pinned to trn2."""
+    trace, native = "/venv-trace/bin/python", "/venv-native/bin/python"
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    steps = {s.name: s for s in trn2_check.plan(Run(tmp_path, [PY]))}
+    neuron, simulator = steps["kernels-neuron"], steps["kernels-simulator"]
+    run = Run(tmp_path, [PY, trace, native], nki={PY: (False, "nki is not installed")})
+    assert neuron.skip_if(run) == (f"no Neuron line in {PY}, {trace}, {native}: neither the 2.31 trace line "
+                                   f"(torch-neuronx 2.9 with torch-xla) nor TorchNeuron (torch-neuronx 2.13+) is "
+                                   f"installed")
+    assert simulator.skip_if(run).startswith(f"no usable nki ({PY}: nki is not installed;")
+    run.lines = {"trace": trace, "native": native}
+    run.nki.update({trace: (True, "nki 0.5.0"), native: (False, "nki is not installed")})
+    assert neuron.skip_if(run) is None and neuron.command(run)[:1] == [trace]
+    run.nki[native] = (True, "nki 0.7.0")
+    assert neuron.command(run) == [native, "-m", "siglip_serve", "kernels", "check", "--kernels-on", "neuron",
+                                   "--json", "kernels-neuron.json"]
+    assert simulator.command(run)[0] == native and simulator.env == {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
+    assert simulator.title == "NKI kernels against the references (simulator, target trn2)"
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")  # the user's target stands
+    (user,) = [s for s in trn2_steps.kernel_steps(1.0) if s.name == "kernels-simulator"]
+    assert user.env == {} and user.title.endswith("(simulator, target trn3)")
+
+
+@pytest.mark.parametrize("listing, cores, error", [
+    ([{"neuron_device": 0, "nc_count": 4}, {"neuron_device": 1, "nc_count": 4}], 8, None),
+    ({"instance_type": "trn2.48xlarge", "logical_neuroncore_config": 2,
+      "neuron_devices": [{"neuron_device": i, "nc_count": 4} for i in range(16)]}, 64, None),
+    ({"neuron_device": 0, "nc_count": 4}, 4, None),
+    ({"instance_type": "trn2.3xlarge"}, None,
+     "neuron-ls --json-output gave no NeuronCore count (an object with keys ['instance_type'] and no device "
+     "list); pass --cores N"),
+], ids=["list", "object-48xlarge", "one-device", "no-devices"])
+def test_neuron_ls_json_is_read_as_a_list_or_an_object_and_never_guessed(tmp_path: Path, listing: object,
+                                                                        cores: int | None, error: str | None) -> None:
+    """Issue 35, B9: a trn2.48xlarge has 64 logical cores at LNC=2, not 8 // LNC; no count means --cores."""
+    (tmp_path / "neuron-ls.json").write_text(json.dumps(listing))
+    run = Run(tmp_path, [PY], lnc=2)
+    assert trn2_steps.count_cores(run, tmp_path / "stdout") == error and run.cores == cores
+    (multicore,) = [s for s in trn2_steps.line_steps("trace", 1.0, 5) if s.name == "multicore-trace"]
+    assert multicore.skip_if(run) == (None if cores else "no NeuronCore count (neuron-ls gave none); pass --cores N")
+
+
+def test_stray_neffs_in_torchneurons_default_caches_are_reported(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35, B5: TorchNeuron without its variables writes to `neff_cache` and the local tier `local_cache` in
+    the temp directory; a NEFF there is one a compile wrote without the artifact's environment."""
+    temp, out = tmp_path / "tmp", tmp_path / "out"
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "NEURON_COMPILE_CACHE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for neff in (temp / "neff_cache" / "ab" / "cd" / "abcd.neff", temp / "local_cache" / "ef.neff",
+                 out / "artifacts-native" / "tiny" / "neff" / "12" / "34" / "1234.neff"):
+        neff.parent.mkdir(parents=True)
+        neff.write_bytes(b"neff")
+    found = trn2_report.neff_files(out)
+    assert {str(temp / "neff_cache"), str(temp / "local_cache")} <= set(found["outside_the_artifacts"])
+    assert str(out.resolve()) not in found["outside_the_artifacts"]
+    assert {f["path"] for f in found["files"]} >= {str(temp / "neff_cache" / "ab" / "cd" / "abcd.neff"),
+                                                   str(temp / "local_cache" / "ef.neff")}
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "x.neff").parent.mkdir()
+    (elsewhere / "x.neff").write_bytes(b"neff")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(elsewhere))  # the local tier's own variable
+    assert str(elsewhere) in trn2_report.neff_files(out)["outside_the_artifacts"]
+
+
+def test_what_ray_makes_of_the_neuron_cores_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35, B4: the versions probe records Ray's reading of NEURON_RT_VISIBLE_CORES beside the runtime's,
+    and the summary says when a range leaves Ray with fewer cores than the runtime."""
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-1,4")
+    view = trn2_probes.versions()["ray_neuron"]
+    assert view["runtime_cores"] == [0, 1, 4] and view["ray_visible_ids"] == ["0-1", "4"]
+    assert view["ray_sees_fewer_cores_than_the_runtime"] and "ray_detected_neuron_cores" in view
+    (tmp_path / "versions.json").write_text(json.dumps({"ray_neuron": view}))
+    answer = trn2_report.ray_answer(tmp_path)
+    assert answer.startswith("NEURON_RT_VISIBLE_CORES=0-1,4; Ray reads ids ['0-1', '4']")
+    assert answer.endswith("FEWER than the runtime's 3: a range, which `ray start` refuses")
+
+
 @pytest.mark.neuron
 def test_trn2_check_on_a_real_trn2(tmp_path: Path) -> None:
     """The whole first contact on the hardware: every installed line compiles, matches the CPU,
@@ -171,7 +254,8 @@ def test_trn2_check_on_a_real_trn2(tmp_path: Path) -> None:
     assert code == 0 and summary["ok"], (tmp_path / "summary.md").read_text()
     got = statuses(summary)
     assert got["neuron-ls"][0] == got["neuron-ls-json"][0] == "passed"
-    assert summary["logical_cores"] == 8 // summary["lnc"]
+    devices, _ = trn2_steps.neuron_ls_devices(json.loads((tmp_path / "neuron-ls.json").read_text()))
+    assert summary["logical_cores"] == sum(d["nc_count"] for d in devices) >= 8 // summary["lnc"]
     for line in summary["lines"]:
         for step in ("compile", "accuracy", "serve", "multicore", "report"):
             assert got[f"{step}-{line}"][0] == "passed", (step, line, got[f"{step}-{line}"])

@@ -136,6 +136,26 @@ def test_lnc_arithmetic_of_a_trn2_3xlarge(lnc: int, cores: int) -> None:
     assert logical_cores(CHIPS_PER_NODE["trn2.3xlarge"], lnc) == cores
 
 
+def test_the_device_plugin_install_covers_every_worker_instance_type_and_says_how_to_check(manifest: dict) -> None:
+    """Issue 35, B9: the chart version read (1.0.0) lists no trn2 type in neuronInstances, so the install command
+    in the manifest and docs/trn2.md sets the list, with every type a worker group runs on, and the node check
+    that shows whether the plugin runs there."""
+    import re
+
+    header = "\n".join(line[1:].strip() for line in MANIFEST.read_text().splitlines() if line.startswith("#"))
+    doc = (REPO / "docs" / "trn2.md").read_text()
+    workers = {group["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"]
+               for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    for text in (header, doc):
+        (install,) = re.findall(r"helm upgrade --install neuron-helm-chart oci://public\.ecr\.aws/neuron/"
+                                r"neuron-helm-chart --version <V> --set 'neuronInstances=\{([^}]*)\}'", text)
+        assert workers <= set(install.split(","))
+        for worker in workers:
+            assert (f"kubectl get nodes -l node.kubernetes.io/instance-type={worker} -o custom-columns="
+                    f"'NAME:.metadata.name,NEURON:.status.allocatable.aws\\.amazon\\.com/neuron'") in text
+        assert "helm show values oci://public.ecr.aws/neuron/neuron-helm-chart" in " ".join(text.split())
+
+
 def test_the_head_stays_off_trn2_nodes(manifest: dict) -> None:
     head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]
     terms = head["template"]["spec"]["affinity"]["nodeAffinity"][

@@ -17,6 +17,15 @@ VALID_LNC = (1, 2)
 TRN2_DEFAULT_LNC = 2
 LNC_DEFAULT_BY_TARGET = {"trn2": TRN2_DEFAULT_LNC, "trn3": TRN2_DEFAULT_LNC}
 
+# The chip NKI compiles and simulates for (nki.jit and the NKI CPU Simulator pages). Unset, the simulator
+# "uses the Neuron chip detected on the running machine, otherwise defaults to trn3" (nki_simulator,
+# "Target Platform"): a dev box's check would hold the kernels to another chip's limits.
+PLATFORM_TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+KERNEL_TARGET = "trn2"
+# nl.tile_size.psum_num_banks: "Returns 7 when dma_transpose is lowered to PE transpose
+# (NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+), since bank 7 is reserved for nc_transpose. Otherwise 8."
+DMA_TRANSPOSE_AS_PE_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
+
 # With `tracing: true`, write spans as JSON lines into this file instead of exporting them over OTLP
 # (serve/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
 # the standard OTEL_* variables.
@@ -33,6 +42,19 @@ TRACES_FILE_ENV = "SIGLIP_TRACES_FILE"
 # ray/serve/_private/constants.py, after the mode's block).
 SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_LOG_TO_STDERR": "1",
                         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+
+
+def expand_visible_cores(raw: str) -> list[int]:
+    """The NeuronCore indices NEURON_RT_VISIBLE_CORES names: single indices and inclusive ranges, comma separated
+    ("0-3", "0-1,4"), as the Neuron runtime takes them (its configuration guide: "a single NeuronCore index or
+    an inclusive range"; comma lists of both since runtime 2.16.18). ValueError names what is not an index."""
+    cores: list[int] = []
+    for part in raw.replace(" ", "").split(","):
+        low, dash, high = part.partition("-")
+        if not (low.isdigit() and (high.isdigit() if dash else not high)) or (dash and int(high) < int(low)):
+            raise ValueError(f"{VISIBLE_CORES_ENV}={raw!r}: {part!r} is not a core index or an inclusive range")
+        cores.extend(range(int(low), int(high) + 1) if dash else [int(low)])
+    return cores
 
 
 class InvalidLnc(ValueError):

@@ -3,9 +3,10 @@
 Step 1 always runs: every NumPy reference in :mod:`siglip_serve.kernels.references` is compared
 with torch on random inputs (e.g. conv2d+bias+maxpool against
 ``torch.nn.functional.conv2d`` + ``max_pool2d``). Step 2 runs each NKI kernel against
-its reference, on the NKI simulator or a NeuronCore, at the runtime's LNC, only where a
-real ``nki`` is installed; otherwise it reports that it skipped them and the check fails
-(``--kernels-on none`` asks for the references only).
+its reference, on the NKI simulator or a NeuronCore (the line installed here: torch-xla on Neuron
+2.31, TorchNeuron on 2.33), at the runtime's LNC, only where a real ``nki`` is installed (and, for
+``neuron``, a NeuronCore line); otherwise it reports that it skipped them and why, and the check
+fails (``--kernels-on none`` asks for the references only).
 """
 from __future__ import annotations
 
@@ -15,9 +16,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from siglip_serve.kernels import references
+from siglip_serve.kernels.device import DeviceUnavailableError, resolve_device
 from siglip_serve.kernels.errors import KernelInputError
+from siglip_serve.kernels.hardware import psum_banks_source, sbuf_budget_source
 from siglip_serve.kernels.lnc import runtime_kernel_lnc
-from siglip_serve.kernels.nki_launch import CheckResult, check_kernel, compare, default_runs, nki_status
+from siglip_serve.kernels.nki_launch import (
+    CheckResult,
+    check_kernel,
+    compare,
+    default_runs,
+    nki_status,
+    pin_simulator_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +84,24 @@ def _torch_checks(rng: np.random.Generator) -> list[CheckResult]:
     return results
 
 
+def kernel_setting(kernels_on: str) -> dict[str, str]:
+    """What the kernels are held to here, and which source answered each (printed above the rows)."""
+    budget, source = sbuf_budget_source()
+    banks, why = psum_banks_source()
+    setting = {"SBUF a kernel can use per partition": f"{budget} B ({source})",
+               "PSUM banks a kernel can use": f"{banks} ({why})"}
+    if kernels_on == "simulator":
+        setting["NKI simulator target"] = pin_simulator_target()
+    return setting
+
+
 @dataclass
 class CheckReport:
     references: list[CheckResult]
     kernels: list[CheckResult] = field(default_factory=list)
     kernels_skipped_reason: str = ""  # set when kernels were asked for and could not run
+    # What the kernels ran against, as this machine answered (simulator target, SBUF and PSUM budgets).
+    setting: dict[str, str] = field(default_factory=dict)
 
     @property
     def mismatches(self) -> bool:
@@ -95,11 +118,13 @@ class CheckReport:
             "references": [r.as_dict() for r in self.references],
             "kernels": [r.as_dict() for r in self.kernels],
             "kernels_skipped_reason": self.kernels_skipped_reason,
+            "setting": self.setting,
         }
 
     def format(self) -> str:
-        lines = [f"{'check':<62} {'against':<28} {'max |err|':>10}  result"]
-        lines.append("-" * len(lines[0]))
+        lines = [f"{name}: {value}" for name, value in self.setting.items()]
+        lines.append(f"{'check':<62} {'against':<28} {'max |err|':>10}  result")
+        lines.append("-" * len(lines[-1]))
         for r in self.references + self.kernels:
             lines.append(f"{r.name:<62} {r.target:<28} {r.max_abs_err:>10.3g}  {r.verdict} {r.detail}".rstrip())
         if self.kernels_skipped_reason:
@@ -128,10 +153,21 @@ def run_checks(seed: int = 0, kernels_on: str = "simulator") -> CheckReport:
         return report
     from siglip_serve.kernels.siglip import small_runs
 
+    report.setting = kernel_setting(kernels_on)
+    device = None
+    if kernels_on == "neuron":
+        # The NeuronCore of the line installed here (torch-xla on 2.31, TorchNeuron on 2.33), found once.
+        try:
+            device = resolve_device("neuron")
+        except DeviceUnavailableError as exc:
+            report.kernels_skipped_reason = f"{exc}; only the references were checked"
+            log.warning("NKI kernels skipped: %s", exc)
+            return report
+        report.setting["NeuronCore"] = device.description
     lnc = runtime_kernel_lnc()
     for run in default_runs(seed, lnc) + small_runs(lnc, seed):
         try:
-            report.kernels.append(check_kernel(run, on=kernels_on))
+            report.kernels.append(check_kernel(run, on=kernels_on, device=device))
         except Exception as exc:  # a kernel that fails to build is a failed check, not a crash
             log.exception("kernel %s failed", run.name)
             report.kernels.append(CheckResult(run.name, f"nki kernel ({kernels_on})", float("inf"), False,

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_args(sg, "bfloat16")
     sg.add_argument("--images", type=int, default=1, help="images per call (tokens = 729 x images)")
 
-    pj = sub.add_parser("profile-json", help="parse neuron-profile JSON summaries and compare kernels")
+    pj = sub.add_parser("profile-json", help="parse Neuron Explorer summaries (summary-json, or the legacy json) "
+                                             "and compare kernels")
     pj.add_argument("paths", nargs="+", type=Path)
     pj.add_argument("--kernel", action="append", default=[],
                     help="kernel name per file, in order (default: file stem)")
@@ -63,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pn = sub.add_parser("profile-neff", help="device time of saved NEFFs with neuron-explorer capture (trn2)")
     pn.add_argument("neffs", nargs="+", type=Path,
-                    help="NEFF files, or directories a NEURON_FRAMEWORK_DEBUG=1 run saved them in")
+                    help="NEFF files, or directories a run saved them in (NEURON_FRAMEWORK_DEBUG=1 on the 2.31 trace "
+                         "line; NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_DEVICE_PROFILE=1 "
+                         "NEURON_RT_INSPECT_OUTPUT_DIR=neffs on TorchNeuron)")
     pn.add_argument("--nth-exec", type=int, default=2, help="execution to profile (2 skips warm-up effects)")
     pn.add_argument("--workdir", type=Path, default=Path("profiles"), help="where traces and JSON go")
     pn.add_argument("--json", type=Path, help="write the device times as JSON")
@@ -192,7 +195,9 @@ def cmd_profile_neff(args: argparse.Namespace) -> int:
 
     neffs = [n for p in args.neffs for n in (find_neffs(p) if p.is_dir() else [p])]
     if not neffs:
-        raise KernelInputError("no .neff files found; run the benchmark with NEURON_FRAMEWORK_DEBUG=1 first")
+        raise KernelInputError("no .neff files found; run the benchmark with NEURON_FRAMEWORK_DEBUG=1 (2.31 trace "
+                               "line) or NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_DEVICE_PROFILE=1 "
+                               "NEURON_RT_INSPECT_OUTPUT_DIR=neffs (TorchNeuron) first")
     times = []
     for i, neff in enumerate(neffs, 1):
         print(f"[{i}/{len(neffs)}] capturing {neff}", file=sys.stderr)

@@ -1,6 +1,8 @@
-"""Where a benchmark runs (Neuron via torch-xla, CUDA, or the CPU fallback) and how it is timed.
+"""Where a benchmark runs (a NeuronCore on either Neuron line, CUDA, or the CPU fallback) and how it is timed.
 
-Neuron and CUDA are imported lazily so this module loads on any machine. Timing
+The NeuronCore comes from :mod:`siglip_serve.kernels.device_neuron` (torch-xla on the 2.31 trace line,
+TorchNeuron's ``neuron`` device on the 2.33 line). Neuron and CUDA are imported lazily so this module
+loads on any machine. Timing
 always brackets the measured call with a device synchronisation, otherwise an
 asynchronous device would report dispatch time rather than execution time.
 """
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from siglip_serve.kernels.errors import DeviceUnavailableError as DeviceUnavailableError
 from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
 
 log = logging.getLogger(__name__)
@@ -31,10 +34,6 @@ CPU_FALLBACK_WARNING = (
 # The two values of the ``timing`` field in every benchmark table and JSON.
 WALL_CLOCK_TIMING = "wall_clock_including_dispatch"
 DEVICE_TIMING = "device"
-
-
-class DeviceUnavailableError(KernelUnavailable):
-    """The requested device (neuron or cuda) cannot be used on this machine."""
 
 
 class ResultMismatch(KernelUnavailable):
@@ -86,10 +85,17 @@ class Device:
     description: str
     _sync: Callable[[], None] = field(repr=False, default=lambda: None)
     _compile_count: Callable[[], int | None] = field(repr=False, default=lambda: None)
+    line: str | None = None  # on a NeuronCore: "trace" (torch-xla, Neuron 2.31) or "native" (TorchNeuron, 2.33)
+    compile_backend: Any = None  # TorchNeuron's torch.compile backend ("neuron"; a test double's elsewhere)
 
     @property
     def is_npu(self) -> bool:
         return self.kind == "neuron"
+
+    @property
+    def launch_method(self) -> str:
+        """How kernels reach the device here, as the timing tables name it."""
+        return {"trace": "torch-xla", "native": "TorchNeuron eager"}.get(self.line or "", self.kind)
 
     @property
     def timing(self) -> str:
@@ -153,37 +159,12 @@ class Device:
         return samples, result
 
 
-def _neuron_device() -> Device:
-    try:
-        import torch_xla
-        import torch_xla.core.xla_model as xm
-        import torch_xla.debug.metrics as met
-    except ImportError as exc:
-        raise DeviceUnavailableError(f"torch-xla / torch-neuronx is not installed: {exc}") from exc
-    try:
-        import torch_neuronx  # noqa: F401 - imported only to register the Neuron PJRT plugin
-    except ImportError as exc:
-        raise DeviceUnavailableError(f"torch-neuronx is not installed: {exc}") from exc
-    xla_device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
-    if "xla" not in str(xla_device):
-        raise DeviceUnavailableError(f"torch-xla returned a non-XLA device {xla_device!r}")
+def _neuron_device(native_runtime: Any = None) -> Device:
+    from siglip_serve.kernels.device_neuron import neuron_core
 
-    def sync() -> None:
-        # Cut the lazy graph (compiling it if new) and wait until the device has run it.
-        if hasattr(torch_xla, "sync"):
-            torch_xla.sync()
-        else:
-            xm.mark_step()
-        xm.wait_device_ops()
-
-    def compile_count() -> int | None:
-        data = met.metric_data("CompileTime")
-        return int(data[0]) if data else 0
-
-    from siglip_serve.kernels.lnc import runtime_kernel_lnc
-
-    return Device("neuron", xla_device, f"Neuron {xla_device} (runtime LNC={runtime_kernel_lnc()})", sync,
-                  compile_count)
+    core = neuron_core(native_runtime)
+    return Device("neuron", core.torch_device, core.description, core.sync, core.compile_count, line=core.line,
+                  compile_backend=core.compile_backend)
 
 
 def _cuda_device() -> Device:
@@ -199,17 +180,18 @@ def _cpu_device() -> Device:
     return Device("cpu", _torch().device("cpu"), describe_cpu())
 
 
-def resolve_device(requested: str = "auto") -> Device:
-    """``auto`` tries neuron, then cuda, then falls back to cpu (with a warning)."""
+def resolve_device(requested: str = "auto", native_runtime: Any = None) -> Device:
+    """``auto`` tries neuron (the Neuron line installed here), then cuda, then falls back to cpu (with a
+    warning). ``native_runtime``: the TorchNeuron seam to use (default the real one; tests pass a double)."""
     if requested not in DEVICE_CHOICES:
         raise KernelInputError(f"device must be one of {DEVICE_CHOICES}, got {requested!r}")
     if requested == "neuron":
-        return _neuron_device()
+        return _neuron_device(native_runtime)
     if requested == "cuda":
         return _cuda_device()
     if requested == "cpu":
         return _cpu_device()
-    for factory in (_neuron_device, _cuda_device):
+    for factory in (lambda: _neuron_device(native_runtime), _cuda_device):
         try:
             return factory()
         except DeviceUnavailableError as exc:

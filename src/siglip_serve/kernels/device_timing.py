@@ -6,8 +6,12 @@ Every timed loop in this package measures host wall clock around call + sync
 ``benchmark``, so the device's own time comes from the profiler, as the NKI guide
 "Profile a NKI Kernel" (SDK 2.33) describes:
 
-1. run the benchmark with ``NEURON_FRAMEWORK_DEBUG=1`` (plus ``XLA_IR_DEBUG=1``,
-   ``XLA_HLO_DEBUG=1``) so the compiler saves each NEFF;
+1. run the benchmark so each NEFF is saved: on the 2.31 trace line with ``NEURON_FRAMEWORK_DEBUG=1``
+   (plus ``XLA_IR_DEBUG=1``, ``XLA_HLO_DEBUG=1``); on TorchNeuron (2.33, no torch-xla) through the
+   runtime, which Neuron Explorer's environment-variable capture works with in "any framework":
+   ``NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_DEVICE_PROFILE=1 NEURON_RT_INSPECT_OUTPUT_DIR=neffs``
+   writes ``neff_<id>.neff`` (and the first execution's trace) under ``neffs/`` (Neuron Explorer
+   "Environment Variables", SDK 2.33.1);
 2. ``neuron-explorer capture -n X.neff -s profile.ntff --profile-nth-exec=2`` executes
    it on the device and records the 2nd execution (skipping warm-up effects) to
    ``profile_exec_2.ntff``;
@@ -36,6 +40,14 @@ from siglip_serve.kernels.profile_json import (
 )
 
 EXPLORER = "neuron-explorer"
+# How each Neuron line saves the NEFFs a benchmark runs, for profile-neff to capture again.
+RUNTIME_CAPTURE_ENV = {"NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_DEVICE_PROFILE": "1",
+                       "NEURON_RT_INSPECT_OUTPUT_DIR": "neffs"}
+NEFF_SAVING_ENV = {"trace": FRAMEWORK_DEBUG_ENV, "native": RUNTIME_CAPTURE_ENV}
+
+
+def _assignments(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in env.items())
 
 
 class DeviceTimingUnavailable(KernelUnavailable):
@@ -91,8 +103,10 @@ def profile_neff(neff: str | Path, workdir: str | Path, nth_exec: int = 2,
             f"{EXPLORER} is not on PATH; it ships with aws-neuronx-tools (preinstalled on the Neuron DLAMI)")
     neff = Path(neff)
     if not neff.is_file():
-        raise DeviceTimingUnavailable(f"{neff}: no such NEFF; run the benchmark with "
-                                      + " ".join(f"{k}={v}" for k, v in FRAMEWORK_DEBUG_ENV.items()))
+        raise DeviceTimingUnavailable(
+            f"{neff}: no such NEFF; run the benchmark with {_assignments(FRAMEWORK_DEBUG_ENV)} on the 2.31 trace "
+            f"line, or with {_assignments(RUNTIME_CAPTURE_ENV)} on TorchNeuron (2.33), then pass the NEFFs or their "
+            f"folder")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     session = workdir / f"{neff.stem}.ntff"

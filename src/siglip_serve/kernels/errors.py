@@ -15,3 +15,7 @@ class KernelInputError(UserError, ValueError):
 
 class KernelUnavailable(UserError, RuntimeError):
     """What a benchmark needs (a NeuronCore, the real nki, a profiler) is not here, or its run failed."""
+
+
+class DeviceUnavailableError(KernelUnavailable):
+    """The requested device (neuron or cuda) cannot be used on this machine."""

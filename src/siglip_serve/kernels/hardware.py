@@ -10,8 +10,12 @@ bandwidth does not (Neuron Explorer's MBU uses one stack's figure at both LNCs).
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from siglip_serve.core.constants import DMA_TRANSPOSE_AS_PE_ENV
 from siglip_serve.core.constants import TRN2_DEFAULT_LNC as TRN2_DEFAULT_LNC  # the trn2 default LNC, declared there
 from siglip_serve.kernels.errors import KernelInputError
 
@@ -29,21 +33,53 @@ PSUM_FMAX = 512
 # NeuronCore-v3 SBUF is 28 MiB = 128 partitions x 224 KiB (trainium2_nki_arch page).
 SBUF_BYTES_PER_PARTITION = 224 * 1024
 # What a kernel can really allocate per partition: the runtime and compiler keep the rest. NKI gives it
-# as nl.tile_size.total_available_sbuf_size ("usable SBUF size per partition (total minus reserved
-# bytes)"); without a real nki, nki-library's own budget: MAX_AVAILABLE_SBUF_SIZE = 224 * 1024 - 16384
+# as nl.tile_size.sbuf_fmax_bytes ("per-partition usable SBUF free dimension in bytes", NKI 0.4+), earlier as
+# total_available_sbuf_size (deprecated since NKI 0.4: "Use ... sbuf_fmax_bytes for the usable per-partition
+# size"); without a real nki, nki-library's own budget: MAX_AVAILABLE_SBUF_SIZE = 224 * 1024 - 16384
 # (dynamic DMA scratch) - 8 (reserved) - 256 (transpose identity) = 212,728 bytes
 # (src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_constants.py).
 SBUF_USABLE_BYTES_PER_PARTITION = SBUF_BYTES_PER_PARTITION - 16384 - 8 - 256
+SBUF_ATTRIBUTES = ("sbuf_fmax_bytes", "total_available_sbuf_size")
+NKI_LIBRARY_BUDGET = "nki-library's MAX_AVAILABLE_SBUF_SIZE (no nki.language.tile_size figure here)"
+# NeuronCore-v3 PSUM: 16 KiB per partition = 8 banks of 2 KiB (trainium2_nki_arch page).
+PSUM_BANKS = 8
+
+
+def _tile_size() -> Any:
+    try:
+        import nki.language as nl  # the Neuron SDK; absent on CPU-only machines
+
+        return nl.tile_size
+    except Exception:  # no nki, or PyPI's placeholder: no tile_size to ask
+        return None
+
+
+def sbuf_budget_source() -> tuple[int, str]:
+    """(usable SBUF bytes per partition, where the figure came from): sbuf_fmax_bytes first, then the
+    deprecated total_available_sbuf_size, then nki-library's constant."""
+    tile_size = _tile_size()
+    for name in SBUF_ATTRIBUTES:
+        value = getattr(tile_size, name, None)
+        if isinstance(value, int) and value > 0:
+            return value, f"nl.tile_size.{name}"
+    return SBUF_USABLE_BYTES_PER_PARTITION, NKI_LIBRARY_BUDGET
 
 
 def sbuf_budget() -> int:
     """Usable SBUF bytes per partition: the real nki's figure where it is installed, else nki-library's."""
-    try:
-        import nki.language as nl  # the Neuron SDK; absent on CPU-only machines
+    return sbuf_budget_source()[0]
 
-        return int(nl.tile_size.total_available_sbuf_size)
-    except Exception:  # no nki, or one without the attribute (NKI < 0.2's tile_size)
-        return SBUF_USABLE_BYTES_PER_PARTITION
+
+def psum_banks_source(env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(PSUM banks a kernel can use per partition, why): nl.tile_size.psum_num_banks where nki has it; else 7
+    with NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true (bank 7 kept for nc_transpose), otherwise 8."""
+    value = getattr(_tile_size(), "psum_num_banks", None)
+    if isinstance(value, int) and value > 0:
+        return value, "nl.tile_size.psum_num_banks"
+    env = os.environ if env is None else env
+    if (env.get(DMA_TRANSPOSE_AS_PE_ENV) or "").strip().lower() == "true":
+        return PSUM_BANKS - 1, f"{DMA_TRANSPOSE_AS_PE_ENV}=true keeps bank 7 for nc_transpose"
+    return PSUM_BANKS, "NeuronCore-v3: 8 banks of 2 KiB"
 
 
 NEURON_DOC_PAGES = {
@@ -126,3 +162,11 @@ def check_sbuf_budget(bytes_per_partition: int, what: str) -> int:
             f"more than the {budget} a kernel can use (of {SBUF_BYTES_PER_PARTITION}; the rest is reserved)"
         )
     return budget - bytes_per_partition
+
+
+def check_psum_banks(banks: int, what: str) -> None:
+    """Reject a kernel that keeps more PSUM banks (2 KiB per partition each) live than it may use."""
+    budget, why = psum_banks_source()
+    if banks > budget:
+        raise TileSizeError(f"{what}: needs {banks} PSUM banks per partition live, more than the {budget} a "
+                            f"kernel can use ({why})")

@@ -87,12 +87,14 @@ def pin_launch_lnc(lnc: int, env: MutableMapping[str, str] | None = None, on_dev
                              f"export {LNC_ENV}={lnc} or run at LNC={current}")
 
 
-def needs_launch_grid(version: str | None) -> bool:
-    """Whether this nki takes the LNC from a launch grid ``kernel[lnc]``: NKI 0.5 (SDK 2.31) does; from
-    NKI 0.7 the grid is being deprecated (it may only repeat the LNC) and the environment decides.
-    An unknown version keeps the grid, which both accept when it matches."""
-    try:
-        major, minor = (int(part) for part in str(version).split(".")[:2])
-    except ValueError:
-        return True
-    return (major, minor) < (0, 7)
+def launch_grid(lnc: int) -> int | None:
+    """The launch grid a kernel at ``lnc`` gets: ``kernel[lnc]`` whenever LNC > 1, on every NKI version and in
+    ``nki.simulate``; None (the plain call) at LNC=1.
+
+    NKI 0.5 (SDK 2.31) takes the LNC only from the grid ("The default is LNC=1"). NKI 0.7's ``nki.jit`` reads
+    NEURON_LOGICAL_NC_CONFIG, but the SPMD-grid notice (announce-intent-eos-nki-spmd-launch-grid) says that
+    "kernels that continue to pass a matching SPMD grid will keep working", and the CPU simulator's docs
+    describe LNC2 only as ``nki.simulate(kernel[2])``: a grid that matches the environment is right on both,
+    a missing one may run an LNC=2 row as one program. ``pin_launch_lnc`` sets the environment beside it.
+    """
+    return lnc if lnc > 1 else None

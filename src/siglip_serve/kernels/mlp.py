@@ -1,10 +1,12 @@
 """Gated-MLP benchmark (seed 002): the compiler path against the NKI kernel path.
 
 * ``compiler``: the torch module compiled as a whole graph. On Neuron that is
-  ``torch_neuronx.trace`` (neuronx-cc); on cpu/cuda ``torch.jit.trace``.
+  ``torch_neuronx.trace`` (neuronx-cc) on the 2.31 trace line, ``torch.compile(backend="neuron")``
+  on TorchNeuron (2.33); on cpu/cuda ``torch.jit.trace``.
 * ``nki``: the same module whose forward calls :func:`siglip_serve.kernels.nki_kernels.gated_mlp_t`,
-  traced with ``torch_neuronx.trace`` so the kernel is compiled into one NEFF once
-  instead of being re-specialised per call (the seed's ~4 s-per-call pitfall). Neuron only.
+  traced with ``torch_neuronx.trace`` on the trace line so the kernel is compiled into one NEFF once
+  instead of being re-specialised per call (the seed's ~4 s-per-call pitfall); on TorchNeuron the
+  kernel is called eagerly on ``neuron`` tensors and compiles on its first call. Neuron only.
 
 Compile time is measured on the cache miss, apart from execution; the timed loop
 runs inside ``CompileCache.guard`` so any compile during it raises RecompileError.
@@ -28,7 +30,7 @@ from siglip_serve.kernels import references
 from siglip_serve.kernels.compile_cache import CacheKey, CompileCache
 from siglip_serve.kernels.device import Device, LatencyStats, ResultMismatch, torch_dtype
 from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
-from siglip_serve.kernels.lnc import needs_launch_grid, pin_launch_lnc, runtime_kernel_lnc
+from siglip_serve.kernels.lnc import launch_grid, pin_launch_lnc, runtime_kernel_lnc
 from siglip_serve.kernels.nki_launch import nki_status, validate_gated_mlp
 
 log = logging.getLogger(__name__)
@@ -97,15 +99,13 @@ def _build_module(inputs: dict[str, np.ndarray], dtype: str, use_nki: bool, lnc:
 
         def forward(self, x):
             if use_nki:
-                import nki
-
                 from siglip_serve.kernels.nki_launch import jitted_kernel
 
                 kernel = jitted_kernel("gated_mlp_t")
                 # The kernel's LNC must equal the graph's (--lnc below): NCC_EVRF066 otherwise.
                 pin_launch_lnc(lnc)
-                if lnc > 1 and needs_launch_grid(getattr(nki, "__version__", None)):
-                    kernel = kernel[lnc]
+                grid = launch_grid(lnc)
+                kernel = kernel if grid is None else kernel[grid]
                 out_t = kernel(x.t().contiguous(), self.w_gate, self.w_up, self.w_down)
                 return out_t.t()
             gate = torch.nn.functional.silu(x @ self.w_gate)
@@ -122,6 +122,8 @@ def make_compile_fn(device: Device, inputs: dict[str, np.ndarray], lnc: int) -> 
         use_nki = key.path == "nki"
         module = _build_module(inputs, key.dtype, use_nki, lnc)
         example = torch.from_numpy(inputs["x"]).to(torch_dtype(key.dtype))
+        if device.kind == "neuron" and device.line == "native":
+            return _torchneuron_compile(module, example, device, use_nki)
         if device.kind == "neuron":
             import torch_neuronx
 
@@ -136,6 +138,20 @@ def make_compile_fn(device: Device, inputs: dict[str, np.ndarray], lnc: int) -> 
             return torch.jit.trace(module.to(device.torch_device), example.to(device.torch_device))
 
     return compile_fn
+
+
+def _torchneuron_compile(module: Any, example: Any, device: Device, use_nki: bool) -> Callable[..., Any]:
+    """TorchNeuron (2.33): the compiler path is ``torch.compile(backend="neuron")`` (neuronx-cc); the nki path
+    calls the kernel eagerly, which compiles it on the first call for those shapes. Either is run once here,
+    so the compile is timed apart from the timed loop, as ``torch_neuronx.trace`` is on the trace line."""
+    import torch
+
+    module = module.to(device.torch_device)
+    fn = module if use_nki else torch.compile(module, backend=device.compile_backend, fullgraph=True, dynamic=False)
+    x = example.to(device.torch_device)
+    with torch.no_grad():
+        device.run_synced(lambda: fn(x))
+    return fn
 
 
 @dataclass(frozen=True)
@@ -196,8 +212,8 @@ def benchmark_mlp(
     compiled = cache.get(key)
     compile_ms = 0.0 if was_cached else compiled.compile_time_s * 1e3
 
-    # torch_neuronx-traced models take host tensors and copy them in themselves.
-    target = "cpu" if device.kind == "neuron" else device.torch_device
+    # torch_neuronx-traced models take host tensors and copy them in themselves; TorchNeuron's take its own.
+    target = "cpu" if device.line == "trace" else device.torch_device
     x = torch.from_numpy(inputs["x"]).to(torch_dtype(dtype)).to(target)
     expected = references.gated_mlp(inputs["x"], inputs["w_gate"], inputs["w_up"], inputs["w_down"])
     errors: list[float] = []

@@ -17,7 +17,7 @@ import numpy as np
 
 from siglip_serve.kernels import references
 from siglip_serve.kernels.errors import KernelInputError
-from siglip_serve.kernels.hardware import GEMM_MOVING_FMAX, PMAX, ROOFLINE_SOURCE, check_sbuf_budget, sbuf_budget
+from siglip_serve.kernels.hardware import GEMM_MOVING_FMAX, PMAX, ROOFLINE_SOURCE, check_sbuf_budget, sbuf_budget_source
 from siglip_serve.kernels.nki_launch import KernelRun, launchable, time_kernel
 from siglip_serve.kernels.tiling import DTYPE_BYTES, workload_roofline
 
@@ -173,8 +173,9 @@ def format_table(results: list[SiglipResult]) -> str:
 
 def as_json(results: list[SiglipResult], device: Any) -> dict:
     itemsize = DTYPE_BYTES[results[0].dtype] if results else DTYPE_BYTES["bfloat16"]
+    budget, source = sbuf_budget_source()
     return {"benchmark": "siglip-kernels", "device": device.kind, "device_description": device.description,
             "timing": device.timing, "roofline_source": ROOFLINE_SOURCE,
-            "sbuf_budget_bytes_per_partition": sbuf_budget(),
+            "sbuf_budget_bytes_per_partition": budget, "sbuf_budget_source": source,
             "mlp_sbuf_bytes_per_partition": mlp_sbuf_bytes(WIDTH, INTER, itemsize),
             "results": [asdict(r) for r in results]}

@@ -82,12 +82,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start(args: argparse.Namespace, began: float, own_session: bool = False) -> int:
-    from siglip_serve.launcher.preflight import METRICS_CHECK_HOST, check_ports, disable_port_sharing
+    from siglip_serve.launcher.preflight import (
+        METRICS_CHECK_HOST,
+        check_ports,
+        disable_port_sharing,
+        ray_visible_cores,
+    )
     from siglip_serve.launcher.startup import Placeholder
 
     placeholder = None
     try:
         if not args.address:
+            # Before the Ray this command starts (and its raylet) reads the variable: ranges become comma lists.
+            ray_visible_cores(args.neuron_cores)
             # First, before the heavy imports: a taken port is one line now, not a second instance
             # sharing it or a Ray traceback later; then probes get a quick 503 until Serve is up.
             check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port,

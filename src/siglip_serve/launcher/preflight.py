@@ -10,10 +10,15 @@ is switched off for the proxy this command starts.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
+from collections.abc import MutableMapping
 
+from siglip_serve.core.constants import VISIBLE_CORES_ENV, expand_visible_cores
 from siglip_serve.core.errors import UserError
+
+log = logging.getLogger("siglip_serve")
 
 # Read by Ray Serve's proxy at import (ray/serve/_private/proxy.py, Ray 2.60; default "1"). Set in
 # this process before ray.init, so the local raylet, and the proxy actor it starts, inherit it.
@@ -23,6 +28,39 @@ REUSE_PORT_ENV = "SERVE_SOCKET_REUSE_PORT_ENABLED"
 # with `ss -ltnp`), so the metrics port is checked on all of them.
 RAY_HOST = "127.0.0.1"
 METRICS_CHECK_HOST = "0.0.0.0"
+
+class VisibleCoresRefused(UserError, ValueError):
+    """NEURON_RT_VISIBLE_CORES cannot be what the Ray this command starts declares."""
+
+
+def ray_visible_cores(neuron_cores: int | None, env: MutableMapping[str, str] | None = None) -> str | None:
+    """Make NEURON_RT_VISIBLE_CORES a comma list before Ray starts, or refuse in one line.
+
+    The Neuron runtime takes ranges ("0-3", "0-1,4"), but Ray splits the variable on commas only
+    (ray/_private/accelerators/neuron.py, get_current_process_visible_accelerator_ids): "0-3" is one
+    core to it, and a raylet declaring more neuron_cores than that list refuses to start
+    (resource_and_label_spec.py: "Attempting to start raylet with N neuron_cores, but
+    NEURON_RT_VISIBLE_CORES contains [...]"). A range is expanded in place (the same cores for the
+    runtime); the new value is returned, None where nothing changed.
+    """
+    env = os.environ if env is None else env
+    raw = env.get(VISIBLE_CORES_ENV)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        cores = expand_visible_cores(raw)
+    except ValueError as exc:
+        raise VisibleCoresRefused(f"{exc}; set it to core indices and ranges like 0-3 or 0,1,4, or unset it") from None
+    if neuron_cores and neuron_cores > len(cores):
+        raise VisibleCoresRefused(f"--neuron-cores {neuron_cores} declares more NeuronCores than {VISIBLE_CORES_ENV}="
+                                  f"{raw} names ({len(cores)}); declare at most {len(cores)} or widen the variable")
+    listed = ",".join(map(str, cores))
+    if listed == raw.replace(" ", ""):
+        return None
+    env[VISIBLE_CORES_ENV] = listed
+    log.info("%s=%s expanded to %s for Ray, which splits it on commas only", VISIBLE_CORES_ENV, raw, listed)
+    return listed
+
 
 class PortUnavailable(UserError, RuntimeError):
     """A port `siglip-serve run` needs is taken or not allowed; the message says which and what to do."""

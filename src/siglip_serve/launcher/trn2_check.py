@@ -3,7 +3,8 @@
 Each step is a subprocess with a timeout, its output in DIR/logs/: the versions and LNC this Python
 sees (siglip_serve.launcher.trn2_probes), `neuron-ls`, then for each installed Neuron line (trace: torch-neuronx 2.9;
 native: TorchNeuron) compile tiny-siglip, compare it with the CPU, serve it and embed a photo, run the
-multi-core bench and the instance-throughput report. A step whose line or input is missing is
+multi-core bench and the instance-throughput report, then the NKI kernels' check on the simulator and on
+a NeuronCore, in the venv of the line found (siglip_serve.launcher.trn2_steps). A step whose line or input is missing is
 skipped with the reason; a failed step fails the steps that need it as skipped, not the run.
 DIR/summary.md and DIR/summary.json say what passed, failed or was skipped, and what to send back.
 
@@ -14,7 +15,6 @@ DIR/summary.md and DIR/summary.json say what passed, failed or was skipped, and 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -22,60 +22,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from siglip_serve.core.errors import UserError
 from siglip_serve.launcher import trn2_report
-from siglip_serve.models.neuron.env import VISIBLE_CORES_ENV, artifact_environment
+from siglip_serve.launcher.trn2_steps import (
+    Run,
+    Step,
+    StepResult,
+    count_cores,
+    kernel_steps,
+    line_steps,
+    read_versions,
+)
 
-MODEL = "tiny-siglip"
 NEURON_LS = "/opt/aws/neuron/bin/neuron-ls"
 HEARTBEAT_S = 30.0
-BACKEND_OF_LINE = {"trace": "neuron", "native": "neuron-native"}
-
-
-@dataclass
-class StepResult:
-    name: str
-    title: str
-    status: str  # passed | failed | timeout | skipped
-    seconds: float = 0.0
-    returncode: int | None = None
-    reason: str | None = None
-    log: str | None = None
-    outputs: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Step:
-    name: str
-    title: str
-    command: Callable[[Run], list[str]]
-    timeout_s: float
-    needs: tuple[str, ...] = ()
-    skip_if: Callable[[Run], str | None] = lambda run: None
-    env: dict[str, str] = field(default_factory=dict)
-    # Environment known only once earlier steps ran (a native artifact's recipe): set in the child
-    # before it starts, so before it imports torch (which loads TorchNeuron and reads it then).
-    env_for: Callable[[Run], dict[str, str]] = lambda run: {}
-    outputs: tuple[str, ...] = ()
-    # Called after a zero exit: may record what later steps use; a returned string fails the step.
-    after: Callable[[Run, Path], str | None] = lambda run, stdout: None
-
-
-@dataclass
-class Run:
-    out: Path
-    pythons: list[str]
-    lnc: int | None = None
-    cores: int | None = None
-    lines: dict[str, str] = field(default_factory=dict)  # line -> the python that has it
-    artifacts: dict[str, str] = field(default_factory=dict)  # line -> compiled artifact directory
-    results: dict[str, StepResult] = field(default_factory=dict)
-    skip: frozenset[str] = frozenset()
 
 
 def run_step(step: Step, run: Run, index: int, total: int, echo: Callable[[str], None] = print) -> StepResult:
@@ -152,96 +116,6 @@ def _tail(log: Path, lines: int = 3) -> str:
 
 # -- the steps --------------------------------------------------------------------------------
 
-def _read_versions(name: str) -> Callable[[Run, Path], str | None]:
-    def after(run: Run, _stdout: Path) -> str | None:
-        info = json.loads((run.out / f"{name}.json").read_text())
-        if info.get("line") and info["line"] not in run.lines:
-            run.lines[info["line"]] = info["executable"]
-        if run.lnc is None and info.get("lnc"):
-            run.lnc = int(info["lnc"])
-        return info.get("lnc_error")
-    return after
-
-
-def _count_cores(run: Run, _stdout: Path) -> str | None:
-    try:
-        devices = json.loads((run.out / "neuron-ls.json").read_text())
-        run.cores = sum(int(d.get("nc_count", 0)) for d in devices) or None
-    except (ValueError, TypeError, AttributeError) as exc:
-        return f"neuron-ls --json-output is not the expected list of devices ({exc})"
-    return None
-
-
-def _record_artifact(line: str) -> Callable[[Run, Path], str | None]:
-    def after(run: Run, stdout: Path) -> str | None:
-        printed = [p for p in stdout.read_text().splitlines() if p.strip()]
-        if not printed or not Path(run.out, printed[-1].strip()).is_dir():
-            return "the compile printed no artifact directory"
-        run.artifacts[line] = str(Path(run.out, printed[-1].strip()).resolve())
-        return None
-    return after
-
-
-def _line_missing(line: str) -> Callable[[Run], str | None]:
-    def skip(run: Run) -> str | None:
-        if line not in run.lines:
-            return (f"the {line} line (torch-neuronx {'2.9' if line == 'trace' else '2.13+'}) is not installed in "
-                    f"{', '.join(run.pythons)}")
-        if line == "native" and importlib.util.find_spec("siglip_serve.models.backends.neuron_native") is None:
-            return "this checkout has no neuron-native backend (models/backends/neuron_native.py)"
-        return None
-    return skip
-
-
-def accuracy_env(line: str) -> Callable[[Run], dict[str, str]]:
-    """One core, and for a native artifact its whole recipe (LNC, NEURON_CC_FLAGS, opt level, NEFF
-    cache): set after `import torch`, TorchNeuron may already have read them and would compile
-    bucket 1 into its default cache, which the load then refuses."""
-    def env(run: Run) -> dict[str, str]:
-        recipe = artifact_environment(Path(run.artifacts[line])) if line == "native" else {}
-        return {**recipe, VISIBLE_CORES_ENV: "0"}
-    return env
-
-
-def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
-    backend = BACKEND_OF_LINE[line]
-    missing = _line_missing(line)
-    lnc_env = lambda run: ["--lnc", str(run.lnc or 2)]  # noqa: E731
-
-    def py(run: Run) -> str:
-        return run.lines.get(line, sys.executable)
-
-    return [
-        Step(f"compile-{line}", f"compile {MODEL} ({line} line, buckets 1,2)",
-             lambda run: [py(run), "-m", "siglip_serve", "compile",
-                          *(["--backend", backend] if line == "native" else []), "--model", MODEL,
-                          "--buckets", "1,2", *lnc_env(run), "--cache-root", f"artifacts-{line}"],
-             1800 * timeout_scale, skip_if=missing, after=_record_artifact(line)),
-        Step(f"accuracy-{line}", f"accuracy against the CPU ({line} line, bucket 1, core 0)",
-             lambda run: [py(run), "-m", "siglip_serve", "accuracy", "--model", MODEL, "--a", "backend=cpu",
-                          "--b", f"backend={backend},artifact_dir={run.artifacts[line]},buckets=1",
-                          "--images", "images", "--json", f"accuracy-{line}.json"],
-             900 * timeout_scale, needs=(f"compile-{line}",), env_for=accuracy_env(line),
-             outputs=(f"accuracy-{line}.json",)),
-        Step(f"serve-{line}", f"serve it and embed a photo ({line} line)",
-             lambda run: [py(run), "-m", "siglip_serve.launcher.trn2_probes", "serve", f"serve-{line}.json",
-                          "--backend", backend, "--artifact-dir", run.artifacts[line],
-                          "--ready-timeout", str(900 * timeout_scale)],
-             1200 * timeout_scale, needs=(f"compile-{line}",), outputs=(f"serve-{line}.json",)),
-        Step(f"multicore-{line}", f"multi-core bench, one worker per logical core ({line} line)",
-             lambda run: [py(run), "-m", "siglip_serve.measure.multicore", "--backend", backend, "--model", MODEL,
-                          "--artifact-dir", run.artifacts[line], "--cores", str(run.cores or 8 // (run.lnc or 2)),
-                          "--bucket", "1", "--warmup", "5", "--iterations", str(iterations),
-                          "--json", f"multicore-{line}.json"],
-             1800 * timeout_scale, needs=(f"compile-{line}",), outputs=(f"multicore-{line}.json",)),
-        Step(f"report-{line}", f"instance-throughput report ({line} line)",
-             lambda run: [py(run), "-m", "siglip_serve", "loadtest", "report", "--multicore-json",
-                          f"multicore-{line}.json", *(["--lnc", str(run.lnc)] if run.lnc else []),
-                          "--out", f"report-{line}"],
-             300 * timeout_scale, needs=(f"multicore-{line}",), outputs=(f"report-{line}/report.md",)),
-    ]
-
-
 def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[Step]:
     def versions_command(python: str, i: int) -> Callable[[Run], list[str]]:
         return lambda run: [python, "-m", "siglip_serve.launcher.trn2_probes", "versions",
@@ -250,7 +124,7 @@ def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[St
     steps = [Step("versions" if i == 0 else f"versions-{i + 1}", f"versions and LNC ({python})",
                   versions_command(python, i),
                   120 * timeout_scale, outputs=("versions.json" if i == 0 else f"versions-{i + 1}.json",),
-                  after=_read_versions("versions" if i == 0 else f"versions-{i + 1}"))
+                  after=read_versions("versions" if i == 0 else f"versions-{i + 1}"))
              for i, python in enumerate(run.pythons)]
     def freeze(python: str, i: int) -> Callable[[Run], list[str]]:
         return lambda run: ["sh", "-c", f"'{python}' -m pip freeze --all > pip-freeze-{i + 1}.txt"]
@@ -263,16 +137,9 @@ def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[St
     steps += [Step("neuron-ls", "neuron-ls", lambda run: [neuron_ls()], 60 * timeout_scale, skip_if=no_tools),
               Step("neuron-ls-json", "neuron-ls --json-output",
                    lambda run: ["sh", "-c", f"'{neuron_ls()}' --json-output > neuron-ls.json"], 60 * timeout_scale,
-                   skip_if=no_tools, outputs=("neuron-ls.json",), after=_count_cores)]
-    no_nki = lambda run: None if importlib.util.find_spec("nki") else (  # noqa: E731
-        f"nki is not installed for {sys.executable} (docs/kernels.md)")
-    def kernels_check(where: str) -> Callable[[Run], list[str]]:
-        return lambda run: [sys.executable, "-m", "siglip_serve", "kernels", "check", "--kernels-on", where]
-
-    kernels = [Step(f"kernels-{where}", f"NKI kernels against the references ({where})", kernels_check(where),
-                    900 * timeout_scale, skip_if=no_nki) for where in ("simulator", "neuron")]
+                   skip_if=no_tools, outputs=("neuron-ls.json",), after=count_cores)]
     return (steps + line_steps("trace", timeout_scale, iterations) + line_steps("native", timeout_scale, iterations)
-            + kernels)
+            + kernel_steps(timeout_scale))
 
 
 # -- the summary ------------------------------------------------------------------------------

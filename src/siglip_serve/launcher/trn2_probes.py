@@ -19,15 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.cli_args import run_main
+from siglip_serve.models.neuron.sdk import sdk_line
 from siglip_serve.models.settings import BACKENDS
 
-# TorchNeuron (the native PyTorch backend) starts at torch-neuronx 2.13 (Neuron 2.33 ships 2.13.3.0 and
-# 2.14.3.0); the trace line is torch-neuronx 2.9.x. Both are the distribution `torch-neuronx`.
-NATIVE_FROM = (2, 13)
 MODEL = "tiny-siglip"
 
 
@@ -35,19 +31,6 @@ class ProbeFailed(UserError, RuntimeError):
     """The served application did not come up or did not answer; trn2-check reads exit code 1 as failed."""
 
     exit_code = 1
-
-
-def sdk_line(version: str | None, has_trace: bool) -> str | None:
-    """'trace', 'native' or None for the torch-neuronx this interpreter imports."""
-    if not version:
-        return None
-    try:
-        release = Version(version).release
-    except InvalidVersion:
-        release = ()
-    if release[:2] >= NATIVE_FROM:
-        return "native"
-    return "trace" if has_trace else None
 
 
 def versions() -> dict[str, Any]:
@@ -76,7 +59,41 @@ def versions() -> dict[str, Any]:
     except LncMismatch as exc:
         info["lnc"], info["lnc_explicit"], info["lnc_error"] = None, True, str(exc)
     info["env"] = {k: v for k, v in os.environ.items() if k.startswith("NEURON_")}
+    from siglip_serve.models.neuron.sdk import nki_status
+
+    usable, reason = nki_status()
+    info["nki"] = {"usable": usable, "reason": reason}
+    info["ray_neuron"] = ray_neuron_view()
     return info
+
+
+def ray_neuron_view() -> dict[str, Any]:
+    """What Ray's Neuron accelerator manager (ray/_private/accelerators/neuron.py) makes of this machine: the
+    NeuronCore ids it reads from NEURON_RT_VISIBLE_CORES (split on commas only) and the cores it detects with
+    neuron-ls, beside the cores the variable names for the Neuron runtime (ranges expanded)."""
+    from siglip_serve.core.constants import VISIBLE_CORES_ENV, expand_visible_cores
+
+    raw = os.environ.get(VISIBLE_CORES_ENV)
+    view: dict[str, Any] = {VISIBLE_CORES_ENV: raw}
+    if raw:
+        try:
+            view["runtime_cores"] = expand_visible_cores(raw)
+        except ValueError as exc:
+            view["runtime_cores_error"] = str(exc)
+    try:
+        from ray._private.accelerators.neuron import NeuronAcceleratorManager
+    except ImportError as exc:
+        view["ray_error"] = f"{type(exc).__name__}: {exc}"
+        return view
+    ids = NeuronAcceleratorManager.get_current_process_visible_accelerator_ids()
+    view["ray_visible_ids"] = ids
+    try:
+        view["ray_detected_neuron_cores"] = NeuronAcceleratorManager.get_current_node_num_accelerators()
+    except Exception as exc:  # broad on purpose: Ray's own neuron-ls reader failing is itself the answer
+        view["ray_detected_error"] = f"{type(exc).__name__}: {exc}"
+    cores = view.get("runtime_cores")
+    view["ray_sees_fewer_cores_than_the_runtime"] = ids is not None and cores is not None and len(ids) < len(cores)
+    return view
 
 
 def _photo_jpeg() -> bytes:

@@ -12,15 +12,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.core.constants import VISIBLE_CORES_ENV
+from siglip_serve.models.neuron.env import LOCAL_NEFF_CACHE_ENV, NEFF_CACHE_ENV, default_neff_caches
+
 # Where a NEFF may land besides the artifacts: the trace line's compile cache default
-# (NEURON_COMPILE_CACHE_URL's default, /var/tmp/neuron-compile-cache) and whatever cache variables
-# this shell sets. A native NEFF there means a compile ran without the artifact's environment.
+# (NEURON_COMPILE_CACHE_URL's default, /var/tmp/neuron-compile-cache), TorchNeuron's own caches when its
+# variables are unset (`neff_cache` and the local tier `local_cache` in the temp directory:
+# models/neuron/env.py default_neff_caches) and whatever cache variables this shell sets. A native NEFF
+# there means a compile ran without the artifact's environment.
 DEFAULT_NEFF_PLACES = ("/var/tmp/neuron-compile-cache",)
-CACHE_ENV = ("TORCH_NEURONX_NEFF_CACHE_DIR", "NEURON_COMPILE_CACHE_URL")
+CACHE_ENV = (NEFF_CACHE_ENV, LOCAL_NEFF_CACHE_ENV, "NEURON_COMPILE_CACHE_URL")
 
 
 def neff_places(out: Path) -> list[Path]:
-    places = [out, *map(Path, DEFAULT_NEFF_PLACES)]
+    places = [out, *map(Path, DEFAULT_NEFF_PLACES), *default_neff_caches()]
     places += [Path(os.environ[k]) for k in CACHE_ENV if os.environ.get(k) and "://" not in os.environ[k]]
     return list(dict.fromkeys(p.resolve() for p in places))
 
@@ -77,6 +82,31 @@ def warm_starts(out: Path, lines: tuple[str, ...] = ("trace", "native")) -> dict
     return found
 
 
+def kernel_settings(out: Path) -> str:
+    """What each `kernels check` ran against (its JSON's `setting`: line, simulator target, budgets)."""
+    parts = []
+    for where in ("simulator", "neuron"):
+        data = _json(out / f"kernels-{where}.json")
+        setting = data.get("setting") if isinstance(data, dict) else None
+        if setting:
+            parts.append(f"{where}: " + "; ".join(f"{k} {v}" for k, v in setting.items()))
+    return "".join(f" ({part})" for part in parts)
+
+
+def ray_answer(out: Path) -> str:
+    """From versions.json's `ray_neuron` (launcher/trn2_probes.py ray_neuron_view)."""
+    data = _json(out / "versions.json")
+    view = data.get("ray_neuron") if isinstance(data, dict) else None
+    if not isinstance(view, dict):
+        return "no versions.json with Ray's view"
+    detected = view.get("ray_detected_neuron_cores", view.get("ray_detected_error"))
+    text = (f"{VISIBLE_CORES_ENV}={view.get(VISIBLE_CORES_ENV)}; Ray reads ids "
+            f"{view.get('ray_visible_ids', view.get('ray_error'))}; Ray's neuron-ls count: {detected}")
+    if view.get("ray_sees_fewer_cores_than_the_runtime"):
+        text += f"; FEWER than the runtime's {len(view.get('runtime_cores') or [])}: a range, which `ray start` refuses"
+    return text
+
+
 def hardware_answers(out: Path, steps: dict[str, str], neffs: dict[str, Any]) -> list[dict[str, str]]:
     """Each question the docs leave to a trn2, with what this run found (or why it did not say)."""
     native = cosines(out).get("native") or {}
@@ -101,8 +131,13 @@ def hardware_answers(out: Path, steps: dict[str, str], neffs: dict[str, Any]) ->
                    f"{', '.join(neffs['outside_the_artifacts']) or 'none'}"},
         {"question": "a restart finds every graph in the cache (no neuronx-cc run at replica start)",
          "answer": f"serve-native {status('serve-native')} (a replica that compiled at start refuses to run)"},
-        {"question": "NKI kernels against the references, simulator and NeuronCore (docs/kernels.md, first run 1)",
-         "answer": f"kernels-simulator {status('kernels-simulator')}, kernels-neuron {status('kernels-neuron')}"},
+        {"question": "NKI kernels against the references, simulator and NeuronCore, on the line found "
+                     "(docs/kernels.md, first run 1), and the SBUF/PSUM budgets NKI reports",
+         "answer": f"kernels-simulator {status('kernels-simulator')}, kernels-neuron {status('kernels-neuron')}"
+                   + kernel_settings(out)},
+        {"question": "What Ray makes of the NeuronCores: NEURON_RT_VISIBLE_CORES split on commas only, and its "
+                     "own neuron-ls count (siglip-serve run expands a range before it starts Ray)",
+         "answer": ray_answer(out)},
         {"question": "docs/kernels.md first run 2-6 (pytest -m nki, matmul, mlp, siglip, profile-neff)",
          "answer": "not run by trn2-check: run them by hand as docs/kernels.md lists, at LNC=2 and LNC=1"},
     ]

@@ -30,11 +30,12 @@ def _load_fake_nki():
 
 
 @pytest.fixture
-def fake_nki(monkeypatch):
+def fake_nki(monkeypatch, request):
     """The NumPy NKI model of kernels_fake_nki installed as ``nki``; siglip_serve.kernels.nki_kernels reloads on it.
 
     Yields ``state`` (instruction counts, launch grids), the ``nki``/``nl``/``nisa`` modules and
-    ``lib`` (the model module: NkiRuleError, hbm_input, round_to_bf16).
+    ``lib`` (the model module: NkiRuleError, hbm_input, round_to_bf16). Its ``nki.__version__`` is
+    "fake-for-tests" unless the test parametrizes the fixture (``indirect=True``) with another.
     """
     import siglip_serve.kernels as kernels
     from siglip_serve.kernels import nki_launch
@@ -43,8 +44,10 @@ def fake_nki(monkeypatch):
     # Launches set NEURON_LOGICAL_NC_CONFIG (kernels/lnc.py pin_launch_lnc); set here first, so that
     # monkeypatch puts the variable back as it was when the test ends.
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "")
+    # The simulator's target is pinned by a launch too (kernels/nki_launch.py pin_simulator_target).
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     state = lib.FakeNkiState()
-    modules = lib.build(state)
+    modules = lib.build(state, getattr(request, "param", "fake-for-tests"))
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     for name in KERNEL_MODULES:

@@ -24,175 +24,112 @@ breaks one fails here, on any machine:
   stationary <= 128x128 and moving <= 128x512;
 * budgets per partition, counted over the tiles still alive (CPython frees a tile once no name
   holds it, as a kernel's scope would): SBUF 212,728 bytes (nki-library's MAX_AVAILABLE_SBUF_SIZE,
-  what ``nl.tile_size.total_available_sbuf_size`` reports), PSUM 8 banks of 2 KiB;
+  what ``nl.tile_size.sbuf_fmax_bytes`` reports), PSUM 8 banks of 2 KiB (7 with
+  NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true);
 * ``op=`` (and ``op0``/``op1``) only from the ISA's operator table (nki.api.shared, "Supported Math
-  Operators": ``nl.maximum``, not the reduction function ``nl.max``); ``activation`` only with an
-  activation function;
+  Operators": ``nl.maximum``, not the reduction function ``nl.max``; its unary ``nl.rsqrt`` and
+  ``nl.reciprocal`` with ``operand0`` None or 0); ``activation`` only with an activation function;
+  ``tensor_scalar(engine=gpsimd)`` only for rsqrt; ``nisa.reciprocal`` runs on the Vector Engine. Which
+  engine ran which function is recorded (``engine_ops``), not its precision: the fake computes every
+  function exactly, on every engine;
 * ``nc_transpose`` keeps the dtype; a DMA moves raw bytes, so a ``dma_copy`` that changes the dtype
   needs a casting DGE mode (``dge_mode.swdge`` or ``dge_mode.none``: the NKI 0.3.0 migration guide);
-* a launch grid of 1 or 2 (the LNC degrees).
+* a launch grid of 1 or 2 (the LNC degrees); without a grid a launch runs at the LNC of
+  NEURON_LOGICAL_NC_CONFIG (1 when unset), as NKI 0.7's ``nki.jit`` page says; from version 0.7 a
+  grid that differs from that variable is refused (the SPMD-grid notice: "a compile-time error").
+  The version string is ``build``'s argument: NKI 0.5's grid-only LNC and the real simulator's
+  treatment of a launch without a grid are not modelled beyond that.
 
-LNC launches (``kernel[n]``) run the programs one after another, sharing ``shared_hbm``.
+LNC launches run the programs one after another, sharing ``shared_hbm``.
 The real simulator and hardware runs are the ``neuron``-marked tests.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 import types
-import weakref
-from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
-PMAX, STATIONARY_FMAX, MOVING_FMAX, PSUM_BANK_BYTES = 128, 128, 512, 2048
-SBUF_BUDGET, PSUM_BUDGET = 224 * 1024 - 16384 - 8 - 256, 8 * PSUM_BANK_BYTES
-CASTING_DGE = ("swdge", "none")
-HBM_KINDS = ("hbm", "shared_hbm")
-ON_CHIP = ("sbuf", "psum")
-# Storage per dtype name; bfloat16 is stored as float32 holding bf16-representable values.
-STORAGE = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "int32": np.int32}
-ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
+
+def _memory_module() -> types.ModuleType:
+    # Loaded by path, as conftest loads this file, so it works under any pytest --import-mode.
+    path = Path(__file__).with_name("kernels_fake_nki_memory.py")
+    spec = importlib.util.spec_from_file_location("kernels_fake_nki_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class NkiRuleError(ValueError):
-    """The kernel broke a documented NKI rule (buffer, dtype, accumulation or tile limit)."""
+_memory = _memory_module()
+(PMAX, STATIONARY_FMAX, MOVING_FMAX, PSUM_BANK_BYTES, SBUF_BUDGET, PSUM_BUDGET, CASTING_DGE, HBM_KINDS, ON_CHIP,
+ STORAGE, ITEMSIZE) = (_memory.PMAX, _memory.STATIONARY_FMAX, _memory.MOVING_FMAX, _memory.PSUM_BANK_BYTES,
+                       _memory.SBUF_BUDGET, _memory.PSUM_BUDGET, _memory.CASTING_DGE, _memory.HBM_KINDS,
+                       _memory.ON_CHIP, _memory.STORAGE, _memory.ITEMSIZE)
+NkiRuleError, Buffer, FakeTensor, FakeNkiState = (_memory.NkiRuleError, _memory.Buffer, _memory.FakeTensor,
+                                                  _memory.FakeNkiState)
+round_to_bf16, dtype_name, hbm_input = _memory.round_to_bf16, _memory.dtype_name, _memory.hbm_input
+_cast, _check_tile, _tensor, _read, _write = (_memory._cast, _memory._check_tile, _memory._tensor, _memory._read,
+                                              _memory._write)
 
 
-def round_to_bf16(values: np.ndarray) -> np.ndarray:
-    """float32 -> nearest bfloat16 (ties to even), returned as float32."""
-    values = np.asarray(values, dtype=np.float32)
+def psum_budget() -> int:
+    """PSUM bytes per partition a kernel may hold: 8 banks, 7 with NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true
+    (``nl.tile_size.psum_num_banks``: bank 7 is reserved for nc_transpose then)."""
+    pe_transpose = (os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE") or "").strip().lower() == "true"
+    return PSUM_BUDGET - PSUM_BANK_BYTES if pe_transpose else PSUM_BUDGET
+
+
+def _release(version: str) -> tuple[int, int] | None:
     try:
-        import ml_dtypes
-
-        return values.astype(ml_dtypes.bfloat16).astype(np.float32)
-    except ImportError:
-        bits = values.view(np.uint32).astype(np.uint64)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-        return np.where(np.isnan(values), values, rounded)
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return None
+    return major, minor
 
 
-def dtype_name(dtype) -> str:
-    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
-    if name not in STORAGE:
-        raise NkiRuleError(f"dtype {name} is not modelled (have {sorted(STORAGE)})")
-    return name
+def _env_lnc() -> int:
+    raw = (os.environ.get("NEURON_LOGICAL_NC_CONFIG") or "").strip()
+    return int(raw) if raw else 1
 
 
-def _cast(values: np.ndarray, name: str) -> np.ndarray:
-    if name == "bfloat16":
-        return round_to_bf16(values)
-    return np.asarray(values).astype(STORAGE[name])
-
-
-class Buffer:
-    """One allocation: its memory kind, dtype, storage, and which elements were ever written."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: str, kind: str, data: np.ndarray | None = None):
-        self.kind, self.dtype = kind, dtype
-        fill = 4 if dtype == "int32" else np.nan
-        self.data = np.full(shape, fill, dtype=STORAGE[dtype]) if data is None else data
-        self.written = np.zeros(shape, dtype=bool) if data is None else np.ones(shape, dtype=bool)
-
-
-class FakeTensor:
-    """A view of a Buffer; basic indexing (ints, slices) gives views, as NKI tiles do."""
-
-    def __init__(self, buf: Buffer, data: np.ndarray, written: np.ndarray):
-        self.buf, self.values, self.written = buf, data, written
-
-    @classmethod
-    def whole(cls, buf: Buffer) -> FakeTensor:
-        return cls(buf, buf.data, buf.written)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.values.shape
-
-    @property
-    def dtype(self) -> str:
-        return self.buf.dtype
-
-    @property
-    def buffer(self) -> str:
-        return self.buf.kind
-
-    def __getitem__(self, key) -> FakeTensor:
-        parts = key if isinstance(key, tuple) else (key,)
-        if not all(isinstance(k, (int, np.integer, slice)) for k in parts):
-            raise NkiRuleError(f"index {key!r}: only ints and slices are modelled")
-        return FakeTensor(self.buf, self.values[key], self.written[key])
-
-    def __repr__(self) -> str:
-        return f"FakeTensor({self.buffer}, {self.dtype}, {self.shape})"
-
-
-class FakeNkiState:
-    def __init__(self) -> None:
-        self.program_id = 0
-        self.num_programs = 1
-        self.shared: list[Buffer] = []
-        self.alloc_index = 0
-        self.instructions: Counter[str] = Counter()
-        self.grids: list[int] = []  # launch grid of every kernel call, in order
-        self.live: weakref.WeakSet[Buffer] = weakref.WeakSet()  # on-chip tiles some name still holds
-
-
-def _check_tile(shape: tuple[int, ...], what: str) -> None:
-    if len(shape) < 2:
-        raise NkiRuleError(f"{what}: an SBUF/PSUM tile needs at least 2 dimensions, got {shape}")
-    if shape[0] > PMAX:
-        raise NkiRuleError(f"{what}: number of partitions {shape[0]} exceed architecture limitation of {PMAX}")
-
-
-def _tensor(t, op: str, role: str) -> FakeTensor:
-    if not isinstance(t, FakeTensor):
-        raise NkiRuleError(f"{op}: {role} must be an NKI tensor, got {type(t).__name__}")
-    return t
-
-
-def _read(t, op: str, role: str, allowed: tuple[str, ...]) -> np.ndarray:
-    t = _tensor(t, op, role)
-    if t.buffer not in allowed:
-        raise NkiRuleError(f"{op}: {role} is in {t.buffer}; {op} reads {role} only from {'/'.join(allowed)}")
-    return t.values.astype(np.float64 if t.dtype != "int32" else np.int64)
-
-
-def _write(t, values: np.ndarray, op: str, allowed: tuple[str, ...]) -> None:
-    t = _tensor(t, op, "dst")
-    if t.buffer not in allowed:
-        raise NkiRuleError(f"{op}: dst is in {t.buffer}; {op} writes only to {'/'.join(allowed)}")
-    if t.shape != np.shape(values):
-        raise NkiRuleError(f"{op}: dst {t.shape} != result {np.shape(values)}")
-    t.values[...] = _cast(values, t.dtype)
-    t.written[...] = True
-
-
-def hbm_input(array: np.ndarray, dtype: str) -> FakeTensor:
-    """A kernel input in HBM of ``dtype`` (how a test passes bfloat16 without ml_dtypes)."""
-    name = dtype_name(dtype)
-    values = _cast(np.asarray(array, dtype=np.float32), name)
-    return FakeTensor.whole(Buffer(values.shape, name, "hbm", values))
-
-
-def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
+def build(state: FakeNkiState, version: str = "fake-for-tests") -> dict[str, types.ModuleType]:
+    """The fake ``nki``, ``nki.language`` and ``nki.isa`` modules; ``version`` is ``nki.__version__``."""
     nki = types.ModuleType("nki")
     nl = types.ModuleType("nki.language")
     nisa = types.ModuleType("nki.isa")
-    nki.language, nki.isa, nki.__version__ = nl, nisa, "fake-for-tests"
+    nki.language, nki.isa, nki.__version__ = nl, nisa, version
 
     nl.sbuf, nl.psum, nl.shared_hbm, nl.hbm = "sbuf", "psum", "shared_hbm", "hbm"
     nl.float32, nl.bfloat16, nl.float16, nl.int32 = "float32", "bfloat16", "float16", "int32"
     nl.add, nl.subtract, nl.multiply, nl.maximum = np.add, np.subtract, np.multiply, np.maximum
     nl.minimum = np.minimum
-    operators = (nl.add, nl.subtract, nl.multiply, nl.maximum, nl.minimum)
+    binary = (nl.add, nl.subtract, nl.multiply, nl.maximum, nl.minimum)
     # The reduction *function* nl.max(x, axis): not an operator, so never an op= argument.
     nl.max = lambda x, axis=None, keepdims=False: np.max(x, axis=axis, keepdims=keepdims)
-    nl.exp, nl.rsqrt, nl.reciprocal = np.exp, lambda x: 1.0 / np.sqrt(x), lambda x: 1.0 / x
-    nl.silu = lambda x: x / (1.0 + np.exp(-x))
-    nl.gelu_apprx_tanh = lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    def rsqrt(x):
+        return 1.0 / np.sqrt(x)
+
+    def reciprocal(x):
+        return 1.0 / x
+
+    def silu(x):
+        return x / (1.0 + np.exp(-x))
+
+    def gelu_apprx_tanh(x):
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+    nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh = np.exp, rsqrt, reciprocal, silu, gelu_apprx_tanh
     activations = (nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh)
+    # The operator table's "Arithmetic Unary" rows: op0 of tensor_scalar with operand0 None or 0.
+    unary = (nl.rsqrt, nl.reciprocal)
+    operators = binary + unary
     nisa.dge_mode = SimpleNamespace(none="none", swdge="swdge", hwdge="hwdge", unknown="unknown")
+    nisa.engine = SimpleNamespace(unknown="unknown", vector="vector", scalar="scalar", gpsimd="gpsimd",
+                                  tensor="tensor")
 
     def operator(op, where: str):
         if not any(op is known for known in operators):
@@ -216,7 +153,7 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
         if kind == "psum" and per_partition > PSUM_BANK_BYTES:
             raise NkiRuleError(f"PSUM tile {shape} of {name} exceeds one 2 KiB bank per partition")
         if kind in ON_CHIP:
-            budget = SBUF_BUDGET if kind == "sbuf" else PSUM_BUDGET
+            budget = SBUF_BUDGET if kind == "sbuf" else psum_budget()
             live = sum(math.prod(b.data.shape[1:]) * ITEMSIZE[b.dtype] for b in state.live if b.kind == kind)
             if live + per_partition > budget:
                 raise NkiRuleError(f"{kind} over budget: {live} bytes per partition live + {per_partition} "
@@ -276,14 +213,23 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             return operand
         return value
 
-    def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, **_):
+    def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                      engine="unknown", **_):
         state.instructions["tensor_scalar"] += 1
         values = _read(data, "tensor_scalar", "data", ON_CHIP).astype(np.float32)
         operator(op0, "tensor_scalar op0")
         if op1 is not None:
             operator(op1, "tensor_scalar op1")
-        first = _operand(operand0, values, "tensor_scalar")
-        values = op0(first, values) if reverse0 else op0(values, first)
+        if engine == "gpsimd" and op0 is not nl.rsqrt:
+            raise NkiRuleError("tensor_scalar: engine=gpsimd is only allowed for rsqrt")
+        state.engine_ops[("tensor_scalar", op0.__name__, engine)] += 1
+        if any(op0 is u for u in unary):
+            if operand0 not in (None, 0, 0.0):
+                raise NkiRuleError(f"tensor_scalar: operand0 must be None or 0 for the unary {op0.__name__}")
+            values = op0(values)
+        else:
+            first = _operand(operand0, values, "tensor_scalar")
+            values = op0(first, values) if reverse0 else op0(values, first)
         if op1 is not None:
             second = _operand(operand1, values, "tensor_scalar")
             values = op1(second, values) if reverse1 else op1(values, second)
@@ -296,7 +242,15 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             raise NkiRuleError(f"activation: {getattr(op, '__name__', op)!r} is not an activation function "
                                "(nl.exp, nl.rsqrt, nl.reciprocal, nl.silu, nl.gelu_apprx_tanh, ...)")
         shift = 0.0 if bias is None else _operand(bias, values, "activation")
+        state.engine_ops[("activation", op.__name__, "scalar")] += 1
         _write(dst, op(values * scale + shift), "activation", ON_CHIP)
+
+    def vector_reciprocal(dst, data, **_):
+        # nisa.reciprocal: on the Vector Engine, in float32 (nki.isa.reciprocal); both tiles in SBUF or PSUM.
+        state.instructions["reciprocal"] += 1
+        values = _read(data, "reciprocal", "data", ON_CHIP).astype(np.float32)
+        state.engine_ops[("reciprocal", "reciprocal", "vector")] += 1
+        _write(dst, 1.0 / values, "reciprocal", ON_CHIP)
 
     def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, **_):
         state.instructions["tensor_reduce"] += 1
@@ -348,6 +302,7 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, activation, tensor_reduce, memset,
                nc_matmul, nc_transpose):
         setattr(nisa, fn.__name__, fn)
+    nisa.reciprocal = vector_reciprocal
 
     def as_input(arg, kind: str):
         if hasattr(arg, "detach") and hasattr(arg, "numpy"):  # a torch tensor, as nki.simulate accepts
@@ -360,8 +315,10 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             raise NkiRuleError(f"kernel input {arg} must be in HBM (top-level tensors live in HBM)")
         return arg
 
+    release = _release(version)
+
     class Kernel:
-        def __init__(self, fn, grid=1):
+        def __init__(self, fn, grid=None):
             self.fn, self.grid = fn, grid
 
         def __getitem__(self, grid):
@@ -370,18 +327,32 @@ def build(state: FakeNkiState) -> dict[str, types.ModuleType]:
             return Kernel(self.fn, grid)
 
         def __call__(self, *args):
-            state.grids.append(self.grid)
-            kind = "shared_hbm" if self.grid > 1 else "hbm"
+            env_lnc = _env_lnc()
+            if self.grid is not None and release is not None and release >= (0, 7) and self.grid != env_lnc:
+                raise NkiRuleError(f"launch grid [{self.grid}] differs from the LNC in use "
+                                   f"(NEURON_LOGICAL_NC_CONFIG={env_lnc}): a compile-time error from NKI 0.7")
+            programs = env_lnc if self.grid is None else self.grid
+            state.grids.append(programs)
+            state.explicit_grids.append(self.grid)
+            kind = "shared_hbm" if programs > 1 else "hbm"
             inputs = [as_input(a, kind) for a in args]
             state.shared, result = [], None
-            for pid in range(self.grid):
-                state.program_id, state.num_programs, state.alloc_index = pid, self.grid, 0
+            for pid in range(programs):
+                state.program_id, state.num_programs, state.alloc_index = pid, programs, 0
                 result = self.fn(*inputs)
             state.program_id, state.num_programs = 0, 1
             if not isinstance(result, FakeTensor) or result.buffer not in HBM_KINDS:
                 raise NkiRuleError(f"kernel output {result!r} must be an HBM tensor")
+            if any(hasattr(a, "detach") for a in args):  # torch in, torch out, as nki.simulate and nki.jit do
+                import torch
+
+                return torch.from_numpy(result.values.copy())
             return result.values.copy()
 
     nki.jit = lambda fn: Kernel(fn)
-    nki.simulate = lambda kernel: kernel
+    def simulate(kernel):
+        state.simulate_targets.append(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"))
+        return kernel
+
+    nki.simulate = simulate
     return {"nki": nki, "nki.language": nl, "nki.isa": nisa}

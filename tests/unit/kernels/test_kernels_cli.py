@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from siglip_serve.kernels.cli import main
 from tests.helpers import REPO
 
@@ -100,3 +102,17 @@ def test_python_dash_m_kernels_help():
     assert proc.returncode == 0
     for command in ("matmul", "mlp", "profile-json", "check"):
         assert command in proc.stdout
+
+
+def test_help_names_neuron_explorer_and_both_ways_to_save_neffs_not_neuron_profile(capsys):
+    """Issue 35, B9: neuron-profile left the SDK in 2.30; the help names what replaced it, on both Neuron lines."""
+    from siglip_serve.kernels.cli import build_parser
+
+    parser = build_parser()
+    helps = [parser.format_help()]
+    for command in ("profile-json", "profile-neff"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        helps.append(capsys.readouterr().out)
+    assert not any("neuron-profile" in text for text in helps)
+    assert "Neuron Explorer summaries" in helps[0] and "NEURON_RT_INSPECT_ENABLE=1" in " ".join(helps[2].split())

@@ -131,8 +131,8 @@ def test_a_launch_sets_the_lnc_for_nki_jit_and_a_device_launch_never_changes_it(
         lnc_mod.pin_launch_lnc(1, env)
     lnc_mod.pin_launch_lnc(1, env, on_device=False)  # the simulator has no runtime to disagree with
     assert env["NEURON_LOGICAL_NC_CONFIG"] == "1"
-    assert lnc_mod.needs_launch_grid("0.5.0") and not lnc_mod.needs_launch_grid("0.7.1")
-    assert lnc_mod.needs_launch_grid(None)
+    # Issue 35: the grid repeats the LNC on every NKI version (0.7 included), none at LNC=1.
+    assert lnc_mod.launch_grid(2) == 2 and lnc_mod.launch_grid(1) is None
 
 
 def test_so400m_bf16_mlp_fits_the_usable_sbuf_with_its_margin(monkeypatch):

@@ -22,11 +22,12 @@ a trn2 (tests/device/test_neuron_native_trn2.py compares embeddings against the 
 from __future__ import annotations
 
 import shlex
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV, package_version
+from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV, expand_visible_cores, package_version
 from siglip_serve.models.neuron.base import NeuronOptions, NeuronRefusal
 from siglip_serve.models.neuron.manifest import MANIFEST_NAME
 
@@ -51,6 +52,11 @@ INSTALL_HINT = (
 CC_FLAGS_ENV = "NEURON_CC_FLAGS"
 OPT_LEVEL_ENV = "NEURON_COMPILER_OPT_LEVEL"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+# TorchNeuron's NEFF caches where the variables are unset: the persistent cache "neff_cache" and its local
+# tier "local_cache" in the temp directory (torch-neuronx's cache configuration: TORCH_NEURONX_NEFF_CACHE_DIR,
+# default /tmp/neff_cache; TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default /tmp/local_cache).
+LOCAL_NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"
+DEFAULT_NEFF_CACHE_NAMES = ("neff_cache", "local_cache")
 # Every variable that decides what is compiled, or where the compiled graphs are looked up.
 RECIPE_ENV = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV)
 NEFF_DIR = "neff"
@@ -93,6 +99,18 @@ def artifact_environment(artifact_dir: Path) -> dict[str, str]:
         raise TorchNeuronRefusal(f"{directory} has no readable neuron-native manifest with a recipe_env ({exc}); "
                                  f"compile it with siglip-serve compile --backend neuron-native") from None
     return environment(recipe, directory)
+
+
+def default_neff_caches() -> list[Path]:
+    """Where TorchNeuron keeps NEFFs when no variable says otherwise: both tiers, in the system temp directory
+    and in /tmp (the source's literal default), once each."""
+    temps = dict.fromkeys((Path(tempfile.gettempdir()), Path("/tmp")))
+    return [temp / name for name in DEFAULT_NEFF_CACHE_NAMES for temp in temps]
+
+
+def neff_cache_dir(env: Mapping[str, str]) -> Path:
+    """The persistent NEFF cache TorchNeuron writes to under ``env``."""
+    return Path(env.get(NEFF_CACHE_ENV) or default_neff_caches()[0])
 
 
 def installed_versions() -> dict[str, str | None]:
@@ -141,14 +159,10 @@ def visible_core_count(raw: str | None) -> int | None:
     """How many NeuronCores NEURON_RT_VISIBLE_CORES names ("3", "0-3", "0,2"); None when unset."""
     if raw is None or not raw.strip():
         return None
-    count = 0
-    for part in raw.replace(" ", "").split(","):
-        low, dash, high = part.partition("-")
-        try:
-            count += (int(high) - int(low) + 1) if dash else (1 if int(low) >= 0 else 0)
-        except ValueError:
-            raise TorchNeuronRefusal(f"{VISIBLE_CORES_ENV}={raw!r} is not a core index or range") from None
-    return count
+    try:
+        return len(expand_visible_cores(raw))
+    except ValueError:
+        raise TorchNeuronRefusal(f"{VISIBLE_CORES_ENV}={raw!r} is not a core index or range") from None
 
 
 def check_one_core(env: Mapping[str, str]) -> str:

@@ -51,6 +51,9 @@ class NativeRuntime(Protocol):
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
+    def synchronize(self) -> None:
+        """Wait until the device has run everything queued on it."""
+
     def graph_files(self, neff_dir: Path) -> dict[str, int]:
         """Compiled graphs the persistent NEFF cache in `neff_dir` holds: relative path -> bytes."""
 
@@ -96,6 +99,10 @@ class TorchNeuronRuntime:
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.cpu()
+
+    def synchronize(self) -> None:
+        # TorchNeuron is a PrivateUse1 device: "code written against torch.accelerator needs no change".
+        torch.accelerator.synchronize()
 
     def graph_files(self, neff_dir: Path) -> dict[str, int]:
         return neff_files(neff_dir)

@@ -12,6 +12,8 @@ import importlib.metadata
 from collections.abc import Mapping
 from types import ModuleType
 
+from packaging.version import InvalidVersion, Version
+
 from siglip_serve.core.constants import LNC_ENV as LNC_ENV
 from siglip_serve.core.constants import VALID_LNC as VALID_LNC
 from siglip_serve.core.constants import VISIBLE_CORES_ENV as VISIBLE_CORES_ENV
@@ -20,6 +22,9 @@ from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.neuron.base import NeuronRefusal
 
 NEURON_PIP_REPOSITORY = "https://pip.repos.neuron.amazonaws.com"
+# TorchNeuron (the native PyTorch backend) starts at torch-neuronx 2.13 (Neuron 2.33 ships 2.13.3.0 and
+# 2.14.3.0); the trace line is torch-neuronx 2.9.x. Both are the distribution `torch-neuronx`.
+NATIVE_FROM = (2, 13)
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
 INSTALL_HINT = (
     f"on a trn2 use the Neuron 2.31 DLAMI's venv (source {DLAMI_VENV}/bin/activate; docs/trn2.md step 1) "
@@ -34,6 +39,43 @@ class NeuronSdkMissing(BackendUnavailable):
 
 class LncMismatch(NeuronRefusal):
     """The artifact's compiled LNC differs from the runtime's; the Neuron runtime would refuse it."""
+
+
+def sdk_line(version: str | None, has_trace: bool) -> str | None:
+    """'trace', 'native' or None for a torch-neuronx of this version (``has_trace``: it has trace())."""
+    if not version:
+        return None
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        release = ()
+    if release[:2] >= NATIVE_FROM:
+        return "native"
+    return "trace" if has_trace else None
+
+
+def installed_line() -> str | None:
+    """The Neuron line installed here, from torch-neuronx's package metadata (nothing imported): None where
+    the distribution is absent or is PyPI's 1.0 placeholder."""
+    version = package_version("torch-neuronx")
+    return None if version in (None, "1.0") else sdk_line(version, has_trace=True)
+
+
+def nki_status() -> tuple[bool, str]:
+    """(usable, reason). PyPI's ``nki`` 0.0.1 is an empty placeholder and does not count."""
+    try:
+        import nki
+    except ImportError as exc:
+        return False, f"nki is not installed ({exc})"
+    try:
+        importlib.import_module("nki.isa")
+        importlib.import_module("nki.language")
+    except ImportError as exc:
+        version = getattr(nki, "__version__", "unknown")
+        return False, f"nki {version} has no nki.language/nki.isa (the PyPI placeholder?): {exc}"
+    if not hasattr(nki, "jit"):
+        return False, "nki has no nki.jit; need NKI 0.2+ (Neuron SDK 2.27+)"
+    return True, f"nki {getattr(nki, '__version__', 'unknown')}"
 
 
 def require_torch_neuronx() -> ModuleType:

@@ -73,7 +73,7 @@ def test_run_refuses_at_once_what_the_ray_it_starts_can_never_hold() -> None:
     assert out.returncode == 2, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1, out.stderr[-3000:]
-    assert "needs 2 neuron_cores" in errors[0] and "declares 1" in errors[0] and "cluster_grows" in errors[0]
+    assert "needs 2 neuron_cores" in errors[0] and "declares 1" in errors[0] and "--neuron-cores N" in errors[0]
     assert "Traceback" not in out.stderr and "deploying" not in out.stderr
     assert time.monotonic() - began < 60  # Ray's start, not a wait for a node
 

@@ -1,5 +1,13 @@
-"""Two Ray nodes on this machine, each declaring 2 logical NeuronCores; the real app with 4 encoder
-replicas (tiny-siglip, cpu backend, one neuron_core each); prints /v1/models and the nodes as JSON.
+"""A KubeRay-shaped Ray cluster on this machine, deployed to before its workers join; prints the report as JSON.
+
+As a RayService starts: a head with no CPUs and no NeuronCores (deploy/kuberay/rayservice.yaml:
+num-cpus "0"), KubeRay's RAY_CLUSTER_NAME in every Ray process's environment (KubeRay v1.7.0,
+ray-operator/controllers/ray/common/pod.go setContainerEnvVars), and the Serve config submitted once the
+head is up, as the dashboard does for KubeRay's PUT /api/serve/applications/ (ray/dashboard/modules/
+serve/serve_head.py: ServeControllerClient.deploy_apps), so Serve runs the real builder
+(siglip_serve.serve.app:build_app) as its own task on the head. Then two workers join, each declaring
+2 logical NeuronCores; the app (tiny-siglip, cpu backend, 4 encoder replicas of one neuron_core each)
+must become ready on them and answer every request.
 
 Run by tests/integration/test_multinode.py in its own process: the test session's in-process Ray (conftest)
 cannot host a second cluster. Everything binds to 127.0.0.1. Set RAY_TMPDIR to a private
@@ -14,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 # Without this, Ray turns "127.0.0.1" in a cluster address into the machine's outward IP before
 # connecting (services.resolve_ip_for_localhost), and the driver looks for the GCS where none
@@ -21,21 +30,46 @@ import time
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 DEADLINE_S = 180
 REPORT_MARKER = "MULTINODE-REPORT"
+APP = "multinode"
 
 # Two of each: enough to show both nodes used and no core shared (every replica is a process of its own
 # that imports torch: on a 2-core CI machine each costs seconds).
 CORES_PER_NODE = 2
-REPLICAS = 2 * CORES_PER_NODE
+WORKERS = 2
+REPLICAS = WORKERS * CORES_PER_NODE
+REQUESTS = 8
+ARGS = {"model": "tiny-siglip", "backend": "cpu", "replicas": REPLICAS, "neuron_cores_per_replica": 1,
+        "encoder_num_cpus": 0.25, "ingress_num_cpus": 0.25, "torch_threads": 1, "text_replicas": 0}
+
+
+def _state(status: Any) -> str:
+    """'RUNNING' from Serve's ApplicationStatus (an Enum, whose str() is 'ApplicationStatus.RUNNING')."""
+    return str(getattr(status, "value", status))
+
+
+def _built_status(serve: Any, timeout_s: float) -> dict[str, Any]:
+    """The app's status once Serve's build task has finished: deployments listed, or DEPLOY_FAILED."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        app = serve.status().applications.get(APP)
+        if app is not None and (app.deployments or _state(app.status) == "DEPLOY_FAILED"):
+            return {"status": _state(app.status), "message": app.message, "deployments": sorted(app.deployments)}
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the builder did not finish in {timeout_s} s: {app}")
+        time.sleep(0.5)
 
 
 def main() -> int:
     import httpx
+    import numpy as np
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
 
     from siglip_serve.launcher.preflight import free_port
-    from siglip_serve.serve.app import build_app
+    from tests.helpers import jpeg_bytes, wait_until_ready
 
     logging.basicConfig(level=logging.WARNING)
 
@@ -47,31 +81,53 @@ def main() -> int:
     if not os.environ.get("RAY_TMPDIR"):
         print("set RAY_TMPDIR to a private directory first", file=sys.stderr)
         return 2
-    node = {"num_cpus": 3, "resources": {"neuron_cores": CORES_PER_NODE}, "node_ip_address": "127.0.0.1"}
+    # Before the head starts: its raylet, and so the worker that runs Serve's build task, inherit it.
+    os.environ["RAY_CLUSTER_NAME"] = APP
+    worker = {"num_cpus": 3, "resources": {"neuron_cores": CORES_PER_NODE}, "node_ip_address": "127.0.0.1"}
     began = time.monotonic()
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
+                                                            "include_dashboard": False})
     try:
-        cluster.add_node(**node)
         ray.init(address=cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False,
                  namespace="siglip-serve-multinode")
+        head_resources = dict(ray.cluster_resources())
         port = free_port()
-        # One proxy: both "nodes" share 127.0.0.1, so a proxy per node would fight over the port.
+        # One proxy: all "nodes" share 127.0.0.1, so a proxy per node would fight over the port.
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-        app = build_app({"model": "tiny-siglip", "backend": "cpu", "replicas": REPLICAS,
-                         "neuron_cores_per_replica": 1, "encoder_num_cpus": 0.25, "ingress_num_cpus": 0.25,
-                         "torch_threads": 1, "text_replicas": 0})
-        serve.run(app, name="multinode", route_prefix="/")
+        _get_global_client().deploy_apps(ServeDeploySchema.model_validate(
+            {"applications": [{"name": APP, "route_prefix": "/", "import_path": "siglip_serve.serve.app:build_app",
+                               "args": ARGS}]}))
+        built = _built_status(serve, 60)
+        if built["status"] == "DEPLOY_FAILED":
+            print(f"refused before the workers joined: {built['message']}", file=sys.stderr)
+            return 1
+        for _ in range(WORKERS):
+            cluster.add_node(**worker)
+        joined = time.monotonic()
+        image = jpeg_bytes(np.full((64, 64, 3), 128, dtype=np.uint8))
+        # Until the ingress runs, Serve's proxy holds a request rather than answering it: short tries.
+        wait_until_ready(f"http://127.0.0.1:{port}/readyz", 90,
+                         detail=lambda: str(serve.status().applications.get(APP)))
+        ready_after_join_s = time.monotonic() - joined
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            # At once, while Serve may still be placing the other replicas.
+            answers = [client.post("/v1/embeddings/image", content=image, headers={"Content-Type": "image/jpeg"})
+                       for _ in range(REQUESTS)]
+            # Every replica placed (not only /readyz's min_ready_replicas) before /v1/models is read.
             deadline = time.monotonic() + 60
-            while client.get("/readyz").status_code != 200:
+            while _state(serve.status().applications[APP].status) != "RUNNING":
                 if time.monotonic() > deadline:
-                    raise TimeoutError("the app never became ready")
+                    raise TimeoutError(f"not every replica runs: {serve.status().applications.get(APP)}")
                 time.sleep(0.5)
             models = client.get("/v1/models").json()
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        statuses = [answer.status_code for answer in answers]
+        dims = sorted({len(answer.json()["data"][0]["embedding"]) for answer in answers if answer.status_code == 200})
+        workers = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("neuron_cores"))
         # Ray may print its own lines to stdout too; the report is the line after the marker.
-        print(REPORT_MARKER, json.dumps({"models": models, "nodes": nodes,
-                                          "seconds": round(time.monotonic() - began, 1)}), flush=True)
+        print(REPORT_MARKER, json.dumps({
+            "head_resources": head_resources, "built": built, "models": models, "nodes": workers,
+            "statuses": statuses, "dims": dims, "ready_after_join_s": round(ready_after_join_s, 1),
+            "seconds": round(time.monotonic() - began, 1)}), flush=True)
         return 0
     finally:
         try:

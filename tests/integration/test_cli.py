@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -59,6 +60,22 @@ def test_bad_option_value_stops_before_ray(tmp_path: Path) -> None:
     out = subprocess.run([str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--buckets", "0,4"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "buckets" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_run_refuses_at_once_what_the_ray_it_starts_can_never_hold() -> None:
+    """The Ray `run` starts is this host's alone (serve/cluster_fit.py): 2 encoders of one neuron_core each
+    on the 1 core it declares could never both run, and no node will join to place the second."""
+    began = time.monotonic()
+    out = subprocess.run([str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(free_port()),
+                          "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--neuron-cores", "1",
+                          "--replicas", "2", "--set", "neuron_cores_per_replica=1", "--set", "text_replicas=0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert "needs 2 neuron_cores" in errors[0] and "declares 1" in errors[0] and "--neuron-cores N" in errors[0]
+    assert "Traceback" not in out.stderr and "deploying" not in out.stderr
+    assert time.monotonic() - began < 60  # Ray's start, not a wait for a node
 
 
 def test_run_serves_and_sigint_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:

@@ -1,5 +1,7 @@
-"""Multi-node placement: 4 encoder replicas over two Ray nodes of 2 logical NeuronCores each, every
-replica on its own (node, core). Runs tests/integration/multinode_check.py in a subprocess with its own Ray."""
+"""Multi-node placement, deployed before the workers join: 4 encoder replicas over two Ray worker nodes of
+2 logical NeuronCores each, every replica on its own (node, core), on a KubeRay-shaped cluster whose head
+has no CPUs and got the Serve config before any worker registered. Runs
+tests/integration/multinode_check.py in a subprocess with its own Ray."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ import sys
 import tempfile
 
 from tests.helpers import REPO
-from tests.integration.multinode_check import CORES_PER_NODE, REPLICAS, REPORT_MARKER
+from tests.integration.multinode_check import CORES_PER_NODE, REPLICAS, REPORT_MARKER, REQUESTS
 
 
-def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
+def test_deployed_before_the_workers_join_then_replicas_spread_over_them_each_on_its_own_core() -> None:
     # A short private temp dir: Ray's socket paths must stay short, and its address file must not
     # send anyone else's ray.init() to this cluster.
     ray_tmp = tempfile.mkdtemp(prefix="rmn", dir="/tmp")
@@ -37,6 +39,10 @@ def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
     assert proc.returncode == 0, stderr[-4000:]
     (line,) = [line for line in stdout.splitlines() if line.startswith(REPORT_MARKER)]
     report = json.loads(line[len(REPORT_MARKER):])
+    # The head held nothing a replica needs, and the builder let the app deploy on it anyway.
+    assert report["head_resources"].get("CPU", 0) == 0 and "neuron_cores" not in report["head_resources"]
+    assert report["built"]["status"] == "DEPLOYING", report["built"]
+    assert report["built"]["deployments"] == ["Encoder", "Ingress"], report["built"]
     (model,) = report["models"]["data"]
     replicas = model["replicas"]
     assert model["replicas_expected"] == REPLICAS and len(replicas) == REPLICAS
@@ -45,3 +51,6 @@ def test_replicas_spread_over_two_nodes_each_on_its_own_core() -> None:
     placements = [(r["node_id"], r["neuron_rt_visible_cores"]) for r in replicas]
     assert all(core in {str(c) for c in range(CORES_PER_NODE)} for _, core in placements), placements
     assert len(set(placements)) == REPLICAS, placements
+    # Every request answered, each with one embedding of the model's width.
+    assert report["statuses"] == [200] * REQUESTS
+    assert len(report["dims"]) == 1

@@ -120,6 +120,18 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
     assert cluster["rayVersion"] == "2.60.0"
 
 
+def test_the_first_deploy_on_the_bare_head_is_not_refused(manifest: dict) -> None:
+    """KubeRay submits serveConfigV2 once the head pod is ready, before any worker registers: the builder's
+    cluster check on the head alone (num-cpus 0, no neuron_cores) must deploy, not refuse (B1 of issue 35)."""
+    from siglip_serve.serve.cluster_fit import check_cluster_fits, cluster_growth
+
+    config = ServiceConfig.from_args(yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"])
+    head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
+    growth = cluster_growth(config, {})  # said by the manifest itself, not only by KubeRay's environment
+    assert growth.grows and isinstance(config.replica_setting, int)
+    check_cluster_fits(config, config.replica_setting, growth, {"CPU": float(head["num-cpus"])})
+
+
 def test_the_autoscaler_adds_trn2_nodes_and_removes_idle_ones(manifest: dict,
                                                                validator: jsonschema.Draft7Validator) -> None:
     cluster = manifest["spec"]["rayClusterConfig"]

@@ -13,12 +13,15 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
 from siglip_serve.launcher.preflight import RAY_HOST
 from siglip_serve.launcher.startup import Placeholder, replica_progress, wait_with_progress
 from siglip_serve.serve.config import ServiceConfig
+
+if TYPE_CHECKING:
+    from siglip_serve.serve.cluster_fit import Growth
 
 log = logging.getLogger("siglip_serve")
 
@@ -42,6 +45,19 @@ def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]
     needed = (count * config.encoder_num_cpus + ingress * config.ingress_num_cpus
               + config.text_replica_count * config.text_num_cpus)
     return {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed))}
+
+
+def run_growth(config: ServiceConfig, address: str | None) -> Growth:
+    """Whether nodes may join the cluster, where the config leaves `cluster_grows` open: the Ray this
+    command starts is this host's alone (its node address is 127.0.0.1), so what it cannot hold is refused
+    at once; a joined cluster (`--address`) may gain nodes, so what does not fit yet deploys with a warning
+    (serve/cluster_fit.py)."""
+    # Not at import: it imports ray, which must see RAY_LOCAL_ONLY_ENV first (run_service).
+    from siglip_serve.serve.cluster_fit import JOINED, LOCAL_RUN, cluster_growth
+
+    if config.cluster_grows is not None:
+        return cluster_growth(config)
+    return LOCAL_RUN if address is None else JOINED
 
 
 def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
@@ -95,7 +111,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     import ray
     from ray import serve
 
-    from siglip_serve.serve.app import build, pin_replicas, resolve_replicas
+    from siglip_serve.serve.app import build, pin_neuron_replicas, pin_replicas, resolve_replicas
+    from siglip_serve.serve.cluster_fit import check_cluster_fits
 
     stop = threading.Event()
 
@@ -138,6 +155,11 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
             # Ray's own CLI defaults to localhost:8265, which may be another cluster on a shared host.
             log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
                      context.dashboard_url)
+        growth = run_growth(config, address)
+        config = pin_neuron_replicas(config, growth, stop.is_set)
+        if stop.is_set():  # a signal while waiting for a joined cluster's NeuronCores
+            return 0
+        check_cluster_fits(config, resolve_replicas(config), growth)
         app = build(config)
         quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
         # Serve's controller and proxy log every replica change and every client that goes away

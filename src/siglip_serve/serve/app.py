@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -13,6 +14,7 @@ from ray.serve.exceptions import RayServeException
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.loading import ModelInfo, model_geometry
 from siglip_serve.serve import tracing
+from siglip_serve.serve.cluster_fit import Growth, check_cluster_fits, cluster_growth, settled_neuron_cores
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
 from siglip_serve.serve.encoder_deployment import encoder_deployment
@@ -39,8 +41,12 @@ def resolve_replicas(config: ServiceConfig) -> int:
             "replicas: auto found no neuron_cores in the Ray cluster; start Ray with "
             "--resources='{\"neuron_cores\": N}' (N = logical cores: trn2.3xlarge LNC=2 -> 4, LNC=1 -> 8)"
         )
+    return _replicas_on(config, cores)
+
+
+def _replicas_on(config: ServiceConfig, cores: float) -> int:
     # Text replicas (opt-in on neuron) take NeuronCores of their own.
-    return (cores - config.text_replica_count * text_neuron_cores(config)) // max(config.cores_per_replica, 1)
+    return (int(cores) - config.text_replica_count * text_neuron_cores(config)) // max(config.cores_per_replica, 1)
 
 
 def pin_replicas(config: ServiceConfig) -> ServiceConfig:
@@ -50,6 +56,19 @@ def pin_replicas(config: ServiceConfig) -> ServiceConfig:
     if config.replica_setting == "auto" and config.cores_per_replica > 0:
         return config
     replicas = resolve_replicas(config)
+    return config.model_copy(update={"replicas": replicas, **_pinned_ingress(config, replicas)})
+
+
+def pin_neuron_replicas(config: ServiceConfig, growth: Growth,
+                        stop: Callable[[], bool] = lambda: False) -> ServiceConfig:
+    """`replicas: auto` over NeuronCores, decided once. Where the cluster grows, the workers that hold the
+    cores may not have registered yet (KubeRay deploys once the head is ready): wait, up to
+    `cluster_wait_s` or until `stop()`, for their count to appear and hold (serve/cluster_fit.py), then pin it."""
+    if config.replica_setting != "auto" or config.cores_per_replica == 0 or not growth.grows:
+        return config
+    cores = settled_neuron_cores(config.cluster_wait_s, growth, stop=stop)
+    replicas = max(1, _replicas_on(config, cores))
+    log.info("replicas: auto -> %d encoder replica(s) (%s)", replicas, growth.why)
     return config.model_copy(update={"replicas": replicas, **_pinned_ingress(config, replicas)})
 
 
@@ -105,52 +124,15 @@ class AppRefused(RayServeException):
     """
 
 
-def check_cluster_fits(config: ServiceConfig, replicas: int) -> None:
-    """Refuse an application the cluster can never schedule (e.g. 2 encoders + the ingress on 2 CPUs),
-    which would otherwise leave replicas pending and /readyz unanswered for ever. Totals, not what is
-    free now: a replica waiting for another application's resources is not refused."""
-    total = ray.cluster_resources()
-    if config.autoscaling is not None:
-        # The floor must fit now; the rest may wait for nodes Ray's autoscaler adds (KubeRay).
-        most, replicas = replicas, min(replicas, config.autoscaling.min_replicas)
-        if most * config.encoder_num_cpus > total.get("CPU", 0) or most * config.cores_per_replica > total.get(
-                "neuron_cores", 0):
-            log.warning("autoscaling: max_replicas %d do not fit the cluster as it is; replicas past what fits stay "
-                        "pending until Ray's autoscaler adds a node", most)
-    if config.ingress_autoscaling is not None:
-        most_ingress = config.ingress_autoscaling.max_replicas
-        if most_ingress * config.ingress_num_cpus + replicas * config.encoder_num_cpus > total.get("CPU", 0):
-            log.warning("ingress_autoscaling: max_replicas %d do not fit the cluster as it is beside the encoders; "
-                        "ingress replicas past what fits stay pending until Ray's autoscaler adds a node",
-                        most_ingress)
-    texts = config.text_replica_count
-    ingress = ingress_replicas_for(config, replicas)
-    cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus + texts * config.text_num_cpus
-    if cpus > total.get("CPU", 0) + 1e-9:
-        raise ConfigError(
-            f"this application needs {cpus:g} CPUs ({replicas} encoder replica(s) x encoder_num_cpus "
-            f"{config.encoder_num_cpus:g} + {ingress} ingress x ingress_num_cpus "
-            f"{config.ingress_num_cpus:g} + {texts} text replica(s) x text_num_cpus {config.text_num_cpus:g}) but "
-            f"the Ray cluster has {total.get('CPU', 0):g}; lower replicas or encoder_num_cpus (Ray's CPUs are "
-            "logical, e.g. encoder_num_cpus: 0.5), or start Ray with more: ray start --head --num-cpus N")
-    # Every tower's cores: a text replica left without one would stay pending for ever.
-    per_text = text_neuron_cores(config)
-    cores = replicas * config.cores_per_replica + texts * per_text
-    if cores > total.get("neuron_cores", 0) + 1e-9:
-        raise ConfigError(
-            f"this application needs {cores} neuron_cores ({replicas} encoder replica(s) x "
-            f"{config.cores_per_replica} + {texts} text replica(s) x {per_text}) but the Ray cluster declares "
-            f"{total.get('neuron_cores', 0):g}; lower replicas or text_replicas, or start Ray with "
-            f"--resources='{{\"neuron_cores\": N}}'")
-
-
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Serve's application builder: `args` is the YAML `args:` mapping.
 
     It checks, once, what it can before any replica starts: the config, that the weights are on disk
     or the hub answers, the text tower's tokenizer (serve/model_checks.py's preflight_tokenizer: the default
-    turns text off without one), and that the cluster can hold the replicas. It cannot see a replica's
-    own machine (an SDK or GPU missing there fails in the replica, which Serve retries)."""
+    turns text off without one), and that the cluster can hold the replicas (where nodes join later, it
+    warns and deploys instead, and waits for the NeuronCores `replicas: auto` counts: serve/cluster_fit.py).
+    It cannot see a replica's own machine (an SDK or GPU missing there fails in the replica, which Serve
+    retries)."""
     from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
 
     try:
@@ -160,9 +142,10 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         preflight_weights(config)  # first: refused in a second, where the tokenizer check may take seconds
         config = preflight_tokenizer(config)  # before the cluster check, which counts text replicas
         if ray.is_initialized():
+            growth = cluster_growth(config)
             # Decided once, for the check and the build: cpu's auto builds the model on the meta device.
-            config = pin_replicas(config)
-            check_cluster_fits(config, resolve_replicas(config))
+            config = pin_neuron_replicas(pin_replicas(config), growth)
+            check_cluster_fits(config, resolve_replicas(config), growth)
         return build(config)
     except UserError as exc:  # a config, weights or cluster problem: refused once, not retried
         log.error("%s", exc)

@@ -92,6 +92,18 @@ class ServiceConfig(ModelSettings):
     ingress_autoscaling: IngressAutoscaling | None = Field(None, description="scale the ingress replicas with "
                                                            "their CPU between min_replicas and max_replicas "
                                                            "(ingress_replicas must be unset)")
+    # KubeRay submits the Serve config once the head pod is ready, before its workers register: a check
+    # against that cluster would refuse what the workers will hold (serve/cluster_fit.py).
+    cluster_grows: bool | None = Field(
+        None, description="whether Ray nodes join after the application deploys (KubeRay's workers, Ray's "
+                          "autoscaler, a later `ray start --address`): what does not fit yet is then deployed "
+                          "with a warning, for Serve to place as nodes join, not refused (default: true under "
+                          "KubeRay, seen from its RAY_CLUSTER_NAME, and for `siglip-serve run --address`; else "
+                          "false)")
+    cluster_wait_s: float = Field(
+        600.0, ge=0, description="where the cluster grows, how long `replicas: auto` on neuron waits for the "
+                                 "neuron_cores to register and stop changing before it counts them (none by "
+                                 "then: refused)")
     ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs each ingress replica asks Ray for")
     # Pillow releases the GIL, so decode threads run in parallel.
     decode_threads: int = Field(4, ge=1, le=64, description="threads per ingress replica that decode and resize")

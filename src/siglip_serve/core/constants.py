@@ -17,6 +17,10 @@ VALID_LNC = (1, 2)
 TRN2_DEFAULT_LNC = 2
 LNC_DEFAULT_BY_TARGET = {"trn2": TRN2_DEFAULT_LNC, "trn3": TRN2_DEFAULT_LNC}
 
+# The API key the ingress requires when the config names neither api_key nor api_key_file; `siglip-serve
+# run` takes the key from here or from --api-key-file, never from its command line (launcher/cli.py).
+API_KEY_ENV = "SIGLIP_API_KEY"
+
 # With `tracing: true`, write spans as JSON lines into this file instead of exporting them over OTLP
 # (serve/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
 # the standard OTEL_* variables.

@@ -103,19 +103,26 @@ def test_texts_in_a_table_column_equal_the_served_text_embeddings(main_app: str,
     from siglip_serve.bulk.job import JobSpec, run_job
     from siglip_serve.serve.config import ServiceConfig
 
-    texts = ["a photo of a cat", "a rocket", "x" * 1001]
+    texts = ["a photo of a cat", "a rocket", "x" * 1001, "", "   "]
     (tmp_path / "texts.csv").write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
     out = tmp_path / "out"
     result = run_job(ServiceConfig(model="tiny-siglip", torch_threads=1),
                      JobSpec(source=str(tmp_path / "texts.csv"), output=str(out), modality="text", column="text"))
-    assert (result.embedded, result.errors) == (2, 1)
+    # Before: (4, 1), the empty and the blank cell embedded although /v1/embeddings refuses them.
+    assert (result.embedded, result.errors) == (2, 3)
     rows = _read_output(out)
     response = httpx.post(f"{main_app}/v1/embeddings", json={"input": texts[:2]}, timeout=60,
                           headers={"Authorization": f"Bearer {API_KEY}"})
     assert response.status_code == 200, response.text
     for text, item in zip(texts[:2], response.json()["data"], strict=True):
         assert cosine(rows[text], np.array(item["embedding"], dtype=np.float32)) >= 0.99999
-    assert pq.read_table(out / "_errors").column("error_type").to_pylist() == ["text_too_long"]
+    refused = pq.read_table(out / "_errors").to_pylist()
+    assert [(r["path"], r["error_type"]) for r in refused] == [
+        ("x" * 1001, "text_too_long"), ("", "invalid_request"), ("   ", "invalid_request")]
+    for row in refused:  # the API's type and words for the same text
+        answer = httpx.post(f"{main_app}/v1/embeddings", json={"input": [row["path"]], "modality": "text"}, timeout=60,
+                            headers={"Authorization": f"Bearer {API_KEY}"}).json()["error"]
+        assert (answer["type"], answer["message"]) == (row["error_type"], f"input[0]: {row['message']}")
 
 
 def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path) -> None:

@@ -52,7 +52,9 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
     for i, data in enumerate(photo_jpegs):
         photos.append(tmp_path / f"photo{i}.jpg")
         photos[-1].write_bytes(data)
-    bad = {"corrupt.jpg": b"\xff\xd8\xff\xe0 not really", "notes.txt": b"hello", "empty.png": b""}
+    # cut.jpg: a truncated JPEG, its SOI marker then printable bytes (before: "data is text, not an image").
+    bad = {"corrupt.jpg": b"\xff\xd8\xff\xe0 not really", "notes.txt": b"hello", "empty.png": b"",
+           "cut.jpg": b"\xff\xd8\xff" + b"printable garbage after a JPEG's SOI marker\n" * 40}
     for name, data in bad.items():
         (tmp_path / name).write_bytes(data)
     listing = tmp_path / "list.txt"
@@ -63,7 +65,7 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
     # In the tests' Ray (main_app runs there): the job joins it rather than starting its own.
     result = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))
 
-    assert (result.items, result.shards, result.embedded, result.errors) == (9, 3, 5, 4)
+    assert (result.items, result.shards, result.embedded, result.errors) == (10, 4, 5, 5)
     assert BulkResult.read(out / "_summary.json") == result
     table = pq.read_table(out)
     assert str(table.schema.field("embedding").type) == "fixed_size_list<element: float>[64]"
@@ -79,8 +81,11 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
               for r in pq.read_table(out / "_errors").to_pylist()}
     assert {name: kind for name, (kind, _) in errors.items()} == {
         "corrupt.jpg": "invalid_image", "notes.txt": "unsupported_media_type", "empty.png": "empty_body",
-        "gone.jpg": "unreadable"}
+        "cut.jpg": "invalid_image", "gone.jpg": "unreadable"}
     assert errors["notes.txt"][1] == "data is text, not an image"  # the HTTP contract's words
+    served = httpx.post(f"{main_app}/v1/embeddings/image", content=bad["cut.jpg"], timeout=60,
+                        headers={"Content-Type": "image/jpeg", "Authorization": f"Bearer {API_KEY}"}).json()["error"]
+    assert (served["type"], served["message"]) == ("invalid_image", f"image: {errors['cut.jpg'][1]}")
 
     # The service's metric names, endpoint "bulk": the Ray the job ran on exports them (1 s push here).
     deadline = time.monotonic() + 20
@@ -91,26 +96,33 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
 
     # The same job again finds every shard done and embeds nothing.
     again = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))
-    assert (again.shards_done_before, again.shards_written, again.embedded, again.errors_in_output) == (3, 0, 0, 4)
+    assert (again.shards_done_before, again.shards_written, again.embedded, again.errors_in_output) == (4, 0, 0, 5)
 
 
 def test_texts_in_a_table_column_equal_the_served_text_embeddings(main_app: str, tmp_path: Path) -> None:
     from siglip_serve.bulk.job import JobSpec, run_job
     from siglip_serve.serve.config import ServiceConfig
 
-    texts = ["a photo of a cat", "a rocket", "x" * 1001]
+    texts = ["a photo of a cat", "a rocket", "x" * 1001, "", "   "]
     (tmp_path / "texts.csv").write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
     out = tmp_path / "out"
     result = run_job(ServiceConfig(model="tiny-siglip", torch_threads=1),
                      JobSpec(source=str(tmp_path / "texts.csv"), output=str(out), modality="text", column="text"))
-    assert (result.embedded, result.errors) == (2, 1)
+    # Before: (4, 1), the empty and the blank cell embedded although /v1/embeddings refuses them.
+    assert (result.embedded, result.errors) == (2, 3)
     rows = _read_output(out)
     response = httpx.post(f"{main_app}/v1/embeddings", json={"input": texts[:2]}, timeout=60,
                           headers={"Authorization": f"Bearer {API_KEY}"})
     assert response.status_code == 200, response.text
     for text, item in zip(texts[:2], response.json()["data"], strict=True):
         assert cosine(rows[text], np.array(item["embedding"], dtype=np.float32)) >= 0.99999
-    assert pq.read_table(out / "_errors").column("error_type").to_pylist() == ["text_too_long"]
+    refused = pq.read_table(out / "_errors").to_pylist()
+    assert [(r["path"], r["error_type"]) for r in refused] == [
+        ("x" * 1001, "text_too_long"), ("", "invalid_request"), ("   ", "invalid_request")]
+    for row in refused:  # the API's type and words for the same text
+        answer = httpx.post(f"{main_app}/v1/embeddings", json={"input": [row["path"]], "modality": "text"}, timeout=60,
+                            headers={"Authorization": f"Bearer {API_KEY}"}).json()["error"]
+        assert (answer["type"], answer["message"]) == (row["error_type"], f"input[0]: {row['message']}")
 
 
 def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path) -> None:

@@ -102,6 +102,36 @@ def test_a_mixed_request_keeps_input_order_and_says_how_each_item_was_read(
     assert cosine(rows[3], tiny_reference.embed(photo_jpegs[1])) >= 0.9999
 
 
+def test_base64_with_line_breaks_or_spaces_is_read_as_the_image_it_is(
+        client: httpx.Client, photo_jpegs: list[bytes], tiny_reference: TinyReference) -> None:
+    bare = base64.b64encode(photo_jpegs[0]).decode()
+    mime = base64.encodebytes(photo_jpegs[0]).decode()  # a line break every 76 characters
+    spaced = " ".join(bare[i:i + 4] for i in range(0, len(bare), 4))
+    # Before: 413 text_too_long, the MIME base64 read as a text of thousands of characters.
+    body = client.post("/v1/embeddings", json={"input": [mime, "a cat", mime.replace("\n", "\r\n"), spaced]})
+    assert body.status_code == 200, body.text
+    answer = body.json()
+    assert answer["usage"]["read_as"] == ["image", "text", "image", "image"]
+    want = tiny_reference.embed(photo_jpegs[0])
+    for index in (0, 2, 3):
+        assert cosine(np.array(answer["data"][index]["embedding"], dtype=np.float32), want) >= 0.9999
+
+
+def test_a_file_that_starts_as_a_jpeg_and_does_not_decode_is_invalid_image_however_it_arrives(
+        client: httpx.Client) -> None:
+    for soi in (b"\xff\xd8", b"\xff\xd8\xff"):  # the SOI marker alone, and with the next marker's FF
+        broken = soi + b"printable garbage after a JPEG's SOI marker\n" * 40
+        encoded = base64.b64encode(broken).decode()
+        # Before: 415 unsupported_media_type, "data is text, not an image" (bulk: tests/integration/test_bulk.py).
+        for response in (
+                client.post("/v1/embeddings/image", content=broken, headers={"Content-Type": "image/jpeg"}),
+                client.post("/v1/embeddings/image", files=[("files", ("cut.jpg", broken, "image/jpeg"))]),
+                client.post("/v1/embeddings", json={"input": ["a cat", encoded]}),  # an image by its signature
+                client.post("/v1/embeddings", json={"input": [encoded], "modality": "image"})):
+            error = assert_error(response, 400, "invalid_image")
+            assert "starts as a JPEG file but cannot be decoded" in error["message"], error
+
+
 def test_a_client_that_says_image_gets_the_images_own_error(client: httpx.Client, photo_jpegs: list[bytes]) -> None:
     bare = base64.b64encode(photo_jpegs[0]).decode()
     broken = bare[:40] + "!" + bare[41:]

@@ -92,6 +92,37 @@ def test_run_flags_reach_the_service_config(tmp_path) -> None:
     assert ServiceConfig.from_args(cli.run_settings(auto)).replicas == "auto"
 
 
+KEY = "s3cret-on-the-command-line"
+
+
+@pytest.mark.parametrize("given", [["--api-key", KEY], [f"--api-key={KEY}"], ["--set", f"api_key={KEY}"],
+                                   ["--set", f"api-key={KEY}"]])
+def test_run_refuses_a_key_on_its_command_line_before_any_child_starts(
+        given: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from siglip_serve.launcher import session
+
+    started: list[list[str]] = []
+    # Stands in for the relayed service (it would start Ray): records that one was asked for.
+    monkeypatch.setattr(session, "run_in_own_session", lambda argv, *_: started.append(argv) or 0)
+    monkeypatch.delenv(session.CHILD_ENV, raising=False)
+    # Before: the relay and its child both ran with the key in their command lines (ps).
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--model", "tiny-siglip", *given])
+    said = capsys.readouterr().err
+    assert refused.value.code == 2 and started == []
+    assert "--api-key-file" in said and "SIGLIP_API_KEY" in said and KEY not in said, said
+
+
+def test_a_key_from_the_environment_reaches_a_joined_cluster_in_the_config_only() -> None:
+    from siglip_serve.core.constants import API_KEY_ENV
+
+    environ = {API_KEY_ENV: KEY}
+    joined = cli.service_config(cli.build_parser().parse_args(["--address", "127.0.0.1:6379"]), environ)
+    assert joined.resolve_api_key({}) == KEY  # the joined cluster's ingress does not see our environment
+    local = cli.service_config(cli.build_parser().parse_args([]), environ)
+    assert local.api_key is None and local.resolve_api_key(environ) == KEY  # the Ray we start inherits it
+
+
 def test_one_key_value_parser() -> None:
     assert key_value("application=siglip") == ("application", "siglip")
     assert key_value(" a =b=c") == ("a", "b=c")  # the value as written, '=' and all

@@ -11,7 +11,7 @@ from tests.helpers import SRC
 
 
 def test_core_imports_no_torch_ray_or_project_package() -> None:
-    code = ("import sys, siglip_serve.core.constants, siglip_serve.core.errors; "
+    code = ("import sys, siglip_serve.core.constants, siglip_serve.core.errors, siglip_serve.core.texts; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'numpy') "
             "or (m.startswith('siglip_serve.') and not m.startswith('siglip_serve.core'))); print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

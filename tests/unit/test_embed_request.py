@@ -40,6 +40,27 @@ def test_the_compatibility_rule_reads_image_signatures_not_base64_looks(photo_jp
         assert not looks_like_image(text), text
 
 
+def test_base64_with_whitespace_is_read_by_its_signature_too(photo_jpegs: list[bytes]) -> None:
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, format="PNG")
+    for data in (photo_jpegs[0], png.getvalue()):
+        bare = base64.b64encode(data).decode()
+        mime = base64.encodebytes(data).decode()  # a line break every 76 characters, one at the end
+        assert "\n" in mime.strip()
+        for spaced in (mime, mime.replace("\n", "\r\n"), " ".join(bare[i:i + 4] for i in range(0, len(bare), 4)),
+                       "\t" + bare[:40] + "\n  " + bare[40:] + " \n"):
+            # Before: text (and refused as text_too_long), the whitespace failing the alphabet.
+            assert looks_like_image(spaced), repr(spaced[:90])
+            assert kinds(input=[spaced, "a cat"]) == ["image", "text"]
+    # Words and spaces stay texts: no sentence is base64 of an image's signature without its spaces.
+    for text in ("a photo of a cat sitting on a red mat next to a dog", "the quick brown fox jumps over the lazy dog",
+                 "iVBOR is how a PNG's base64 starts", "/9j/ is how a JPEG's base64 starts, said someone",
+                 "R0lG OD lh " * 2, base64.encodebytes(b"\x00" * 100).decode(), " \n\t " * 20):
+        assert not looks_like_image(text), text
+
+
 def test_typed_items_and_modality_decide_without_guessing(photo_jpegs: list[bytes]) -> None:
     bare = base64.b64encode(photo_jpegs[0]).decode()
     broken = bare[:40] + "!" + bare[41:]  # one bad character: by the rule alone this reads as text

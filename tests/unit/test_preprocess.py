@@ -307,6 +307,27 @@ def test_truncated_file_is_400(fmt: str, kw: dict) -> None:
     assert err.message == "image data is truncated or corrupt"
 
 
+GARBAGE = b"not the rest of an image, just printable garbage after the signature\n" * 8
+
+
+@pytest.mark.parametrize("head,says", [
+    (b"\xff\xd8", "JPEG"), (b"\xff\xd8\xff", "JPEG"),  # a truncated JPEG: its SOI marker, then anything
+    (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
+    (b"RIFF\x00\x00\x00\x00WEBP", "WEBP"),
+    # Pillow's BMP plugin takes these bytes for a header, then fails to load: its own words. (A GIF's
+    # signature is followed by its sizes: garbage there declares a huge image, 413 before decoding.)
+    (b"BM", None),
+])
+def test_a_file_that_starts_with_an_image_signature_and_does_not_decode_is_400_invalid_image(
+        head: bytes, says: str | None) -> None:
+    # Before: 415 "data is text, not an image" for all but BMP (the printable rest outweighed the signature).
+    err = rejected(head + GARBAGE)
+    assert (err.status, err.error_type) == (400, "invalid_image"), err.message
+    assert err.message == (f"data starts as a {says} file but cannot be decoded (truncated or corrupt)" if says
+                           else "image data is truncated or corrupt")
+
+
 @pytest.mark.parametrize("data,says", [
     (b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect/></svg>', "SVG"),
     (b'\xef\xbb\xbf  \n<?xml version="1.0"?><svg/>', "SVG"),

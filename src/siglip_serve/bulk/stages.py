@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from siglip_serve.bulk.inputs import read_bytes
+from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
 from siglip_serve.models.settings import ModelSettings
@@ -36,6 +37,12 @@ def _image_error_type(exc: ImageRejected) -> str:
     from siglip_serve.serve.errors import IMAGE_ERRORS  # the contract's reason for this rejection
 
     return IMAGE_ERRORS[type(exc)][1].value
+
+
+def _text_error_type(exc: TextRejected) -> str:
+    from siglip_serve.serve.errors import TEXT_ERRORS
+
+    return TEXT_ERRORS[type(exc)][1].value
 
 
 _metrics: BulkMetrics | None = None
@@ -71,15 +78,16 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
 
 
 def check_texts(batch: Batch, *, max_chars: int) -> Batch:
-    """Rows of (shard, pos, item) where item is a text -> the same rows, an over-long text an error."""
-    error_types, messages = [], []
-    for text in batch["item"]:
-        too_long = len(str(text)) > max_chars
-        if too_long:
-            bulk_metrics().rejected.inc(1, tags={"reason": "text_too_long"})
-        error_types.append("text_too_long" if too_long else "")
-        messages.append(f"text is {len(str(text))} characters, over the {max_chars}-character limit"
-                        if too_long else "")
+    """Rows of (shard, pos, item) where item is a text -> the same rows, a text the API refuses (empty,
+    blank, too long: core/texts.py's one check) an error with the contract's type and words."""
+    n = len(batch["item"])
+    error_types, messages = [""] * n, [""] * n
+    for i, text in enumerate(batch["item"]):
+        try:
+            check_text(str(text), max_chars)
+        except TextRejected as exc:
+            error_types[i], messages[i] = _text_error_type(exc), exc.message
+            bulk_metrics().rejected.inc(1, tags={"reason": error_types[i]})
     return {**batch, "error_type": np.array(error_types, dtype=object), "message": np.array(messages, dtype=object)}
 
 

@@ -32,6 +32,10 @@ DMA_TRANSPOSE_AS_PE_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
 # whose workers register after the head (and after Serve's config is submitted: serve/cluster_fit.py).
 KUBERAY_ENV = ("RAY_CLUSTER_NAME", "KUBERAY_GEN_RAY_START_CMD")
 
+# The API key the ingress requires when the config names neither api_key nor api_key_file; `siglip-serve
+# run` takes the key from here or from --api-key-file, never from its command line (launcher/cli.py).
+API_KEY_ENV = "SIGLIP_API_KEY"
+
 # With `tracing: true`, write spans as JSON lines into this file instead of exporting them over OTLP
 # (serve/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
 # the standard OTEL_* variables.

@@ -7,8 +7,10 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from siglip_serve.core.constants import API_KEY_ENV
 from siglip_serve.launcher.haproxy_front import DEFAULT_METRICS_PORT, FRONT_ENDS
 from siglip_serve.models.cli_args import (
     add_field_arguments,
@@ -23,6 +25,9 @@ from siglip_serve.models.cli_args import (
     setup_logging,
 )
 
+if TYPE_CHECKING:  # imported where used, as everywhere in this module
+    from siglip_serve.serve.config import ServiceConfig
+
 log = logging.getLogger("siglip_serve")
 
 
@@ -34,7 +39,27 @@ def add_front_end_option(parser: argparse.ArgumentParser) -> None:
 
 
 # The `run` flags that set a ServiceConfig field (every other field: --set KEY=VALUE).
-SERVICE_OPTIONS = ("replicas", "api_key", "api_key_file", "access_log")
+SERVICE_OPTIONS = ("replicas", "api_key_file", "access_log")
+# A key on the command line is in /proc/PID/cmdline, which every user of the host reads (`ps`), for as
+# long as the process lives: the relay that runs the service lives as long as the service (and with
+# --address it is the service). Only overwriting argv's memory would hide it, from some time after the
+# start; so `run` refuses it, before any child starts, and never repeats the value.
+KEY_IN_ARGV = (f"no API key on the command line (every user of this host sees it in ps): give "
+               f"--api-key-file PATH, or the {API_KEY_ENV} environment variable")
+
+
+class _RefuseKey(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(KEY_IN_ARGV)
+
+
+def _run_setting(text: str) -> tuple[str, str]:
+    """`--set KEY=VALUE` of `run`: any config field but the key itself."""
+    key, value = key_value(text)
+    if key.replace("-", "_") == "api_key":
+        raise argparse.ArgumentTypeError(KEY_IN_ARGV)
+    return key, value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = argparse.ArgumentParser(prog="siglip-serve run", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
-                                  epilog="--set KEY=VALUE takes every config field (the Serve YAML args:):\n"
-                                         + fields_help(ServiceConfig))
+                                  epilog="--set KEY=VALUE takes every config field (the Serve YAML args:) "
+                                         "but api_key:\n" + fields_help(ServiceConfig))
     add_log_level(run)
     add_model_arguments(run)
     run.add_argument("--host", default="127.0.0.1")
@@ -59,9 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "connections, queue time; on --metrics-host's interfaces (0: any free port)")
     run.add_argument("--neuron-cores", type=int,
                      help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
-    add_field_arguments(run.add_argument_group("service"), ServiceConfig, SERVICE_OPTIONS)
-    run.add_argument("--set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-                     help="any config field, as in the Serve YAML args (repeatable)")
+    service = run.add_argument_group("service")
+    add_field_arguments(service, ServiceConfig, SERVICE_OPTIONS)
+    # Declared so that argparse cannot read it as an abbreviation of --api-key-file (and log the key as
+    # a file that cannot be read).
+    service.add_argument("--api-key", action=_RefuseKey, metavar="KEY",
+                         help=f"refused: give --api-key-file PATH or {API_KEY_ENV} (a key here shows in ps)")
+    run.add_argument("--set", action="append", default=[], type=_run_setting, metavar="KEY=VALUE",
+                     help="any config field but api_key, as in the Serve YAML args (repeatable)")
     return run
 
 
@@ -116,12 +146,26 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def _command(args: argparse.Namespace, began: float, placeholder: Any, own_session: bool = False) -> int:
-    """Checks that need the config, then the service; exits the process when it stops."""
+def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServiceConfig:
+    """The config `run` serves, its key checked: an unreadable key file stops us here, not in a replica.
+
+    The Ray started here hands this process's environment, $SIGLIP_API_KEY included, to every replica.
+    A joined cluster's (--address) does not: there a key from our environment travels in the config, as
+    the ingress's constructor argument (pickled by Serve), which no process's command line shows."""
+    from pydantic import SecretStr
+
     from siglip_serve.serve.config import ServiceConfig
 
     config = ServiceConfig.from_args(run_settings(args))
-    config.resolve_api_key(os.environ)  # an unreadable key file stops us here, not in a replica
+    key = config.resolve_api_key(environ)
+    if args.address and key is not None and config.api_key is None and config.api_key_file is None:
+        config = config.model_copy(update={"api_key": SecretStr(key)})
+    return config
+
+
+def _command(args: argparse.Namespace, began: float, placeholder: Any, own_session: bool = False) -> int:
+    """Checks that need the config, then the service; exits the process when it stops."""
+    config = service_config(args, os.environ)
     from siglip_serve.launcher.runner import run_service
     from siglip_serve.models.encoder import check_backend_available
     from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights

@@ -30,6 +30,8 @@ __all__ = [
     "ImageHeader",
     "probe_image",
     "SUPPORTED_FORMATS",
+    "SIGNATURE_BYTES",
+    "signature_format",
     "decode_image",
     "resize_to_array",
     "preprocess_image",
@@ -78,6 +80,26 @@ def _storage_bytes(mode: str) -> int:
 SUPPORTED_FORMATS: frozenset[str] = frozenset({"JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF"})
 _FORMATS_TEXT = "JPEG, PNG, WEBP, GIF, BMP, TIFF"
 
+# The first bytes by which Pillow 13 recognises each format of SUPPORTED_FORMATS (each plugin's `_accept`:
+# PIL/JpegImagePlugin.py, PngImagePlugin.py, GifImagePlugin.py, BmpImagePlugin.py, TiffImagePlugin.py's
+# PREFIXES, WebPImagePlugin.py's RIFF....WEBP); MPO is a JPEG to them. A JPEG by its SOI marker alone
+# (Pillow also wants the next marker's FF): a file cut or garbled right after it is still a broken JPEG,
+# and no UTF-8 text starts with FF.
+_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+    (b"BM", "BMP"), (b"MM\x00\x2a", "TIFF"), (b"II\x2a\x00", "TIFF"), (b"MM\x2a\x00", "TIFF"),
+    (b"II\x00\x2a", "TIFF"), (b"MM\x00\x2b", "TIFF"), (b"II\x2b\x00", "TIFF"),
+)
+# Enough of a file's start to tell every signature above (WebP's ends at byte 12).
+SIGNATURE_BYTES = 12
+
+
+def signature_format(head: bytes) -> str | None:
+    """The supported format whose signature `head` (a file's first SIGNATURE_BYTES or more) starts with."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for signature, name in _SIGNATURES if head.startswith(signature)), None)
+
 _WHITE = (255, 255, 255)
 
 
@@ -120,7 +142,11 @@ def _let_pillow_open_up_to(max_pixels: int) -> None:
 
 
 def _rejection_for_unidentified(data: bytes) -> ImageRejected:
-    """Pillow found no image format: tell 'not an image at all' from garbage."""
+    """Pillow found no image format: tell 'not an image at all' from garbage, and a file that starts as
+    one of ours (a truncated JPEG: its SOI marker, then anything) from both: that is a broken image."""
+    started_as = signature_format(data)
+    if started_as is not None:
+        return _invalid(f"data starts as a {started_as} file but cannot be decoded (truncated or corrupt)")
     head = data[:4096]
     start = head.lstrip(b"\xef\xbb\xbf \t\r\n\x0b\x0c")
     if start.startswith(b"<"):

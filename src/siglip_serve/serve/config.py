@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
 from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
 from siglip_serve.core.errors import UserError, describe_validation
 from siglip_serve.models.cli_args import LogLevel, model_settings_of
@@ -14,8 +15,6 @@ from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import NEURON_BACKENDS, ModelSettings
 
 MiB = 1024 * 1024
-# The environment variable the ingress reads the API key from when the config names none.
-API_KEY_ENV = "SIGLIP_API_KEY"
 
 
 class ConfigError(UserError, ValueError):
@@ -147,9 +146,10 @@ class ServiceConfig(ModelSettings):
                                                                             "one ingress may hold; past it a decode "
                                                                             "waits its turn")
     max_images_per_request: int = Field(64, ge=1, description="images in one request")
-    # A key in args shows in the Serve config (and on the command line, in ps).
-    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in ps: prefer "
-                                                        f"the {API_KEY_ENV} environment variable or --api-key-file)")
+    # A key in args shows in the Serve config; `siglip-serve run` refuses it on its command line.
+    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in the Serve "
+                                                        f"config: prefer api_key_file or the {API_KEY_ENV} "
+                                                        "environment variable; not on run's command line)")
     api_key_file: str | None = Field(None, description="require the key on this file's first line")
     # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
     # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or

@@ -4,8 +4,9 @@ v2 (/v2/embed: `texts`, `images` or `inputs`), both turned into the same items f
 
 An item is typed (`{"type": "image", "image": ...}` / `{"type": "text", "text": ...}`, as Cohere's and
 vLLM's typed inputs), or a string read by the request's `modality` (Infinity's field), or, with
-neither, by the compatibility rule: a data URI, or bare base64 whose first bytes are the signature of
-an image format the service decodes, is an image; anything else is text. So a broken base64 image
+neither, by the compatibility rule: a data URI, or bare base64 (whitespace such as MIME's line breaks
+allowed) whose first bytes are the signature of an image format the service decodes, is an image;
+anything else is text. So a broken base64 image
 sent without a modality can still read as text; a client that sends images says so and gets the
 image's own error (400 naming the item). Every answer says how each item was read (`usage.read_as`).
 Nothing here knows Ray or torch.
@@ -15,10 +16,12 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from itertools import islice
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from siglip_serve.models.preprocess import SIGNATURE_BYTES, signature_format
 from siglip_serve.serve.errors import ApiError, ErrorType
 
 Modality = Literal["image", "text"]
@@ -28,13 +31,15 @@ Encoding = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
 
 # No image file in a supported format is under 24 bytes (32 base64 characters); a shorter word is text.
 MIN_BARE_IMAGE_CHARS = 32
-_BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
+# The base64 alphabets and whitespace anywhere (MIME's line break every 76 characters, what Python's
+# base64.encodebytes writes; CRLF, spaces), as serve/http_body.py's tolerant decoder reads them.
+_BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_\-\s]+(?:=\s*){0,2}")
 # base64url (RFC 4648 section 5) to the standard alphabet: some clients send the former.
 URLSAFE_TO_STD = str.maketrans("-_", "+/")
-# The first bytes of every format the service decodes (serve/http_body.py IMAGE_MEDIA_TYPES).
-_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
+# Characters that decode to at least SIGNATURE_BYTES bytes.
+_HEAD_CHARS = -(-SIGNATURE_BYTES // 3) * 4
 RULE = ("without `modality` or typed items, an item is an image when it is a data URI, or bare base64 "
-        "that decodes to a JPEG, PNG, WebP, GIF, BMP or TIFF signature; anything else is text")
+        "(whitespace allowed) that decodes to a JPEG, PNG, WebP, GIF, BMP or TIFF signature; anything else is text")
 
 
 class ImageItem(BaseModel):
@@ -96,11 +101,15 @@ def looks_like_image(item: str) -> bool:
         return True
     if len(stripped) < MIN_BARE_IMAGE_CHARS or _BARE_BASE64.fullmatch(stripped) is None:
         return False
+    # Only the first characters that are not whitespace: an image's base64 runs to megabytes.
+    first = "".join(islice((c for c in stripped if not c.isspace()), MIN_BARE_IMAGE_CHARS))
+    if len(first) < MIN_BARE_IMAGE_CHARS:
+        return False
     try:
-        head = base64.b64decode(stripped[:16].translate(URLSAFE_TO_STD), validate=True)
+        head = base64.b64decode(first[:_HEAD_CHARS].translate(URLSAFE_TO_STD), validate=True)
     except (binascii.Error, ValueError):
         return False
-    return head.startswith(_SIGNATURES) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+    return signature_format(head) is not None
 
 
 def read_items(request: EmbeddingsRequest) -> list[Item]:

@@ -1,8 +1,9 @@
 """The one error contract: every error is `{"error": {"message", "type", "code"}}`, from one place.
 
 A 500 never echoes exception text: unexpected exceptions are logged with their traceback and
-answered with a fixed message. models/ raises its own typed image errors; IMAGE_ERRORS below is the
-one place that says what each means here.
+answered with a fixed message. models/ raises its own typed image errors, core/texts.py its text ones;
+IMAGE_ERRORS and TEXT_ERRORS below are the one place that says what each means here (and in bulk's
+errors table).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from siglip_serve.core import errors as user_errors
+from siglip_serve.core.texts import EmptyText, TextRejected, TextTooLong
 from siglip_serve.models.image_errors import (
     CorruptImage,
     EmptyImage,
@@ -79,6 +81,19 @@ IMAGE_ERRORS: dict[type[ImageRejected], tuple[int, ErrorType]] = {
     ImageTooLarge: (413, ErrorType.IMAGE_TOO_LARGE),
     ImageFileTooLarge: (413, ErrorType.PAYLOAD_TOO_LARGE),
 }
+
+
+# Each of core/texts.py's text rejections as (status, error type) of the contract.
+TEXT_ERRORS: dict[type[TextRejected], tuple[int, ErrorType]] = {
+    EmptyText: (422, ErrorType.INVALID_REQUEST),
+    TextTooLong: (413, ErrorType.TEXT_TOO_LONG),
+}
+
+
+def text_error(error: TextRejected, label: str) -> ApiError:
+    """A rejected text as the contract's error; `label` says which of the request's texts it was."""
+    status, error_type = TEXT_ERRORS[type(error)]
+    return ApiError(status, error_type, f"{label}: {error.message}")
 
 
 def image_error(error: ImageRejected | ApiError, label: str = "") -> ApiError:

@@ -76,7 +76,8 @@ _TYPED_ITEM: dict[str, Any] = {"oneOf": [
 ]}
 _ITEM: dict[str, Any] = {"oneOf": [
     {"type": "string", "description": "an image or a text: read by `modality`, else an image when it is a data "
-                                      "URI or base64 of an image file's bytes, else a text (docs/http-api.md)"},
+                                      "URI or base64 (whitespace such as MIME line breaks skipped) of an image "
+                                      "file's bytes, else a text (docs/http-api.md)"},
     _TYPED_ITEM,
 ]}
 _ENCODINGS = ["float", "base64", "int8", "uint8", "binary", "ubinary"]
@@ -174,13 +175,15 @@ CLASSIFY_SCHEMA: dict[str, Any] = {
 }
 
 _WHY = {
-    400: "empty body, malformed multipart, an image that cannot be decoded, or dimensions not served",
+    400: "empty body, malformed multipart, an image that cannot be decoded (data with an image format's "
+         "signature included), or dimensions not served",
     401: "missing or wrong API key (only when the service has one)",
     404: "texts or classify where the service runs no text tower",
     408: "the body stopped arriving for 10 s before its end (connection closed)",
     413: "body, image, request pixels or text over the configured limit",
-    415: "content type that is not an image",
-    422: "JSON that does not match the request schema, too many images or texts, a typed item against modality",
+    415: "content type, or data, that is not an image (SVG, PDF, text)",
+    422: "JSON that does not match the request schema, too many images or texts, an empty or blank text, "
+         "a typed item against modality",
     431: "more than 100 headers, or more than 64 KiB of them",
     500: "unexpected server error (the message never echoes its cause)",
     503: "not ready yet, shutting down, at capacity, or a replica lost (Retry-After says when to retry)",

@@ -16,10 +16,11 @@ import numpy as np
 from fastapi import Request, Response
 from ray.serve.handle import DeploymentHandle
 
+from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.serve import tracing
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.errors import ApiError, ErrorType
+from siglip_serve.serve.errors import ApiError, ErrorType, text_error
 from siglip_serve.serve.http_body import (
     DEFAULT_TEMPLATE,
     file_labels,
@@ -32,16 +33,16 @@ from siglip_serve.serve.ingress_core import IngressCore
 
 
 def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConfig, what: str = "texts") -> None:
-    """Limits before any tokenizing: count (422), empty (422), characters per text (413)."""
+    """Limits before any tokenizing: count (422), then each text by core/texts.py's check (bulk's too):
+    empty or blank (422), characters per text (413)."""
     if len(texts) > config.max_texts_per_request:
         raise ApiError(422, ErrorType.TOO_MANY_TEXTS,
                        f"{len(texts)} {what} in one request; the limit is {config.max_texts_per_request}")
     for text, label in zip(texts, labels, strict=True):
-        if not text.strip():
-            raise ApiError(422, ErrorType.INVALID_REQUEST, f"{label}: text is empty")
-        if len(text) > config.max_text_chars:
-            raise ApiError(413, ErrorType.TEXT_TOO_LONG,
-                           f"{label}: text is {len(text)} characters, over the {config.max_text_chars}-character limit")
+        try:
+            check_text(text, config.max_text_chars)
+        except TextRejected as exc:
+            raise text_error(exc, label) from None
 
 
 def zero_shot(images: np.ndarray, texts: np.ndarray, scale: float, bias: float) -> np.ndarray:

@@ -192,6 +192,14 @@ def test_every_front_end_port_listens_on_loopback_only(service: Service) -> None
     assert not {8404, 9101} & {addr.port for addr in listeners}
 
 
+def is_loopback(ip: str) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 def test_only_the_api_port_is_reachable_beyond_loopback(service: Service) -> None:
     # Every listening socket of the service's whole process tree: Ray's, Serve's, HAProxy's, the replicas'.
     # Before: each replica's inter-deployment gRPC server listened on [::] (every interface).
@@ -204,9 +212,10 @@ def test_only_the_api_port_is_reachable_beyond_loopback(service: Service) -> Non
         except psutil.NoSuchProcess:
             continue
     assert len(listeners) >= 6, listeners  # HAProxy's three, Ray's GCS and raylet, the replicas' gRPC servers
-    # The service runs with --host 127.0.0.1 (the unit's command line): nothing listens beyond loopback.
-    assert {addr.ip for _, addr in listeners} <= {"127.0.0.1", "::1"}, [
-        (name, addr) for name, addr in listeners if addr.ip not in ("127.0.0.1", "::1")]
+    # The service runs with --host 127.0.0.1 (the unit's command line): nothing listens beyond loopback
+    # (::ffff:127.0.0.1 is a dual-stack socket bound to IPv4 loopback).
+    beyond = [(name, addr) for name, addr in listeners if not is_loopback(addr.ip)]
+    assert not beyond, beyond
     assert service.port in {addr.port for _, addr in listeners}
 
 

@@ -25,8 +25,9 @@ time Ray starts or reloads HAProxy, `main` rewrites the rendered file, then exec
   "timeout queue", "avg_queue", "http-request return", "set-priority-class".
 - HTTP/1 only on the service port (`proto h1`): HAProxy would otherwise take an HTTP/2 preface as h2c and
   hold the connection for the header timeout; a client's `x-request-timeout-seconds` (which Serve reads
-  to lift its own timeout) is dropped; bodies up to `tune.bufsize` are read before an ingress replica
-  is taken (`option http-buffer-request`), within the header timeout.
+  to lift its own timeout) is dropped. Bodies stream to the ingress, which answers one that stops
+  arriving (408 after 10 s) or outlives the deadline (504), whichever comes first; HAProxy's
+  `option http-buffer-request` would hold a short body for its whole header timeout instead.
 Header count and size are bounded by HAProxy itself, before anything reaches Python:
 `tune.http.maxhdr` (101 headers) and `tune.bufsize` (16 KiB for the request line and headers). Those
 refusals, and the 408 of the header timeout, come from HAProxy's HTTP/1 parser, which answers with
@@ -109,7 +110,6 @@ def rewrite_config(text: str, header_timeout_s: int | None, local_only: bool, er
         text = _ANY_INTERFACE_BIND.sub(r"\g<1>127.0.0.1\g<2>", text)
     text = _TEMPLATE_ERRORFILE.sub("", text)
     added = [f"    errorfile {status} {error_dir / f'{status}.http'}" for status in _ERRORS]
-    added.append("    option http-buffer-request")
     if header_timeout_s is not None:
         # First in `defaults`: a `timeout http-request` that Ray itself renders later still wins.
         added.insert(0, f"    timeout http-request {header_timeout_s}s")

@@ -98,9 +98,12 @@ def build(config: ServiceConfig) -> Application:
         name="Ingress",
         ray_actor_options=ingress_options,
         # Every request the ingress may hold reaches its handler, whose places (serve/front_door.py) say
-        # 503 in the contract's JSON; past those, Serve's proxy holds as many again, then answers its own 503.
+        # 503 in the contract's JSON; past those, Serve's proxy holds as many again, then answers its own
+        # 503. Not fewer: under HAProxy a replica counts each arriving request as queued until it takes
+        # a slot (ray/serve/_private/replica.py, _track_queued_request), so a small bound here would
+        # refuse part of a burst HAProxy already bounded.
         max_ongoing_requests=limits.max_ongoing_requests + limits.max_queued_requests,
-        max_queued_requests=limits.max_queued_requests,
+        max_queued_requests=limits.max_ongoing_requests + limits.max_queued_requests,
         **scale,
     )
     text = text_deployment(config).bind(config) if config.text_replica_count else None

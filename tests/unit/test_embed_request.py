@@ -157,3 +157,45 @@ def test_cohere_shape_reads_into_the_same_items() -> None:
     for truncate in ("START", "NONE"):  # texts are cut at the end only, and counted only in the replica
         with pytest.raises(ValidationError):
             CohereEmbedRequest.model_validate({"texts": ["a"], "truncate": truncate})
+
+
+def test_image_urls_are_read_as_url_items_where_an_image_is_expected(photo_jpegs: list[bytes]) -> None:
+    from siglip_serve.serve.embed_request import CohereEmbedRequest, read_cohere_items
+
+    url = "https://images.example.com/cat.jpg"  # parsed only: nothing here fetches
+    data_uri = "data:image/jpeg;base64," + base64.b64encode(photo_jpegs[0]).decode()
+
+    def read(**body: object) -> list[tuple[str, str | bytes, str, bool]]:
+        return [(i.kind, i.value, i.label, i.url) for i in read_items(request(**body))]
+
+    # OpenAI's content part, the typed image, and a string under modality image (Infinity's way).
+    assert read(input=[{"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+                       {"type": "image", "image": f" {url} "}, {"type": "image_url", "image_url": {"url": data_uri}},
+                       {"type": "text", "text": url}]) == [
+        ("image", url, "input[0]", True), ("image", url, "input[1]", True), ("image", data_uri, "input[2]", False),
+        ("text", url, "input[3]", False)]
+    assert read(input=[url, "http://10.0.0.1/a.png"], modality="image") == [
+        ("image", url, "input[0]", True), ("image", "http://10.0.0.1/a.png", "input[1]", True)]
+    # Other schemes are URL items too: the fetcher refuses them as url_not_allowed, not as broken base64.
+    assert read(input=["ftp://x/a.jpg"], modality="image")[0][3] is True
+    # Without modality or a type, a URL is a text (a text may be a URL), as before.
+    assert read(input=url) == [("text", url, "input", False)]
+    assert [i.kind for i in read_items(request(input=[url, "a cat"]))] == ["text", "text"]
+    with pytest.raises(ApiError) as contradiction:
+        read_items(request(input=[{"type": "image_url", "image_url": {"url": url}}], modality="text"))
+    assert contradiction.value.status == 422
+
+    cohere = read_cohere_items(CohereEmbedRequest.model_validate(
+        {"inputs": [{"content": [{"type": "image_url", "image_url": {"url": url}}]}]}))
+    assert [(i.kind, i.value, i.url) for i in cohere] == [("image", url, True)]
+    images = read_cohere_items(CohereEmbedRequest.model_validate({"images": [url, data_uri]}))
+    assert [i.url for i in images] == [True, False]
+
+
+def test_a_request_can_bypass_the_embedding_cache() -> None:
+    from siglip_serve.serve.embed_request import CohereEmbedRequest
+
+    assert request(input="x").cache is True and request(input="x", cache=False).cache is False
+    assert CohereEmbedRequest.model_validate({"texts": ["a"], "cache": False}).cache is False
+    with pytest.raises(ValidationError):
+        request(input="x", cache="sometimes")

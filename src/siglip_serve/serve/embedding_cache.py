@@ -128,6 +128,19 @@ class EmbeddingCache:
                 "hit_ratio": self.hits / looked_up if looked_up else None, "coalesced": self.coalesced,
                 "evictions": self.evictions, "bypassed": self.bypassed, "in_flight": len(self._in_flight)}
 
+    def peek(self, key: CacheKey) -> np.ndarray | None:
+        """The held vector (now the most recently used), or None; counts nothing. Synchronous: bulk's
+        run-wide record of embedded files (bulk/repeats.py) uses it from a Ray actor."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry.vector
+
+    def put(self, key: CacheKey, vector: np.ndarray) -> np.ndarray:
+        """Hold `vector` under `key` (evicting the least recently used past max_bytes); the read-only copy."""
+        return self._store(key, _frozen(vector)) if self.enabled else _frozen(vector)
+
     async def get_or_compute(self, key: CacheKey, compute: Callable[[], Awaitable[np.ndarray]],
                              bypass: bool = False) -> np.ndarray:
         """One item: its cached vector, the running computation's, or `compute()`'s."""

@@ -199,3 +199,44 @@ def test_a_request_can_bypass_the_embedding_cache() -> None:
     assert CohereEmbedRequest.model_validate({"texts": ["a"], "cache": False}).cache is False
     with pytest.raises(ValidationError):
         request(input="x", cache="sometimes")
+
+
+def test_url_items_are_replaced_by_their_bytes_and_the_first_refusal_names_its_item() -> None:
+    import asyncio
+    import time
+
+    import httpx
+
+    from siglip_serve.serve.embed_request import Item, fetch_url_items, image_item
+    from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher
+
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:  # a mock transport: nothing leaves the process
+        asked.append(request.url.path)
+        return httpx.Response(200, content=b"image:" + request.url.path.encode())
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return {"img.test": ["127.0.0.2"], "inside.test": ["10.0.0.7"]}[host]
+
+    async def run(items: list[Item]) -> list[Item]:
+        fetcher = UrlFetcher(FetchSettings(allowlist=("*.test", "127.0.0.2/32")), resolver=resolver,
+                             transport=httpx.MockTransport(answer))
+        try:
+            return await fetch_url_items(items, fetcher, time.monotonic() + 5)
+        finally:
+            await fetcher.aclose()
+
+    items = [Item("text", "a cat", "input[0]"), image_item("http://img.test/a.jpg", "input[1]"),
+             Item("image", "data:,x", "input[2]"), image_item("https://img.test/b.jpg", "input[3]")]
+    out = asyncio.run(run(items))
+    assert [(i.kind, i.value, i.label, i.url) for i in out] == [
+        ("text", "a cat", "input[0]", False), ("image", b"image:/a.jpg", "input[1]", False),
+        ("image", "data:,x", "input[2]", False), ("image", b"image:/b.jpg", "input[3]", False)]
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(run([image_item("http://img.test/c.jpg", "input[0]"),
+                         image_item("http://inside.test/d.jpg", "input[1]")]))
+    assert (refused.value.status, refused.value.error_type.value) == (400, "url_not_allowed")
+    assert refused.value.message.startswith("input[1]: inside.test resolves to a private address")
+    with pytest.raises(ApiError, match=r"^images\[0\]: only http and https URLs are fetched, not ftp"):
+        asyncio.run(run([image_item("ftp://img.test/e.jpg", "images[0]")]))

@@ -14,9 +14,11 @@ it (serve/url_fetch.py, which refuses every scheme but http and https) before it
 read by the compatibility rule is never a URL (a text may well be one). Nothing here knows Ray or torch.
 """
 
+import asyncio
 import base64
 import binascii
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Annotated, Literal
@@ -24,7 +26,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from siglip_serve.models.preprocess import SIGNATURE_BYTES, signature_format
-from siglip_serve.serve.errors import ApiError, ErrorType
+from siglip_serve.serve.errors import ApiError, ErrorType, url_error
+from siglip_serve.serve.url_fetch import UrlFetcher, UrlRejected
 
 Modality = Literal["image", "text"]
 # float / base64 (little-endian float32) as OpenAI; int8 / uint8 / binary / ubinary as Cohere, vLLM
@@ -119,6 +122,36 @@ def image_item(value: str | bytes, label: str) -> Item:
     """An image item, marked `url` when its value is a URL rather than the image (data URI, base64, bytes)."""
     is_url = isinstance(value, str) and _URL.match(value) is not None
     return Item("image", value.strip() if is_url and isinstance(value, str) else value, label, is_url)
+
+
+class _Refused(Exception):
+    def __init__(self, index: int, error: UrlRejected) -> None:
+        super().__init__(error.message)
+        self.index = index
+        self.error = error
+
+
+async def fetch_url_items(items: Sequence[Item], fetcher: UrlFetcher, deadline: float) -> list[Item]:
+    """`items` with every url item's value replaced by the image bytes fetched for it (all at once, within
+    `deadline`, time.monotonic()); the first refusal cancels the other fetches and is raised as the
+    contract's error naming its item (of refusals raised together, the earliest item's)."""
+    fetched: dict[int, bytes] = {}
+
+    async def one(i: int) -> None:
+        try:
+            fetched[i] = await fetcher.fetch(str(items[i].value), deadline)
+        except UrlRejected as exc:
+            raise _Refused(i, exc) from None
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for i, item in enumerate(items):
+                if item.url:
+                    group.create_task(one(i))
+    except* _Refused as refused:
+        first = min((e for e in refused.exceptions if isinstance(e, _Refused)), key=lambda e: e.index)
+        raise url_error(first.error, items[first.index].label) from None
+    return [Item("image", fetched[i], item.label) if item.url else item for i, item in enumerate(items)]
 
 
 def looks_like_image(item: str) -> bool:

@@ -163,3 +163,63 @@ def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path)
     paths = pq.read_table(out).column("path").to_pylist()
     assert sorted(paths) == sorted(str(p) for p in folder.iterdir()) and len(set(paths)) == len(paths) == 120
     assert written_before <= {p.name for p in out.glob("part-*.parquet")}
+
+
+def test_urls_and_repeated_files_in_a_run_on_ray(serve_cluster, photo_jpegs: list[bytes], tmp_path: Path) -> None:
+    """Through Ray Data's tasks and actors: an allowed URL (a server on 127.0.0.2) is fetched and equals
+    the same file read from disk, a URL to another loopback address is refused with the service's type,
+    and copies of a file are answered from the run's record (traffic to 127.0.0.2/3 only)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from siglip_serve.bulk.job import JobSpec, run_job
+    from siglip_serve.serve.config import ServiceConfig
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            hits.append((self.server.server_address[0], self.path))
+            body = photo_jpegs[1] if self.path == "/b.jpg" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    hits: list[tuple[str, str]] = []
+    servers = [ThreadingHTTPServer((host, 0), Handler) for host in ("127.0.0.2", "127.0.0.3")]
+    for server in servers:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "a.jpg").write_bytes(photo_jpegs[0])
+        (tmp_path / "b.jpg").write_bytes(photo_jpegs[1])
+        copies = [tmp_path / f"a-copy{i}.jpg" for i in range(6)]
+        for copy in copies:
+            copy.write_bytes(photo_jpegs[0])
+        allowed = f"http://127.0.0.2:{servers[0].server_address[1]}/b.jpg"
+        refused = f"http://127.0.0.3:{servers[1].server_address[1]}/b.jpg"
+        listing = tmp_path / "list.txt"
+        listing.write_text("\n".join([str(tmp_path / "a.jpg"), str(tmp_path / "b.jpg"), allowed, refused,
+                                      *map(str, copies)]))
+        out = tmp_path / "out"
+        config = ServiceConfig(model="tiny-siglip", torch_threads=1, url_fetch_allowlist=("127.0.0.2/32",))
+        # Whether a copy meets the record or its first copy in the same block is the pipeline's timing;
+        # either way it is answered with the first copy's embedding (tests/unit/test_bulk_repeats_and_urls.py
+        # shows each path on its own).
+        result = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+    assert (result.items, result.embedded, result.errors) == (10, 9, 1)
+    assert [host for host, _ in hits] == ["127.0.0.2"]  # fetched once; 127.0.0.3 never reached
+    rows = _read_output(out)
+    assert cosine(rows[allowed], rows[str(tmp_path / "b.jpg")]) >= 0.99999
+    for copy in copies:
+        assert cosine(rows[str(copy)], rows[str(tmp_path / "a.jpg")]) >= 0.99999
+    errors = pq.read_table(out / "_errors").to_pylist()
+    assert [(r["path"], r["error_type"]) for r in errors] == [(refused, "url_not_allowed")]
+    assert "loopback" in errors[0]["message"]

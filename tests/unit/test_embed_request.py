@@ -157,3 +157,86 @@ def test_cohere_shape_reads_into_the_same_items() -> None:
     for truncate in ("START", "NONE"):  # texts are cut at the end only, and counted only in the replica
         with pytest.raises(ValidationError):
             CohereEmbedRequest.model_validate({"texts": ["a"], "truncate": truncate})
+
+
+def test_image_urls_are_read_as_url_items_where_an_image_is_expected(photo_jpegs: list[bytes]) -> None:
+    from siglip_serve.serve.embed_request import CohereEmbedRequest, read_cohere_items
+
+    url = "https://images.example.com/cat.jpg"  # parsed only: nothing here fetches
+    data_uri = "data:image/jpeg;base64," + base64.b64encode(photo_jpegs[0]).decode()
+
+    def read(**body: object) -> list[tuple[str, str | bytes, str, bool]]:
+        return [(i.kind, i.value, i.label, i.url) for i in read_items(request(**body))]
+
+    # OpenAI's content part, the typed image, and a string under modality image (Infinity's way).
+    assert read(input=[{"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+                       {"type": "image", "image": f" {url} "}, {"type": "image_url", "image_url": {"url": data_uri}},
+                       {"type": "text", "text": url}]) == [
+        ("image", url, "input[0]", True), ("image", url, "input[1]", True), ("image", data_uri, "input[2]", False),
+        ("text", url, "input[3]", False)]
+    assert read(input=[url, "http://10.0.0.1/a.png"], modality="image") == [
+        ("image", url, "input[0]", True), ("image", "http://10.0.0.1/a.png", "input[1]", True)]
+    # Other schemes are URL items too: the fetcher refuses them as url_not_allowed, not as broken base64.
+    assert read(input=["ftp://x/a.jpg"], modality="image")[0][3] is True
+    # Without modality or a type, a URL is a text (a text may be a URL), as before.
+    assert read(input=url) == [("text", url, "input", False)]
+    assert [i.kind for i in read_items(request(input=[url, "a cat"]))] == ["text", "text"]
+    with pytest.raises(ApiError) as contradiction:
+        read_items(request(input=[{"type": "image_url", "image_url": {"url": url}}], modality="text"))
+    assert contradiction.value.status == 422
+
+    cohere = read_cohere_items(CohereEmbedRequest.model_validate(
+        {"inputs": [{"content": [{"type": "image_url", "image_url": {"url": url}}]}]}))
+    assert [(i.kind, i.value, i.url) for i in cohere] == [("image", url, True)]
+    images = read_cohere_items(CohereEmbedRequest.model_validate({"images": [url, data_uri]}))
+    assert [i.url for i in images] == [True, False]
+
+
+def test_a_request_can_bypass_the_embedding_cache() -> None:
+    from siglip_serve.serve.embed_request import CohereEmbedRequest
+
+    assert request(input="x").cache is True and request(input="x", cache=False).cache is False
+    assert CohereEmbedRequest.model_validate({"texts": ["a"], "cache": False}).cache is False
+    with pytest.raises(ValidationError):
+        request(input="x", cache="sometimes")
+
+
+def test_url_items_are_replaced_by_their_bytes_and_the_first_refusal_names_its_item() -> None:
+    import asyncio
+    import time
+
+    import httpx
+
+    from siglip_serve.serve.embed_request import Item, fetch_url_items, image_item
+    from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher
+
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:  # a mock transport: nothing leaves the process
+        asked.append(request.url.path)
+        return httpx.Response(200, content=b"image:" + request.url.path.encode())
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return {"img.test": ["127.0.0.2"], "inside.test": ["10.0.0.7"]}[host]
+
+    async def run(items: list[Item]) -> list[Item]:
+        fetcher = UrlFetcher(FetchSettings(allowlist=("*.test", "127.0.0.2/32")), resolver=resolver,
+                             transport=httpx.MockTransport(answer))
+        try:
+            return await fetch_url_items(items, fetcher, time.monotonic() + 5)
+        finally:
+            await fetcher.aclose()
+
+    items = [Item("text", "a cat", "input[0]"), image_item("http://img.test/a.jpg", "input[1]"),
+             Item("image", "data:,x", "input[2]"), image_item("https://img.test/b.jpg", "input[3]")]
+    out = asyncio.run(run(items))
+    assert [(i.kind, i.value, i.label, i.url) for i in out] == [
+        ("text", "a cat", "input[0]", False), ("image", b"image:/a.jpg", "input[1]", False),
+        ("image", "data:,x", "input[2]", False), ("image", b"image:/b.jpg", "input[3]", False)]
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(run([image_item("http://img.test/c.jpg", "input[0]"),
+                         image_item("http://inside.test/d.jpg", "input[1]")]))
+    assert (refused.value.status, refused.value.error_type.value) == (400, "url_not_allowed")
+    assert refused.value.message.startswith("input[1]: inside.test resolves to a private address")
+    with pytest.raises(ApiError, match=r"^images\[0\]: only http and https URLs are fetched, not ftp"):
+        asyncio.run(run([image_item("ftp://img.test/e.jpg", "images[0]")]))

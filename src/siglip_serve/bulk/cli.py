@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoding", default="float", choices=["float", "int8", "uint8", "binary", "ubinary"],
                         help="embedding column type, as the API's encoding_format (docs/http-api.md): float32 "
                              "(default), int8/uint8 with a per-row scale column, binary/ubinary packed sign bits")
+    parser.add_argument("--repeat-cache-mib", type=float, default=256.0,
+                        help="images: MiB of embeddings the run keeps by the SHA-256 of each file's bytes, so a "
+                             "file whose bytes it already embedded is not decoded or embedded again (default 256; "
+                             "0: off)")
     parser.add_argument("--metrics-port", type=int,
                         help="serve the local Ray's Prometheus metrics on this port (the service's metric names, "
                              "endpoint=bulk; on a cluster, its own metrics endpoint)")
@@ -69,7 +73,7 @@ def _embed(args: argparse.Namespace) -> int:
     spec = JobSpec(source=args.source, output=args.output, modality=modality,
                    column=args.column or ("text" if args.text else "path"), shard_size=args.shard_size,
                    encoders=args.encoders, decode_workers=args.decode_workers, address=args.address,
-                   metrics_port=args.metrics_port, encoding=args.encoding)
+                   metrics_port=args.metrics_port, encoding=args.encoding, repeat_cache_mib=args.repeat_cache_mib)
     result = run_job(config, spec)
     if args.json_out:
         result.write(args.json_out)

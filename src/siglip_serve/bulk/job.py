@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from siglip_serve.bulk.inputs import ERRORS_FOLDER, OutputFolder, Shard, list_items, plan_shards
+from siglip_serve.bulk.repeats import DEFAULT_MIB, start_record
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import BulkResult, Machine, SteadyState
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
@@ -55,6 +56,7 @@ class JobSpec:
     address: str | None = None  # join this Ray cluster instead of starting a local one
     metrics_port: int | None = None  # the local Ray's Prometheus endpoint (the service's metric names)
     encoding: str = "float"  # float32, or the API's int8 / uint8 / binary / ubinary (serve/embedding_output.py)
+    repeat_cache_mib: float = DEFAULT_MIB  # images: the run's record of embedded files (bulk/repeats.py); 0: off
 
 
 def weights_id(config: ServiceConfig) -> str:
@@ -130,9 +132,12 @@ class ShardAssembler:
     embedded: int = 0
     errors: int = 0
     written: int = 0
+    repeats: int = 0  # rows answered from the run's record of embedded files, never decoded
     _rows: dict[int, dict[int, tuple[np.ndarray | None, str, str]]] = field(default_factory=dict)
 
     def add(self, batch: dict[str, np.ndarray]) -> int:
+        if "cached" in batch:
+            self.repeats += int(np.sum(batch["cached"]))
         for i in range(len(batch["shard"])):
             shard, pos = int(batch["shard"][i]), int(batch["pos"][i])
             error = str(batch["error_type"][i])
@@ -210,7 +215,8 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     ray.data.DataContext.get_current().wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
     ds = _input_dataset(ray.data, pending)
     if spec.modality == "image":
-        size, _ = model_geometry(config.model)
+        size, embed_dim = model_geometry(config.model)
+        record = start_record(spec.repeat_cache_mib)
         # A decode task reserves its peak: the largest image the limits let through, decoded, plus the
         # block's output. That also keeps it a stage of its own: Ray Data fuses a map into the next one
         # when their remote args are equal (ray/data/_internal/logical/rules/operator_fusion.py,
@@ -219,12 +225,15 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
         ds = ds.map_batches(decode_batch, batch_format="numpy", batch_size=ROWS_PER_BLOCK, num_cpus=1, memory=peak,
                             compute=ray.data.TaskPoolStrategy(size=plan.decode_workers),
                             fn_kwargs={"size": size, "limits": config.image_limits,
-                                       "fast_jpeg": config.fast_jpeg_decode})
+                                       "fast_jpeg": config.fast_jpeg_decode, "urls": config.url_fetch,
+                                       "record": record, "embed_dim": embed_dim})
         actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor
         buckets = settings.buckets
+        constructor: dict[str, Any] = {"settings": settings, "record": record}
     else:
         ds = ds.map_batches(check_texts, batch_format="numpy", fn_kwargs={"max_chars": config.max_text_chars})
         actor, buckets = TextEmbedActor, settings.text_buckets
+        constructor = {"settings": settings}
     env = {**backend_replica_env(settings), **config.env_vars}
     options = {**plan.encoder_options, **({"runtime_env": {"env_vars": env}} if env else {})}
     # A call carries whole blocks (the encoder splits them into its buckets): a Ray Data task costs
@@ -232,7 +241,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     per_call = max(buckets) * max(1, ROWS_PER_BLOCK // max(buckets))
     return ds.map_batches(actor, batch_format="numpy", batch_size=per_call,
                           compute=ray.data.ActorPoolStrategy(size=plan.encoders),
-                          fn_constructor_kwargs={"settings": settings}, **options)
+                          fn_constructor_kwargs=constructor, **options)
 
 
 def _start_ray(spec: JobSpec, cpus: int) -> bool:
@@ -310,6 +319,9 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
 
                 ray.shutdown()
     seconds = time.monotonic() - timed_from
+    if assembler.repeats:
+        log.info("%d file(s) repeated one this run had embedded: answered from its record, not decoded or "
+                 "embedded again", assembler.repeats)
     done = assembler.embedded + assembler.errors
     result = BulkResult(
         machine=Machine(host=os.uname().nodename, cpus=os.cpu_count()), created_at=datetime.now(UTC).isoformat(),

@@ -5,10 +5,17 @@ Both take and give Ray Data's numpy batches (a dict of equal-length columns). Ev
 come back in. A row that cannot be read or decoded carries its `error_type` and `message` (the HTTP
 contract's types and words, serve/errors.py) and zero pixels; the embed stage skips it, so one bad
 file costs only its own row.
+
+An http(s) item is fetched (serve/url_fetch.py, under the config's url_fetch_allowlist, the service's
+rules and error types; a block's URLs at once, up to url_fetch_concurrency); any other item is a path or
+a pyarrow.fs URI. Each row carries the `digest` of its bytes: a file this run already embedded is
+passed on with its vector (`cached`, `embedding`) instead of pixels, and repeats inside a block or an
+encoder call are decoded and embedded once (bulk/repeats.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from siglip_serve.bulk.inputs import read_bytes
+from siglip_serve.bulk.repeats import Record, digest
 from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.metrics import BulkMetrics, EncoderMetrics
+from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher, UrlRejected
 
 if TYPE_CHECKING:  # torch: in the actors only
     from siglip_serve.models.tower import Tower
@@ -37,6 +46,12 @@ def _image_error_type(exc: ImageRejected) -> str:
     from siglip_serve.serve.errors import IMAGE_ERRORS  # the contract's reason for this rejection
 
     return IMAGE_ERRORS[type(exc)][1].value
+
+
+def _url_error_type(exc: UrlRejected) -> str:
+    from siglip_serve.serve.errors import URL_ERRORS
+
+    return URL_ERRORS[type(exc)][1].value
 
 
 def _text_error_type(exc: TextRejected) -> str:
@@ -56,25 +71,92 @@ def bulk_metrics() -> BulkMetrics:
     return _metrics
 
 
-def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool) -> Batch:
-    """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] or an error."""
-    metrics = bulk_metrics()
-    n = len(batch["item"])
-    pixels = np.zeros((n, 3, *size), dtype=np.uint8)
-    error_types, messages = [""] * n, [""] * n
-    for i, location in enumerate(batch["item"]):
-        began = time.perf_counter()
+# The service's default: url_fetch_allowlist empty, every URL refused naming it.
+NO_URLS = FetchSettings()
+
+
+def is_url(location: str) -> bool:
+    return location[:8].lower().startswith(("http://", "https://"))
+
+
+def _fetch(settings: FetchSettings, urls: list[str]) -> list[bytes | UrlRejected]:
+    async def run() -> list[bytes | UrlRejected]:
+        fetcher = UrlFetcher(settings)
         try:
-            pixels[i] = preprocess_image(read_bytes(str(location), limits), size, limits, fast_jpeg)
-            metrics.preprocess_seconds.observe(time.perf_counter() - began)
+            return await fetcher.fetch_many(urls)  # each within url_fetch_timeout_s
+        finally:
+            await fetcher.aclose()
+
+    return asyncio.run(run())
+
+
+def _read_all(locations: list[str], limits: ImageLimits,
+              urls: FetchSettings) -> tuple[list[bytes | None], list[str], list[str]]:
+    """Each row's bytes (fetched or read), or its error type and message."""
+    n = len(locations)
+    data: list[bytes | None] = [None] * n
+    error_types, messages = [""] * n, [""] * n
+    fetched = [i for i, location in enumerate(locations) if is_url(location)]
+    for i, got in zip(fetched, _fetch(urls, [locations[i] for i in fetched]) if fetched else [], strict=True):
+        if isinstance(got, UrlRejected):
+            error_types[i], messages[i] = _url_error_type(got), got.message
+        else:
+            data[i] = got
+    for i, location in enumerate(locations):
+        if data[i] is not None or error_types[i]:
+            continue
+        try:
+            data[i] = read_bytes(location, limits)
         except ImageRejected as exc:
             error_types[i], messages[i] = _image_error_type(exc), exc.message
         except OSError as exc:  # missing, unreadable: never the whole job's end
             error_types[i], messages[i] = UNREADABLE, f"cannot read the file: {exc.strerror or type(exc).__name__}"
-        if error_types[i]:
-            metrics.rejected.inc(1, tags={"reason": error_types[i]})
-    return {**batch, "pixels": pixels, "error_type": np.array(error_types, dtype=object),
-            "message": np.array(messages, dtype=object)}
+    return data, error_types, messages
+
+
+def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool,
+                 urls: FetchSettings = NO_URLS, record: Record | None = None, embed_dim: int = 0) -> Batch:
+    """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] or an error, the `digest`
+    of their bytes, and with `record` (the run's, of `embed_dim`-wide vectors) `cached` rows that carry
+    their `embedding` instead of pixels."""
+    metrics = bulk_metrics()
+    n = len(batch["item"])
+    pixels = np.zeros((n, 3, *size), dtype=np.uint8)
+    data, error_types, messages = _read_all([str(item) for item in batch["item"]], limits, urls)
+    digests = [digest(d) if d is not None else "" for d in data]
+    cached = np.zeros(n, dtype=bool)
+    embeddings = np.zeros((n, embed_dim), dtype=np.float32)
+    readable = [i for i in range(n) if data[i] is not None]
+    if record is not None and readable:
+        for i, vector in zip(readable, record.lookup([digests[i] for i in readable]), strict=True):
+            if vector is not None:
+                cached[i], embeddings[i] = True, vector
+    repeats = int(cached.sum())
+    decoded: dict[str, int] = {}
+    for i in readable:
+        if cached[i]:
+            continue
+        if (first := decoded.get(digests[i])) is not None:  # the same bytes earlier in this block
+            pixels[i], error_types[i], messages[i] = pixels[first], error_types[first], messages[first]
+            repeats += 1
+            continue
+        decoded[digests[i]] = i
+        began = time.perf_counter()
+        try:
+            pixels[i] = preprocess_image(data[i], size, limits, fast_jpeg)  # type: ignore[arg-type]
+            metrics.preprocess_seconds.observe(time.perf_counter() - began)
+        except ImageRejected as exc:
+            error_types[i], messages[i] = _image_error_type(exc), exc.message
+    for reason in error_types:
+        if reason:
+            metrics.rejected.inc(1, tags={"reason": reason})
+    if repeats:
+        metrics.repeats_skipped(repeats)
+    if cached.any():
+        metrics.embedded("image", int(cached.sum()))
+    out = {**batch, "pixels": pixels, "error_type": np.array(error_types, dtype=object),
+           "message": np.array(messages, dtype=object), "digest": np.array(digests, dtype=object), "cached": cached}
+    return {**out, "embedding": embeddings} if record is not None else out
 
 
 def check_texts(batch: Batch, *, max_chars: int) -> Batch:
@@ -95,8 +177,9 @@ class _Embedder:
     """What both towers' actors share: rows in, rows with `embedding` out, the failed rows zeros; the
     service's metric names for what they embed and each forward pass."""
 
-    def __init__(self, modality: str, tower: Tower) -> None:
+    def __init__(self, modality: str, tower: Tower, record: Record | None = None) -> None:
         self.modality = modality
+        self.record = record
         self.encoder = tower
         tower.warmup(iterations=1)
         self.on_forward = EncoderMetrics(tower=modality).forward
@@ -106,15 +189,25 @@ class _Embedder:
     def _embed(self, inputs: Any) -> np.ndarray:
         return self.encoder.encode(inputs, self.on_forward)
 
-    def _inputs(self, batch: Batch, ok: np.ndarray) -> Any:
+    def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         raise NotImplementedError
 
     def __call__(self, batch: Batch) -> Batch:
-        ok = batch["error_type"] == ""
-        embeddings = np.zeros((len(ok), self.embed_dim), dtype=np.float32)
-        if ok.any():
-            embeddings[ok] = self._embed(self._inputs(batch, ok))
-            bulk_metrics().embedded(self.modality, int(ok.sum()))
+        cached = batch["cached"] if "cached" in batch else np.zeros(len(batch["error_type"]), dtype=bool)
+        rows = np.flatnonzero((batch["error_type"] == "") & ~cached)
+        embeddings = (np.array(batch["embedding"], dtype=np.float32) if "embedding" in batch
+                      else np.zeros((len(cached), self.embed_dim), dtype=np.float32))
+        if len(rows):
+            if "digest" in batch:  # the same bytes twice in this call: one forward pass
+                _, first, inverse = np.unique(batch["digest"][rows].astype(str), return_index=True,
+                                              return_inverse=True)
+                computed = self._embed(self._inputs(batch, rows[first]))
+                embeddings[rows] = computed[inverse.reshape(-1)]
+                if self.record is not None:
+                    self.record.add([str(d) for d in batch["digest"][rows[first]]], computed)
+            else:
+                embeddings[rows] = self._embed(self._inputs(batch, rows))
+            bulk_metrics().embedded(self.modality, len(rows))
         out = {key: value for key, value in batch.items() if key != "pixels"}
         return {**out, "embedding": embeddings}
 
@@ -122,13 +215,13 @@ class _Embedder:
 class ImageEmbedActor(_Embedder):
     """One image tower on one device (a logical NeuronCore, a GPU, a CPU share): the service's encoder."""
 
-    def __init__(self, settings: ModelSettings) -> None:
+    def __init__(self, settings: ModelSettings, record: Record | None = None) -> None:
         from siglip_serve.models.encoder import create_encoder
 
-        super().__init__("image", create_encoder(settings))
+        super().__init__("image", create_encoder(settings), record)
 
-    def _inputs(self, batch: Batch, ok: np.ndarray) -> Any:
-        return np.ascontiguousarray(batch["pixels"][ok])
+    def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
+        return np.ascontiguousarray(batch["pixels"][rows])
 
 
 class TextEmbedActor(_Embedder):
@@ -139,6 +232,6 @@ class TextEmbedActor(_Embedder):
 
         super().__init__("text", create_text_encoder(settings))
 
-    def _inputs(self, batch: Batch, ok: np.ndarray) -> Any:
-        return [str(text) for text in batch["item"][ok]]
+    def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
+        return [str(text) for text in batch["item"][rows]]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
 from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
@@ -13,6 +13,7 @@ from siglip_serve.core.errors import UserError, describe_validation
 from siglip_serve.models.cli_args import LogLevel, model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import NEURON_BACKENDS, ModelSettings
+from siglip_serve.serve.url_fetch import Allowlist, FetchSettings
 
 MiB = 1024 * 1024
 
@@ -171,6 +172,21 @@ class ServiceConfig(ModelSettings):
                                              "truncating and re-normalising (lossy); off: such requests get 400")
     classify_cache_size: int = Field(4096, ge=0, description="classify prompts whose text embeddings each ingress "
                                                              "keeps, least recently used out first; 0: no cache")
+    # Off by default: a URL names a place the server goes to, on its own network (serve/url_fetch.py).
+    url_fetch_allowlist: tuple[str, ...] = Field((), description="image URLs are fetched only from these: host "
+                                                 "names, *.domains (every name under one), CIDRs (which also allow "
+                                                 "internal addresses, e.g. 10.0.0.0/8) or * (any name whose addresses "
+                                                 "are public); empty: every URL is refused (400 url_not_allowed)")
+    url_fetch_concurrency: int = Field(16, ge=1, le=1024, description="URL fetches each ingress replica runs at "
+                                                                      "once; more wait within their deadline")
+    url_fetch_timeout_s: float = Field(10.0, gt=0, description="seconds one URL (every redirect included) may take, "
+                                                               "within the request's deadline; past it: 504 "
+                                                               "url_timeout")
+    # Per ingress replica, in its memory; hits answer without decoding or a forward pass (serve/embedding_cache.py).
+    embedding_cache_mib: float = Field(0, ge=0, description="MiB of embeddings each ingress replica keeps, keyed by "
+                                                            "the bytes (or text) sent and the model, weights and "
+                                                            "preprocessing, least recently used out first; 0: no "
+                                                            "cache")
     # Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
     env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
                                                                        "replica (Ray runtime_env), e.g. "
@@ -184,6 +200,19 @@ class ServiceConfig(ModelSettings):
                                                "every replica")
     tracing: bool = Field(False, description="OpenTelemetry spans per request stage, exported over OTLP/HTTP to "
                                              "OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)")
+
+    @field_validator("url_fetch_allowlist", mode="before")
+    @classmethod
+    def _split_allowlist(cls, value: object) -> object:
+        if isinstance(value, str):  # `--set url_fetch_allowlist=a.example.com,10.0.0.0/8`
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("url_fetch_allowlist")
+    @classmethod
+    def _parse_allowlist(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        Allowlist.parse(value)  # raises ValueError naming the entry that is none of the forms
+        return value
 
     @model_validator(mode="after")
     def _check_serving(self) -> ServiceConfig:
@@ -263,6 +292,16 @@ class ServiceConfig(ModelSettings):
     def image_limits(self) -> ImageLimits:
         return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels,
                            max_side=self.max_image_side)
+
+    @property
+    def url_fetch(self) -> FetchSettings:
+        """What serve/url_fetch.py's UrlFetcher takes: the allowlist, the image byte limit, the bounds."""
+        return FetchSettings(allowlist=self.url_fetch_allowlist, max_bytes=self.max_body_bytes,
+                             concurrency=self.url_fetch_concurrency, timeout_s=self.url_fetch_timeout_s)
+
+    @property
+    def embedding_cache_bytes(self) -> int:
+        return int(self.embedding_cache_mib * MiB)
 
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
         """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY."""

@@ -3,18 +3,22 @@ the output encoding and `dimensions`. Two shapes, one reading: OpenAI's (/v1/emb
 v2 (/v2/embed: `texts`, `images` or `inputs`), both turned into the same items for one code path.
 
 An item is typed (`{"type": "image", "image": ...}` / `{"type": "text", "text": ...}`, as Cohere's and
-vLLM's typed inputs), or a string read by the request's `modality` (Infinity's field), or, with
-neither, by the compatibility rule: a data URI, or bare base64 (whitespace such as MIME's line breaks
-allowed) whose first bytes are the signature of an image format the service decodes, is an image;
-anything else is text. So a broken base64 image
-sent without a modality can still read as text; a client that sends images says so and gets the
+vLLM's typed inputs, or OpenAI's content part `{"type": "image_url", "image_url": {"url": ...}}`), or a
+string read by the request's `modality` (Infinity's field), or, with neither, by the compatibility
+rule: a data URI, or bare base64 (whitespace such as MIME's line breaks allowed) whose first bytes are
+the signature of an image format the service decodes, is an image; anything else is text. So a broken
+base64 image sent without a modality can still read as text; a client that sends images says so and gets the
 image's own error (400 naming the item). Every answer says how each item was read (`usage.read_as`).
-Nothing here knows Ray or torch.
+An image item whose value is a URL (`scheme://...`, not a data URI) is marked `url`: the route fetches
+it (serve/url_fetch.py, which refuses every scheme but http and https) before it is decoded; a string
+read by the compatibility rule is never a URL (a text may well be one). Nothing here knows Ray or torch.
 """
 
+import asyncio
 import base64
 import binascii
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Annotated, Literal
@@ -22,7 +26,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from siglip_serve.models.preprocess import SIGNATURE_BYTES, signature_format
-from siglip_serve.serve.errors import ApiError, ErrorType
+from siglip_serve.serve.errors import ApiError, ErrorType, url_error
+from siglip_serve.serve.url_fetch import UrlFetcher, UrlRejected
 
 Modality = Literal["image", "text"]
 # float / base64 (little-endian float32) as OpenAI; int8 / uint8 / binary / ubinary as Cohere, vLLM
@@ -36,6 +41,8 @@ MIN_BARE_IMAGE_CHARS = 32
 _BARE_BASE64 = re.compile(r"[A-Za-z0-9+/_\-\s]+(?:=\s*){0,2}")
 # base64url (RFC 4648 section 5) to the standard alphabet: some clients send the former.
 URLSAFE_TO_STD = str.maketrans("-_", "+/")
+# An image given by URL: any scheme but data: (the fetcher answers the ones it does not fetch).
+_URL = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.\-]*://")
 # Characters that decode to at least SIGNATURE_BYTES bytes.
 _HEAD_CHARS = -(-SIGNATURE_BYTES // 3) * 4
 RULE = ("without `modality` or typed items, an item is an image when it is a data URI, or bare base64 "
@@ -56,7 +63,21 @@ class TextItem(BaseModel):
     text: str
 
 
-TypedItem = Annotated[ImageItem | TextItem, Field(discriminator="type")]
+class ImageUrl(BaseModel):
+    url: str = Field(description="a data URI of the image, or an http(s) URL the service fetches where "
+                                 "url_fetch_allowlist allows it")
+
+
+class ImageUrlItem(BaseModel):
+    """OpenAI's image content part, as chat messages write it (`detail` and other keys are ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+TypedItem = Annotated[ImageItem | TextItem | ImageUrlItem, Field(discriminator="type")]
 
 
 class EmbeddingsRequest(BaseModel):
@@ -71,6 +92,8 @@ class EmbeddingsRequest(BaseModel):
     # Cohere's name for the same choice, accepted as an alias (one type per request).
     embedding_types: Encoding | list[Encoding] | None = None
     dimensions: int | None = Field(None, ge=1)
+    # false: this request neither reads nor fills the embedding cache (serve/embedding_cache.py).
+    cache: bool = True
 
     def encoding(self) -> Encoding:
         """`encoding_format`, or `embedding_types` as its alias; float when neither is given."""
@@ -90,8 +113,45 @@ class EmbeddingsRequest(BaseModel):
 @dataclass(frozen=True)
 class Item:
     kind: Modality
-    value: str | bytes  # text, base64 or data URI; a raw body's or file part's bytes
+    value: str | bytes  # text, base64 or data URI; a raw body's or file part's bytes; the URL of a url item
     label: str  # how messages name it: input, input[3], file[0] (a.jpg)
+    url: bool = False  # an image to fetch (serve/url_fetch.py) before decoding; value is the URL
+
+
+def image_item(value: str | bytes, label: str) -> Item:
+    """An image item, marked `url` when its value is a URL rather than the image (data URI, base64, bytes)."""
+    is_url = isinstance(value, str) and _URL.match(value) is not None
+    return Item("image", value.strip() if is_url and isinstance(value, str) else value, label, is_url)
+
+
+class _Refused(Exception):
+    def __init__(self, index: int, error: UrlRejected) -> None:
+        super().__init__(error.message)
+        self.index = index
+        self.error = error
+
+
+async def fetch_url_items(items: Sequence[Item], fetcher: UrlFetcher, deadline: float) -> list[Item]:
+    """`items` with every url item's value replaced by the image bytes fetched for it (all at once, within
+    `deadline`, time.monotonic()); the first refusal cancels the other fetches and is raised as the
+    contract's error naming its item (of refusals raised together, the earliest item's)."""
+    fetched: dict[int, bytes] = {}
+
+    async def one(i: int) -> None:
+        try:
+            fetched[i] = await fetcher.fetch(str(items[i].value), deadline)
+        except UrlRejected as exc:
+            raise _Refused(i, exc) from None
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for i, item in enumerate(items):
+                if item.url:
+                    group.create_task(one(i))
+    except* _Refused as refused:
+        first = min((e for e in refused.exceptions if isinstance(e, _Refused)), key=lambda e: e.index)
+        raise url_error(first.error, items[first.index].label) from None
+    return [Item("image", fetched[i], item.label) if item.url else item for i, item in enumerate(items)]
 
 
 def looks_like_image(item: str) -> bool:
@@ -121,23 +181,26 @@ def read_items(request: EmbeddingsRequest) -> list[Item]:
         raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image or text is needed")
     items = []
     for value, label in zip(raw, labels, strict=True):
-        if isinstance(value, ImageItem | TextItem):
-            kind: Modality = value.type
-            if request.modality is not None and kind != request.modality:
-                raise ApiError(422, ErrorType.INVALID_REQUEST,
-                               f"{label} is typed {kind} but the request's modality is {request.modality}")
-            items.append(Item(kind, value.image if isinstance(value, ImageItem) else value.text, label))
+        if isinstance(value, str):
+            if request.modality == "image":
+                items.append(image_item(value, label))
+            elif request.modality == "text" or not looks_like_image(value):
+                items.append(Item("text", value, label))
+            else:
+                items.append(Item("image", value, label))
+            continue
+        kind: Modality = "text" if isinstance(value, TextItem) else "image"
+        if request.modality is not None and kind != request.modality:
+            raise ApiError(422, ErrorType.INVALID_REQUEST,
+                           f"{label} is typed {kind} but the request's modality is {request.modality}")
+        if isinstance(value, TextItem):
+            items.append(Item("text", value.text, label))
         else:
-            kind = request.modality or ("image" if looks_like_image(value) else "text")
-            items.append(Item(kind, value, label))
+            items.append(image_item(value.image if isinstance(value, ImageItem) else value.image_url.url, label))
     return items
 
 
 # -- Cohere's v2 shape (/v2/embed) ---------------------------------------------------------
-
-class ImageUrl(BaseModel):
-    url: str = Field(description="a data URI of the image (no remote URLs: the service fetches nothing)")
-
 
 class CohereText(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -177,6 +240,7 @@ class CohereEmbedRequest(BaseModel):
     # Texts past the context length are cut at the end by the tokenizer, as open_clip does (Cohere's
     # default); NONE (an error instead) and START are refused: the tokens are counted only in the replica.
     truncate: Literal["END"] | None = None
+    cache: bool = True  # as EmbeddingsRequest's
 
 
 def read_cohere_items(request: CohereEmbedRequest) -> list[Item]:
@@ -189,7 +253,7 @@ def read_cohere_items(request: CohereEmbedRequest) -> list[Item]:
     if request.texts is not None:
         items = [Item("text", text, f"texts[{i}]") for i, text in enumerate(request.texts)]
     elif request.images is not None:
-        items = [Item("image", image, f"images[{i}]") for i, image in enumerate(request.images)]
+        items = [image_item(image, f"images[{i}]") for i, image in enumerate(request.images)]
     else:
         items = []
         for i, entry in enumerate(request.inputs or []):
@@ -199,7 +263,7 @@ def read_cohere_items(request: CohereEmbedRequest) -> list[Item]:
                                "text per input (it does not fuse them): send each as its own input")
             (part,) = entry.content
             items.append(Item("text", part.text, f"inputs[{i}]") if isinstance(part, CohereText)
-                         else Item("image", part.image_url.url, f"inputs[{i}]"))
+                         else image_item(part.image_url.url, f"inputs[{i}]"))
     if not items:
         raise ApiError(422, ErrorType.INVALID_REQUEST, f"{given[0]}: at least one item is needed")
     return items

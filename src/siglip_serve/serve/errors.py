@@ -1,9 +1,9 @@
 """The one error contract: every error is `{"error": {"message", "type", "code"}}`, from one place.
 
 A 500 never echoes exception text: unexpected exceptions are logged with their traceback and
-answered with a fixed message. models/ raises its own typed image errors, core/texts.py its text ones;
-IMAGE_ERRORS and TEXT_ERRORS below are the one place that says what each means here (and in bulk's
-errors table).
+answered with a fixed message. models/ raises its own typed image errors, core/texts.py its text ones,
+serve/url_fetch.py its URL ones; IMAGE_ERRORS, TEXT_ERRORS and URL_ERRORS below are the one place that
+says what each means here (and in bulk's errors table).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from siglip_serve.models.image_errors import (
     ImageTooLarge,
     UnsupportedImage,
 )
+from siglip_serve.serve.url_fetch import UrlFetchFailed, UrlNotAllowed, UrlRejected, UrlTimeout, UrlTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ class ErrorType(str, Enum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     REQUEST_TIMEOUT = "request_timeout"
     HEADERS_TOO_LARGE = "headers_too_large"
+    URL_NOT_ALLOWED = "url_not_allowed"
+    URL_FETCH_FAILED = "url_fetch_failed"
+    URL_TOO_LARGE = "url_too_large"
+    URL_TIMEOUT = "url_timeout"
     INTERNAL = "internal_error"
 
 
@@ -88,6 +93,24 @@ TEXT_ERRORS: dict[type[TextRejected], tuple[int, ErrorType]] = {
     EmptyText: (422, ErrorType.INVALID_REQUEST),
     TextTooLong: (413, ErrorType.TEXT_TOO_LONG),
 }
+
+
+# Each of serve/url_fetch.py's refusals as (status, error type). A failed fetch is the client's URL's
+# problem: 400, as OpenAI's API answers "Error while downloading <url>" (openai/openai-python#2776). OpenAI
+# answers a slow download 400 too (vercel/ai#8857); here it is 504, like the request's own deadline, so
+# clients that retry gateway timeouts retry it.
+URL_ERRORS: dict[type[UrlRejected], tuple[int, ErrorType]] = {
+    UrlNotAllowed: (400, ErrorType.URL_NOT_ALLOWED),
+    UrlFetchFailed: (400, ErrorType.URL_FETCH_FAILED),
+    UrlTooLarge: (413, ErrorType.URL_TOO_LARGE),
+    UrlTimeout: (504, ErrorType.URL_TIMEOUT),
+}
+
+
+def url_error(error: UrlRejected, label: str) -> ApiError:
+    """A refused or failed image URL as the contract's error; `label` says which of the request's items it was."""
+    status, error_type = URL_ERRORS[type(error)]
+    return ApiError(status, error_type, f"{label}: {error.message}")
 
 
 def text_error(error: TextRejected, label: str) -> ApiError:

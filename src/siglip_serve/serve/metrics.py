@@ -40,6 +40,14 @@ METRIC_NAMES = (
     FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES, TEXTS_EMBEDDED,
     BATCH_QUEUE_SECONDS, BATCH_QUEUED_INPUTS,
 )
+# The embedding cache's (serve/embedding_cache.py), per ingress replica (and bulk's repeats skipped, as
+# hits). They join METRIC_NAMES when the ingress builds EmbeddingCacheMetrics (the route wiring), so the
+# contract lists only what a running service exports.
+CACHE_HITS = "siglip_embedding_cache_hits_total"
+CACHE_MISSES = "siglip_embedding_cache_misses_total"
+CACHE_EVICTIONS = "siglip_embedding_cache_evictions_total"
+CACHE_BYTES = "siglip_embedding_cache_bytes"
+CACHE_METRIC_NAMES = (CACHE_HITS, CACHE_MISSES, CACHE_EVICTIONS, CACHE_BYTES)
 
 # Decode + validate + resize of one image on one thread: ~3-7 ms for a 512x512 JPEG, ~20 ms for
 # 1920x1080, 0.1-0.4 s for a 12 MP photo.
@@ -135,6 +143,44 @@ class IngressMetrics:
         self.requests_rejected.inc(1, tags={"reason": reason})
 
 
+def _cache_hits() -> metrics.Counter:
+    return metrics.Counter(CACHE_HITS, tag_keys=("tower",),
+                           description="Items answered from the embedding cache or from the same item's computation "
+                                       "already running, by tower (bulk: repeated files skipped).")
+
+
+class EmbeddingCacheMetrics:
+    """The embedding cache's events (serve/embedding_cache.py CacheEvents) as collectors; every series
+    starts at zero, so a rate() sees the first hit."""
+
+    def __init__(self) -> None:
+        self.hits_total = _cache_hits()
+        self.misses_total = metrics.Counter(CACHE_MISSES, tag_keys=("tower",),
+                                            description="Distinct items the embedding cache did not hold and "
+                                                        "computed, by tower.")
+        self.evictions_total = metrics.Counter(CACHE_EVICTIONS, tag_keys=("tower",),
+                                               description="Embeddings dropped from the cache to stay within "
+                                                           "embedding_cache_mib, least recently used first.")
+        self.bytes = metrics.Gauge(CACHE_BYTES, description="Bytes the embedding cache holds (vectors and their "
+                                                            "bookkeeping), per ingress replica.")
+        for tower in TOWERS:
+            for counter in (self.hits_total, self.misses_total, self.evictions_total):
+                start_at_zero(counter, {"tower": tower})
+        self.bytes.set(0)
+
+    def hits(self, tower: str, count: int) -> None:
+        self.hits_total.inc(count, tags={"tower": tower})
+
+    def misses(self, tower: str, count: int) -> None:
+        self.misses_total.inc(count, tags={"tower": tower})
+
+    def evictions(self, tower: str, count: int) -> None:
+        self.evictions_total.inc(count, tags={"tower": tower})
+
+    def size(self, total_bytes: int) -> None:
+        self.bytes.set(total_bytes)
+
+
 class BulkMetrics:
     """`siglip-serve embed`'s share of the service's names (docs/batch.md): items embedded and refused and
     each decode, tagged endpoint "bulk"; its encoder actors' forward passes use EncoderMetrics."""
@@ -146,6 +192,11 @@ class BulkMetrics:
         self.texts_embedded = _texts_embedded()
         self.rejected = _rejected()
         self.preprocess_seconds = _preprocess_seconds()
+        self.cache_hits = _cache_hits()
+
+    def repeats_skipped(self, count: int) -> None:
+        """Files whose bytes this run already embedded: neither decoded nor embedded again."""
+        self.cache_hits.inc(count, tags={"tower": "image"})
 
     def embedded(self, modality: str, count: int) -> None:
         counter = self.texts_embedded if modality == "text" else self.images_embedded

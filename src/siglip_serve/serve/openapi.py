@@ -67,12 +67,22 @@ _IMAGE_STRINGS = {"oneOf": [
     {"type": "string", "description": "an image: a data URI (data:image/png;base64,...) or bare base64 of the file"},
     {"type": "array", "items": {"type": "string"}, "minItems": 1},
 ]}
+_URL_TEXT = ("a data URI, or an http(s) URL the service fetches where url_fetch_allowlist allows it "
+             "(docs/http-api.md, Images by URL)")
+_CACHE = {"type": "boolean", "default": True,
+          "description": "false: neither read nor fill the embedding cache (embedding_cache_mib) for this request"}
 _TYPED_ITEM: dict[str, Any] = {"oneOf": [
     {"type": "object", "required": ["type", "image"], "additionalProperties": False,
      "properties": {"type": {"type": "string", "enum": ["image"]},
-                    "image": {"type": "string", "description": "a data URI or bare base64 of the image file"}}},
+                    "image": {"type": "string", "description": "a data URI or bare base64 of the image file, or "
+                                                               "an http(s) URL (as image_url's)"}}},
     {"type": "object", "required": ["type", "text"], "additionalProperties": False,
      "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}},
+    {"type": "object", "required": ["type", "image_url"], "additionalProperties": False,
+     "description": "OpenAI's image content part",
+     "properties": {"type": {"type": "string", "enum": ["image_url"]},
+                    "image_url": {"type": "object", "required": ["url"],
+                                  "properties": {"url": {"type": "string", "description": _URL_TEXT}}}}},
 ]}
 _ITEM: dict[str, Any] = {"oneOf": [
     {"type": "string", "description": "an image or a text: read by `modality`, else an image when it is a data "
@@ -96,6 +106,7 @@ JSON_REQUEST_SCHEMA: dict[str, Any] = {
                                       {"type": "array", "items": {"type": "string", "enum": _ENCODINGS}}]},
         "dimensions": {"type": "integer", "minimum": 1,
                        "description": "the model's size, or fewer where the operator allows truncation"},
+        "cache": _CACHE,
     },
 }
 
@@ -105,7 +116,7 @@ _COHERE_CONTENT: dict[str, Any] = {"oneOf": [
     {"type": "object", "required": ["type", "image_url"], "additionalProperties": False,
      "properties": {"type": {"type": "string", "enum": ["image_url"]},
                     "image_url": {"type": "object", "required": ["url"],
-                                  "properties": {"url": {"type": "string", "description": "a data URI"}}}}},
+                                  "properties": {"url": {"type": "string", "description": _URL_TEXT}}}}},
 ]}
 
 COHERE_REQUEST_SCHEMA: dict[str, Any] = {
@@ -114,7 +125,8 @@ COHERE_REQUEST_SCHEMA: dict[str, Any] = {
     "properties": {
         "model": {"type": "string", "description": "optional; must name the served model"},
         "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "images": {"type": "array", "items": {"type": "string", "description": "a data URI or base64"},
+        "images": {"type": "array", "items": {"type": "string", "description": "a data URI or base64, or an "
+                                                                             "http(s) URL (as image_url's)"},
                    "minItems": 1},
         "inputs": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["content"],
@@ -126,6 +138,7 @@ COHERE_REQUEST_SCHEMA: dict[str, Any] = {
                             "default": ["float"]},
         "output_dimension": {"type": "integer", "minimum": 1},
         "truncate": {"type": "string", "enum": ["END"], "description": "texts are cut at the end, as open_clip"},
+        "cache": _CACHE,
     },
 }
 
@@ -176,18 +189,20 @@ CLASSIFY_SCHEMA: dict[str, Any] = {
 
 _WHY = {
     400: "empty body, malformed multipart, an image that cannot be decoded (data with an image format's "
-         "signature included), or dimensions not served",
+         "signature included), dimensions not served, an image URL not allowed (url_not_allowed) or that "
+         "could not be fetched (url_fetch_failed)",
     401: "missing or wrong API key (only when the service has one)",
     404: "texts or classify where the service runs no text tower",
     408: "the body stopped arriving for 10 s before its end (connection closed)",
-    413: "body, image, request pixels or text over the configured limit",
+    413: "body, image, request pixels or text over the configured limit; an image URL's body over the byte "
+         "limit (url_too_large)",
     415: "content type, or data, that is not an image (SVG, PDF, text)",
     422: "JSON that does not match the request schema, too many images or texts, an empty or blank text, "
          "a typed item against modality",
     431: "more than 100 headers, or more than 64 KiB of them",
     500: "unexpected server error (the message never echoes its cause)",
     503: "not ready yet, shutting down, at capacity, or a replica lost (Retry-After says when to retry)",
-    504: "the request did not finish within its deadline",
+    504: "the request did not finish within its deadline; an image URL did not arrive in time (url_timeout)",
 }
 
 

@@ -93,8 +93,9 @@ class ServeResponse:
 DEPLOYED: list[str] = []
 
 
-def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> None:
-    """Build the real application from Serve-YAML-style args and run it under `route_prefix`.
+def deploy(name: str, route_prefix: str, wait: bool = True, routes: tuple[Any, ...] = (), **args: object) -> None:
+    """Build the real application from Serve-YAML-style args and run it under `route_prefix`, with `routes`
+    (serve/http_app.py's Route or Probe) beside the contract's.
 
     One encoder replica and no text replica unless a test asks (`replicas=2`, `text_replicas=1`):
     each costs a process on a small shared cluster."""
@@ -104,7 +105,7 @@ def deploy(name: str, route_prefix: str, wait: bool = True, **args: object) -> N
     from siglip_serve.serve.app import build_app
 
     DEPLOYED.append(name)
-    app = build_app({"model": "tiny-siglip", "replicas": 1, "text_replicas": 0, **args})
+    app = build_app({"model": "tiny-siglip", "replicas": 1, "text_replicas": 0, **args}, routes=routes)
     if wait:
         serve.run(app, name=name, route_prefix=route_prefix)
     else:

@@ -13,7 +13,7 @@ import pytest
 from siglip_serve.models.encoder import create_text_encoder
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import TextEncoder
-from siglip_serve.serve.text_routes import zero_shot
+from siglip_serve.serve.schedule import zero_shot
 from tests.helpers import (
     API_KEY,
     AUTH,

@@ -1,23 +1,34 @@
-"""The ingress's text path (serve/text_routes.py on serve/ingress_core.py) follows the image path: 503
-while draining, a dead text replica retried once, the request's own deadline, the replica call
-cancelled when the client leaves; and the classify prompt cache."""
+"""The ingress's text path (serve/schedule.py's one scheduling call, on serve/ingress.py's parts) follows the image
+path: 503 while draining, a dead text replica retried once, the request's own deadline, the replica call
+cancelled when the client leaves; and the classify prompt cache. Each tower's link (serve/tower_link.py) is built
+by one factory and read from what its warm replicas published: the text client is tuned for coalescing like the
+image one, /readyz counts every tower it serves, and a tower that still loads is refused at once, for classify as
+for embeddings. The registry and the handles are stand-ins; Serve's routing and a real replica's record are tested
+in tests/integration/test_text_http.py and test_route_seam.py."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import zlib
 from typing import Any
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from ray.exceptions import RayActorError
 from ray.serve._private.handle_options import DynamicHandleOptions
 
 from siglip_serve.models.loading import ModelInfo
+from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.embed_request import Item
 from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.text_routes import TextRoutes
+from siglip_serve.serve.http_app import http_app
+from siglip_serve.serve.ingress import Ingress
+from siglip_serve.serve.routes import ROUTES, readyz
+from siglip_serve.serve.schedule import Work
 from tests.helpers import ServeResponse as Response
 
 MODEL = ModelInfo("tiny-siglip", 4, (64, 64), "random")
@@ -36,11 +47,11 @@ class HandleOptions:
 
 
 class TextHandle(HandleOptions):
-    """Stands in for the TextEncoder deployment handle: `embed_chunks.remote(chunks, deadlines)` and
-    `describe.remote()`, answering a fixed embedding per text after `seconds`, the first `deaths` calls
-    failing as a replica that died would. It records every embed call, its deadlines and its Response. It
-    does not prove Serve's routing, its cancellation inside a real replica, or the replica's batching
-    (tests/integration/test_text_http.py runs the real deployment)."""
+    """Stands in for the TextEncoder deployment handle: `embed_chunks.remote(chunks, deadlines)`, answering a
+    fixed embedding per text after `seconds`, the first `deaths` calls failing as a replica that died would. It
+    records every embed call, its deadlines and its Response. It does not prove Serve's routing, its
+    cancellation inside a real replica, or the replica's batching (tests/integration/test_text_http.py runs
+    the real deployment)."""
 
     def __init__(self, seconds: float = 0.0, deaths: int = 0) -> None:
         self.seconds = seconds
@@ -61,10 +72,6 @@ class TextHandle(HandleOptions):
                 return response
 
         self.embed_chunks = Method(self._embed_chunks, record=True)
-        self.describe = Method(self._describe, record=False)
-
-    async def _describe(self) -> dict[str, Any]:
-        return {"context_length": 16, "logit_scale": 10.0, "logit_bias": -10.0}
 
     async def _embed_chunks(self, chunks: list[list[str]], deadlines: list[float]) -> list[np.ndarray]:
         self.calls.extend(list(chunk) for chunk in chunks)
@@ -77,10 +84,31 @@ class TextHandle(HandleOptions):
                 for chunk in chunks]
 
 
-def routes(handle: TextHandle | None, **args: Any) -> TextRoutes:
+# What a warm replica of each tower publishes in the registry (serve/tower_replica.py `publish`), in part.
+IMAGE_RECORD = {"tower": "image", "replica_id": "image-1", "warmup_seconds": {"8": 0.002}}
+TEXT_RECORD = {"tower": "text", "replica_id": "text-1", "warmup_seconds": {"32": 0.003}, "context_length": 16,
+               "logit_scale": 10.0, "logit_bias": -10.0}
+
+
+def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = None, **args: Any) -> Ingress:
+    """An ingress whose registry holds `records` (default: one warm replica per tower it serves)."""
     config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1,
                                       "text_replicas": 1 if handle else 0, **args})
-    return TextRoutes(HandleOptions(), config, 1, MODEL, handle, replica=("test", "ingress-1"))  # type: ignore[arg-type]
+    found = records if records is not None else [IMAGE_RECORD, *([TEXT_RECORD] if handle else [])]
+    return Ingress(HandleOptions(), config, 1, MODEL, handle, replica=("test", "ingress-1"),  # type: ignore[arg-type]
+                   live_replicas=lambda app: list(found))
+
+
+async def encode_texts(ingress: Ingress, texts: list[str], deadline: float) -> np.ndarray:
+    """Texts through the scheduling call, as /v1/embeddings sends them."""
+    items = [Item("text", text, f"input[{i}]") for i, text in enumerate(texts)]
+    return (await ingress.scheduler.embed(Work("embeddings", items), deadline)).rows
+
+
+async def embed_prompts(ingress: Ingress, prompts: list[str], deadline: float) -> np.ndarray:
+    """Prompts through the scheduling call, as /v1/classify sends its labels."""
+    items = [Item("text", prompt, f"labels[{i}]") for i, prompt in enumerate(prompts)]
+    return (await ingress.scheduler.embed(Work("classify", items, cached_texts=True), deadline)).rows
 
 
 def soon(seconds: float = 30.0) -> float:
@@ -95,14 +123,14 @@ class Request:
 
 def test_text_off_answers_404_naming_why_and_lists_only_images() -> None:
     ingress = routes(None)
-    assert ingress.modalities == ["image"] and asyncio.run(ingress.text_info()) is None
+    assert ingress.modalities == ["image"] and ingress.towers.info("text") is None
     with pytest.raises(ApiError) as error:
-        asyncio.run(ingress.encode_texts(["cat"], soon()))
+        asyncio.run(encode_texts(ingress, ["cat"], soon()))
     assert error.value.status == 404 and "text_replicas: 0" in error.value.message
     found = routes(None, text_off_reason="the model hub huggingface.co:443 is unreachable")
     assert found.text_off_reason == "the model hub huggingface.co:443 is unreachable"
     with pytest.raises(ApiError) as error:
-        asyncio.run(found.encode_texts(["cat"], soon()))
+        asyncio.run(encode_texts(found, ["cat"], soon()))
     assert "unreachable" in error.value.message and "tokenizer: DIR" in error.value.message
 
 
@@ -116,27 +144,27 @@ def test_both_towers_call_their_replicas_over_grpc_in_serves_throughput_mode() -
 def test_a_draining_ingress_refuses_texts_as_it_refuses_images() -> None:
     handle = TextHandle()
     ingress = routes(handle)
-    ingress._draining = True
+    ingress.door.draining = True
     for tower in ("text", "image"):
         async def admit(tower: str = tower) -> None:
-            await ingress._admitted(tower, soon())
+            await ingress.scheduler.admit(tower)
 
         with pytest.raises(ApiError) as error:
             asyncio.run(admit())
         assert (error.value.status, error.value.error_type.value) == (503, "not_ready")
         assert "shutting down" in error.value.message
     with pytest.raises(ApiError):
-        asyncio.run(ingress.encode_texts(["cat"], soon()))
+        asyncio.run(encode_texts(ingress, ["cat"], soon()))
     assert handle.calls == []
 
 
 def test_a_dead_text_replica_is_retried_once_then_answered_503() -> None:
     handle = TextHandle(deaths=1)
-    got = asyncio.run(routes(handle).encode_texts(["cat", "dog"], soon()))
+    got = asyncio.run(encode_texts(routes(handle), ["cat", "dog"], soon()))
     assert got.shape == (2, 4) and handle.calls == [["cat", "dog"], ["cat", "dog"]]
     handle = TextHandle(deaths=2)
     with pytest.raises(ApiError) as error:
-        asyncio.run(routes(handle).encode_texts(["cat"], soon()))
+        asyncio.run(encode_texts(routes(handle), ["cat"], soon()))
     assert (error.value.status, error.value.error_type.value) == (503, "replica_unavailable")
     assert "text encoder replica" in error.value.message
 
@@ -144,7 +172,7 @@ def test_a_dead_text_replica_is_retried_once_then_answered_503() -> None:
 def test_the_replica_gets_the_requests_own_deadline() -> None:
     handle = TextHandle()
     # A request that arrived 22 s ago under the 30 s default has 8 s left, not a fresh 30.
-    asyncio.run(routes(handle).encode_texts(["cat"], soon(8.0)))
+    asyncio.run(encode_texts(routes(handle), ["cat"], soon(8.0)))
     assert handle.deadlines and abs(handle.deadlines[0] - (time.time() + 8.0)) < 1.0
 
 
@@ -153,14 +181,14 @@ def test_a_client_that_leaves_cancels_the_text_replicas_call() -> None:
     ingress = routes(handle)
 
     async def handler() -> np.ndarray:
-        async with ingress._deadline(Request()) as deadline:  # the request's place, as a route takes it
-            return await ingress.encode_texts(["cat"], deadline)
+        async with ingress.door.deadline(Request()) as deadline:  # the request's place, as a route takes it
+            return await encode_texts(ingress, ["cat"], deadline)
 
     async def leave() -> None:
         request = asyncio.ensure_future(handler())
         while not handle.responses:
             await asyncio.sleep(0.01)
-        assert ingress.slots.working == 1
+        assert ingress.door.slots.working == 1
         request.cancel()  # what Serve does to the handler when the client disconnects
         with pytest.raises(asyncio.CancelledError):
             await request
@@ -168,7 +196,7 @@ def test_a_client_that_leaves_cancels_the_text_replicas_call() -> None:
 
     asyncio.run(leave())
     assert [r.task.cancelled() for r in handle.responses] == [True]
-    assert ingress.slots.working == 0 and ingress.slots.waiting == 0  # its place given back
+    assert ingress.door.slots.working == 0 and ingress.door.slots.waiting == 0  # its place given back
 
 
 def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
@@ -176,13 +204,86 @@ def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
     ingress = routes(handle, classify_cache_size=3)
 
     async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        first = await ingress.embed_prompts(["cat", "dog"], soon())
-        again = await ingress.embed_prompts(["dog", "cat", "car"], soon())
-        evicted = await ingress.embed_prompts(["bird", "cat"], soon())
+        first = await embed_prompts(ingress, ["cat", "dog"], soon())
+        again = await embed_prompts(ingress, ["dog", "cat", "car"], soon())
+        evicted = await embed_prompts(ingress, ["bird", "cat"], soon())
         return first, again, evicted
 
     first, again, evicted = asyncio.run(scenario())
     assert handle.calls == [["cat", "dog"], ["car"], ["bird"]]
     np.testing.assert_array_equal(again[:2], first[::-1])
     np.testing.assert_array_equal(evicted[1], first[0])
-    assert list(ingress._prompt_cache) == ["car", "cat", "bird"]  # "dog", least recently used, went first
+    assert list(ingress.scheduler.prompts.entries) == ["car", "cat", "bird"]  # "dog", least recently used, went first
+
+
+# -- the towers' links ---------------------------------------------------------------------------
+
+class Probe:
+    """What a probe route reads of its request: nothing."""
+
+    headers: dict[str, str] = {}
+
+
+def ready_answer(ingress: Ingress) -> tuple[int, dict[str, Any]]:
+    response = asyncio.run(readyz(ingress, Probe()))  # type: ignore[arg-type]
+    return response.status_code, json.loads(bytes(response.body))
+
+
+@pytest.fixture(autouse=True)
+def _no_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Ray here: the drain mark is never set."""
+    monkeypatch.setattr(registry, "is_draining", lambda app: False)
+
+
+def test_both_towers_are_linked_by_one_factory_and_both_clients_are_tuned_from_their_warm_up() -> None:
+    ingress = routes(TextHandle(), throughput_optimized=False)
+    image, text = ingress.towers["image"], ingress.towers["text"]
+    assert (image.plan.largest_bucket, text.plan.largest_bucket) == (8, 32)
+    assert not image.client.tuned and not text.client.tuned
+    assert asyncio.run(ingress.towers.ready())
+    # A full batch of 32 texts in 3 ms costs less than its 32 calls would: the text calls coalesce too
+    # (before, only the image client was ever tuned).
+    assert text.client.tuned and text.client.calls.concurrency == text.client.coalescing_window
+    assert image.client.tuned and image.client.calls.concurrency == image.client.coalescing_window
+
+
+def test_readyz_counts_every_tower_it_serves() -> None:
+    status, body = ready_answer(routes(TextHandle(), records=[IMAGE_RECORD]))
+    assert status == 503 and body["error"]["type"] == "not_ready"
+    assert body["error"]["message"] == "0 of 1 text encoder replicas ready; 1 needed"
+    status, body = ready_answer(routes(TextHandle()))
+    assert status == 200
+    assert body["replicas"] == 1 and body["replicas_expected"] == 1 and body["replicas_min_ready"] == 1
+    assert body["towers"] == {"image": {"replicas": 1, "replicas_expected": 1, "replicas_min_ready": 1},
+                              "text": {"replicas": 1, "replicas_expected": 1, "replicas_min_ready": 1}}
+    status, body = ready_answer(routes(None))
+    assert status == 200 and list(body["towers"]) == ["image"]
+
+
+def test_a_loading_text_tower_is_refused_at_once_for_embeddings_and_classify_alike() -> None:
+    ingress = routes(TextHandle(), records=[IMAGE_RECORD])
+    for work in (Work("embeddings", [Item("text", "cat", "input")]),
+                 Work("classify", [Item("text", "a photo of cat", "labels[0]")], score=True, cached_texts=True)):
+        began = time.monotonic()
+        with pytest.raises(ApiError) as error:
+            asyncio.run(ingress.scheduler.embed(work, time.monotonic() + 30))
+        # Before, a text request waited up to its whole deadline for the text replica's description.
+        assert time.monotonic() - began < 1.0
+        assert (error.value.status, error.value.error_type.value) == (503, "not_ready")
+        assert "text encoder is still loading" in error.value.message
+
+
+def test_classify_scores_with_the_logit_the_text_replica_published() -> None:
+    ingress = routes(TextHandle(), records=[IMAGE_RECORD, {**TEXT_RECORD, "logit_scale": 2.0, "logit_bias": 0.5}])
+    done = asyncio.run(ingress.scheduler.embed(
+        Work("classify", [Item("text", "cat", "labels[0]")], score=True), time.monotonic() + 30))
+    assert done.logit == (2.0, 0.5)
+    row = done.rows[0].astype(np.float64)
+    assert done.scores(done.rows, done.rows)[0, 0] == pytest.approx(1 / (1 + np.exp(-(2.0 * row @ row + 0.5))))
+
+
+def test_a_route_needing_a_tower_that_is_off_is_answered_404_before_its_body_is_read() -> None:
+    with TestClient(http_app(routes(None), ROUTES), raise_server_exceptions=False) as client:
+        # Not even a body: the capability is checked first (serve/http_app.py), naming why text is off.
+        response = client.post("/v1/classify")
+    assert response.status_code == 404 and "text_replicas: 0" in response.json()["error"]["message"]

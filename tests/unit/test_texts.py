@@ -10,7 +10,7 @@ import pytest
 from siglip_serve.core import texts
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.errors import TEXT_ERRORS, ApiError
-from siglip_serve.serve.text_routes import check_texts
+from siglip_serve.serve.schedule import check_texts
 
 MAX_CHARS = 10
 TEXTS = ["", " ", "\n\t \u00a0", "a cat", " a cat ", "x" * MAX_CHARS, "x" * (MAX_CHARS + 1), " " * (MAX_CHARS + 1)]

@@ -121,7 +121,7 @@ def replica_progress(app_name: str, expected: int | None) -> str:
         states = {str(getattr(k, "value", k)): v for k, v in deployment.replica_states.items()}
         running, total = states.get("RUNNING", 0), sum(states.values())
         parts.append(f"{name} {running}/{total} running")
-    warm = len(registry.live_replicas(app_name))
+    warm = len(registry.live_replicas(app_name, "image"))
     return f"{warm}/{expected if expected is not None else '?'} encoder replicas warm; " + ", ".join(parts)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -19,7 +19,8 @@ from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
 from siglip_serve.serve.encoder_deployment import encoder_deployment
 from siglip_serve.serve.front_door import front_door_limits
-from siglip_serve.serve.ingress import IngressDeployment
+from siglip_serve.serve.http_app import Probe, Route
+from siglip_serve.serve.ingress_deployment import IngressDeployment
 from siglip_serve.serve.text_deployment import text_deployment, text_neuron_cores
 
 log = logging.getLogger("siglip_serve")
@@ -79,7 +80,8 @@ def _pinned_ingress(config: ServiceConfig, replicas: int) -> dict[str, Any]:
     return {"ingress_replicas": ingress_replicas_for(config, replicas)}
 
 
-def build(config: ServiceConfig) -> Application:
+def build(config: ServiceConfig, routes: Sequence[Route | Probe] = ()) -> Application:
+    """The application: the towers' deployments and the ingress, serving the contract's routes and `routes`."""
     replicas = resolve_replicas(config)
     config = config.model_copy(update=_pinned_ingress(config, replicas))
     image_size, embed_dim = model_geometry(config.model)
@@ -114,7 +116,7 @@ def build(config: ServiceConfig) -> Application:
              f" x {encoder_config.torch_threads} torch thread(s)" if encoder_config.torch_threads else "",
              list(config.buckets), config.ingress_count if ingress_scaling is None else
              f"{ingress_scaling.min_replicas}..{ingress_scaling.max_replicas} autoscaled", config.text_replica_count)
-    return ingress.bind(encoder, config, replicas, model, text)
+    return ingress.bind(encoder, config, replicas, model, text, tuple(routes))
 
 
 class AppRefused(RayServeException):
@@ -127,8 +129,9 @@ class AppRefused(RayServeException):
     """
 
 
-def build_app(args: dict[str, Any] | None = None) -> Application:
-    """Serve's application builder: `args` is the YAML `args:` mapping.
+def build_app(args: dict[str, Any] | None = None, routes: Sequence[Route | Probe] = ()) -> Application:
+    """Serve's application builder: `args` is the YAML `args:` mapping; `routes`, more routes beside the
+    contract's (serve/routes.py), each on the same front door and scheduling call (a test's, say).
 
     It checks, once, what it can before any replica starts: the config, that the weights are on disk
     or the hub answers, the text tower's tokenizer (serve/model_checks.py's preflight_tokenizer: the default
@@ -149,7 +152,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             # Decided once, for the check and the build: cpu's auto builds the model on the meta device.
             config = pin_neuron_replicas(pin_replicas(config), growth)
             check_cluster_fits(config, resolve_replicas(config), growth)
-        return build(config)
+        return build(config, routes)
     except UserError as exc:  # a config, weights or cluster problem: refused once, not retried
         log.error("%s", exc)
         raise AppRefused(str(exc)) from None

@@ -78,6 +78,7 @@ class EncoderClient:
         # read at import there), not from this replica's environment: so the choice is made here. gRPC
         # skips Ray's task path (ray/serve/_private/replica_result.py gRPCReplicaResult).
         self.handle = handle.options(_by_reference=False) if grpc else handle
+        self.tower = tower
         self.replica_kind = "a text encoder replica" if tower == "text" else "an encoder replica"
         self.retry_after_s = retry_after_s
         self.coalescing_window = calls_in_flight(replicas, ingress_replicas, model_on_host_cores)
@@ -92,7 +93,8 @@ class EncoderClient:
         coalesce = worth_coalescing(full_batch_seconds, self.calls.max_size)
         if coalesce:
             self.calls.set_concurrency(self.coalescing_window)
-        log.info("encoder calls (%s): a full batch runs in %.1f ms; %s", self.transport, full_batch_seconds * 1e3,
+        log.info("%s encoder calls (%s): a full batch runs in %.1f ms; %s", self.tower, self.transport,
+                 full_batch_seconds * 1e3,
                  f"coalescing, {self.coalescing_window} call(s) in flight" if coalesce
                  else "each request's chunks sent at once")
 

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any
 
 import numpy as np
-import ray
 from ray import serve
 
 from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
 from siglip_serve.models.device_decode import JpegFiles
-from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.replica_logging import configure_replica_logging
@@ -28,7 +25,7 @@ log = logging.getLogger("siglip_serve.encoder")
 
 
 class EncoderReplica(TowerReplica):
-    """The image tower, registered (serve/registry.py) once warm so the ingress can count it ready."""
+    """The image tower; published (serve/registry.py) once warm with the cores it sees."""
 
     def __init__(self, config: ServiceConfig) -> None:
         # Imported here, not at module level: the ingress imports this module too, and torch would
@@ -38,20 +35,8 @@ class EncoderReplica(TowerReplica):
         configure_replica_logging(config.log_level)
         self._input_error = EncoderInputError
         super().__init__(config, create_encoder(config.model_settings()), EncoderMetrics(tower="image"))
-        context = serve.get_replica_context()
-        self.app_name = context.app_name
-        self.replica_actor_name = context.replica_id.to_full_id_str()
-        self.info: dict[str, Any] = {
-            "replica_id": context.replica_id.unique_id,
-            "neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
-            "neuron_logical_nc_config": os.environ.get(LNC_ENV),
-            "host": socket.gethostname(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "pid": os.getpid(),
-            "warmup_seconds": self.warmup_seconds,
-            **self.encoder.describe(),
-        }
-        registry.register_replica(self.app_name, self.replica_actor_name, self.info)
+        self.publish({"neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
+                      "neuron_logical_nc_config": os.environ.get(LNC_ENV)})
         log.info("encoder replica ready: %s", self.info)
 
     def refusal(self, chunk: Any) -> Exception | None:
@@ -86,12 +71,6 @@ class EncoderReplica(TowerReplica):
         embeddings = self.encoder.encode(torch.cat(good), self.metrics.forward) if good else None
         parts = iter(split_rows(embeddings, [len(p) for p in good]) if good else [])
         return [p if isinstance(p, Exception) else next(parts) for p in pixels]
-
-    def __del__(self) -> None:
-        try:
-            registry.unregister_replica(self.app_name, self.replica_actor_name)
-        except Exception:  # broad on purpose: best effort at shutdown; live_replicas prunes dead ones anyway
-            pass
 
 
 def encoder_max_ongoing(config: ServiceConfig) -> int:

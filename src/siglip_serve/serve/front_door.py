@@ -1,5 +1,6 @@
-"""An ingress replica's front door: how many requests it works on at once, how many may wait, and each
-request's deadline from the moment the front end had it (core/front_door.py has what HAProxy shares).
+"""An ingress replica's front door: who may ask (the API key), how many requests it works on at once, how many
+may wait, each request's deadline from the moment the front end had it (core/front_door.py has what HAProxy
+shares), and the drain. Every route passes it before its body is read (serve/http_app.py).
 
 Under HAProxy (the default front end of `siglip-serve run`) no more than `max_ongoing_requests` reach a
 replica at once and the waiting ones sit in HAProxy's queue, bounded there; under Serve's own proxy they
@@ -10,12 +11,19 @@ ongoing + queued gets 503 at once, and one that waits past its deadline gets 504
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from siglip_serve.core.front_door import FrontDoorLimits, waited_seconds
+from fastapi import Request
+
+from siglip_serve.core.front_door import REQUEST_START_HEADER, FrontDoorLimits, waited_seconds, write_limits
+from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.encoder_client import calls_in_flight
 from siglip_serve.serve.errors import ApiError, ErrorType
@@ -24,6 +32,8 @@ log = logging.getLogger("siglip_serve.ingress")
 
 # Fewer than this and a burst of multi-image requests would leave decode threads idle.
 MIN_ONGOING_REQUESTS = 8
+# How often an ingress replica looks for the drain mark that `siglip-serve run` sets on SIGTERM.
+DRAIN_POLL_S = 0.25
 
 
 def ingress_max_ongoing(config: ServiceConfig, replicas: int) -> int:
@@ -94,3 +104,101 @@ class RequestSlots:
         finally:
             self.working -= 1
             self._places.release()
+
+
+class FrontDoor:
+    """What every request of one ingress replica passes before its body is read: the API key, its place among
+    the requests the replica works on (`RequestSlots`) and its one deadline; and whether the replica drains."""
+
+    def __init__(self, config: ServiceConfig, replicas: int, app_name: str, replica_name: str) -> None:
+        self.config = config
+        self.app_name = app_name
+        self.replica_name = replica_name
+        self.api_key = config.resolve_api_key(os.environ)
+        limits = front_door_limits(config, replicas)
+        self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s)
+        # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
+        write_limits(limits, app_name)
+        self.draining = False
+        self.requests_in_handler = 0
+        self._drain_watch: asyncio.Task[None] | None = None
+
+    def retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.config.retry_after_s)}
+
+    def check_auth(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, ErrorType.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer ...)",
+                           {"WWW-Authenticate": "Bearer"})
+
+    @asynccontextmanager
+    async def deadline(self, request: Request) -> AsyncIterator[float]:
+        """The request's place among those this replica works on, and its one deadline (begun when the
+        front end had it: X-Request-Start); yields the deadline as time.monotonic(). 503 at once when
+        every place is taken and `max_queued_requests` wait; 504 when the deadline passes, waiting for a
+        place included. With tracing on, the request's span (continuing the client's `traceparent`)
+        is open meanwhile."""
+        self.watch_for_drain()
+        timeout = self.config.request_timeout_s
+        deadline = Deadline(request.headers.get(REQUEST_START_HEADER), timeout)
+        self.requests_in_handler += 1
+        try:
+            with _request_span(request):
+                async with asyncio.timeout(deadline.remaining()), self.slots.place():
+                    yield deadline.at
+        except TimeoutError:
+            raise ApiError(504, ErrorType.DEADLINE_EXCEEDED, f"request did not finish within {timeout:g} s") from None
+        finally:
+            self.requests_in_handler -= 1
+
+    def check_open(self) -> None:
+        """503 while the replica drains: no new work is taken."""
+        if self.draining:
+            raise ApiError(503, ErrorType.NOT_READY, "server is shutting down; retry", self.retry_after())
+
+    async def drain_marked(self) -> bool:
+        """Whether the drain has begun, asking the registry now (a probe must not wait for the next poll)."""
+        self.watch_for_drain()
+        if not self.draining and await asyncio.to_thread(registry.is_draining, self.app_name):
+            self.draining = True
+        return self.draining
+
+    def watch_for_drain(self) -> None:
+        if self._drain_watch is None:
+            self._drain_watch = asyncio.get_running_loop().create_task(self._drain_loop())
+
+    async def _drain_loop(self) -> None:
+        while True:
+            try:
+                if await asyncio.to_thread(registry.is_draining, self.app_name):
+                    self.draining = True
+                    await asyncio.to_thread(registry.publish_in_flight, self.app_name, self.replica_name,
+                                            self.requests_in_handler, time.time())
+            except Exception:  # the GCS briefly unreachable: try again next period
+                log.debug("drain poll failed", exc_info=True)
+            await asyncio.sleep(DRAIN_POLL_S)
+
+
+def _request_span(request: Request) -> contextlib.AbstractContextManager[Any]:
+    if not tracing.enabled():  # before the attributes below are computed
+        return tracing.span("http.request")
+    return tracing.span("http.request", parent=tracing.extract(dict(request.headers)),
+                        attributes={"http.request.method": request.method, "http.route": request.url.path,
+                                    "siglip.request_id": request_id(request)})
+
+
+def request_id(request: Request) -> str | None:
+    """The id Serve logs the request under (its access log and replica logs), or the client's X-Request-Id."""
+    given = request.headers.get("x-request-id")
+    if given:
+        return given
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        return _get_serve_request_context().request_id or None
+    except Exception:  # broad on purpose: a private API that may move; the id is an attribute, not a need
+        return None

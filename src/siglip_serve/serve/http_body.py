@@ -1,7 +1,7 @@
 """The ingress's HTTP bodies: reading one within its limit, its Content-Type, JSON request bodies,
 multipart file parts, data URIs and base64 images, and the response.
 
-Kept apart from the request path (serve/ingress.py) so that module stays about what a request
+Kept apart from the request path (serve/routes.py, serve/schedule.py) so those stay about what a request
 costs and when; nothing here knows Ray. What comes out is image file bytes for models/preprocess.py.
 """
 
@@ -11,6 +11,7 @@ import binascii
 import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -150,14 +151,6 @@ def parse_json(body: bytes, schema: type[JsonRequest], served_model: str) -> Jso
     return parsed
 
 
-def parse_classify_request(body: bytes, served_model: str) -> tuple[ClassifyRequest, list[str], list[str]]:
-    """/v1/classify's JSON body: (request, its images, their labels)."""
-    parsed = parse_json(body, ClassifyRequest, served_model)
-    if isinstance(parsed.input, str):
-        return parsed, [parsed.input], ["input"]
-    return parsed, list(parsed.input), [f"input[{i}]" for i in range(len(parsed.input))]
-
-
 async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:
     """File parts (cleaned filename, bytes) in order, and text fields, of an already size-checked body."""
 
@@ -190,6 +183,34 @@ async def multipart_files(request: Request, body: bytes) -> list[tuple[str, byte
     if not files:
         raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
     return files
+
+
+@dataclass(frozen=True)
+class ClassifyInput:
+    """/v1/classify's body, JSON or multipart: its images (with the labels messages name them by), the labels
+    to score, and the template each label goes into."""
+
+    images: list[bytes | str]
+    image_labels: list[str]
+    labels: list[str]
+    template: str
+
+
+async def read_classify(request: Request, body: bytes, served_model: str) -> ClassifyInput:
+    if is_multipart(request):
+        files, fields = await multipart_form(request, body)
+        if not files:
+            raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
+        labels = fields.get("labels", [])
+        if not labels:
+            raise ApiError(422, ErrorType.INVALID_REQUEST, "labels: give one or more `labels` form fields")
+        return ClassifyInput([data for _, data in files], file_labels(files), labels,
+                             (fields.get("template") or [DEFAULT_TEMPLATE])[-1])
+    parsed = parse_json(body, ClassifyRequest, served_model)
+    if isinstance(parsed.input, str):
+        return ClassifyInput([parsed.input], ["input"], parsed.labels, parsed.template)
+    return ClassifyInput(list(parsed.input), [f"input[{i}]" for i in range(len(parsed.input))], parsed.labels,
+                         parsed.template)
 
 
 def file_labels(files: Sequence[tuple[str, bytes]]) -> list[str]:

@@ -272,9 +272,10 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
                       **_errors(500)},
     },
     ("GET", "/readyz"): {
-        "summary": "200 while at least min_ready_replicas encoder replicas are warm; 503 before and while draining",
+        "summary": "200 while every tower served has min_ready_replicas replicas warm; 503 before and while draining",
         "responses": {**_ok({"type": "object", "required": ["status", "replicas"],
-                             "properties": {"status": {"type": "string"}, "replicas": {"type": "integer"}}},
+                             "properties": {"status": {"type": "string"}, "replicas": {"type": "integer"},
+                                            "towers": {"type": "object", "description": "the counts per tower"}}},
                             "ready"), **_errors(500, 503)},
     },
 }

@@ -1,8 +1,9 @@
-"""Which encoder replicas are alive and what each sees (backend, NEURON_RT_VISIBLE_CORES, node).
+"""Which tower replicas (image and text) are alive and what each sees (its tower, backend,
+NEURON_RT_VISIBLE_CORES, node, warm-up).
 
 Serve's handle routes to any replica, so the ingress cannot ask each one directly. Instead each
-replica writes a record into Ray's GCS key-value store when it has warmed up, keyed by its
-replica id, which is also its actor name; a record counts only while that actor is alive.
+replica writes a record into Ray's GCS key-value store when it has warmed up (serve/tower_replica.py),
+keyed by its replica id, which is also its actor name; a record counts only while that actor is alive.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def unregister_replica(app_name: str, replica_actor_name: str) -> None:
     internal_kv._internal_kv_del(_key(app_name, replica_actor_name), namespace=_NAMESPACE)
 
 
-def live_replicas(app_name: str) -> list[dict[str, Any]]:
-    """Records of replicas whose actors are alive now, sorted by replica id."""
+def live_replicas(app_name: str, tower: str | None = None) -> list[dict[str, Any]]:
+    """Records of replicas whose actors are alive now (of `tower` only, when given), sorted by replica id."""
     alive = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)}
     prefix = f"{_PREFIX}{app_name}/"
     records = []
@@ -45,7 +46,14 @@ def live_replicas(app_name: str) -> list[dict[str, Any]]:
         raw = internal_kv._internal_kv_get(key, namespace=_NAMESPACE)
         if raw is not None:
             records.append(json.loads(raw))
+    if tower is not None:
+        records = [record for record in records if record_tower(record) == tower]
     return sorted(records, key=lambda r: str(r.get("replica_id")))
+
+
+def record_tower(record: dict[str, Any]) -> str:
+    """The tower a replica's record is of (records written before text replicas registered: image)."""
+    return str(record.get("tower", "image"))
 
 
 # Graceful shutdown: `siglip-serve run` marks an application draining on SIGTERM; each ingress

@@ -23,7 +23,8 @@ log = logging.getLogger("siglip_serve.text")
 
 
 class TextEncoderReplica(TowerReplica):
-    """The text tower and its tokenizer; `describe` is what /v1/models and /v1/classify read."""
+    """The text tower and its tokenizer; its published record (context length, buckets, tokenizer, the
+    zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
     def __init__(self, config: ServiceConfig) -> None:
         from siglip_serve.models.encoder import create_text_encoder  # torch: in the replica only
@@ -31,12 +32,8 @@ class TextEncoderReplica(TowerReplica):
         configure_replica_logging(config.log_level)
         settings = config.model_settings().model_copy(update={"torch_threads": text_torch_threads(config)})
         super().__init__(config, create_text_encoder(settings), EncoderMetrics(tower="text"))
-        self.info: dict[str, Any] = {**self.encoder.describe(), "warmup_seconds": self.warmup_seconds}
+        self.publish()
         log.info("text encoder replica ready: %s", self.info)
-
-    def describe(self) -> dict[str, Any]:
-        """Context length, buckets, tokenizer, and the zero-shot logit scale (exponentiated) and bias."""
-        return self.info
 
     def encode_chunks(self, chunks: list[Any]) -> list[Any]:
         embeddings = self.encoder.encode([text for chunk in chunks for text in chunk], self.metrics.forward)

@@ -5,21 +5,27 @@ every forward pass on one thread of its own, and gathers the calls that arrive i
 own Batcher (serve/batcher.py). Each caller's chunk is answered on its own: its rows, or the error it
 alone failed with (its deadline passed in the queue, or the tower refused it), so one late or bad
 chunk never fails the others of its batch. The ingress reaches both towers the same way
-(serve/encoder_client.py: `embed_chunks`, a dead replica retried once).
+(serve/encoder_client.py: `embed_chunks`, a dead replica retried once), and counts both the same way: a warm
+replica announces itself in the registry (serve/registry.py, `publish`) with its tower, placement, warm-up and
+description, which the ingress reads for readiness, coalescing and the tower's facts (serve/tower_link.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import ray
 from ray import serve
+from ray.serve.exceptions import RayServeException
 
-from siglip_serve.serve import tracing
+from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
@@ -62,6 +68,30 @@ class TowerReplica:
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------
+
+    def publish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """This warm replica's record (its tower, placement, warm-up, the tower's description and `extra`),
+        written to the registry so that the ingress counts it; the record. Outside a Serve replica (a test
+        building the class) it is only returned."""
+        self.info: dict[str, Any] = {"tower": self.encoder.tower, **(extra or {}), "host": socket.gethostname(),
+                                     "pid": os.getpid(), "warmup_seconds": self.warmup_seconds,
+                                     **self.encoder.describe()}
+        try:
+            context = serve.get_replica_context()
+        except RayServeException:
+            return self.info
+        self.app_name = context.app_name
+        self.replica_actor_name = context.replica_id.to_full_id_str()
+        self.info = {"replica_id": context.replica_id.unique_id, **self.info,
+                     "node_id": ray.get_runtime_context().get_node_id()}
+        registry.register_replica(self.app_name, self.replica_actor_name, self.info)
+        return self.info
+
+    def __del__(self) -> None:
+        try:
+            registry.unregister_replica(self.app_name, self.replica_actor_name)
+        except Exception:  # broad on purpose: best effort at shutdown (or never published); live_replicas prunes
+            pass
 
     async def embed_chunks(self, chunks: list[Any], deadlines: list[float],
                            traces: list[tracing.Carrier | None] | None = None) -> list[Any]:

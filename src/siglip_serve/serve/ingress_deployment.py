@@ -1,0 +1,40 @@
+"""The ingress's Serve deployment: one `Ingress` (serve/ingress.py) per replica, and its HTTP app built from the
+contract's routes (serve/routes.py) and any the application adds (serve/app.py `build(..., routes=...)`).
+
+`@serve.ingress()` without an app: Serve calls `__serve_build_asgi_app__` on the replica once the constructor ran
+and serves what it returns (ray/serve/api.py `ingress`, ray/serve/_private/replica.py
+`_initialize_asgi_callable`), so the app and its handlers belong to this replica's objects, with no app frozen
+and pickled at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from siglip_serve.models.loading import ModelInfo
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.http_app import Probe, Route, http_app
+from siglip_serve.serve.ingress import Ingress
+from siglip_serve.serve.ingress_scaling import BUSY_CORES, BusyCores
+from siglip_serve.serve.routes import ROUTES
+
+
+@serve.ingress()
+class IngressDeployment:
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: ModelInfo,
+                 text_encoder: DeploymentHandle | None = None, routes: Sequence[Route | Probe] = ()) -> None:
+        self.ingress = Ingress(encoder, config, replicas, model, text_encoder)
+        self.routes = (*ROUTES, *routes)
+        self._busy_cores = BusyCores()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return http_app(self.ingress, self.routes)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's controller gets for `ingress_autoscaling` (serve/ingress_scaling.py); Serve calls
+        this only on an autoscaled deployment."""
+        return {BUSY_CORES: self._busy_cores.read()}

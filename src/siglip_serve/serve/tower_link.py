@@ -1,0 +1,142 @@
+"""The ingress's link to each tower's deployment (image, text), built by one factory for any tower.
+
+A link is the tower's coalescing client (serve/encoder_client.py: its share of the calls in flight, sized from
+the tower's replicas and largest bucket), how many replicas the tower has and needs warm, and what its warm
+replicas published (serve/tower_replica.py `publish`, read from serve/registry.py): their count (readiness),
+their warm-up (which tunes the client's coalescing) and the tower's description (the text tower's logit scale
+and bias). `Towers` holds every link an ingress serves and reads the registry once for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle
+
+from siglip_serve.serve import registry
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.encoder_client import EncoderClient
+from siglip_serve.serve.tower_replica import max_ongoing
+
+# What an ingress reads the registry with: (application) -> every live replica's record.
+LiveReplicas = Callable[[str], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class TowerPlan:
+    """A tower's replicas (autoscaled: the most), the fewest that make it ready, and its largest bucket."""
+
+    replicas: int
+    min_ready: int
+    largest_bucket: int
+
+
+def tower_plan(tower: str, config: ServiceConfig, replicas: int) -> TowerPlan:
+    """`replicas`: the image tower's count (its max_replicas when autoscaled); the text tower's is its own."""
+    if tower == "text":
+        count = config.text_replica_count
+        return TowerPlan(count, min(config.min_ready_replicas, count), config.text_buckets[-1])
+    # Autoscaling: admission and the coalescing window are sized for the most replicas, so a queue forms
+    # that Serve's autoscaler sees; readiness asks for no more than the floor.
+    floor = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
+    return TowerPlan(replicas, min(config.min_ready_replicas, replicas, floor), config.max_batch_size)
+
+
+@dataclass
+class TowerLink:
+    """The ingress's side of one tower (not models/tower.py's Tower, which is the model itself)."""
+
+    tower: str
+    client: EncoderClient
+    plan: TowerPlan
+    live: int = 0
+    # Once `min_ready` replicas were warm: requests are accepted from then on; a replica that restarts
+    # later shows in the counts while the others keep serving.
+    accepting: bool = False
+    info: dict[str, Any] | None = None  # a warm replica's record: its description and warm-up
+
+    def observe(self, records: list[dict[str, Any]]) -> bool:
+        """Every live replica's record, as the registry has them now: True when enough of this tower's are warm."""
+        mine = [record for record in records if registry.record_tower(record) == self.tower]
+        self.live = len(mine)
+        ready = self.live >= self.plan.min_ready
+        if mine:
+            self.info = mine[0]
+        if ready:
+            self.client.tune(full_batch_seconds(mine, self.plan.largest_bucket))
+        self.accepting = self.accepting or ready
+        return ready
+
+    def counts(self) -> dict[str, int]:
+        return {"replicas": self.live, "replicas_expected": self.plan.replicas,
+                "replicas_min_ready": self.plan.min_ready}
+
+
+def tower_link(tower: str, handle: DeploymentHandle, config: ServiceConfig, replicas: int) -> TowerLink:
+    """The link to `tower`'s deployment, sized from its plan: the same for every tower."""
+    plan = tower_plan(tower, config, replicas)
+    client = EncoderClient(handle, plan.replicas, config.ingress_count, plan.largest_bucket, config.retry_after_s,
+                           max_in_flight=plan.replicas * max_ongoing(plan.largest_bucket),
+                           model_on_host_cores=config.model_on_host_cores, tower=tower,
+                           grpc=config.serve_throughput_mode)
+    return TowerLink(tower, client, plan)
+
+
+def full_batch_seconds(records: list[dict[str, Any]], largest_bucket: int) -> float | None:
+    """The slowest warm replica's forward time of its largest bucket, from its warm-up."""
+    times = [r.get("warmup_seconds", {}).get(str(largest_bucket)) for r in records]
+    known = [float(t) for t in times if t is not None]
+    return max(known) if known else None
+
+
+class Towers:
+    """Every tower this ingress serves, by name ("image" first), and their readiness."""
+
+    def __init__(self, links: dict[str, TowerLink], app_name: str,
+                 live_replicas: LiveReplicas = registry.live_replicas) -> None:
+        self.links = links
+        self.app_name = app_name
+        self._live_replicas = live_replicas
+        self._look: asyncio.Future[list[dict[str, Any]]] | None = None
+
+    def __getitem__(self, tower: str) -> TowerLink:
+        return self.links[tower]
+
+    def __contains__(self, tower: object) -> bool:
+        return tower in self.links
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.links)
+
+    def items(self) -> list[tuple[str, TowerLink]]:
+        return list(self.links.items())
+
+    def info(self, tower: str) -> dict[str, Any] | None:
+        """What a warm replica of `tower` published; None with the tower off or none warm yet."""
+        link = self.links.get(tower)
+        return link.info if link is not None else None
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        """Every live replica's record, read once for all who wait meanwhile: a burst on a fresh ingress must
+        not queue a GCS call per request."""
+        if self._look is None or self._look.done():
+            self._look = asyncio.ensure_future(asyncio.to_thread(self._live_replicas, self.app_name))
+        return await asyncio.shield(self._look)
+
+    def observe(self, records: list[dict[str, Any]]) -> bool:
+        """Every link observes the records; whether every tower has its `min_ready` replicas warm in them."""
+        return all([link.observe(records) for link in self.links.values()])
+
+    async def ready(self) -> bool:
+        """Whether every tower has its `min_ready` replicas warm now."""
+        return self.observe(await self.replicas())
+
+    async def accepting(self, tower: str) -> bool:
+        """Whether `tower` takes requests: once it was ready, for good."""
+        link = self.links[tower]
+        if not link.accepting:
+            await self.ready()
+        return link.accepting

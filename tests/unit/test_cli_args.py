@@ -8,17 +8,11 @@ import logging
 
 import pytest
 
+from siglip_serve.core.cli import SettingsError, key_value, run_main, settings_values
+from siglip_serve.core.errors import UserError
 from siglip_serve.launcher import cli
 from siglip_serve.measure import bench_cli, multicore
-from siglip_serve.models.cli_args import (
-    BACKEND_OPTIONS,
-    MODEL_OPTIONS,
-    SettingsError,
-    UserError,
-    key_value,
-    run_main,
-    settings_values,
-)
+from siglip_serve.models.cli_args import BACKEND_OPTIONS, MODEL_OPTIONS
 from siglip_serve.models.neuron import cli as compile_cli
 from siglip_serve.models.neuron import trace as neuron_compile
 from siglip_serve.models.settings import BACKENDS, ModelSettings

@@ -6,15 +6,8 @@ import argparse
 import logging
 import sys
 
-from siglip_serve.models.cli_args import (
-    add_log_level,
-    add_model_arguments,
-    key_value,
-    model_values,
-    run_main,
-    settings_values,
-    setup_logging,
-)
+from siglip_serve.core.cli import add_log_level, key_value, run_main, settings_values, setup_logging
+from siglip_serve.models.cli_args import add_model_arguments, model_values
 
 log = logging.getLogger("siglip_serve.bulk")
 

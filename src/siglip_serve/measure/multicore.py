@@ -32,20 +32,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from siglip_serve.core.cli import SettingsError, add_log_level, run_main, setup_logging
 from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
+from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import Machine, MulticoreResult, MulticoreWorker
 from siglip_serve.measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, seed_rows_for
-from siglip_serve.models.cli_args import (
-    SettingsError,
-    UserError,
-    add_log_level,
-    add_model_arguments,
-    model_settings_of,
-    run_main,
-    settings_from_args,
-    setup_logging,
-    validate_settings,
-)
+from siglip_serve.models.cli_args import add_model_arguments, model_settings_of, settings_from_args, validate_settings
 from siglip_serve.models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.multicore")

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.core.cli import key_value, settings_values, setup_logging
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure import plots
 from siglip_serve.measure.bound import judge
@@ -36,7 +37,6 @@ from siglip_serve.measure.results import (
     SingleCore,
 )
 from siglip_serve.measure.seed import SeedRow, multicore_seed_by_lnc
-from siglip_serve.models.cli_args import key_value, settings_values, setup_logging
 
 log = logging.getLogger("siglip_serve.report")
 

@@ -26,16 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from siglip_serve.models.cli_args import (
-    SettingsError,
-    UserError,
-    add_log_level,
-    key_value,
-    run_main,
-    settings_values,
-    setup_logging,
-    validate_settings,
-)
+from siglip_serve.core.cli import SettingsError, add_log_level, key_value, run_main, settings_values, setup_logging
+from siglip_serve.core.errors import UserError
+from siglip_serve.models.cli_args import validate_settings
 from siglip_serve.models.encoder import Encoder, create_encoder
 from siglip_serve.models.settings import ModelSettings
 

@@ -65,9 +65,10 @@ def test_every_settings_field_is_described() -> None:
 
 
 def test_backend_registry_reads_the_one_list() -> None:
-    from siglip_serve.models.encoder import _BACKEND_MODULES, backend_names
+    from siglip_serve.models.backends.builtin import BUILTIN
+    from siglip_serve.models.backends.registry import names
 
-    assert tuple(_BACKEND_MODULES) == BACKENDS and set(BACKENDS) <= set(backend_names())
+    assert tuple(record.name for record in BUILTIN) == BACKENDS and set(BACKENDS) <= set(names())
 
 
 def test_run_flags_reach_the_service_config(tmp_path) -> None:

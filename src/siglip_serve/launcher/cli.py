@@ -166,7 +166,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
     """Checks that need the config, then the service; exits the process when it stops."""
     config = service_config(args, os.environ)
     from siglip_serve.launcher.runner import run_service
-    from siglip_serve.models.encoder import check_backend_available
+    from siglip_serve.models.backends.registry import check_backend_available
     from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
 
     # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now,

@@ -29,9 +29,9 @@ from siglip_serve.models.neuron.env import (
     installed_versions,
     sdk_tag,
 )
-from siglip_serve.models.settings import NEURON_BACKENDS
 
-LINES = NEURON_BACKENDS
+# The two Neuron lines this command compiles for (their backends' names), the trace line first: the default.
+LINES = ("neuron", "neuron-native")
 DEFAULT_CACHE_ROOT = Path("artifacts")
 log = logging.getLogger("siglip_serve.compile")
 

@@ -92,9 +92,10 @@ def require_tower(name: str, tower: str) -> BackendRecord:
     record = backend_record(name)
     if not record.builds(tower):
         others = [n for n in names() if backend_record(n).builds(tower)]
+        choice = f"{', '.join(others[:-1])} or {others[-1]}" if len(others) > 1 else "".join(others) or "no backend"
         raise BackendUnavailable(f"the {name!r} backend has no {tower} tower; "
                                  + ("set text_replicas: 0, or serve text " if tower == TEXT else "serve it ")
-                                 + f"from {', '.join(others[:-1])} or {others[-1]}")
+                                 + f"from {choice}")
     return record
 
 

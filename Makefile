@@ -26,10 +26,11 @@ serve: $(STAMP)
 	$(BIN)/siglip-serve run --backend $(BACKEND) --model $(MODEL) $(if $(filter tiny-siglip,$(MODEL)),,$(WEIGHTS)) \
 		--replicas $(REPLICAS) --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
 
-# Lint, import cycles and types first (seconds), then the suite (minutes). Settings: pyproject.toml.
+# Lint, import cycles, layers and types first (seconds), then the suite (minutes). Settings: pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python tools/import_cycles.py src/siglip_serve
+	$(BIN)/python tools/layers.py src/siglip_serve
 	$(BIN)/mypy
 
 test: lint

@@ -15,7 +15,17 @@ import numpy as np
 import pytest
 
 from siglip_serve.launcher.preflight import free_port
-from tests.helpers import API_KEY, DEPLOYED, TEST_NEURON_CORES, ServeCluster, TinyReference, deploy, jpeg_bytes
+from tests.helpers import (
+    API_KEY,
+    DEPLOYED,
+    TEST_DEVICE,
+    TEST_DEVICES,
+    TEST_NEURON_CORES,
+    ServeCluster,
+    TinyReference,
+    deploy,
+    jpeg_bytes,
+)
 
 # Tests pin their own Ray: loopback, no token prompts, no usage reporting.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -110,8 +120,8 @@ def tiny_reference() -> TinyReference:
 
 @pytest.fixture(scope="session")
 def serve_cluster() -> Iterator[ServeCluster]:
-    """A local Ray (16 logical CPUs, 4 declared neuron_cores) with Serve's front end on a free port:
-    the default HAProxy one, or Serve's proxy actor with SIGLIP_TEST_FRONT_END=python."""
+    """A local Ray (16 logical CPUs, 4 declared neuron_cores, 2 of a test-only device) with Serve's front
+    end on a free port: the default HAProxy one, or Serve's proxy actor with SIGLIP_TEST_FRONT_END=python."""
     import ray
     from ray import serve
 
@@ -130,7 +140,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     metrics_port = free_port()
     ray.init(
         num_cpus=16,
-        resources={"neuron_cores": TEST_NEURON_CORES},
+        resources={"neuron_cores": TEST_NEURON_CORES, TEST_DEVICE: TEST_DEVICES},
         _node_ip_address="127.0.0.1",
         include_dashboard=False,
         namespace="siglip-serve-tests",

@@ -40,6 +40,10 @@ PLACEHOLDER = DOUBLES / "placeholder"
 
 # Logical NeuronCores declared by the test cluster (no Trainium here: it is a plain Ray resource).
 TEST_NEURON_CORES = 4
+# A custom Ray resource the test cluster declares for backends the tests register themselves
+# (tests/integration/test_backend_seam.py): no real device stands behind it.
+TEST_DEVICE = "siglip_test_device"
+TEST_DEVICES = 2
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -9,7 +9,7 @@ import torch
 
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.cuda import choose_autocast_dtype
-from siglip_serve.models.encoder import check_backend_available, create_encoder
+from siglip_serve.models.backends.registry import check_backend_available, create_encoder
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings
 
@@ -64,5 +64,19 @@ def test_cuda_graphs_give_the_same_embeddings() -> None:
     graphed = create_encoder(tiny(cuda_graphs=True))
     assert graphed.describe()["cuda_graphs"] == [1, 2, 4]
     first, second = graphed.encode(images), graphed.encode(images[::-1].copy())
+    np.testing.assert_allclose(first, eager, atol=1e-3)
+    np.testing.assert_allclose(second, eager[::-1], atol=1e-3)  # replays see new inputs, not stale ones
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_give_the_same_text_embeddings() -> None:
+    """The text tower gets the backend's graphs too (one runner for both towers)."""
+    from siglip_serve.models.backends.registry import create_text_encoder
+
+    texts = [f"a photo of a {word}" for word in ("cat", "dog", "car", "tree", "boat", "rocket", "cup")]
+    eager = create_text_encoder(tiny(text_buckets=(1, 2, 4))).encode(texts)
+    graphed = create_text_encoder(tiny(cuda_graphs=True, text_buckets=(1, 2, 4)))
+    assert graphed.describe()["cuda_graphs"] == [1, 2, 4] and graphed.static_shapes
+    first, second = graphed.encode(texts), graphed.encode(texts[::-1])
     np.testing.assert_allclose(first, eager, atol=1e-3)
     np.testing.assert_allclose(second, eager[::-1], atol=1e-3)  # replays see new inputs, not stale ones

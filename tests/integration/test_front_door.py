@@ -339,9 +339,12 @@ def stalled_reply(port: int, sent: bytes) -> tuple[bytes, float]:
         began = time.monotonic()
         reply = sock.recv(65536)
         seconds = time.monotonic() - began
-        if reply.startswith(b"HTTP/1.1 408"):  # answered with Connection: close: read the body to the end
-            while chunk := sock.recv(65536):
-                reply += chunk
+        while b"\r\n\r\n" not in reply and (chunk := sock.recv(65536)):  # the whole answer, by its length
+            reply += chunk
+        head = reply.split(b"\r\n\r\n", 1)[0].lower()
+        length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0]) if b"content-length:" in head else 0
+        while len(reply) < len(head) + 4 + length and (chunk := sock.recv(65536)):
+            reply += chunk
         return reply, seconds
 
 

@@ -13,7 +13,8 @@ import torch
 
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.neuron_native import load_native_text_encoder
-from siglip_serve.models.encoder import check_text_artifact, create_text_encoder
+from siglip_serve.models.backends.record import TEXT
+from siglip_serve.models.backends.registry import check_tower, create_text_encoder
 from siglip_serve.models.neuron.manifest import ArtifactError
 from siglip_serve.models.neuron.runtime import read_native_manifest
 from tests.doubles.torchneuron_runtime import RecordingRuntime
@@ -78,12 +79,12 @@ def test_an_image_only_artifact_is_refused_before_any_text_replica_starts(
 def test_text_buckets_the_artifact_lacks_are_refused(text_artifact: tuple[Path, RecordingRuntime]) -> None:
     artifact, _ = text_artifact
     with pytest.raises(ArtifactError, match=r"text buckets \[8\] are not in artifact .*--text-buckets 1,8"):
-        check_text_artifact(tiny_settings(backend="neuron-native", artifact_dir=artifact, text_buckets=(1, 8)))
+        check_tower(tiny_settings(backend="neuron-native", artifact_dir=artifact, text_buckets=(1, 8)), TEXT)
 
 
 def test_a_backend_without_a_text_tower_is_refused_in_one_line() -> None:
-    from siglip_serve.models.encoder import text_backend
+    from siglip_serve.models.backends.registry import require_tower
     from siglip_serve.models.settings import NO_MODEL_BACKEND
 
     with pytest.raises(BackendUnavailable, match=f"the '{NO_MODEL_BACKEND}' backend has no text tower"):
-        text_backend(NO_MODEL_BACKEND)
+        require_tower(NO_MODEL_BACKEND, TEXT)

@@ -19,9 +19,8 @@ CHECK = """
 import importlib.util, numpy as np
 from pathlib import Path
 import siglip_serve.models as models, siglip_serve.serve
-from siglip_serve.models.encoder import create_encoder
+from siglip_serve.models.backends.registry import create_encoder, create_text_encoder
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.encoder import create_text_encoder
 assert Path(models.__file__).is_relative_to(Path(__import__("sys").prefix)), models.__file__
 # Nothing generic at the top level of site-packages (the run's cwd is outside the checkout).
 assert all(importlib.util.find_spec(name) is None

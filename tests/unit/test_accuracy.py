@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from siglip_serve.__main__ import main as siglip_serve
+from siglip_serve.core.cli import SettingsError
 from siglip_serve.models.accuracy import compare_embeddings, parse_spec
-from siglip_serve.models.cli_args import SettingsError
 
 
 @pytest.fixture(scope="module")

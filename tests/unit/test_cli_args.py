@@ -8,17 +8,11 @@ import logging
 
 import pytest
 
+from siglip_serve.core.cli import SettingsError, key_value, run_main, settings_values
+from siglip_serve.core.errors import UserError
 from siglip_serve.launcher import cli
 from siglip_serve.measure import bench_cli, multicore
-from siglip_serve.models.cli_args import (
-    BACKEND_OPTIONS,
-    MODEL_OPTIONS,
-    SettingsError,
-    UserError,
-    key_value,
-    run_main,
-    settings_values,
-)
+from siglip_serve.models.cli_args import BACKEND_OPTIONS, MODEL_OPTIONS
 from siglip_serve.models.neuron import cli as compile_cli
 from siglip_serve.models.neuron import trace as neuron_compile
 from siglip_serve.models.settings import BACKENDS, ModelSettings
@@ -71,9 +65,10 @@ def test_every_settings_field_is_described() -> None:
 
 
 def test_backend_registry_reads_the_one_list() -> None:
-    from siglip_serve.models.encoder import _BACKEND_MODULES, backend_names
+    from siglip_serve.models.backends.builtin import BUILTIN
+    from siglip_serve.models.backends.registry import names
 
-    assert tuple(_BACKEND_MODULES) == BACKENDS and set(BACKENDS) <= set(backend_names())
+    assert tuple(record.name for record in BUILTIN) == BACKENDS and set(BACKENDS) <= set(names())
 
 
 def test_run_flags_reach_the_service_config(tmp_path) -> None:

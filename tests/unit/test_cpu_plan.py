@@ -149,6 +149,6 @@ def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -
     before = torch.get_num_threads()
     try:
         replica = TextEncoderReplica(ServiceConfig(model="tiny-siglip", random_weights=True, text_num_cpus=2))
-        assert isinstance(replica.encoder, TextEncoder) and replica.encoder.threads == 2
+        assert isinstance(replica.encoder, TextEncoder) and replica.encoder.runner.threads == 2
     finally:
         torch.set_num_threads(before)

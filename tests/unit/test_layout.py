@@ -1,7 +1,7 @@
 """The package's layout is its architecture: one `siglip_serve` under src/, packages that import each
-other in one direction only (tools/import_cycles.py, run by `make lint`), and no module that imports a
-package of the project by a bare name (`from models...` would run from a checkout and fail from the
-wheel, or load a second copy of a module beside the first)."""
+other in one direction only (tools/import_cycles.py, and the layer rows of tools/layers.py, both run by
+`make lint`), and no module that imports a package of the project by a bare name (`from models...`
+would run from a checkout and fail from the wheel, or load a second copy of a module beside the first)."""
 
 from __future__ import annotations
 
@@ -10,27 +10,39 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO, SRC
 
 PACKAGES = ("core", "models", "serve", "launcher", "loadtest", "measure", "kernels", "bulk")
-# Which packages each one may import (besides itself): the architecture's rows, lowest first.
-MAY_IMPORT = {
-    "core": set(),
-    "models": {"core"},
-    "serve": {"core", "models"},
-    "launcher": {"core", "models", "serve"},
-    "bulk": {"core", "models", "serve", "measure"},  # its run summary is a measure result (BulkResult)
-    "kernels": {"core", "models"},
-}
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def checker():
-    spec = importlib.util.spec_from_file_location("import_cycles", REPO / "tools" / "import_cycles.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("import_cycles", module)
-    spec.loader.exec_module(module)
-    return module
+    return _tool("import_cycles")
+
+
+def layers():
+    return _tool("layers")
+
+
+def package_rows() -> dict[str, set[str]]:
+    """The layer rows (tools/layers.py) seen from the top-level packages: what each, its sub-packages
+    included, may import of the others."""
+    rows: dict[str, set[str]] = {}
+    for unit, allowed in layers().MAY_IMPORT.items():
+        if unit:
+            top = unit.split(".")[0]
+            rows.setdefault(top, set()).update(a.split(".")[0] for a in allowed if a.split(".")[0] != top)
+    return rows
 
 
 def bare_imports(path: Path) -> list[str]:
@@ -59,9 +71,54 @@ def test_each_package_imports_only_the_rows_below_it() -> None:
     packages = tool.package_graph(tool.graph(SRC))
     short = {name.removeprefix("siglip_serve."): {t.removeprefix("siglip_serve.") for t in targets}
              for name, targets in packages.items()}
+    MAY_IMPORT = package_rows()
+    assert set(MAY_IMPORT) == set(PACKAGES)  # a row for every package
     for package, allowed in MAY_IMPORT.items():
         assert short[package] <= allowed, (package, short[package] - allowed)
     assert tool.main([str(SRC)]) == 0
+    assert layers().main([str(SRC)]) == 0
+    assert "tools/layers.py src/siglip_serve" in (REPO / "Makefile").read_text()  # `make lint` runs it
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A small siglip_serve whose imports all point down the rows, with `files` written over it."""
+    package = tmp_path / "siglip_serve"
+    for folder in ("", "core", "models", "models/neuron", "models/backends", "serve", "launcher"):
+        (package / folder).mkdir(parents=True, exist_ok=True)
+        (package / folder / "__init__.py").write_text("")
+    downward = {"launcher/cli.py": "from siglip_serve.serve import app\n",
+                "serve/app.py": "from siglip_serve.models.backends import cpu\n",
+                "models/backends/cpu.py": "from siglip_serve.models.neuron import line\n",
+                "models/neuron/line.py": "from siglip_serve.core import low\n", "core/low.py": ""}
+    for name, text in {**downward, **files}.items():
+        (package / name).write_text(text)
+    return package
+
+
+def test_downward_imports_pass_the_layer_lint(tmp_path: Path) -> None:
+    assert layers().main([str(_tree(tmp_path, {}))]) == 0
+
+
+@pytest.mark.parametrize("name, text, row", [
+    ("core/low.py", "from siglip_serve.serve import app\n", "core may import only nothing of the project"),
+    # lazily, from one sub-package of models into another above it
+    ("models/neuron/line.py", "def later():\n    from siglip_serve.models.backends import cpu\n",
+     "models.neuron may import only core, models"),
+    ("serve/app.py", "import siglip_serve.launcher.cli\n", "serve may import only core, models, models.backends"),
+])
+def test_an_upward_import_fails_the_layer_lint(tmp_path: Path, name: str, text: str, row: str) -> None:
+    tool = layers()
+    package = _tree(tmp_path, {name: text})
+    found = tool.violations(checker().graph(package), tool.packages_in(package))
+    assert len(found) == 1 and row in found[0], found
+    assert tool.main([str(package)]) == 1
+
+
+def test_a_package_without_a_row_fails_the_layer_lint(tmp_path: Path) -> None:
+    package = _tree(tmp_path, {})
+    (package / "plugins").mkdir()
+    (package / "plugins" / "__init__.py").write_text("")
+    assert layers().main([str(package)]) == 1
 
 
 def test_the_cycle_check_sees_lazy_imports_and_skips_type_checking_ones(tmp_path: Path) -> None:

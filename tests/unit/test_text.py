@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from siglip_serve.models.encoder import create_text_encoder
+from siglip_serve.models.backends.registry import create_encoder, create_text_encoder
 from siglip_serve.models.loading import ModelLoadError, load_embedder, open_clip_module
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, load_text_tower
@@ -97,12 +97,26 @@ def test_zero_shot_probabilities_match_open_clip(photos: list[np.ndarray]) -> No
 
 def test_batches_pad_to_buckets_and_split_past_the_largest() -> None:
     encoder = create_text_encoder(ModelSettings(model="tiny-siglip", torch_threads=1, text_buckets=(1, 4)))
+    encoder.static_shapes = True  # as a compiled runner (Neuron, CUDA graphs) runs it; the CPU's runs real sizes
     texts = [f"photo {i}" for i in range(7)]
     together = encoder.encode(texts)
     assert encoder.forward_counts == {1: 0, 4: 2}
     alone = np.concatenate([encoder.encode([t]) for t in texts])
     np.testing.assert_allclose(together, alone, atol=1e-5)  # padding rows never leak into real ones
     assert encoder.forward_counts[1] == 7
+
+
+def test_both_towers_run_as_their_backends_runner_runs_them() -> None:
+    """One runner per backend: the CPU's runs each tower's batches at their real size (the image tower's
+    did, the text tower's padded to its buckets); describe() shows the same runner facts for both."""
+    settings = ModelSettings(model="tiny-siglip", torch_threads=1, buckets=(1, 4), text_buckets=(1, 4))
+    text, image = create_text_encoder(settings), create_encoder(settings)
+    assert text.static_shapes is False and image.static_shapes is False
+    seen: list[tuple[int, int]] = []
+    text.encode([f"photo {i}" for i in range(7)], lambda size, n, seconds: seen.append((size, n)))
+    assert seen == [(4, 4), (3, 3)] and text.forward_counts[3] == 1
+    assert type(text.runner) is type(image.runner)
+    assert text.describe()["torch_threads"] == image.describe()["torch_threads"] == 1
 
 
 def test_forced_checkpoint_and_a_tokenizer_built_here(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ import pytest
 from ray._private.accelerators.neuron import NeuronAcceleratorManager
 from ray._private.resource_and_label_spec import ResourceAndLabelSpec
 
+from siglip_serve.core.cli import run_main
 from siglip_serve.core.constants import expand_visible_cores
 from siglip_serve.launcher import cli
 from siglip_serve.launcher.preflight import VisibleCoresRefused, ray_visible_cores
-from siglip_serve.models.cli_args import run_main
 
 
 def _ray_accepts(monkeypatch: pytest.MonkeyPatch, value: str, neuron_cores: int) -> list[str]:

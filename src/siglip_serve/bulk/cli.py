@@ -6,15 +6,8 @@ import argparse
 import logging
 import sys
 
-from siglip_serve.models.cli_args import (
-    add_log_level,
-    add_model_arguments,
-    key_value,
-    model_values,
-    run_main,
-    settings_values,
-    setup_logging,
-)
+from siglip_serve.core.cli import add_log_level, key_value, run_main, settings_values, setup_logging
+from siglip_serve.models.cli_args import add_model_arguments, model_values
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -64,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _embed(args: argparse.Namespace) -> int:
     from siglip_serve.bulk.job import JobSpec, Modality, run_job
-    from siglip_serve.models.encoder import check_backend_available
+    from siglip_serve.models.backends.registry import check_backend_available
     from siglip_serve.serve.config import ServiceConfig
 
     config = ServiceConfig.from_args({**model_values(args), **settings_values(args.set), "log_level": args.log_level})

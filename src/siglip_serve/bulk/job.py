@@ -29,6 +29,7 @@ from siglip_serve.bulk.repeats import DEFAULT_MIB, start_record
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import BulkResult, Machine, SteadyState
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
+from siglip_serve.serve import placement
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embedding_output import encode_rows
 
@@ -90,33 +91,30 @@ class Plan:
 
 
 def plan_workers(config: ServiceConfig, spec: JobSpec, cluster: Mapping[str, float]) -> Plan:
-    """One encoder per device the Ray cluster declares (GPUs; logical NeuronCores, which Ray pins each
-    actor to through NEURON_RT_VISIBLE_CORES), one on cpu; the decoders take the CPUs left."""
-    options: dict[str, Any] = {"num_cpus": 1}
-    if config.backend == "cuda":
-        encoders = spec.encoders or int(cluster.get("GPU", 0))
-        options["num_gpus"] = 1
-    elif config.cores_per_replica:
-        encoders = spec.encoders or int(cluster.get("neuron_cores", 0)) // config.cores_per_replica
-        options["resources"] = {"neuron_cores": config.cores_per_replica}
-    else:
-        encoders = spec.encoders or 1
+    """One encoder per device the Ray cluster declares (the backend's resource, serve/placement.py: GPUs;
+    logical NeuronCores, which Ray pins each actor to through NEURON_RT_VISIBLE_CORES), one where the
+    model runs on the host's cores; each asks what a served image replica asks. The decoders take the
+    CPUs left."""
+    asks = placement.plan(config)
+    device = asks.device
+    encoders = spec.encoders or (asks.image_replicas_on(cluster.get(device, 0)) if device else 1)
     if encoders < 1:
-        raise PlanError(f"the Ray cluster declares no {'GPU' if config.backend == 'cuda' else 'neuron_cores'} "
-                        f"for backend {config.backend}; start Ray with them or name --encoders")
+        raise PlanError(f"the Ray cluster declares no {device} for backend {config.backend}; start Ray with them "
+                        f"({placement.declare_hint(device or '')}) or name --encoders")
     decode = spec.decode_workers or max(1, int(cluster.get("CPU", 1)) - encoders)
-    return Plan(encoders, decode, options)
+    return Plan(encoders, decode, asks.image.actor_options())
 
 
 def local_cpus(config: ServiceConfig, spec: JobSpec, cores: int) -> int:
-    """Logical CPUs a local Ray declares: a decoder per core, and on cpu one more for each encoder.
+    """Logical CPUs a local Ray declares: a decoder per core, and where the model runs on the host's
+    cores one more for each encoder.
 
-    On cpu the encoder's torch threads share the cores with the decoders on purpose: measured here
+    There the encoder's torch threads share the cores with the decoders on purpose: measured here
     (tiny-siglip, 2 cores, 4,000 640x480 JPEGs, steady part) 1 decoder beside a 1-thread encoder gave
     229 img/s at 5.3 CPU-ms per image, 2 decoders beside a 2-thread encoder 537 at 3.3; a large model
     keeps every core busy with its own threads and the decoders take little."""
     encoders = spec.encoders or 1
-    extra = encoders if config.backend == "cpu" else 0
+    extra = encoders if config.model_on_host_cores else 0
     return max(cores + extra, (spec.decode_workers or 0) + encoders)
 
 
@@ -204,7 +202,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     import ray.data
 
     from siglip_serve.bulk.stages import ImageEmbedActor, TextEmbedActor, check_texts, decode_batch
-    from siglip_serve.models.encoder import backend_replica_env
+    from siglip_serve.models.backends.registry import backend_replica_env
     from siglip_serve.models.loading import model_geometry
 
     settings = config.model_settings()

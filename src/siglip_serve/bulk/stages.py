@@ -216,7 +216,7 @@ class ImageEmbedActor(_Embedder):
     """One image tower on one device (a logical NeuronCore, a GPU, a CPU share): the service's encoder."""
 
     def __init__(self, settings: ModelSettings, record: Record | None = None) -> None:
-        from siglip_serve.models.encoder import create_encoder
+        from siglip_serve.models.backends.registry import create_encoder
 
         super().__init__("image", create_encoder(settings), record)
 
@@ -228,7 +228,7 @@ class TextEmbedActor(_Embedder):
     """One text tower: the service's text encoder (tokenizer and buckets included)."""
 
     def __init__(self, settings: ModelSettings) -> None:
-        from siglip_serve.models.encoder import create_text_encoder
+        from siglip_serve.models.backends.registry import create_text_encoder
 
         super().__init__("text", create_text_encoder(settings))
 

@@ -10,6 +10,12 @@ from collections.abc import Mapping
 # replica from its neuron_cores resource).
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+# Ray's resource for a logical NeuronCore (ray/_private/accelerators/neuron.py, get_resource_name), which
+# `neuron_cores_per_replica` asks for and `replicas: auto` counts.
+NEURON_CORES = "neuron_cores"
+# The GPUs a process may use; Ray sets it per replica from its GPU resource (ray/_private/accelerators/
+# nvidia_gpu.py, get_visible_accelerator_ids_env_var).
+CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 # The Neuron docs (Logical NeuronCore configuration): "LNC can only be set to 1 or 2 ... On Trn2, each
 # chip has 8 physical NeuronCores. With LNC=2 (default), these are grouped into 4 Logical NeuronCores."
 # LNC applies only to Trn2/Trn3; every other target runs one physical core per logical.
@@ -31,6 +37,10 @@ DMA_TRANSPOSE_AS_PE_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
 # builder among them, inherit the raylet's environment. Either one present: the cluster is KubeRay's,
 # whose workers register after the head (and after Serve's config is submitted: serve/cluster_fit.py).
 KUBERAY_ENV = ("RAY_CLUSTER_NAME", "KUBERAY_GEN_RAY_START_CMD")
+
+# Backends registered at run time (models/backends/registry.py `register`, e.g. by a test), as a JSON list
+# of their records: every process of the app gets it, so a replica finds a backend its driver registered.
+EXTRA_BACKENDS_ENV = "SIGLIP_SERVE_EXTRA_BACKENDS"
 
 # The API key the ingress requires when the config names neither api_key nor api_key_file; `siglip-serve
 # run` takes the key from here or from --api-key-file, never from its command line (launcher/cli.py).

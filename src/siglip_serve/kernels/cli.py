@@ -13,8 +13,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from siglip_serve.core.cli import run_main, setup_logging
 from siglip_serve.kernels.errors import KernelInputError, KernelUnavailable
-from siglip_serve.models.cli_args import run_main, setup_logging
 
 log = logging.getLogger("siglip_serve.kernels")
 

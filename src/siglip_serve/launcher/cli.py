@@ -10,20 +10,19 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from siglip_serve.core.constants import API_KEY_ENV
-from siglip_serve.launcher.haproxy_front import DEFAULT_METRICS_PORT, FRONT_ENDS
-from siglip_serve.models.cli_args import (
+from siglip_serve.core.cli import (
     add_field_arguments,
     add_log_level,
-    add_model_arguments,
     fields_help,
     key_value,
-    model_values,
     option_values,
     run_main,
     settings_values,
     setup_logging,
 )
+from siglip_serve.core.constants import API_KEY_ENV
+from siglip_serve.launcher.haproxy_front import DEFAULT_METRICS_PORT, FRONT_ENDS
+from siglip_serve.models.cli_args import add_model_arguments, model_values
 
 if TYPE_CHECKING:  # imported where used, as everywhere in this module
     from siglip_serve.serve.config import ServiceConfig
@@ -167,7 +166,7 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
     """Checks that need the config, then the service; exits the process when it stops."""
     config = service_config(args, os.environ)
     from siglip_serve.launcher.runner import run_service
-    from siglip_serve.models.encoder import check_backend_available
+    from siglip_serve.models.backends.registry import check_backend_available
     from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
 
     # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now,

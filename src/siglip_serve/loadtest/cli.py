@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import psutil
 
+from siglip_serve.core.cli import key_value, run_main, setup_logging
 from siglip_serve.core.errors import UserError
 from siglip_serve.core.poll import poll
 from siglip_serve.loadtest.options import OPTIONS, STEP_OPTIONS, add_options, locust_arguments, parse_duration
@@ -31,7 +32,6 @@ from siglip_serve.loadtest.summary import EXIT_ERROR, build_summary, format_summ
 from siglip_serve.measure.corpus import CorpusError, image_files
 from siglip_serve.measure.results import RunResults
 from siglip_serve.measure.server_cpu import ServerCpu
-from siglip_serve.models.cli_args import key_value, run_main, setup_logging
 
 log = logging.getLogger("siglip_loadtest")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness poll and scrape is noise

@@ -37,7 +37,7 @@ def machine() -> Machine:
 
 
 def bench_encoder(config: ServiceConfig, warmup: int, iterations: int) -> list[EncoderRow]:
-    from siglip_serve.models.encoder import create_encoder
+    from siglip_serve.models.backends.registry import create_encoder
 
     encoder = create_encoder(config.model_settings())
     height, width = encoder.image_size
@@ -105,7 +105,7 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         setting = served_config.replica_setting  # neuron's 'auto' is counted once Ray is up
         result.replicas = setting if isinstance(setting, int) else None
         shape = f"{setting} encoder replica(s)"
-        if config.backend == "cpu":
+        if config.model_on_host_cores:
             result.torch_threads = encoder_torch_threads(served_config, result.replicas or 1) or usable_cpus()
             shape += f" x {result.torch_threads} torch thread(s)"
         endpoint = args.endpoint or ("raw" if args.images_per_request == 1 else "multipart")
@@ -149,7 +149,7 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         print(f"\nserved / bare (saturation): {served:.1f} / {bare:.1f} = {served / bare:.3f}")
         if result.host_ceiling is not None:
             # Each replica has a device of its own on an accelerator; on cpu they share the one host.
-            device = bare * (result.replicas or 1 if config.backend != "cpu" else 1)
+            device = bare * (result.replicas or 1 if not config.model_on_host_cores else 1)
             result.bound = judge(result.host_ceiling.images_per_second, device, served)
             print(f"{result.bound.verdict}: {result.bound.explanation}")
     result.write(args.json_out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from siglip_serve.core import cli
 from siglip_serve.launcher.cli import add_front_end_option
 from siglip_serve.measure.corpus import ENDPOINTS
 from siglip_serve.models import cli_args
@@ -17,13 +18,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = argparse.ArgumentParser(prog="siglip-serve bench",
                                     description="bare-encoder, preprocessing and served throughput; table + JSON")
-    cli_args.add_log_level(bench)
+    cli.add_log_level(bench)
     cli_args.add_model_arguments(bench)
     bench.add_argument("--warmup", type=int, default=10)
     bench.add_argument("--iterations", type=int, default=50)
     bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
     bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
-    cli_args.add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
+    cli.add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
     bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: images in each request")
     bench.add_argument("--multicore", type=int, default=0, metavar="N",
                        help="also run seed 000's multi-core bench: N pinned workers, summed (neuron: N logical cores)")
@@ -38,14 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "measured rows (DIR/<kind>-<pid>.svg; needs py-spy)")
     bench.add_argument("--profile-seconds", type=float, default=10.0, help="how long --profile records")
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
-    bench.add_argument("--set", action="append", default=[], type=cli_args.key_value, metavar="KEY=VALUE")
+    bench.add_argument("--set", action="append", default=[], type=cli.key_value, metavar="KEY=VALUE")
     add_front_end_option(bench)
     return bench
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cli_args.setup_logging(args.log_level)
+    cli.setup_logging(args.log_level)
 
     def bench() -> int:
         from siglip_serve.measure.bench import run_bench
@@ -57,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             py_spy()
             if "served" in args.skip:
                 raise ProfileRefused("--profile records the served part; it is skipped (--skip served)")
-        settings = {**cli_args.model_values(args), **cli_args.settings_values(args.set),
-                    **cli_args.option_values(args, ("replicas",))}
+        settings = {**cli_args.model_values(args), **cli.settings_values(args.set),
+                    **cli.option_values(args, ("replicas",))}
         return run_bench(ServiceConfig.from_args(settings), args)
 
-    return cli_args.run_main(bench, log)
+    return cli.run_main(bench, log)

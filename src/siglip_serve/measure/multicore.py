@@ -1,11 +1,12 @@
 """Seed 000's multi-core benchmark: one worker process per logical core, all at once, summed.
 
-Each worker is pinned with NEURON_RT_VISIBLE_CORES=<i> (and NEURON_LOGICAL_NC_CONFIG = the
-artifact's LNC), loads the bare encoder for one bucket, warms up, waits until every worker is
-ready, then times `iterations` calls of `Encoder.encode` on one batch. Instance throughput is the
-sum of the workers' img/s (the seed's method); the wall-clock figure (all images over the span from
-the first start to the last end) is reported beside it. On the cpu backend each worker runs
-torch with one thread, so N workers use N cores.
+Each worker is pinned to device <i> by its backend's visible-devices variable (NEURON_RT_VISIBLE_CORES,
+CUDA_VISIBLE_DEVICES: serve/placement.py) and, for a compiled artifact, NEURON_LOGICAL_NC_CONFIG = its
+LNC; it loads the bare encoder for one bucket, warms up, waits until every worker is ready, then
+times `iterations` calls of `Encoder.encode` on one batch. Instance throughput is the sum of the
+workers' img/s (the seed's method); the wall-clock figure (all images over the span from the first
+start to the last end) is reported beside it. Where the model runs on the host's cores (cpu) each
+worker runs torch with one thread, so N workers use N cores.
 
 Writes a MulticoreResult (measure/results.py) with the seed's rows (measure/seed.py) beside it.
 
@@ -28,25 +29,20 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
+from siglip_serve.core.cli import SettingsError, add_log_level, run_main, setup_logging
+from siglip_serve.core.constants import LNC_ENV
+from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import Machine, MulticoreResult, MulticoreWorker
-from siglip_serve.measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, seed_rows_for
-from siglip_serve.models.cli_args import (
-    SettingsError,
-    UserError,
-    add_log_level,
-    add_model_arguments,
-    model_settings_of,
-    run_main,
-    settings_from_args,
-    setup_logging,
-    validate_settings,
-)
+from siglip_serve.measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, measured_like_the_seed, seed_rows_for
+from siglip_serve.models.cli_args import add_model_arguments, model_settings_of, settings_from_args, validate_settings
 from siglip_serve.models.settings import ModelSettings
+
+if TYPE_CHECKING:  # the workers never plan
+    from siglip_serve.serve.placement import Plan
 
 log = logging.getLogger("siglip_serve.multicore")
 
@@ -61,11 +57,13 @@ def _emit(kind: str, payload: dict[str, Any]) -> None:
 
 def _worker() -> int:
     """One pinned worker: load, warm up, report READY, wait for GO, time, report RESULT."""
-    from siglip_serve.models.encoder import create_encoder
+    from siglip_serve.models.backends.registry import backend_record, create_encoder
 
     spec = json.loads(os.environ[WORKER_SPEC_ENV])
     settings = ModelSettings.model_validate(spec["settings"])
-    bucket, core = int(spec["bucket"]), os.environ.get(VISIBLE_CORES_ENV)
+    # The device it was pinned to; where the backend names none, its index among the workers.
+    variable = backend_record(settings.backend).visible_devices_env
+    bucket, core = int(spec["bucket"]), os.environ.get(variable) if variable else str(spec["index"])
     encoder = create_encoder(settings)
     encoder.warmup(iterations=int(spec["warmup"]))
     height, width = encoder.image_size
@@ -136,14 +134,14 @@ def _collect(workers: list[_Worker], messages: queue.Queue[tuple[int, str, Any]]
     return got
 
 
-def _worker_env(index: int, spec: dict[str, Any], backend: str, lnc: int | None) -> dict[str, str]:
+def _worker_env(index: int, spec: dict[str, Any], asks: Plan, lnc: int | None) -> dict[str, str]:
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
-    env[VISIBLE_CORES_ENV] = str(index)
+    env.update(asks.pin(index))
     if lnc is not None:
         env[LNC_ENV] = str(lnc)
-    if backend == "cpu":
+    if asks.host_cores:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
     env[WORKER_SPEC_ENV] = json.dumps({**spec, "index": index})
     return env
@@ -153,30 +151,28 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
                   iterations: int = 50, ready_timeout_s: float = READY_TIMEOUT_S) -> MulticoreResult:
     """Run `cores` pinned workers in parallel on one bucket; per-worker and instance figures.
 
-    `settings` may be a plain mapping of ModelSettings fields (e.g. parsed from YAML)."""
+    Each worker holds one device, pinned as the placement plan says (serve/placement.py); where the model
+    runs on the host's cores, one torch thread. `settings` may be a plain mapping of ModelSettings fields
+    (e.g. parsed from YAML)."""
+    from siglip_serve.models.backends.registry import backend_replica_env, compiled_for
+    from siglip_serve.serve.placement import plan
+
     if cores < 1 or iterations < 1 or warmup < 0:
         raise SettingsError("cores and iterations must be >= 1, warmup >= 0")
     if not isinstance(settings, ModelSettings):
         settings = validate_settings(dict(settings))
-    overrides: dict[str, Any] = {"buckets": (bucket,)}
-    if settings.backend == "cpu":
-        overrides["torch_threads"] = 1
+    asks = plan(settings)
+    overrides: dict[str, Any] = {"buckets": (bucket,), **({"torch_threads": 1} if asks.host_cores else {})}
     plain = model_settings_of(settings).model_copy(update=overrides)
-    lnc = auto_cast = None
-    if plain.backend == "neuron":
-        from siglip_serve.models.backends.neuron import artifact_for
-
-        manifest = artifact_for(plain)[1]
-        lnc, auto_cast = manifest.lnc, manifest.auto_cast
+    compiled = compiled_for(plain)  # what a compiled artifact was built for: its LNC, the seed's auto-cast
+    lnc, auto_cast = compiled.get("lnc"), compiled.get("auto_cast")
     spec = {"settings": plain.model_dump(mode="json"), "bucket": bucket, "warmup": warmup, "iterations": iterations}
     messages: queue.Queue[tuple[int, str, Any]] = queue.Queue()
     log.info("starting %d %s workers (bucket %d, warm-up %d, iterations %d)", cores, plain.backend, bucket,
              warmup, iterations)
-    from siglip_serve.models.encoder import backend_replica_env
-
     # neuron-native: the artifact's recipe, in each worker's environment before it imports torch.
     backend_env = backend_replica_env(plain)
-    workers = [_Worker(i, {**_worker_env(i, spec, plain.backend, lnc), **backend_env}, messages) for i in range(cores)]
+    workers = [_Worker(i, {**_worker_env(i, spec, asks, lnc), **backend_env}, messages) for i in range(cores)]
     try:
         _collect(workers, messages, "READY", ready_timeout_s)
         log.info("all %d workers ready; measuring", cores)
@@ -222,7 +218,7 @@ def format_comparison(result: MulticoreResult) -> str:
     label = f"ours: {result.backend}{lnc} {result.model}"[:40]
     lines.append(f"{label:40} {result.cores:>5} {result.bucket:>5} {result.per_core_images_per_second:>14.2f} "
                  f"{result.latency_mean_ms:>10.2f} {result.instance_images_per_second:>14.1f}")
-    if result.backend != "neuron":
+    if not measured_like_the_seed(result.backend):
         lines.append(f"(ours ran on the {result.backend} backend on {result.machine.host}: a different "
                      "machine and possibly model than the seed's trn2.3xlarge SO400M; not comparable)")
     lines.append("latency = one encode call of the batch (batch 1: per image); seed instance = "

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.core.cli import key_value, settings_values, setup_logging
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure import plots
 from siglip_serve.measure.bound import judge
@@ -35,8 +36,8 @@ from siglip_serve.measure.results import (
     ResultFileError,
     SingleCore,
 )
-from siglip_serve.measure.seed import SeedRow, multicore_seed_by_lnc
-from siglip_serve.models.cli_args import key_value, settings_values, setup_logging
+from siglip_serve.measure.seed import SeedRow, measured_like_the_seed, multicore_seed_by_lnc
+from siglip_serve.models.backends.registry import backend_record
 
 log = logging.getLogger("siglip_serve.report")
 
@@ -216,6 +217,15 @@ def efficiency(b: MulticoreResult | None, c: LoadTestSummary | None) -> float | 
     return c.saturation.images_per_second / b.instance_images_per_second
 
 
+def on_host_cores(backend: str) -> bool:
+    """Whether a result's backend ran the model on the host's cores, where its replicas share the one host
+    instead of a device each; a name no registry knows (an old result, "unknown"): no."""
+    try:
+        return backend_record(backend).host_cores
+    except ValueError:
+        return False
+
+
 def bound(bench: BenchResult | None, a: SingleCore | None, b: MulticoreResult | None,
           served: OperatingPoint | None, ctx: ReportContext) -> Bound | None:
     """Host- or device-bound, when the bench JSON holds a host ceiling: the device's rate is (b), all cores
@@ -225,7 +235,7 @@ def bound(bench: BenchResult | None, a: SingleCore | None, b: MulticoreResult | 
     if b is not None and b.instance_images_per_second:
         device = b.instance_images_per_second
     elif a is not None:
-        device = a.best_images_per_second * (ctx.replicas or 1 if ctx.backend != "cpu" else 1)
+        device = a.best_images_per_second * (1 if on_host_cores(ctx.backend) else ctx.replicas or 1)
     else:
         return None
     return judge(bench.host_ceiling.images_per_second, device, served.images_per_second if served else None)
@@ -267,7 +277,7 @@ def build_report(out: Path, bench: BenchResult | None, b: MulticoreResult | None
 
 
 def seed_comparable(ctx: ReportContext) -> bool:
-    return ctx.backend == "neuron" and "SO400M" in ctx.model and "384" in ctx.model
+    return measured_like_the_seed(ctx.backend, ctx.model)
 
 
 def main(argv: list[str] | None = None) -> int:

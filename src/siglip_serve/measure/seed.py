@@ -15,6 +15,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 SEED_INSTANCE_METHOD = "per-core x cores, each core measured one at a time (seed 000's formula)"
+# What the seed measured on: its rows compare only with a run of the same backend (the trace line).
+SEED_BACKEND = "neuron"
+
+
+def measured_like_the_seed(backend: str, model: str | None = None) -> bool:
+    """Whether a result's rows stand beside the seed's: the seed's backend, and (given) its model."""
+    return backend == SEED_BACKEND and (model is None or ("SO400M" in model and "384" in model))
 
 
 class SeedRow(BaseModel):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from siglip_serve.models.cli_args import (
+from siglip_serve.core.cli import (
     SettingsError,
     UserError,
     add_log_level,
@@ -34,9 +34,10 @@ from siglip_serve.models.cli_args import (
     run_main,
     settings_values,
     setup_logging,
-    validate_settings,
 )
-from siglip_serve.models.encoder import Encoder, create_encoder
+from siglip_serve.models.backends.registry import backend_record, create_encoder
+from siglip_serve.models.cli_args import validate_settings
+from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.settings import ModelSettings
 
 log = logging.getLogger("siglip_serve.accuracy")
@@ -120,16 +121,17 @@ def compare_embeddings(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
 
 def describe_side(settings: ModelSettings, encoder: Encoder) -> dict[str, Any]:
     side = {"backend": settings.backend, "model": encoder.info.name, "weights": encoder.info.weights}
-    if settings.artifact_dir is not None:
-        side["artifact_dir"] = str(settings.artifact_dir)
-    if settings.backend == "cuda":
-        side["cuda_dtype"] = settings.cuda_dtype
+    # The backend's own settings (cuda: its dtype and graphs; the Neuron lines: their artifact).
+    for name in backend_record(settings.backend).settings:
+        value = getattr(settings, name)
+        if value is not None:
+            side[name] = str(value) if isinstance(value, Path) else value
     return side
 
 
 def compare_text(a: ModelSettings, b: ModelSettings, texts: Sequence[str]) -> dict[str, Any]:
     """The text towers of both sides on the same texts: the same statistics, per text."""
-    from siglip_serve.models.encoder import create_text_encoder
+    from siglip_serve.models.backends.registry import create_text_encoder
 
     stats = compare_embeddings(create_text_encoder(a).encode(texts), create_text_encoder(b).encode(texts))
     stats["texts"] = stats.pop("images")

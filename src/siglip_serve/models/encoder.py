@@ -1,29 +1,18 @@
-"""The image tower's interface (`Encoder`, a models/tower.py `Tower`) and the one backend registry:
-each backend registers both towers and its checks together (`Backend`).
-
-An encoder takes uint8 images [B, 3, H, W] and returns L2-normalised float32 embeddings [B, D].
+"""The image tower (`Encoder`, a models/tower.py `Tower`): uint8 images [B, 3, H, W] in, L2-normalised
+float32 embeddings [B, D] out, on any backend's Runner. The backends and their registry are in
+models/backends/ (`registry.create_encoder` builds one).
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.loading import ModelInfo
-from siglip_serve.models.settings import BACKENDS, ModelSettings
-from siglip_serve.models.tower import ForwardHook, Tower
-
-if TYPE_CHECKING:  # models/text.py imports this module
-    from siglip_serve.models.text import TextEncoder
-
-log = logging.getLogger(__name__)
+from siglip_serve.models.tower import ForwardHook, RunnerFactory, Tower
 
 
 class EncoderInputError(ValueError):
@@ -35,9 +24,9 @@ class Encoder(Tower):
 
     tower = "image"
 
-    def __init__(self, info: ModelInfo, buckets: Sequence[int]) -> None:
-        super().__init__(buckets, info.embed_dim)
-        self.info = info
+    def __init__(self, info: ModelInfo, buckets: Sequence[int], runner: RunnerFactory) -> None:
+        self.info = info  # before the runner: it takes example() batches of this image size
+        super().__init__(buckets, info.embed_dim, runner)
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -62,89 +51,4 @@ class Encoder(Tower):
         return self.run_batch(torch.as_tensor(images), on_forward)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "buckets": list(self.buckets), "static_shapes": self.static_shapes,
-                **self.info.as_dict()}
-
-
-EncoderFactory = Callable[[ModelSettings], Encoder]
-
-
-@dataclass(frozen=True)
-class Backend:
-    """One backend: its two towers and its checks, registered together by its module on import
-    (models/backends/<name>.py). `text` None: this backend serves images only."""
-
-    image: EncoderFactory
-    text: Callable[[ModelSettings], TextEncoder] | None = None
-    # Before any Ray process starts: can this machine run it? `env`: what the replicas will see (None:
-    # joining a cluster started elsewhere, skip what depends on it).
-    check_available: Callable[[ModelSettings, Mapping[str, str] | None], None] | None = None
-    # Environment its replica needs before it imports torch (Ray runtime_env).
-    replica_env: Callable[[ModelSettings], Mapping[str, str]] | None = None
-    # Before any replica starts: does the artifact hold the text graphs asked for (no SDK needed)?
-    check_text_artifact: Callable[[ModelSettings], None] | None = None
-
-
-# Backends load lazily: importing the registry must not import CUDA or Neuron code. Backend
-# `name` lives in models/backends/<name with _ for ->.py; the names are siglip_serve.models.settings.BACKENDS.
-_BACKEND_MODULES = {name: f"siglip_serve.models.backends.{name.replace('-', '_')}" for name in BACKENDS}
-_BACKENDS: dict[str, Backend] = {}
-
-
-def register_backend(name: str, backend: Backend) -> None:
-    _BACKENDS[name] = backend
-
-
-def backend_names() -> list[str]:
-    return sorted(set(_BACKEND_MODULES) | set(_BACKENDS))
-
-
-def backend(name: str) -> Backend:
-    if name not in _BACKENDS:
-        module = _BACKEND_MODULES.get(name)
-        if module is None:
-            raise ValueError(f"unknown backend {name!r}; choose from {backend_names()}")
-        importlib.import_module(module)
-    return _BACKENDS[name]
-
-
-def create_encoder(settings: ModelSettings) -> Encoder:
-    return backend(settings.backend).image(settings)
-
-
-def text_backend(name: str) -> Callable[[ModelSettings], TextEncoder]:
-    factory = backend(name).text
-    if factory is None:
-        raise BackendUnavailable(f"the {name!r} backend has no text tower; set text_replicas: 0, or serve text "
-                                 "from cpu, cuda, neuron or neuron-native")
-    return factory
-
-
-def create_text_encoder(settings: ModelSettings) -> TextEncoder:
-    return text_backend(settings.backend)(settings)
-
-
-def check_text_artifact(settings: ModelSettings) -> None:
-    """Before any replica starts: a compiled artifact must hold the text graphs of every text bucket.
-    Reads only the manifest (no SDK), so the service refuses in one line instead of text replicas
-    that die at start while Serve retries them."""
-    text_backend(settings.backend)
-    check = backend(settings.backend).check_text_artifact
-    if check is not None:
-        check(settings)
-
-
-def check_backend_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
-    """Raise BackendUnavailable (one line) if this machine cannot run `settings.backend`.
-
-    Called before any Ray process starts, so a missing SDK or GPU fails in a second, not after the
-    replicas have tried."""
-    check = backend(settings.backend).check_available
-    if check is not None:
-        check(settings, env)
-
-
-def backend_replica_env(settings: ModelSettings) -> dict[str, str]:
-    """Environment a backend needs set before its replica process imports torch (Ray runtime_env)."""
-    hook = backend(settings.backend).replica_env
-    return dict(hook(settings)) if hook is not None else {}
+        return {**super().describe(), "buckets": list(self.buckets), **self.info.as_dict()}

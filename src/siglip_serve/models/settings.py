@@ -6,9 +6,13 @@ Knows nothing of Ray or HTTP; `siglip_serve.serve.config.ServiceConfig` embeds i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from siglip_serve.models.backends.builtin import BACKENDS as BACKENDS
+from siglip_serve.models.backends.builtin import NO_MODEL_BACKEND as NO_MODEL_BACKEND
+from siglip_serve.models.backends.registry import backend_record
 
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"
@@ -19,16 +23,6 @@ TINY_MODEL = "tiny-siglip"
 TINY_SIGLIP2 = "tiny-siglip2"
 TINY_MODELS: tuple[str, ...] = (TINY_MODEL, TINY_SIGLIP2)
 MAX_BUCKET = 256
-
-# The one list of backend names: the CLI's --backend choices, the settings' validation and the
-# backend registry (siglip_serve.models.encoder) all read it. neuron: the trace line; neuron-native: TorchNeuron;
-# zeros-no-model: no model at all, the host ceiling (models/backends/zeros_no_model.py).
-Backend = Literal["cpu", "cuda", "neuron", "neuron-native", "zeros-no-model"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
-# Answers zero vectors without running any model: what the host side alone can serve. Never a default.
-NO_MODEL_BACKEND = "zeros-no-model"
-# The backends that run on a NeuronCore (a replica asks Ray for one; artifacts come from `compile`).
-NEURON_BACKENDS: tuple[str, ...] = ("neuron", "neuron-native")
 
 
 class ModelSettings(BaseModel):
@@ -43,7 +37,8 @@ class ModelSettings(BaseModel):
     random_weights: bool = Field(False, description="seeded random weights: embeddings mean nothing (tests, plumbing)")
     # Random weights are seeded so every replica of a random-weight model gives the same embeddings.
     seed: int = Field(0, description="seed of the random weights")
-    backend: Backend = Field("cpu", description="where the image tower runs")
+    # A name of models/backends/builtin.py (the CLI's choices) or of a backend registered at run time.
+    backend: str = Field("cpu", description="where the model runs", json_schema_extra={"enum": list(BACKENDS)})
     buckets: tuple[int, ...] = Field((1, 2, 4, 8), description="batch sizes (compiled ones on neuron), e.g. 1,2,4,8")
     # None: the backend decides (CPU: the cores this process may use). Ray sets OMP_NUM_THREADS=1 in
     # workers, so leaving torch to its own default would run a CPU replica on one core.
@@ -60,6 +55,12 @@ class ModelSettings(BaseModel):
                                                      "files (tokenizer.json, tokenizer_config.json)")
     text_buckets: tuple[int, ...] = Field((1, 2, 4, 8, 16, 32),
                                           description="text batch sizes (texts per forward pass), e.g. 1,2,4,8,16,32")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        backend_record(value)  # ValueError naming the choices
+        return value
 
     @field_validator("buckets", "text_buckets", mode="before")
     @classmethod
@@ -104,13 +105,13 @@ class ModelSettings(BaseModel):
     @property
     def needs_weights(self) -> bool:
         """Whether anything must be loaded or downloaded: not for random weights nor for no model at all."""
-        return not self.uses_random_weights and self.backend != NO_MODEL_BACKEND
+        return not self.uses_random_weights and backend_record(self.backend).runs_model
 
     @property
     def weights_source(self) -> str:
         """A short human/machine label: 'random', 'checkpoint:<path>', 'pretrained:<tag>' or 'none'."""
-        if self.backend == NO_MODEL_BACKEND:
-            return f"none ({NO_MODEL_BACKEND}: zero vectors, no model runs)"
+        if not backend_record(self.backend).runs_model:
+            return f"none ({self.backend}: zero vectors, no model runs)"
         if self.uses_random_weights:
             return f"random(seed={self.seed})"
         if self.checkpoint is not None:

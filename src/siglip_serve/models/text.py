@@ -1,11 +1,11 @@
-"""SigLIP's text tower: open_clip's own tokenizer, loaded offline from a local path, and a text encoder
-per backend that runs token ids at the model's fixed context length in batch buckets.
+"""SigLIP's text tower: open_clip's own tokenizer, loaded offline from a local path, and the text encoder
+that runs token ids at the model's fixed context length in batch buckets, on any backend's Runner.
 
 Texts in, L2-normalised float32 embeddings out, in the image tower's embedding space: the zero-shot
 probability of label t for image i is `sigmoid(logit_scale * img_i . txt_t + logit_bias)` with the
 checkpoint's scale (already exponentiated here) and bias, as open_clip's `get_logits` computes it.
-Like the image Encoder, every backend runs only its buckets (static shapes suit a compiled graph):
-a batch is padded to the smallest bucket that holds it and the padding sliced off.
+Like the image Encoder, a batch is split into the buckets; a runner with static shapes (a compiled
+graph, a CUDA graph) gets it padded to the smallest bucket that holds it and the padding sliced off.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from siglip_serve.models.loading import ModelLoadError, load_clip, open_clip_module
 from siglip_serve.models.settings import TINY_MODEL, TINY_SIGLIP2, ModelSettings
-from siglip_serve.models.tower import ForwardHook, Tower
+from siglip_serve.models.tower import ForwardHook, RunnerFactory, Tower
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +145,10 @@ class TextEncoder(Tower):
 
     tower = "text"
 
-    def __init__(self, tokenizer: Tokenizer, info: TextInfo, buckets: Sequence[int]) -> None:
-        super().__init__(buckets, info.embed_dim)
+    def __init__(self, tokenizer: Tokenizer, info: TextInfo, buckets: Sequence[int], runner: RunnerFactory) -> None:
         self.tokenizer = tokenizer
-        self.info = info
+        self.info = info  # before the runner: it takes example() batches of this context length
+        super().__init__(buckets, info.embed_dim, runner)
 
     def example(self, bucket: int) -> torch.Tensor:
         return torch.zeros((bucket, self.info.context_length), dtype=torch.int64)

@@ -1,11 +1,12 @@
-"""What both towers are: a model that runs batches of its inputs in its batch buckets (Infinity's
-pre / core / post). The image tower (`Encoder`, models/encoder.py) and the text tower (`TextEncoder`,
-models/text.py) say only how an input becomes a tensor and what one bucket's forward pass is;
-bucketing, padding, warm-up and the forward hook are here, once.
+"""What both towers are: a tower's own pre- and post-processing around one backend's Runner (Infinity's
+pre / core / post; TEI's single backend trait). The image tower (`Encoder`, models/encoder.py) and the
+text tower (`TextEncoder`, models/text.py) say only how an input becomes a tensor; the backend's Runner
+(models/backends/<name>.py) holds the device, dtype and compiled buckets or graphs, the same for both
+towers; bucketing, padding, warm-up and the forward hook are here, once.
 
-A batch is split into the largest buckets first; a compiled backend (static shapes) pads the last
-chunk up to its bucket and slices the padding off again. An eager one runs the chunk at its real size:
-padding a batch of 5 to 8 would cost it 60% more compute for nothing.
+A batch is split into the largest buckets first; a runner with static shapes (compiled buckets, CUDA
+graphs) gets the last chunk padded up to its bucket and the padding is sliced off again. An eager one
+runs the chunk at its real size: padding a batch of 5 to 8 would cost it 60% more compute for nothing.
 """
 
 from __future__ import annotations
@@ -50,29 +51,61 @@ def split_into_buckets(n: int, buckets: Sequence[int]) -> list[tuple[int, int, i
     return chunks
 
 
-class Tower(ABC):
-    """One tower of the model on one device: inputs -> float32 [n, D], L2-normalised, in input order."""
+class Runner(ABC):
+    """One backend on its device, for either tower: it was given the tower's model (or loaded the
+    tower's compiled buckets) and runs one chunk of model inputs. Device setup, dtype and graphs live
+    here, once per backend; a tower adds only its pre- and post-processing."""
 
+    # Its record's name (models/backends/builtin.py).
     backend: str = "abstract"
-    # True where the model only runs its compiled bucket sizes (Neuron, CUDA graphs).
-    static_shapes: bool = True
+    # True where it runs only its buckets' shapes (compiled graphs, CUDA graphs): chunks are padded.
+    static_shapes: bool = False
+    # Where its inputs may already be (device JPEG decode hands it tensors there).
+    device: torch.device = torch.device("cpu")
+
+    @abstractmethod
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        """Run exactly one bucket (or, eager, one chunk at its size): [n, ...] -> float [n, D] on any device."""
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/models shows of it (device, dtype, threads, artifact)."""
+        return {}
+
+
+# (the tower's buckets, a zero batch of one bucket) -> the backend's runner for that tower: a runner that
+# compiles or captures does it per bucket at construction.
+RunnerFactory = Callable[[Sequence[int], Callable[[int], torch.Tensor]], Runner]
+
+
+class Tower(ABC):
+    """One tower of the model on one backend's runner: inputs -> float32 [n, D], L2-normalised, in input order."""
+
     # What warm-up and errors call it ("image", "text").
     tower: str = "abstract"
 
-    def __init__(self, buckets: Sequence[int], embed_dim: int) -> None:
+    def __init__(self, buckets: Sequence[int], embed_dim: int, runner: RunnerFactory) -> None:
         self.buckets: tuple[int, ...] = tuple(sorted(buckets))
         self.embed_dim = embed_dim
+        self.runner = runner(self.buckets, self.example)
+        self.static_shapes = self.runner.static_shapes
         # Forward calls per batch size run (a bucket, or a real size on eager backends).
         self.forward_counts: dict[int, int] = {b: 0 for b in self.buckets}
         self.last_forward_seconds: float = 0.0
 
     @property
+    def backend(self) -> str:
+        return self.runner.backend
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
     def max_batch_size(self) -> int:
         return self.buckets[-1]
 
-    @abstractmethod
     def _forward(self, batch: torch.Tensor) -> torch.Tensor:
-        """Run exactly one bucket (or, eager, one chunk at its size): [bucket, ...] -> float32 [bucket, D]."""
+        return self.runner.forward(batch)
 
     @abstractmethod
     def encode(self, inputs: Any, on_forward: ForwardHook | None = None) -> np.ndarray:
@@ -80,7 +113,7 @@ class Tower(ABC):
 
     @abstractmethod
     def example(self, bucket: int) -> torch.Tensor:
-        """A batch of `bucket` zero inputs of the tower's input shape and dtype (warm-up)."""
+        """A batch of `bucket` zero inputs of the tower's input shape and dtype (warm-up, graph capture)."""
 
     def run_batch(self, batch: torch.Tensor, on_forward: ForwardHook | None = None) -> np.ndarray:
         """[n, ...] model inputs -> float32 [n, D], one forward pass per bucket chunk; `on_forward` (the
@@ -119,4 +152,4 @@ class Tower(ABC):
         return seconds
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.backend}
+        return {"backend": self.backend, "static_shapes": self.static_shapes, **self.runner.describe()}

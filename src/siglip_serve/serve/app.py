@@ -12,6 +12,7 @@ from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
+from siglip_serve.models.backends.registry import extra_backends_env
 from siglip_serve.models.loading import ModelInfo, model_geometry
 from siglip_serve.serve import tracing
 from siglip_serve.serve.cluster_fit import Growth, check_cluster_fits, cluster_growth, settled_neuron_cores
@@ -90,7 +91,8 @@ def build(config: ServiceConfig, routes: Sequence[Route | Probe] = ()) -> Applic
     encoder_config = config.model_copy(update={"torch_threads": encoder_torch_threads(config, replicas)})
     encoder = encoder_deployment(encoder_config, replicas).bind(encoder_config)
     ingress_options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
-    if ingress_env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing)}:
+    # Where to find a backend registered at run time too: the ingress asks its record (host cores or not).
+    if ingress_env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing), **extra_backends_env()}:
         ingress_options["runtime_env"] = {"env_vars": ingress_env}
     scale: dict[str, Any] = ({"autoscaling_config": config.ingress_autoscaling_config()}
                              if config.ingress_autoscaling is not None else {"num_replicas": config.ingress_count})

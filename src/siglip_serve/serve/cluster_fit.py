@@ -33,7 +33,7 @@ from siglip_serve.core.constants import KUBERAY_ENV
 from siglip_serve.core.poll import poll
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.cpu_plan import ingress_replicas_for
-from siglip_serve.serve.text_deployment import text_neuron_cores
+from siglip_serve.serve.placement import declare_hint, plan
 
 log = logging.getLogger("siglip_serve")
 
@@ -78,11 +78,16 @@ def check_cluster_fits(config: ServiceConfig, replicas: int, growth: Growth = FI
     where the cluster grows, warn with the same numbers and let it deploy. Totals, not what is free now:
     a replica waiting for another application's resources is not refused."""
     total = ray.cluster_resources() if total is None else total
-    cpus_have, cores_have = total.get("CPU", 0), total.get("neuron_cores", 0)
+    cpus_have = total.get("CPU", 0)
+    placement = plan(config)
+    # Every device resource a replica of either tower asks for (serve/placement.py): a text replica left
+    # without its core or GPU would stay pending for ever.
+    devices = dict.fromkeys([*placement.image.devices, *placement.text.devices])
     if config.autoscaling is not None:
         # The floor must fit now (unless nodes join); the rest may wait for nodes Ray's autoscaler adds.
         most, replicas = replicas, min(replicas, config.autoscaling.min_replicas)
-        if most * config.encoder_num_cpus > cpus_have or most * config.cores_per_replica > cores_have:
+        if most * config.encoder_num_cpus > cpus_have or any(
+                most * placement.image.devices.get(d, 0) > total.get(d, 0) for d in devices):
             log.warning("autoscaling: max_replicas %d do not fit the cluster as it is; replicas past what fits stay "
                         "pending until Ray's autoscaler adds a node", most)
     if config.ingress_autoscaling is not None:
@@ -94,9 +99,6 @@ def check_cluster_fits(config: ServiceConfig, replicas: int, growth: Growth = FI
     texts = config.text_replica_count
     ingress = ingress_replicas_for(config, replicas)
     cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus + texts * config.text_num_cpus
-    # Every tower's cores: a text replica left without one would stay pending for ever.
-    per_text = text_neuron_cores(config)
-    cores = replicas * config.cores_per_replica + texts * per_text
     short: list[tuple[str, str]] = []  # (what is missing, with the numbers; what to change)
     if cpus > cpus_have + 1e-9:
         short.append((
@@ -106,12 +108,14 @@ def check_cluster_fits(config: ServiceConfig, replicas: int, growth: Growth = FI
             f"{cpus_have:g}",
             "lower replicas or encoder_num_cpus (Ray's CPUs are logical, e.g. encoder_num_cpus: 0.5), or start "
             "Ray with more: ray start --head --num-cpus N"))
-    if cores > cores_have + 1e-9:
-        short.append((
-            f"this application needs {cores} neuron_cores ({replicas} encoder replica(s) x "
-            f"{config.cores_per_replica} + {texts} text replica(s) x {per_text}) but the Ray cluster declares "
-            f"{cores_have:g}",
-            "lower replicas or text_replicas, or start Ray with --resources='{\"neuron_cores\": N}'"))
+    for device in devices:
+        per, per_text = placement.image.devices.get(device, 0), placement.text.devices.get(device, 0)
+        asked, have = replicas * per + texts * per_text, total.get(device, 0)
+        if asked > have + 1e-9:
+            short.append((
+                f"this application needs {asked:g} {device} ({replicas} encoder replica(s) x {per:g} + {texts} text "
+                f"replica(s) x {per_text:g}) but the Ray cluster declares {have:g}",
+                f"lower replicas or text_replicas, or start Ray with {declare_hint(device)}"))
     if not short:
         return
     if not growth.grows:

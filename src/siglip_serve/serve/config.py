@@ -7,12 +7,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from siglip_serve.core.cli import LogLevel
 from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
-from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
+from siglip_serve.core.constants import NEURON_CORES, SERVE_THROUGHPUT_ENV
 from siglip_serve.core.errors import UserError, describe_validation
-from siglip_serve.models.cli_args import LogLevel, model_settings_of
+from siglip_serve.models.backends.record import TEXT, BackendRecord
+from siglip_serve.models.backends.registry import backend_record
+from siglip_serve.models.cli_args import model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
-from siglip_serve.models.settings import NEURON_BACKENDS, ModelSettings
+from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.url_fetch import Allowlist, FetchSettings
 
 MiB = 1024 * 1024
@@ -229,9 +232,10 @@ class ServiceConfig(ModelSettings):
             raise ValueError(f"ingress_replicas: {self.ingress_replicas} and ingress_autoscaling contradict; with "
                              "ingress_autoscaling the count is its min_replicas..max_replicas (leave "
                              "ingress_replicas unset)")
-        if self.device_jpeg_decode and self.backend not in ("cuda", "cpu"):
+        if self.device_jpeg_decode and not self.backend_record.device_decode:
             raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
-        if self.replica_setting == "auto" and self.cores_per_replica == 0 and self.backend != "cpu":
+        # `auto` counts the NeuronCores the replicas ask for, or the host's cores the model runs on.
+        if self.replica_setting == "auto" and self.cores_per_replica == 0 and not self.model_on_host_cores:
             raise ValueError("replicas: auto counts logical NeuronCores (or cores on cpu); on "
                              f"{self.backend} it needs neuron_cores_per_replica: 1, or name a count")
         return self
@@ -243,7 +247,7 @@ class ServiceConfig(ModelSettings):
             return self.replicas
         if self.autoscaling is not None:
             return self.autoscaling.max_replicas
-        return "auto" if self.backend == "cpu" else 1
+        return "auto" if self.model_on_host_cores else 1
 
     @property
     def ingress_count(self) -> int:
@@ -277,16 +281,24 @@ class ServiceConfig(ModelSettings):
         return {**options, "policy": policy(self.ingress_autoscaling.target_busy_cores)}
 
     @property
+    def backend_record(self) -> BackendRecord:
+        return backend_record(self.backend)
+
+    @property
     def cores_per_replica(self) -> int:
+        """Logical NeuronCores each image replica asks for: as set, else what its backend holds."""
         if self.neuron_cores_per_replica is not None:
             return self.neuron_cores_per_replica
-        return 1 if self.backend in NEURON_BACKENDS else 0
+        return int(self.backend_record.resources.get(NEURON_CORES, 0))
 
     @property
     def text_replica_count(self) -> int:
+        """As set; else one where the text tower runs on the host's cores, none where it would hold a
+        device of its own (a GPU, a NeuronCore: opt in), none where the backend builds no text tower."""
         if self.text_replicas is not None:
             return self.text_replicas
-        return 1 if self.backend == "cpu" else 0
+        record = self.backend_record
+        return 1 if record.host_cores and record.builds(TEXT) else 0
 
     @property
     def image_limits(self) -> ImageLimits:
@@ -324,7 +336,7 @@ class ServiceConfig(ModelSettings):
     @property
     def model_on_host_cores(self) -> bool:
         """Whether the encoders' forward passes share the host's cores with the serving path (cpu)."""
-        return self.backend == "cpu"
+        return self.backend_record.host_cores
 
     @property
     def serve_throughput_mode(self) -> bool:

@@ -66,7 +66,7 @@ def encoder_torch_threads(config: ServiceConfig, replicas: int) -> int | None:
     """Torch threads of each CPU encoder replica: as configured, else this machine's usable cores split
     across the replicas (two replicas on two cores: one each, not two each fighting over both).
     None for one replica: it takes every core of the machine it runs on (models/backends/cpu.py)."""
-    if config.backend != "cpu" or config.torch_threads is not None or replicas <= 1:
+    if not config.model_on_host_cores or config.torch_threads is not None or replicas <= 1:
         return config.torch_threads
     return max(1, usable_cpus() // replicas)
 
@@ -75,7 +75,7 @@ def text_torch_threads(config: ServiceConfig) -> int | None:
     """Torch threads of each CPU text replica: as configured, else its Ray CPUs rounded up (one by
     default). Not every core: the image encoders are planned to take those, and a text replica that
     also took them all would fight them (torch's default, and what it did before this plan)."""
-    if config.backend != "cpu" or config.torch_threads is not None:
+    if not config.model_on_host_cores or config.torch_threads is not None:
         return config.torch_threads
     return max(1, math.ceil(config.text_num_cpus))
 
@@ -91,7 +91,7 @@ RESERVED_CORES = 2
 def encoder_host_cores(config: ServiceConfig, replicas: int) -> int:
     """Host cores the encoder replicas keep busy: their torch threads on cpu, one each elsewhere (the
     Python that feeds a GPU or NeuronCore)."""
-    if config.backend != "cpu":
+    if not config.model_on_host_cores:
         return replicas
     return replicas * (encoder_torch_threads(config, replicas) or usable_cpus())
 

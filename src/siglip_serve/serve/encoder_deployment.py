@@ -18,6 +18,7 @@ from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
 
@@ -30,7 +31,8 @@ class EncoderReplica(TowerReplica):
     def __init__(self, config: ServiceConfig) -> None:
         # Imported here, not at module level: the ingress imports this module too, and torch would
         # add seconds to its start (during which Serve's proxy holds requests to it unanswered).
-        from siglip_serve.models.encoder import EncoderInputError, create_encoder
+        from siglip_serve.models.backends.registry import create_encoder
+        from siglip_serve.models.encoder import EncoderInputError
 
         configure_replica_logging(config.log_level)
         self._input_error = EncoderInputError
@@ -59,7 +61,7 @@ class EncoderReplica(TowerReplica):
         from siglip_serve.models.device_decode import DeviceDecodeError, decode_resize
         from siglip_serve.models.image_errors import CorruptImage
 
-        device = getattr(self.encoder, "device", torch.device("cpu"))
+        device = self.encoder.device
         pixels: list[Any] = []
         for chunk in chunks:
             try:
@@ -79,5 +81,5 @@ def encoder_max_ongoing(config: ServiceConfig) -> int:
 
 def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment:
     """The image tower's deployment with placement and queue bounds from the config."""
-    return tower_deployment(EncoderReplica, "Encoder", config, replicas, config.encoder_num_cpus,
-                            config.cores_per_replica, config.max_batch_size, config.autoscaling_config())
+    return tower_deployment(EncoderReplica, "Encoder", config, replicas, plan(config).image, config.max_batch_size,
+                            config.autoscaling_config())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from siglip_serve.models.cli_args import LOG_FORMAT
+from siglip_serve.core.cli import LOG_FORMAT
 
 
 def configure_replica_logging(level: str) -> None:

@@ -12,10 +12,11 @@ from typing import Any
 
 from ray import serve
 
-from siglip_serve.models.settings import NEURON_BACKENDS
+from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.cpu_plan import text_torch_threads
 from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
 
@@ -27,7 +28,7 @@ class TextEncoderReplica(TowerReplica):
     zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
     def __init__(self, config: ServiceConfig) -> None:
-        from siglip_serve.models.encoder import create_text_encoder  # torch: in the replica only
+        from siglip_serve.models.backends.registry import create_text_encoder  # torch: in the replica only
 
         configure_replica_logging(config.log_level)
         settings = config.model_settings().model_copy(update={"torch_threads": text_torch_threads(config)})
@@ -45,15 +46,17 @@ def text_max_ongoing(config: ServiceConfig) -> int:
 
 
 def text_neuron_cores(config: ServiceConfig) -> int:
-    """NeuronCores one text replica holds: on both Neuron lines it runs on a core of its own."""
-    return config.cores_per_replica if config.backend in NEURON_BACKENDS else 0
+    """NeuronCores one text replica holds (serve/placement.py): a core of its own where its backend
+    runs on NeuronCores."""
+    return int(plan(config).text.devices.get(NEURON_CORES, 0))
 
 
 def text_deployment(config: ServiceConfig) -> serve.Deployment:
-    from siglip_serve.models.encoder import check_text_artifact
+    from siglip_serve.models.backends.record import TEXT
+    from siglip_serve.models.backends.registry import check_tower
 
     # Refused here, once, in one line: a text replica that cannot load would die at start while
     # Serve retries it for ever, and /v1/classify would never come up.
-    check_text_artifact(config.model_settings())
-    return tower_deployment(TextEncoderReplica, "TextEncoder", config, config.text_replica_count,
-                            config.text_num_cpus, text_neuron_cores(config), config.text_buckets[-1])
+    check_tower(config.model_settings(), TEXT)
+    return tower_deployment(TextEncoderReplica, "TextEncoder", config, config.text_replica_count, plan(config).text,
+                            config.text_buckets[-1])

@@ -29,6 +29,7 @@ from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
+from siglip_serve.serve.placement import ReplicaAsk
 from siglip_serve.serve.replica_grpc import bind_to_node_address
 
 log = logging.getLogger("siglip_serve.replica")
@@ -156,17 +157,13 @@ def max_ongoing(largest_bucket: int) -> int:
 
 
 def tower_deployment(replica_class: type[TowerReplica], name: str, config: ServiceConfig, replicas: int,
-                     num_cpus: float, neuron_cores: int, largest_bucket: int,
+                     ask: ReplicaAsk, largest_bucket: int,
                      autoscaling_config: dict[str, Any] | None = None) -> serve.Deployment:
-    """A tower's deployment: placement from the config, the backend's environment, queue bounds."""
-    from siglip_serve.models.encoder import backend_replica_env  # here, not at import: the ingress imports this module
+    """A tower's deployment: what one replica asks Ray for (serve/placement.py), the backend's
+    environment, queue bounds."""
+    from siglip_serve.models.backends.registry import backend_replica_env  # here: the ingress imports this module
 
-    actor_options: dict[str, Any] = {"num_cpus": num_cpus}
-    if neuron_cores:
-        actor_options["resources"] = {"neuron_cores": neuron_cores}
-    if config.backend == "cuda":
-        # Each replica asks for a whole GPU: a tower's replicas never share one.
-        actor_options["num_gpus"] = 1
+    actor_options = ask.actor_options()
     # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
     # at import); a config env_var that contradicts it is refused by the replica, naming both.
     env_vars = {**backend_replica_env(config.model_settings()), **config.serve_mode_env(),

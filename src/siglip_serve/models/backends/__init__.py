@@ -1,1 +1,2 @@
-"""Encoder backends. Each module registers itself with `siglip_serve.models.encoder.register_backend` on import."""
+"""Encoder backends: their records (builtin.py), the registry every caller asks (registry.py), and one
+module per backend holding its Runner and its Implementation (record.py says what both are)."""

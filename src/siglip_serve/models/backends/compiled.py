@@ -1,5 +1,5 @@
 """What the two Neuron backends share: a compiled artifact found from the settings and checked
-against them, the ModelInfo its manifest describes, and an Encoder that reports the artifact.
+against them, the ModelInfo its manifest describes, and a Runner that reports the artifact.
 
 The trace line (backends/neuron.py) and TorchNeuron (backends/neuron_native.py) differ in what
 their manifests add to neuron.manifest.ArtifactManifest, in their refusals (both a
@@ -9,15 +9,17 @@ neuron.base.NeuronRefusal) and in how they load; they agree on this shape.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from siglip_serve.models.encoder import Encoder
+from siglip_serve.models.backends.record import IMAGE
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.models.neuron.manifest import ArtifactManifest
 from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV
+from siglip_serve.models.neuron.text import checked_text_entry
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.tower import Runner
 
 M = TypeVar("M", bound=ArtifactManifest)
 
@@ -41,18 +43,38 @@ def checked_artifact(settings: ModelSettings, backend: str, compile_command: str
     return directory, manifest
 
 
+class ArtifactChecks:
+    """The checks both lines make of their artifact before a replica starts, without an SDK."""
+
+    def __init__(self, artifact: Callable[[ModelSettings], tuple[Path, ArtifactManifest]],
+                 compile_command: str) -> None:
+        self.artifact = artifact
+        self.compile_command = compile_command
+
+    def check_tower(self, settings: ModelSettings, tower: str) -> None:
+        """The artifact holds this model and buckets; for the text tower, its text graphs too."""
+        directory, manifest = self.artifact(settings)
+        if tower != IMAGE:
+            checked_text_entry(settings, directory, manifest.text, self.compile_command)
+
+    def compiled_for(self, settings: ModelSettings) -> dict[str, Any]:
+        """Its LNC, and the trace line's auto-cast (what the seed's rows differ by)."""
+        manifest = self.artifact(settings)[1]
+        return {"lnc": manifest.lnc, "auto_cast": getattr(manifest, "auto_cast", None)}
+
+
 def manifest_model_info(manifest: ArtifactManifest) -> ModelInfo:
     """The model an artifact was compiled from, as /v1/models shows it."""
     return ModelInfo(manifest.model, manifest.embed_dim, (manifest.image_size[0], manifest.image_size[1]),
                      str(manifest.weights.get("source")))
 
 
-class ArtifactEncoder(Encoder):
-    """An Encoder that runs a compiled artifact on the NeuronCore(s) of NEURON_RT_VISIBLE_CORES."""
+class ArtifactRunner(Runner):
+    """A compiled artifact's buckets of one tower on the NeuronCore(s) of NEURON_RT_VISIBLE_CORES."""
 
-    def __init__(self, info: ModelInfo, buckets: Sequence[int], directory: Path, manifest: ArtifactManifest,
-                 lnc: int, visible_cores: str | None = None) -> None:
-        super().__init__(info, buckets)
+    static_shapes = True
+
+    def __init__(self, directory: Path, manifest: ArtifactManifest, lnc: int, visible_cores: str | None = None) -> None:
         self.directory = directory
         self.manifest = manifest
         self.lnc = lnc
@@ -63,6 +85,5 @@ class ArtifactEncoder(Encoder):
         return {}
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "lnc": self.lnc, "artifact_dir": str(self.directory),
-                "neuron_rt_visible_cores": self.visible_cores, **self.artifact_details(),
-                "manifest": self.manifest.summary()}
+        return {"lnc": self.lnc, "artifact_dir": str(self.directory), "neuron_rt_visible_cores": self.visible_cores,
+                **self.artifact_details(), "manifest": self.manifest.summary()}

@@ -1,16 +1,20 @@
-"""The CPU backend: the embedded default, float32 (CPUs here have no bf16 units)."""
+"""The CPU backend: the embedded default, float32 (CPUs here have no bf16 units), at each batch's real
+size (no padding: an eager model gains nothing from it), for either tower."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+from torch import nn
 
-from siglip_serve.models.encoder import Backend, Encoder, register_backend
-from siglip_serve.models.loading import ImageEmbedder, ModelInfo, load_embedder
+from siglip_serve.models.backends.eager import eager_tower
+from siglip_serve.models.backends.record import Implementation
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer, load_text_tower
+from siglip_serve.models.tower import Runner, Tower
 
 log = logging.getLogger(__name__)
 
@@ -30,44 +34,27 @@ def set_torch_threads(requested: int | None) -> int:
     return threads
 
 
-class CpuEncoder(Encoder):
-    backend = "cpu"
-    static_shapes = False
-
-    def __init__(self, embedder: ImageEmbedder, info: ModelInfo, settings: ModelSettings) -> None:
-        super().__init__(info, settings.buckets)
-        self.embedder = embedder
-        self.threads = set_torch_threads(settings.torch_threads)
-        log.info("cpu encoder: %d torch threads", self.threads)
-
-    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
-            return self.embedder(batch)
-
-    def describe(self) -> dict[str, object]:
-        return {**super().describe(), "torch_threads": self.threads}
-
-
-def create_cpu_encoder(settings: ModelSettings) -> CpuEncoder:
-    embedder, info = load_embedder(settings)
-    return CpuEncoder(embedder, info, settings)
-
-
-class CpuTextEncoder(TextEncoder):
+class CpuRunner(Runner):
     backend = "cpu"
 
-    def __init__(self, embedder: TextEmbedder, tokenizer: Tokenizer, info: TextInfo, settings: ModelSettings) -> None:
-        super().__init__(tokenizer, info, settings.text_buckets)
-        self.embedder = embedder
+    def __init__(self, module: nn.Module, settings: ModelSettings) -> None:
+        self.module = module
         self.threads = set_torch_threads(settings.torch_threads)
+        log.info("cpu runner: %d torch threads", self.threads)
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.embedder(ids)
+            return self.module(batch)
+
+    def describe(self) -> dict[str, Any]:
+        return {"torch_threads": self.threads}
 
 
-def create_cpu_text_encoder(settings: ModelSettings) -> CpuTextEncoder:
-    return CpuTextEncoder(*load_text_tower(settings), settings)
+def build(settings: ModelSettings, tower: str) -> Tower:
+    def runner(module: nn.Module, buckets: Sequence[int], example: Callable[[int], torch.Tensor]) -> CpuRunner:
+        return CpuRunner(module, settings)
+
+    return eager_tower(settings, tower, runner)
 
 
-register_backend("cpu", Backend(image=create_cpu_encoder, text=create_cpu_text_encoder))
+IMPLEMENTATION = Implementation(build=build)

@@ -1,29 +1,31 @@
-"""The CUDA backend: the same uint8-in ImageEmbedder on one GPU, under autocast, per batch bucket.
+"""The CUDA backend: either tower's model on one GPU, under autocast, per batch bucket.
 
-uint8 images cross PCIe (a quarter of float32's bytes) and are normalised on the GPU inside the
-graph. `cuda_dtype` picks the autocast dtype: bf16 (default; falls back to fp16 on GPUs without
-bf16, i.e. before Ampere), fp16, or fp32 (no autocast).
+uint8 images (and int64 token ids) cross PCIe and are normalised on the GPU inside the graph.
+`cuda_dtype` picks the autocast dtype: bf16 (default; falls back to fp16 on GPUs without bf16, i.e.
+before Ampere), fp16, or fp32 (no autocast).
 
-CUDA graphs (`cuda_graphs`, default off): one graph captured per bucket removes per-kernel launch
-overhead, which matters at small buckets. It follows PyTorch's documented recipe (warm-up on a side
-stream, static input/output buffers, autocast with its weight cache disabled inside capture), but it
-has not been run on a GPU in this project yet, so it stays off until a GPU run of
-`siglip-serve accuracy` and the bench shows it is correct and pays off.
+CUDA graphs (`cuda_graphs`, default off): one graph captured per bucket of each tower removes per-kernel
+launch overhead, which matters at small buckets. It follows PyTorch's documented recipe (warm-up on a
+side stream, static input/output buffers, autocast with its weight cache disabled inside capture), but
+it has not been run on a GPU in this project yet, so it stays off until a GPU run of
+`siglip-serve accuracy` and the bench shows it is correct and pays off. Both towers get the same: with
+graphs they run their buckets' shapes only (padded), without they run each batch at its real size.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.encoder import Backend, Encoder, register_backend
-from siglip_serve.models.loading import ImageEmbedder, ModelInfo, load_embedder
+from siglip_serve.models.backends.eager import eager_tower
+from siglip_serve.models.backends.record import Implementation
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer, load_text_tower
+from siglip_serve.models.tower import Runner, Tower
 
 log = logging.getLogger(__name__)
 
@@ -55,32 +57,33 @@ def cuda_problem() -> str | None:
     )
 
 
-class CudaEncoder(Encoder):
+class CudaRunner(Runner):
+    """One tower's model on the GPU: eager at each batch's size, or one captured graph per bucket."""
+
     backend = "cuda"
 
-    def __init__(self, embedder: ImageEmbedder, info: ModelInfo, settings: ModelSettings,
-                 device: torch.device, dtype: torch.dtype | None) -> None:
-        super().__init__(info, settings.buckets)
-        self.device = device
-        self.dtype = dtype
-        self.embedder = embedder.to(device)
+    def __init__(self, module: nn.Module, settings: ModelSettings, buckets: Sequence[int],
+                 example: Callable[[int], torch.Tensor]) -> None:
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = choose_autocast_dtype(settings.cuda_dtype, torch.cuda.is_bf16_supported())
+        self.module = module.to(self.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         # A CUDA graph replays one captured shape; without graphs, a batch runs at its real size.
         self.static_shapes = settings.cuda_graphs
         if settings.cuda_graphs:
-            for bucket in self.buckets:
-                self.graphs[bucket] = self._capture(bucket)
+            for bucket in buckets:
+                self.graphs[bucket] = self._capture(example(bucket))
             log.info("captured CUDA graphs for buckets %s", list(self.graphs))
 
-    def _run(self, images: torch.Tensor) -> torch.Tensor:
+    def _run(self, batch: torch.Tensor) -> torch.Tensor:
         # cache_enabled=False: autocast's cast-weight cache must not hold tensors made during capture.
         with torch.autocast("cuda", dtype=self.dtype or torch.float32, enabled=self.dtype is not None,
                             cache_enabled=False):
-            return self.embedder(images)
+            return self.module(batch)
 
-    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        height, width = self.image_size
-        static_in = torch.zeros((bucket, 3, height, width), dtype=torch.uint8, device=self.device)
+    def _capture(self, example: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """One bucket's graph, from a zero batch of the tower's input shape and dtype."""
+        static_in = example.to(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(side):
@@ -92,7 +95,7 @@ class CudaEncoder(Encoder):
             static_out = self._run(static_in)
         return graph, static_in, static_out
 
-    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
         captured = self.graphs.get(int(batch.shape[0]))
         with torch.no_grad():
             if captured is not None:
@@ -105,7 +108,6 @@ class CudaEncoder(Encoder):
 
     def describe(self) -> dict[str, Any]:
         return {
-            **super().describe(),
             "device": torch.cuda.get_device_name(self.device),
             "autocast_dtype": str(self.dtype).replace("torch.", "") if self.dtype else "fp32",
             "cuda_graphs": sorted(self.graphs),
@@ -118,35 +120,15 @@ def check_available(settings: ModelSettings, env: Mapping[str, str] | None = Non
         raise BackendUnavailable(problem)
 
 
-def create_cuda_encoder(settings: ModelSettings) -> CudaEncoder:
+def build(settings: ModelSettings, tower: str) -> Tower:
     check_available(settings)
-    device = torch.device("cuda", torch.cuda.current_device())
-    dtype = choose_autocast_dtype(settings.cuda_dtype, torch.cuda.is_bf16_supported())
-    embedder, info = load_embedder(settings)
-    log.info("cuda encoder on %s, autocast %s", torch.cuda.get_device_name(device), dtype or "off (fp32)")
-    return CudaEncoder(embedder, info, settings, device, dtype)
+
+    def runner(module: nn.Module, buckets: Sequence[int], example: Callable[[int], torch.Tensor]) -> CudaRunner:
+        made = CudaRunner(module, settings, buckets, example)
+        log.info("cuda runner on %s, autocast %s", torch.cuda.get_device_name(made.device), made.dtype or "off (fp32)")
+        return made
+
+    return eager_tower(settings, tower, runner)
 
 
-class CudaTextEncoder(TextEncoder):
-    backend = "cuda"
-
-    def __init__(self, embedder: TextEmbedder, tokenizer: Tokenizer, info: TextInfo, settings: ModelSettings) -> None:
-        problem = cuda_problem()
-        if problem is not None:
-            raise BackendUnavailable(problem)
-        super().__init__(tokenizer, info, settings.text_buckets)
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.dtype = choose_autocast_dtype(settings.cuda_dtype, torch.cuda.is_bf16_supported())
-        self.embedder = embedder.to(self.device)
-
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), torch.autocast("cuda", dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
-            return self.embedder(ids.to(self.device, non_blocking=True)).float().cpu()
-
-
-def create_cuda_text_encoder(settings: ModelSettings) -> CudaTextEncoder:
-    return CudaTextEncoder(*load_text_tower(settings), settings)
-
-
-register_backend("cuda", Backend(image=create_cuda_encoder, text=create_cuda_text_encoder,
-                                 check_available=check_available))
+IMPLEMENTATION = Implementation(build=build, check_available=check_available)

@@ -16,17 +16,18 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.backends.compiled import ArtifactEncoder, checked_artifact, manifest_model_info
-from siglip_serve.models.encoder import Backend, register_backend
-from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, ModelInfo, open_clip_module
+from siglip_serve.models.backends.compiled import ArtifactChecks, ArtifactRunner, checked_artifact, manifest_model_info
+from siglip_serve.models.backends.record import IMAGE, TEXT, Implementation
+from siglip_serve.models.encoder import Encoder
+from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, open_clip_module
 from siglip_serve.models.neuron.env import (
     LNC_ENV,
     TorchNeuronRefusal,
@@ -44,14 +45,14 @@ from siglip_serve.models.neuron.runtime import (
     TorchNeuronRuntime,
     artifact_neff_dir,
     compile_buckets,
-    image_input,
     missing_graphs,
     read_native_manifest,
     run_warm,
 )
 from siglip_serve.models.neuron.text import checked_text_entry, text_info_from_entry
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import TextEmbedder, TextEncoder, TextInfo, Tokenizer
+from siglip_serve.models.text import TextEmbedder, TextEncoder
+from siglip_serve.models.tower import RunnerFactory, Tower
 
 log = logging.getLogger(__name__)
 
@@ -93,32 +94,6 @@ def adopt_unset(expected: Mapping[str, str], env: MutableMapping[str, str]) -> N
                     "sure TorchNeuron reads them (docs/torchneuron.md, step 4)", sorted(adopted))
 
 
-def _build_embedder(manifest: NativeManifest, weights_path: Path) -> ImageEmbedder:
-    model = open_clip_module().create_model(manifest.model, pretrained=None)  # architecture only; weights follow
-    embedder = ImageEmbedder(model.visual, SIGLIP_MEAN, SIGLIP_STD).eval()
-    state = torch.load(weights_path, map_location="cpu", weights_only=True)
-    embedder.load_state_dict(state, strict=True)
-    embedder.requires_grad_(False)
-    return embedder
-
-
-class NativeNeuronEncoder(ArtifactEncoder):
-    backend = "neuron-native"
-    manifest: NativeManifest
-
-    def __init__(self, compiled: Any, runtime: NativeRuntime, info: ModelInfo, buckets: tuple[int, ...],
-                 directory: Path, manifest: NativeManifest, visible_cores: str) -> None:
-        super().__init__(info, buckets, directory, manifest, manifest.lnc, visible_cores)
-        self.compiled = compiled
-        self.runtime = runtime
-
-    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
-        return run_warm(self.compiled, self.runtime, batch)
-
-    def artifact_details(self) -> dict[str, Any]:
-        return {"runtime": self.runtime.name}
-
-
 @dataclass
 class NativeStart:
     """What every neuron-native tower has checked before it loads weights: the artifact, its NEFF
@@ -129,6 +104,24 @@ class NativeStart:
     manifest: NativeManifest
     neff_dir: Path
     cores: str
+
+
+class NativeRunner(ArtifactRunner):
+    """One tower's graphs, compiled from the artifact's NEFF cache, run under fail_on_recompile."""
+
+    backend = "neuron-native"
+    manifest: NativeManifest
+
+    def __init__(self, compiled: Any, start: NativeStart) -> None:
+        super().__init__(start.directory, start.manifest, start.manifest.lnc, start.cores)
+        self.compiled = compiled
+        self.runtime = start.runtime
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return run_warm(self.compiled, self.runtime, batch)
+
+    def artifact_details(self) -> dict[str, Any]:
+        return {"runtime": self.runtime.name}
 
 
 def check_start(settings: ModelSettings, runtime: NativeRuntime | None = None,
@@ -175,20 +168,52 @@ def warm_from_cache(start: NativeStart, module: torch.nn.Module, buckets: tuple[
     return compiled, {w.bucket: w.seconds for w in warmed}
 
 
-def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
-                        env: Mapping[str, str] | None = None) -> NativeNeuronEncoder:
+def _module(start: NativeStart, tower: str, weights_name: str, weights_sha256: str) -> torch.nn.Module:
+    """The tower's architecture from open_clip, filled with the weights file the artifact was compiled with."""
+    model = open_clip_module().create_model(start.manifest.model, pretrained=None)  # architecture only
+    module = ImageEmbedder(model.visual, SIGLIP_MEAN, SIGLIP_STD) if tower == IMAGE else TextEmbedder(model.text)
+    module.eval()
+    module.load_state_dict(torch.load(check_weights(start, weights_name, weights_sha256), map_location="cpu",
+                                      weights_only=True), strict=True)
+    module.requires_grad_(False)
+    return module
+
+
+def _runner(start: NativeStart, module: torch.nn.Module, graphs: Mapping[str, list[str]], tower: str) -> RunnerFactory:
+    def warm(buckets: Sequence[int], example: Callable[[int], torch.Tensor]) -> NativeRunner:
+        compiled, seconds = warm_from_cache(start, module, tuple(buckets), graphs, example,
+                                            "" if tower == IMAGE else f"{tower} ")
+        # From here every forward runs under fail_on_recompile (run_warm): another shape is a bug that
+        # must fail, not compile for minutes.
+        log.info("neuron-native %s: buckets %s warm on NeuronCore %s (%s)", tower, list(buckets), start.cores,
+                 {b: f"{s:.1f} s" for b, s in seconds.items()})
+        return NativeRunner(compiled, start)
+    return warm
+
+
+def load_native_tower(settings: ModelSettings, tower: str, runtime: NativeRuntime | None = None,
+                      env: Mapping[str, str] | None = None) -> Tower:
+    """The start checks (SDK, versions, environment, one core), then the tower's weights and every one
+    of its buckets' graphs from the artifact's NEFF cache."""
     start = check_start(settings, runtime, env)
     manifest = start.manifest
-    weights_path = check_weights(start, manifest.weights_file, manifest.weights_file_sha256)
-    buckets = tuple(sorted(settings.buckets))
-    compiled, seconds = warm_from_cache(start, _build_embedder(manifest, weights_path), buckets, manifest.graphs,
-                                        image_input((manifest.image_size[0], manifest.image_size[1])))
-    # From here every forward runs under fail_on_recompile (run_warm): another shape is a bug that
-    # must fail, not compile for minutes.
-    log.info("neuron-native: buckets %s warm on NeuronCore %s (%s)", list(buckets), start.cores,
-             {b: f"{s:.1f} s" for b, s in seconds.items()})
-    return NativeNeuronEncoder(compiled, start.runtime, manifest_model_info(manifest), buckets, start.directory,
-                               manifest, start.cores)
+    if tower == IMAGE:
+        module = _module(start, tower, manifest.weights_file, manifest.weights_file_sha256)
+        return Encoder(manifest_model_info(manifest), settings.buckets, _runner(start, module, manifest.graphs, tower))
+    text = manifest.text
+    checked_text_entry(settings, start.directory, text, "siglip-serve compile --backend neuron-native")
+    tokenizer, info = text_info_from_entry(settings, manifest.model, text)
+    module = _module(start, tower, text["weights_file"], text["weights_file_sha256"])
+    return TextEncoder(tokenizer, info, settings.text_buckets, _runner(start, module, text["graphs"], tower))
+
+
+def load_native_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None,
+                        env: Mapping[str, str] | None = None) -> Encoder:
+    return cast(Encoder, load_native_tower(settings, IMAGE, runtime, env))
+
+
+def load_native_text_encoder(settings: ModelSettings, runtime: NativeRuntime | None = None) -> TextEncoder:
+    return cast(TextEncoder, load_native_tower(settings, TEXT, runtime))
 
 
 def check_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
@@ -211,63 +236,15 @@ def check_available(settings: ModelSettings, env: Mapping[str, str] | None = Non
         raise BackendUnavailable(str(exc)) from None
 
 
-def create_native_encoder(settings: ModelSettings) -> NativeNeuronEncoder:
+def build(settings: ModelSettings, tower: str) -> Tower:
     try:
-        return load_native_encoder(settings)
+        return load_native_tower(settings, tower)
     except TorchNeuronRefusal as exc:
         raise BackendUnavailable(str(exc)) from None
 
 
-class NativeTextEncoder(TextEncoder):
-    """The text tower on TorchNeuron: one graph per text bucket, from the artifact's NEFF cache."""
-
-    backend = "neuron-native"
-
-    def __init__(self, compiled: Any, runtime: Any, tokenizer: Tokenizer, info: TextInfo,
-                 buckets: tuple[int, ...]) -> None:
-        super().__init__(tokenizer, info, buckets)
-        self.compiled = compiled
-        self.runtime = runtime
-
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        from siglip_serve.models.neuron.runtime import run_warm
-
-        return run_warm(self.compiled, self.runtime, ids)
+CHECKS = ArtifactChecks(native_artifact, "siglip-serve compile --backend neuron-native")
 
 
-def load_native_text_encoder(settings: ModelSettings, runtime: Any = None) -> NativeTextEncoder:
-    """The same start checks as the image tower (SDK, versions, environment, one core), then the
-    text weights and every text bucket's graph from the artifact's NEFF cache."""
-    from siglip_serve.models.neuron.runtime import text_input
-
-    start = check_start(settings, runtime)
-    text = start.manifest.text
-    checked_text_entry(settings, start.directory, text, "siglip-serve compile --backend neuron-native")
-    tokenizer, info = text_info_from_entry(settings, start.manifest.model, text)
-    weights = check_weights(start, text["weights_file"], text["weights_file_sha256"])
-    embedder = TextEmbedder(open_clip_module().create_model(start.manifest.model, pretrained=None).text).eval()
-    embedder.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
-    embedder.requires_grad_(False)
-    buckets = tuple(sorted(settings.text_buckets))
-    compiled, seconds = warm_from_cache(start, embedder, buckets, text["graphs"], text_input(info.context_length),
-                                        tower="text ")
-    log.info("neuron-native text: buckets %s warm on NeuronCore %s (%s)", list(buckets), start.cores,
-             {b: f"{s:.1f} s" for b, s in seconds.items()})
-    return NativeTextEncoder(compiled, start.runtime, tokenizer, info, buckets)
-
-
-def create_native_text_encoder(settings: ModelSettings) -> NativeTextEncoder:
-    try:
-        return load_native_text_encoder(settings)
-    except TorchNeuronRefusal as exc:
-        raise BackendUnavailable(str(exc)) from None
-
-
-def check_text_artifact(settings: ModelSettings) -> None:
-    directory, native = native_artifact(settings)
-    checked_text_entry(settings, directory, native.text, "siglip-serve compile --backend neuron-native")
-
-
-register_backend("neuron-native", Backend(image=create_native_encoder, text=create_native_text_encoder,
-                                          check_available=check_available, replica_env=replica_env,
-                                          check_text_artifact=check_text_artifact))
+IMPLEMENTATION = Implementation(build=build, check_available=check_available, replica_env=replica_env,
+                                check_tower=CHECKS.check_tower, compiled_for=CHECKS.compiled_for)

@@ -14,27 +14,32 @@ import logging
 
 import torch
 
-from siglip_serve.models.encoder import Backend, Encoder, register_backend
+from siglip_serve.models.backends.builtin import NO_MODEL_BACKEND
+from siglip_serve.models.backends.record import Implementation
+from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.loading import ModelInfo, model_geometry
-from siglip_serve.models.settings import NO_MODEL_BACKEND, ModelSettings
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.tower import Runner, Tower
 
 log = logging.getLogger(__name__)
 
 
-class ZerosNoModelEncoder(Encoder):
+class ZerosRunner(Runner):
     backend = NO_MODEL_BACKEND
-    static_shapes = False
 
-    def _forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def __init__(self, embed_dim: int) -> None:
+        self.embed_dim = embed_dim
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
         return torch.zeros((int(batch.shape[0]), self.embed_dim), dtype=torch.float32)
 
 
-def create_zeros_encoder(settings: ModelSettings) -> ZerosNoModelEncoder:
+def build(settings: ModelSettings, tower: str) -> Tower:
     image_size, embed_dim = model_geometry(settings.model)
     log.warning("backend %s: NO MODEL RUNS; every image is answered with a zero vector (host ceiling only)",
                 NO_MODEL_BACKEND)
-    return ZerosNoModelEncoder(ModelInfo(settings.model, embed_dim, image_size, settings.weights_source),
-                               settings.buckets)
+    return Encoder(ModelInfo(settings.model, embed_dim, image_size, settings.weights_source), settings.buckets,
+                   lambda buckets, example: ZerosRunner(embed_dim))
 
 
-register_backend(NO_MODEL_BACKEND, Backend(image=create_zeros_encoder))
+IMPLEMENTATION = Implementation(build=build)

@@ -19,15 +19,9 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from siglip_serve.core.cli import SettingsError, add_log_level, run_main, setup_logging
 from siglip_serve.core.constants import InvalidLnc, lnc_setting
-from siglip_serve.models.cli_args import (
-    SettingsError,
-    add_log_level,
-    add_model_arguments,
-    run_main,
-    settings_from_args,
-    setup_logging,
-)
+from siglip_serve.models.cli_args import add_model_arguments, settings_from_args
 from siglip_serve.models.neuron.base import add_recipe_arguments
 from siglip_serve.models.neuron.env import (
     NativeOptions,
@@ -35,9 +29,9 @@ from siglip_serve.models.neuron.env import (
     installed_versions,
     sdk_tag,
 )
-from siglip_serve.models.settings import NEURON_BACKENDS
 
-LINES = NEURON_BACKENDS
+# The two Neuron lines this command compiles for (their backends' names), the trace line first: the default.
+LINES = ("neuron", "neuron-native")
 DEFAULT_CACHE_ROOT = Path("artifacts")
 log = logging.getLogger("siglip_serve.compile")
 

@@ -6,7 +6,7 @@ SigLIP's text tower takes int64 token ids [bucket, context_length] with no paddi
 the last position), so every bucket is one static shape, which is what neuronx-cc compiles best.
 The manifest's `text` entry holds the context length, buckets, files and the checkpoint's logit
 scale and bias; the tokenizer is not compiled: it loads from `tokenizer` (models/text.py).
-The text encoders themselves are in each line's backend module (models/backends/), beside its image encoder.
+Each line's backend module (models/backends/) runs both towers' graphs on its one Runner.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from siglip_serve.core.cli import add_log_level, run_main, setup_logging
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.cli_args import add_log_level, add_model_arguments, run_main, settings_from_args, setup_logging
+from siglip_serve.models.cli_args import add_model_arguments, settings_from_args
 from siglip_serve.models.loading import ImageEmbedder, load_embedder, model_geometry
 from siglip_serve.models.neuron.base import NeuronOptions, add_recipe_arguments
 from siglip_serve.models.neuron.manifest import (

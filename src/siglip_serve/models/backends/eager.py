@@ -1,0 +1,29 @@
+"""What the two eager backends (cpu, cuda) share: each tower's model comes from open_clip (the
+checkpoint, pretrained weights or seeded random ones) and is handed to the backend's one Runner."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+from torch import nn
+
+from siglip_serve.models.backends.record import IMAGE
+from siglip_serve.models.encoder import Encoder
+from siglip_serve.models.loading import load_embedder
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.text import TextEncoder, load_text_tower
+from siglip_serve.models.tower import Runner, Tower
+
+# (the tower's model, its buckets, a zero batch of one bucket) -> the backend's runner.
+EagerRunner = Callable[[nn.Module, Sequence[int], Callable[[int], torch.Tensor]], Runner]
+
+
+def eager_tower(settings: ModelSettings, tower: str, runner: EagerRunner) -> Tower:
+    """The tower's open_clip model (float32, eval mode, on the CPU) on the runner the backend makes of it."""
+    if tower == IMAGE:
+        embedder, info = load_embedder(settings)
+        return Encoder(info, settings.buckets, partial(runner, embedder))
+    text, tokenizer, model_info = load_text_tower(settings)
+    return TextEncoder(tokenizer, model_info, settings.text_buckets, partial(runner, text))

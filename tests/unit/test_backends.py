@@ -1,0 +1,148 @@
+"""The backend record, the registry and the placement plan: callers ask a record, never a name; one
+runner per backend serves both towers; one function places every replica (serve/placement.py)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from siglip_serve.core.constants import EXTRA_BACKENDS_ENV
+from siglip_serve.models.backends import cuda
+from siglip_serve.models.backends.builtin import BACKENDS, BUILTIN
+from siglip_serve.models.backends.record import IMAGE, BackendRecord, Implementation
+from siglip_serve.models.backends.registry import (
+    backend_record,
+    create_encoder,
+    create_text_encoder,
+    extra_backends_env,
+    implementation,
+    registered,
+)
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.serve.cluster_fit import check_cluster_fits
+from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.placement import plan
+from tests.helpers import SRC
+
+# The places outside models/backends/ that may still compare a backend's name with a literal, each
+# argued: the compile command of the two Neuron lines dispatches to the line's compiler (its own CLI).
+NAME_BRANCHES_ALLOWED = {"models/neuron/cli.py"}
+
+
+def test_every_builtin_record_names_an_implementation_and_its_runner_agrees() -> None:
+    assert tuple(r.name for r in BUILTIN) == BACKENDS
+    for record in BUILTIN:
+        assert isinstance(implementation(record.name), Implementation), record.name
+    # The facts a runner also states itself (TEI's is_padded): the record says the same.
+    static = {r.name: r.runs_static_shapes(ModelSettings(backend=r.name)) for r in BUILTIN}
+    assert static == {"cpu": False, "cuda": False, "neuron": True, "neuron-native": True, "zeros-no-model": False}
+    assert backend_record("cuda").runs_static_shapes(ModelSettings(backend="cuda", cuda_graphs=True))
+
+
+def test_asking_records_imports_no_torch_and_a_registered_backend_travels_in_the_environment() -> None:
+    record = BackendRecord("elsewhere", device="cpu", implementation="nowhere:IMPLEMENTATION", ray_resource="X",
+                           per_replica=0.5, towers=(IMAGE,))
+    with registered(record):
+        env = extra_backends_env()
+    assert json.loads(env[EXTRA_BACKENDS_ENV])[0]["name"] == "elsewhere"
+    assert extra_backends_env() == {}  # unregistered: nothing travels
+    code = ("import sys; from siglip_serve.models.backends.registry import backend_record; "
+            "from siglip_serve.serve.placement import plan; from siglip_serve.serve.config import ServiceConfig; "
+            "r = backend_record('elsewhere'); p = plan(ServiceConfig(model='tiny-siglip', backend='elsewhere')); "
+            "print(r.per_replica, r.towers, p.image.actor_options(), p.text.actor_options(), "
+            "sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         env={**env, "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split("\n")[0] == ("0.5 ('image',) {'num_cpus': 1.0, 'resources': {'X': 0.5}} "
+                                         "{'num_cpus': 0.5, 'resources': {'X': 0.5}} []")
+
+
+@pytest.mark.parametrize("args, image, text", [
+    ({"backend": "cpu"}, {"num_cpus": 1.0}, {"num_cpus": 0.5}),
+    ({"backend": "cuda"}, {"num_cpus": 1.0, "num_gpus": 1}, {"num_cpus": 0.5, "num_gpus": 1}),
+    ({"backend": "neuron"}, {"num_cpus": 1.0, "resources": {"neuron_cores": 1}},
+     {"num_cpus": 0.5, "resources": {"neuron_cores": 1}}),
+    # the tests' stand-in for neuron: CPU image replicas placed on declared cores; the text replica is not
+    ({"backend": "cpu", "neuron_cores_per_replica": 1}, {"num_cpus": 1.0, "resources": {"neuron_cores": 1}},
+     {"num_cpus": 0.5}),
+    ({"backend": "neuron-native", "neuron_cores_per_replica": 0}, {"num_cpus": 1.0}, {"num_cpus": 0.5}),
+    ({"backend": "zeros-no-model"}, {"num_cpus": 1.0}, {"num_cpus": 0.5}),
+])
+def test_one_plan_places_both_towers_from_the_record(args: dict, image: dict, text: dict) -> None:
+    asks = plan(ServiceConfig(model="tiny-siglip", **args))
+    assert (asks.image.actor_options(), asks.text.actor_options()) == (image, text)
+
+
+def test_the_cluster_check_counts_every_device_a_record_asks_for() -> None:
+    config = ServiceConfig(model="tiny-siglip", backend="cuda", replicas=2, text_replicas=1, ingress_replicas=1)
+    check_cluster_fits(config, 2, total={"CPU": 8.0, "GPU": 3.0})
+    with pytest.raises(ConfigError, match=r"needs 3 GPU \(2 encoder replica\(s\) x 1 \+ 1 text replica\(s\) x 1\) "
+                                          r"but the Ray cluster declares 2; .*--num-gpus N"):
+        check_cluster_fits(config, 2, total={"CPU": 8.0, "GPU": 2.0})
+
+
+class CaptureRecorder(cuda.CudaRunner):
+    """The cuda backend's real runner (its dtype choice, which buckets get a graph, static shapes) with the
+    device work left out: each capture records the example it was given and moves nothing. It proves that
+    both towers get graphs for their own buckets from the one runner; it does not prove that a capture or
+    a replay works on a GPU (tests/device/test_cuda_backend.py does, where a GPU is lent)."""
+
+    examples: list[torch.Tensor] = []
+
+    def _capture(self, example: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        CaptureRecorder.examples.append(example)
+        return None, example, example  # type: ignore[return-value]  # no graph without a GPU
+
+
+@pytest.fixture
+def no_gpu_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda, "CudaRunner", CaptureRecorder)
+    monkeypatch.setattr(cuda, "check_available", lambda settings, env=None: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "double")
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *args, **kwargs: self)
+    CaptureRecorder.examples = []
+
+
+def test_cuda_graphs_are_captured_for_both_towers_or_for_neither(no_gpu_needed: None) -> None:
+    settings = ModelSettings(model="tiny-siglip", backend="cuda", cuda_graphs=True, buckets=(1, 2),
+                             text_buckets=(1, 4, 8))
+    image, text = create_encoder(settings), create_text_encoder(settings)
+    assert type(image.runner) is type(text.runner) is CaptureRecorder
+    assert sorted(image.runner.graphs) == [1, 2] and sorted(text.runner.graphs) == [1, 4, 8]
+    assert image.static_shapes and text.static_shapes  # both pad to their buckets, to replay a graph
+    assert text.describe()["cuda_graphs"] == [1, 4, 8] and text.describe()["autocast_dtype"] == "bfloat16"
+    assert [(tuple(e.shape), e.dtype) for e in CaptureRecorder.examples] == [
+        ((1, 3, 64, 64), torch.uint8), ((2, 3, 64, 64), torch.uint8),
+        ((1, 16), torch.int64), ((4, 16), torch.int64), ((8, 16), torch.int64)]
+    eager = create_text_encoder(settings.model_copy(update={"cuda_graphs": False}))
+    assert eager.runner.graphs == {} and not eager.static_shapes  # no graph: real sizes, as the image tower
+
+
+def _name_branches(path) -> list[int]:
+    """Lines comparing something named *backend* with a string literal (==, !=, in, not in)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        named = any("backend" in ast.unparse(o).lower() for o in operands if isinstance(o, (ast.Name, ast.Attribute)))
+        literal = any(isinstance(o, ast.Constant) and isinstance(o.value, str)
+                      or isinstance(o, (ast.Tuple, ast.List, ast.Set)) and any(
+                          isinstance(e, ast.Constant) and isinstance(e.value, str) for e in o.elts) for o in operands)
+        if named and literal:
+            found.append(node.lineno)
+    return found
+
+
+def test_outside_the_backends_package_no_code_branches_on_a_backends_name() -> None:
+    found = {str(p.relative_to(SRC)): lines for p in sorted(SRC.rglob("*.py"))
+             if "backends" not in p.relative_to(SRC).parts[:2] and (lines := _name_branches(p))}
+    assert set(found) == NAME_BRANCHES_ALLOWED, found
+    assert sum(len(lines) for lines in found.values()) <= 5

@@ -1,0 +1,82 @@
+"""Fail when a siglip_serve package or sub-package imports one its row below does not allow.
+
+The rows are the architecture, lowest first: each names what it may import besides itself. A module
+belongs to the deepest package that holds it (`models/backends/cpu.py` to models.backends, `models/
+tower.py` to models); every package and sub-package needs a row, so a new one is placed on purpose.
+Imports are read as tools/import_cycles.py reads them: every import, a lazy one inside a function
+included; only `if TYPE_CHECKING:` blocks are left out.
+Usage: python tools/layers.py [SRC_DIR]   (default: src/siglip_serve)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from import_cycles import ROOT, graph  # a sibling script, not a package
+
+# What each package may import besides itself, lowest first. "" is siglip_serve itself (its __main__
+# dispatches to every command). models and its sub-packages import each other as their rows say: the
+# backend registry (models.backends) validates ModelSettings' backend names and runs the towers.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "models.neuron": frozenset({"core", "models"}),
+    "models.backends": frozenset({"core", "models", "models.neuron"}),
+    "models": frozenset({"core", "models.backends"}),
+    "kernels": frozenset({"core", "models", "models.neuron"}),
+    "serve": frozenset({"core", "models", "models.backends"}),
+    "launcher": frozenset({"core", "models", "models.backends", "models.neuron", "serve"}),
+    # bench's command line reuses `run`'s front-end option.
+    "measure": frozenset({"core", "models", "models.backends", "serve", "launcher"}),
+    "loadtest": frozenset({"core", "measure"}),
+    # A bulk job's summary is a measure result (BulkResult).
+    "bulk": frozenset({"core", "models", "models.backends", "serve", "measure"}),
+    "": frozenset({"core", "models", "models.neuron", "models.backends", "kernels", "serve", "launcher", "measure",
+                   "loadtest", "bulk"}),
+}
+
+
+def package_of(module: str, packages: set[str]) -> str:
+    """The deepest package (a name without the `siglip_serve.` prefix) that holds `module`."""
+    name = module.removeprefix(ROOT).removeprefix(".")
+    parts = name.split(".")
+    for depth in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:depth])
+        if candidate in packages:
+            return candidate
+    return ""
+
+
+def violations(modules: Mapping[str, set[str]], packages: set[str],
+               rows: Mapping[str, frozenset[str]] = MAY_IMPORT) -> list[str]:
+    found = [f"package {name or ROOT} has no row in tools/layers.py MAY_IMPORT" for name in sorted(packages | {""})
+             if name not in rows]
+    for module, targets in sorted(modules.items()):
+        here = package_of(module, packages)
+        upward: dict[str, list[str]] = {}  # `from a import b` imports a and a.b: one line per package
+        for target in sorted(targets):
+            there = package_of(target, packages)
+            if there != here and here in rows and there not in rows[here]:
+                upward.setdefault(there, []).append(target)
+        found += [f"{module} imports {', '.join(names)}: {here or ROOT} may import only "
+                  f"{', '.join(sorted(rows[here])) or 'nothing of the project'}" for names in upward.values()]
+    return found
+
+
+def packages_in(src: Path) -> set[str]:
+    return {".".join(p.parent.relative_to(src).parts) for p in src.rglob("__init__.py") if p.parent != src}
+
+
+def main(argv: list[str]) -> int:
+    src = Path(argv[0] if argv else "src/siglip_serve")
+    packages = packages_in(src)
+    problems = violations(graph(src), packages)
+    print("\n".join(f"layer rule broken: {p}" for p in problems) or f"every import follows the layers of "
+                                                                     f"{len(packages)} packages")
+    return int(bool(problems))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -165,10 +165,10 @@ def deploy(name: str, route_prefix: str, wait: bool = True, routes: tuple[Any, .
     from ray import serve
     from ray.serve.api import _run
 
-    from siglip_serve.serve.app import build_app
+    from siglip_serve.serve.app import build_app_with_routes
 
     DEPLOYED.append(name)
-    app = build_app({"model": "tiny-siglip", "replicas": 1, "text_replicas": 0, **args}, routes=routes)
+    app = build_app_with_routes({"model": "tiny-siglip", "replicas": 1, "text_replicas": 0, **args}, routes)
     if wait:
         serve.run(app, name=name, route_prefix=route_prefix)
     else:

@@ -40,11 +40,17 @@ def test_full_queue_is_503_with_retry_after_and_nothing_is_lost(strict_app: str,
     # Every request ends with an embedding or a contract error: nothing hangs (pool.map would raise
     # the client's timeout), nothing is dropped.
     assert set(statuses) <= {200, 503, 504}, statuses
-    overloaded = [r for r in responses if r.status_code == 503]
-    assert overloaded, statuses
-    for response in overloaded:
-        assert_error(response, 503, "overloaded")
-        assert response.headers["retry-after"] == "2"
+    refused = [r for r in responses if r.status_code == 503]
+    # Shed on arrival: 503 overloaded with the configured Retry-After. On a busy machine a request admitted
+    # to HAProxy's queue may also wait out its 0.3 s deadline there: 503 not_ready (docs/http-api.md, Front-end
+    # limits: HAProxy's `timeout queue`), with Retry-After too.
+    kinds = [r.json()["error"]["type"] for r in refused]
+    assert "overloaded" in kinds, statuses
+    for response, kind in zip(refused, kinds, strict=True):
+        assert_error(response, 503, kind)
+        assert kind in ("overloaded", "not_ready"), kind
+        assert response.headers["retry-after"] == ("2" if kind == "overloaded" else "1")
+    overloaded = [r for r, kind in zip(refused, kinds, strict=True) if kind == "overloaded"]
     # The queue sheds only when full: the ingress works on 2 x max_batch_size (8) + 4 decode threads
     # requests at once and one more may wait, so at least 17 requests were admitted before the first 503.
     admitted = len(payloads) - len(overloaded)

@@ -1,5 +1,5 @@
 """A route written only in this file, on the one scheduling call (serve/schedule.py), registered on the real
-application (tiny-siglip, the session's local Ray) through `build_app(..., routes=...)`: it gets the API key,
+application (tiny-siglip, the session's local Ray) through `build_app_with_routes(args, routes)`: it gets the API key,
 its place among the requests the ingress works on, the request's deadline, the drain and the metrics without
 writing any of them, and it scores pairs as /v1/classify does (what /v1/rerank will be)."""
 

@@ -98,3 +98,20 @@ def test_serves_own_timeout_stands_just_behind_the_apps_deadline(name: str, serv
     # timeout bounds that wait, and must not cut a request the app still works on.
     deadline = ServiceConfig.from_args(app_args(serve_config)).request_timeout_s
     assert serve_config["http_options"]["request_timeout_s"] == deadline + FRONT_END_TIMEOUT_MARGIN_S, name
+
+
+@pytest.mark.parametrize("name,serve_config", serve_configs(), ids=[name for name, _ in serve_configs()])
+def test_serve_accepts_the_import_paths_builder(name: str, serve_config: dict) -> None:
+    """Serve's own call of the builder (ray/serve/_private/api.py) refuses any function that does not take
+    exactly one parameter; a config it reaches the checks of is refused as the app's own AppRefused."""
+    import importlib
+
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    from siglip_serve.serve.app import AppRefused
+
+    (app,) = serve_config["applications"]
+    module, _, attribute = app["import_path"].partition(":")
+    builder = getattr(importlib.import_module(module), attribute)
+    with pytest.raises(AppRefused, match="max_batch_size"):
+        call_user_app_builder_with_args_if_necessary(builder, {**app["args"], "max_batch_size": 0})

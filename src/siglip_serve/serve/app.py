@@ -131,8 +131,15 @@ class AppRefused(RayServeException):
     """
 
 
-def build_app(args: dict[str, Any] | None = None, routes: Sequence[Route | Probe] = ()) -> Application:
-    """Serve's application builder: `args` is the YAML `args:` mapping; `routes`, more routes beside the
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """Serve's application builder (`import_path: siglip_serve.serve.app:build_app`): `args` is the YAML
+    `args:` mapping. Serve calls a builder with exactly one parameter and refuses any other signature
+    (ray/serve/_private/api.py, call_user_app_builder_with_args_if_necessary)."""
+    return build_app_with_routes(args)
+
+
+def build_app_with_routes(args: dict[str, Any] | None, routes: Sequence[Route | Probe] = ()) -> Application:
+    """The application of `args` (the YAML `args:` mapping) with `routes`, more routes beside the
     contract's (serve/routes.py), each on the same front door and scheduling call (a test's, say).
 
     It checks, once, what it can before any replica starts: the config, that the weights are on disk

@@ -7,7 +7,9 @@ and of one repeated image (sent once before the windows: every request a hit). T
 the whole process tree of the `run` process (--pid; measure/server_cpu.py), the client left out.
 
     siglip-serve run --model tiny-siglip --random-weights --set embedding_cache_mib=64 &
-    python tools/cache_cpu.py --pid $! --port 8000
+    python tools/cache_cpu.py --pid $! --port 8000 --json cache-cpu.json
+
+It prints a row per window and writes every row, and the cache's counts at the end, to --json.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=600, help="requests per window")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--json", default="cache-cpu.json", help="where the rows go")
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}/v1/embeddings"
     fresh = bodies(args.rounds * args.requests + 128, seed=int(time.time()))
@@ -66,14 +69,20 @@ def main() -> None:
     repeated = [warm[0]] * args.requests
     server = ServerCpu(roots=[args.pid])
     asyncio.run(drive(url, warm, args.concurrency, len(warm)))  # warm-up; puts the repeated image in the cache
+    rows = []
+    print(f"{'round':>5} {'images':>9} {'img/s':>7} {'CPU-ms/img':>10} {'ingress':>8} {'encoder':>8}")
     for i in range(args.rounds):
-        new = window(url, fresh[i * args.requests:(i + 1) * args.requests], server, args.concurrency)
-        again = window(url, repeated, server, args.concurrency)
-        print(json.dumps({"round": i + 1, "time_utc": time.strftime("%H:%M:%S", time.gmtime()), "new": new,
-                          "repeated": again}), flush=True)
+        for kind, sent in (("new", fresh[i * args.requests:(i + 1) * args.requests]), ("repeated", repeated)):
+            row = {"round": i + 1, "images": kind, "time_utc": time.strftime("%H:%M:%S", time.gmtime()),
+                   **window(url, sent, server, args.concurrency)}
+            rows.append(row)
+            print(f"{i + 1:>5} {kind:>9} {row['img_s']:>7} {row['cpu_ms_per_image']:>10} {row['ingress_ms']:>8} "
+                  f"{row['encoder_ms']:>8}", flush=True)
     stats = httpx.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["cache"]
-    print(json.dumps({"cache": stats}), flush=True)
-
+    print(json.dumps({"cache": stats}))
+    with open(args.json, "w") as out:
+        json.dump({"rows": rows, "cache": stats, "concurrency": args.concurrency,
+                   "requests_per_window": args.requests}, out, indent=1)
 
 if __name__ == "__main__":
     main()

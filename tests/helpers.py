@@ -16,6 +16,7 @@ import shlex
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -90,6 +91,64 @@ class ServeResponse:
 
     def cancel(self) -> None:
         self.task.cancel()
+
+
+class TowerHandle:
+    """Stands in for a tower's deployment handle as the ingress uses it: `options(...)` (recorded, the same
+    handle back) and `embed_chunks.remote(chunks, deadlines)`, answering after `seconds` a fixed vector per item
+    (from a CRC of its pixels or its text; not normalised), recording how many items each call carried. It does
+    not prove Serve's routing, a real replica's batching or its model (the integration tests run those)."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        from ray.serve._private.handle_options import DynamicHandleOptions
+
+        self.handle_options = DynamicHandleOptions()
+        self.seconds = seconds
+        self.items: list[int] = []
+        handle = self
+
+        class Method:
+            def remote(self, chunks: list[Any], deadlines: list[float], *_: Any) -> ServeResponse:
+                return ServeResponse(handle._embed(chunks))
+
+        self.embed_chunks = Method()
+
+    def options(self, **options: Any) -> TowerHandle:
+        self.handle_options = self.handle_options.copy_and_update(**options)
+        return self
+
+    async def _embed(self, chunks: list[Any]) -> list[np.ndarray]:
+        import asyncio
+
+        await asyncio.sleep(self.seconds)
+        self.items.extend(len(chunk) for chunk in chunks)
+        return [np.stack([self.vector(item) for item in chunk]) for chunk in chunks]
+
+    @staticmethod
+    def vector(item: Any) -> np.ndarray:
+        data = item.encode() if isinstance(item, str) else np.ascontiguousarray(item).tobytes()
+        return np.random.default_rng(zlib.crc32(data)).standard_normal(4).astype(np.float32)
+
+
+# What a warm replica of each tower publishes in the registry (serve/tower_replica.py `publish`), in part.
+STAND_IN_RECORDS = [{"tower": "image", "replica_id": "image-1", "warmup_seconds": {"8": 0.002}},
+                    {"tower": "text", "replica_id": "text-1", "warmup_seconds": {"32": 0.003}, "context_length": 16,
+                     "logit_scale": 10.0, "logit_bias": -10.0}]
+
+
+def stand_in_ingress(image: TowerHandle, text: TowerHandle | None, **args: Any) -> Any:
+    """An ingress (serve/ingress.py) of tiny-siglip's geometry with stand-in tower handles, its registry holding
+    one warm replica per tower (no Ray: the caller keeps registry.is_draining from asking one). Its batchers bind
+    to the first event loop that uses them: one asyncio.run (or one TestClient) per ingress."""
+    from siglip_serve.models.loading import ModelInfo
+    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.ingress import Ingress
+
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1,
+                                      "text_replicas": 1 if text else 0, **args})
+    records = STAND_IN_RECORDS if text else STAND_IN_RECORDS[:1]
+    return Ingress(image, config, 1, ModelInfo("tiny-siglip", 4, (64, 64), "random"),  # type: ignore[arg-type]
+                   text, replica=("test", "ingress-1"), live_replicas=lambda app: list(records))  # type: ignore[arg-type]
 
 
 # Applications test modules deployed; conftest's module fixture deletes each module's when it ends,
@@ -229,6 +288,67 @@ def streamed_png(width: int, height: int, bit_depth: int, colour_type: int, row:
         parts.append(comp.compress(line * min(step, height - start)))
     parts.append(comp.flush())
     return png_file(width, height, bit_depth, colour_type, b"".join(parts))
+
+
+# -- an image server on a loopback address (images by URL) --------------------------------------
+
+class FileServer:
+    """HTTP on one loopback address (127.0.0.2, 127.0.0.3: tests send nothing elsewhere) serving `files` by path,
+    `/redirect?<url>` (302 to it) and `/slow/<path>` (the file after `slow_s`); it records each request's
+    (path, Host) and the most requests it held at once. A context manager: the server stops at its end."""
+
+    def __init__(self, host: str, files: dict[str, bytes], slow_s: float = 0.5) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import unquote
+
+        self.files, self.slow_s = files, slow_s
+        self.hits: list[tuple[str, str | None]] = []
+        self.active = self.most_active = 0
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                outer.hits.append((self.path, self.headers.get("Host")))
+                path, _, query = self.path.partition("?")
+                with lock:
+                    outer.active += 1
+                    outer.most_active = max(outer.most_active, outer.active)
+                try:
+                    if path == "/redirect":
+                        self._send(302, b"", {"Location": unquote(query)})
+                        return
+                    if path.startswith("/slow/"):
+                        time.sleep(outer.slow_s)
+                        path = path[len("/slow"):]
+                    body = outer.files.get(path)
+                    self._send(200 if body is not None else 404, body or b"")
+                finally:
+                    with lock:
+                        outer.active -= 1
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://{host}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> FileServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 # -- the torch_neuronx test double (tests/doubles/torch_neuronx) ----------------------------

@@ -28,6 +28,7 @@ from siglip_serve.models.preprocess import ImageLimits, check_file_size
 from siglip_serve.serve.embed_request import URLSAFE_TO_STD, CohereEmbedRequest, EmbeddingsRequest
 from siglip_serve.serve.embedding_output import encode_rows
 from siglip_serve.serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
+from siglip_serve.serve.rerank import RerankRequest
 
 # Ray Serve's proxy parses headers with httptools and no limits (docs/http-api.md, Front-end
 # limits); the application refuses what no client needs: nginx's default buffers hold 32 KiB.
@@ -136,7 +137,7 @@ class ClassifyRequest(BaseModel):
     model: str | None = None
 
 
-JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest)
+JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest, RerankRequest)
 
 
 def parse_json(body: bytes, schema: type[JsonRequest], served_model: str) -> JsonRequest:

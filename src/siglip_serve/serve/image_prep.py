@@ -43,6 +43,16 @@ class ImagePrep:
         self.decoder = FairDecodeQueue(config.decode_threads, config.decode_memory_budget_bytes)
         self._observe_seconds = observe_seconds  # siglip_preprocess_seconds
 
+    def file_bytes(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[bytes]:
+        """Every item's image file bytes (a data URI or base64 undone; the byte limit checked); nothing decoded."""
+        out = []
+        for item, label in zip(items, labels, strict=True):
+            try:
+                out.append(decode_base64_image(item, self.limits) if isinstance(item, str) else item)
+            except ApiError as exc:
+                raise image_error(exc, label) from None
+        return out
+
     def probe(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[tuple[bytes, ImageHeader]]:
         """Every item's bytes and header, every header-level limit checked; no pixel decoded."""
         out = []

@@ -4,6 +4,8 @@
 - `towers` (serve/tower_link.py): a link per tower served (image, text), built by one factory, and their
   readiness from what their warm replicas published;
 - `images` (serve/image_prep.py): every image checked from its header, then decoded on the fair decode queue;
+- `fetcher` (serve/url_fetch.py): image URLs under `url_fetch_allowlist`, at most `url_fetch_concurrency` at once;
+- `cache` (serve/embedding_cache.py): the embeddings this replica computed, by what was sent (`embedding_cache_mib`);
 - `scheduler` (serve/schedule.py): the one call every route's work goes through.
 
 The routes (serve/routes.py) are thin functions of this object; serve/http_app.py puts them on a FastAPI app
@@ -21,14 +23,17 @@ from ray.serve.handle import DeploymentHandle
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.embedding_cache import EmbeddingCache, cache_scope
 from siglip_serve.serve.errors import ApiError, ErrorType
 from siglip_serve.serve.front_door import FrontDoor
 from siglip_serve.serve.image_prep import ImagePrep
-from siglip_serve.serve.metrics import IngressMetrics
+from siglip_serve.serve.item_rows import ItemRows
+from siglip_serve.serve.metrics import EmbeddingCacheMetrics, IngressMetrics
 from siglip_serve.serve.replica_grpc import bind_to_node_address
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.schedule import Scheduler
 from siglip_serve.serve.tower_link import LiveReplicas, Towers, tower_link
+from siglip_serve.serve.url_fetch import UrlFetcher
 
 log = logging.getLogger("siglip_serve.ingress")
 
@@ -54,7 +59,12 @@ class Ingress:
         self.towers = Towers({tower: tower_link(tower, handle, config, replicas)
                               for tower, handle in handles.items() if handle is not None}, self.app_name, live_replicas)
         self.images = ImagePrep(config, model.image_size, self.metrics.preprocess_seconds.observe)
-        self.scheduler = Scheduler(config, model, self.metrics, self.door, self.towers, self.images)
+        self.fetcher = UrlFetcher(config.url_fetch)
+        # Built with the cache off too: the contract's metric names are exported by every ingress.
+        self.cache = EmbeddingCache.from_config(config, EmbeddingCacheMetrics())
+        scopes = {tower: cache_scope(config, tower, model.image_size) for tower in ("image", "text")}
+        rows = ItemRows(self.images, self.fetcher, self.cache, scopes)
+        self.scheduler = Scheduler(config, model, self.metrics, self.door, self.towers, rows)
 
     @property
     def modalities(self) -> list[str]:
@@ -123,4 +133,5 @@ class Ingress:
             "modalities": self.modalities,
             "text_off_reason": self.text_off_reason,
             "text": self.towers.info("text"),
+            "cache": self.cache.stats(),
         }

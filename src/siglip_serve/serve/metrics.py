@@ -35,19 +35,18 @@ ENCODER_IMAGES = "siglip_encoder_images_total"
 TEXTS_EMBEDDED = "siglip_texts_embedded_total"
 BATCH_QUEUE_SECONDS = "siglip_batch_queue_seconds"
 BATCH_QUEUED_INPUTS = "siglip_batch_queued_inputs"
-METRIC_NAMES = (
-    IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS,
-    FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES, TEXTS_EMBEDDED,
-    BATCH_QUEUE_SECONDS, BATCH_QUEUED_INPUTS,
-)
 # The embedding cache's (serve/embedding_cache.py), per ingress replica (and bulk's repeats skipped, as
-# hits). They join METRIC_NAMES when the ingress builds EmbeddingCacheMetrics (the route wiring), so the
-# contract lists only what a running service exports.
+# hits); every ingress exports them, at zero while the cache is off.
 CACHE_HITS = "siglip_embedding_cache_hits_total"
 CACHE_MISSES = "siglip_embedding_cache_misses_total"
 CACHE_EVICTIONS = "siglip_embedding_cache_evictions_total"
 CACHE_BYTES = "siglip_embedding_cache_bytes"
 CACHE_METRIC_NAMES = (CACHE_HITS, CACHE_MISSES, CACHE_EVICTIONS, CACHE_BYTES)
+METRIC_NAMES = (
+    IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS,
+    FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES, TEXTS_EMBEDDED,
+    BATCH_QUEUE_SECONDS, BATCH_QUEUED_INPUTS, *CACHE_METRIC_NAMES,
+)
 
 # Decode + validate + resize of one image on one thread: ~3-7 ms for a 512x512 JPEG, ~20 ms for
 # 1920x1080, 0.1-0.4 s for a 12 MP photo.
@@ -73,10 +72,10 @@ FILL_BUCKETS = [0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
 
 
 # The `endpoint` label of siglip_images_embedded_total and siglip_request_seconds.
-ENDPOINTS = ("image", "multipart", "embeddings", "v2_embed", "classify")
+ENDPOINTS = ("image", "multipart", "embeddings", "v2_embed", "classify", "rerank")
 # The `endpoint` label of siglip_texts_embedded_total: text inputs and classify labels (and of
 # siglip_request_seconds for those requests: "text", "classify").
-TEXT_ENDPOINTS = ("embeddings", "v2_embed", "classify")
+TEXT_ENDPOINTS = ("embeddings", "v2_embed", "classify", "rerank")
 # The `tower` label of siglip_encoder_forward_seconds, siglip_batch_fill_ratio and the batch queue's two.
 TOWERS = ("image", "text")
 

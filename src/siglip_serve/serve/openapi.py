@@ -187,12 +187,50 @@ CLASSIFY_SCHEMA: dict[str, Any] = {
     },
 }
 
+RERANK_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["query", "documents"],
+    "description": "Cohere's v2 rerank shape; other Cohere fields (max_tokens_per_doc, priority) are ignored",
+    "properties": {
+        "model": {"type": "string", "description": "optional; must name the served model"},
+        "query": {"oneOf": [{"type": "string", "description": "a text"}, _TYPED_ITEM]},
+        "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "string", "description": "a text (as Cohere's documents)"}, _TYPED_ITEM]},
+            "description": "texts and images count against max_texts_per_request / max_images_per_request, "
+                           "the query included"},
+        "top_n": {"type": "integer", "minimum": 1, "description": "at most this many results; default all"},
+        "return_documents": {"type": "boolean", "default": False,
+                             "description": "each result carries its document: {text} or {image} as sent"},
+        "cache": _CACHE,
+    },
+}
+
+RERANK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "results", "model", "meta"],
+    "properties": {
+        "id": {"type": "string"},
+        "results": {"type": "array", "description": "highest relevance_score first; ties in the documents' order",
+                    "items": {"type": "object", "required": ["index", "relevance_score"], "properties": {
+                        "index": {"type": "integer", "minimum": 0, "description": "the document's place in the "
+                                                                                  "request"},
+                        "relevance_score": {"type": "number", "minimum": 0, "maximum": 1,
+                                            "description": "SigLIP's sigmoid probability, as classify's score"},
+                        "document": {"type": "object", "description": "return_documents only",
+                                     "properties": {"text": {"type": "string"}, "image": {"type": "string"}}},
+                    }}},
+        "model": {"type": "string"},
+        "meta": {"type": "object"},
+        "usage": {"type": "object", "properties": {"images": {"type": "integer"}, "texts": {"type": "integer"}}},
+    },
+}
+
 _WHY = {
     400: "empty body, malformed multipart, an image that cannot be decoded (data with an image format's "
          "signature included), dimensions not served, an image URL not allowed (url_not_allowed) or that "
          "could not be fetched (url_fetch_failed)",
     401: "missing or wrong API key (only when the service has one)",
-    404: "texts or classify where the service runs no text tower",
+    404: "texts, classify or rerank where the service runs no text tower",
     408: "the body stopped arriving for 10 s before its end (connection closed)",
     413: "body, image, request pixels or text over the configured limit; an image URL's body over the byte "
          "limit (url_too_large)",
@@ -261,6 +299,14 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
         }}},
         "responses": {**_ok(CLASSIFY_SCHEMA, "per image, every label's probability"), **_errors(*_EMBED_ERRORS)},
     },
+    **{("POST", path): {
+        "summary": "Rerank (Cohere's v2 shape): documents, texts or images, ordered by SigLIP's probability for the "
+                   "query" + (" (Cohere's path, as the cohere SDK calls it)" if path.startswith("/v2") else ""),
+        "openapi_extra": {"requestBody": {"required": True, "content": {
+            "application/json": {"schema": RERANK_REQUEST_SCHEMA}}}},
+        "responses": {**_ok(RERANK_SCHEMA, "the documents' indices and scores, highest first"),
+                      **_errors(*_EMBED_ERRORS)},
+    } for path in ("/v1/rerank", "/v2/rerank")},
     ("GET", "/v1/models"): {
         "summary": "The served model and every encoder replica",
         "responses": {**_ok({"type": "object", "required": ["object", "data"]}, "model list"),

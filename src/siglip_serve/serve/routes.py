@@ -21,6 +21,7 @@ from siglip_serve.serve.embed_request import (
     CohereEmbedRequest,
     EmbeddingsRequest,
     Item,
+    image_item,
     read_cohere_items,
     read_items,
 )
@@ -40,6 +41,7 @@ from siglip_serve.serve.http_body import (
 )
 from siglip_serve.serve.ingress import Ingress
 from siglip_serve.serve.openapi import openapi_document
+from siglip_serve.serve.rerank import RerankRequest, read_rerank_items, render_rerank
 from siglip_serve.serve.schedule import SCORE, Scheduled, Work
 
 # -- work: through the scheduling call ---------------------------------------------------------
@@ -53,7 +55,8 @@ async def embeddings(ingress: Ingress, request: Request, deadline: float) -> Res
     def render(done: Scheduled) -> Response:
         return render_embeddings(done.rows, ingress.model.name, encoding, done.images, done.texts, read_as=read_as)
 
-    return await ingress.scheduler.answer(Work("embeddings", items, dimensions=parsed.dimensions), deadline, render)
+    work = Work("embeddings", items, dimensions=parsed.dimensions, cache=parsed.cache)
+    return await ingress.scheduler.answer(work, deadline, render)
 
 
 async def embed_v2(ingress: Ingress, request: Request, deadline: float) -> Response:
@@ -61,7 +64,7 @@ async def embed_v2(ingress: Ingress, request: Request, deadline: float) -> Respo
     parsed = await _read_json(ingress, request, CohereEmbedRequest)
     items = read_cohere_items(parsed)
     texts = [str(item.value) for item in items if item.kind == "text"]
-    work = Work("v2_embed", items, dimensions=parsed.output_dimension)
+    work = Work("v2_embed", items, dimensions=parsed.output_dimension, cache=parsed.cache)
     return await ingress.scheduler.answer(work, deadline, lambda done: render_cohere(
         done.rows, ingress.model.name, parsed.embedding_types, texts, done.images))
 
@@ -106,6 +109,20 @@ async def classify(ingress: Ingress, request: Request, deadline: float) -> Respo
     return await ingress.scheduler.answer(work, deadline, render)
 
 
+async def rerank(ingress: Ingress, request: Request, deadline: float) -> Response:
+    """Cohere's v2 rerank: documents (texts or images) ordered by SigLIP's probability for the query
+    (serve/rerank.py), the query's row scored against every document's as classify scores labels."""
+    parsed = await _read_json(ingress, request, RerankRequest)
+
+    def render(done: Scheduled) -> Response:
+        scores = done.scores(done.rows[:1], done.rows[1:])[0]
+        return render_rerank(parsed, scores, ingress.model.name, done.images, done.texts)
+
+    work = Work("rerank", read_rerank_items(parsed), score=True, cache=parsed.cache,
+                texts_called="texts (the query and documents)")
+    return await ingress.scheduler.answer(work, deadline, render)
+
+
 def prompts_of(labels: Sequence[str], template: str) -> list[str]:
     if template.count("{}") != 1:
         raise ApiError(422, ErrorType.INVALID_REQUEST,
@@ -121,7 +138,8 @@ async def _read_json(ingress: Ingress, request: Request, schema: type[JsonReques
 
 
 def _images(values: Sequence[bytes | str], labels: Sequence[str]) -> list[Item]:
-    return [Item("image", value, label) for value, label in zip(values, labels, strict=True)]
+    """Image items; a JSON string that is an http(s) URL is fetched (serve/item_rows.py), file bytes never are."""
+    return [image_item(value, label) for value, label in zip(values, labels, strict=True)]
 
 
 # -- probes: about the service -----------------------------------------------------------------
@@ -157,6 +175,9 @@ ROUTES: tuple[Route | Probe, ...] = (
     Route("POST", "/v1/embeddings", embeddings),
     Route("POST", "/v2/embed", embed_v2),
     Route("POST", "/v1/classify", classify, needs=(SCORE,)),
+    # Jina's, Infinity's and TEI's path, and Cohere's (what the `cohere` SDK posts to), as vLLM serves both.
+    Route("POST", "/v1/rerank", rerank, needs=(SCORE,)),
+    Route("POST", "/v2/rerank", rerank, needs=(SCORE,)),
     Route("POST", "/v1/embeddings/image", embeddings_image),
     Probe("GET", "/v1/models", models),
     Probe("GET", "/healthz", healthz, auth=False),

@@ -9,9 +9,10 @@ any cost of the next:
 1. `dimensions`, then the images per request (422); the towers the items need (and, for `score`, the text
    tower's logit scale and bias) served, else 404 naming why not; each text (count, empty, length);
 2. admission, per tower: 503 while draining or while the tower still loads;
-3. the images decoded (serve/image_prep.py) and both towers encoded at once (serve/encoder_client.py: a dead
-   replica retried once, the request's deadline, the call cancelled once nobody waits); a bad image cancels
-   the texts' call;
+3. both towers' items to rows at once (serve/item_rows.py): image URLs fetched within the request's deadline,
+   every item looked up in the embedding cache by what was sent, the rest decoded (serve/image_prep.py) and
+   encoded (serve/encoder_client.py: a dead replica retried once, the request's deadline, the call cancelled
+   once nobody waits), identical items computed once; a bad image or URL cancels the texts' call;
 4. the rows back in input order, cut to `dimensions`, the route's answer rendered, the items counted, and the
    request's seconds observed (siglip_request_seconds) with the status it ended in.
 The request's place, deadline and API key are the front door's (serve/front_door.py), taken before the body.
@@ -24,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from fastapi import Response
@@ -38,7 +40,7 @@ from siglip_serve.serve.embed_request import Item
 from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions
 from siglip_serve.serve.errors import ApiError, ErrorType, image_error, text_error
 from siglip_serve.serve.front_door import FrontDoor
-from siglip_serve.serve.image_prep import ImagePrep
+from siglip_serve.serve.item_rows import ItemRows
 from siglip_serve.serve.metrics import IngressMetrics
 from siglip_serve.serve.tower_link import Towers
 from siglip_serve.serve.tower_replica import DeadlineExceeded
@@ -58,6 +60,7 @@ class Work:
     cached_texts: bool = False  # texts answered from the ingress's prompt cache where they are in it
     texts_called: str = "texts"  # what the too-many-texts message calls the texts (classify: "labels")
     dimensions: int | None = None  # cut every row to this many (serve/embedding_output.py), checked first
+    cache: bool = True  # false: the embedding cache is neither read nor filled (the request's "cache": false)
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ class Scheduler:
     metrics: IngressMetrics
     door: FrontDoor
     towers: Towers
-    images: ImagePrep
+    rows: ItemRows
     prompts: PromptCache = field(init=False)
 
     def __post_init__(self) -> None:
@@ -197,8 +200,8 @@ class Scheduler:
         for tower in needs:
             await self.admit(tower)
         logit = self._logit() if work.score else None
-        tasks = [asyncio.ensure_future(self._images([work.items[i] for i in images], deadline)),
-                 asyncio.ensure_future(self._texts(text_values, deadline, work.cached_texts))]
+        tasks = [asyncio.ensure_future(self._images([work.items[i] for i in images], deadline, work.cache)),
+                 asyncio.ensure_future(self._texts(text_values, deadline, work.cached_texts, work.cache))]
         try:
             parts = await asyncio.gather(*tasks)
         except BaseException:
@@ -228,19 +231,18 @@ class Scheduler:
         info = self.towers.info("text") or {}
         return float(info["logit_scale"]), float(info["logit_bias"])
 
-    async def _images(self, items: Sequence[Item], deadline: float) -> np.ndarray | None:
+    async def _images(self, items: Sequence[Item], deadline: float, use_cache: bool) -> np.ndarray | None:
         if not items:
             return None
-        with tracing.span("decode", images=len(items)):
-            pixels = await self.images.prepare_all([item.value for item in items], [item.label for item in items])
-        return await self.encode("image", pixels, deadline)
+        return await self.rows.image_rows(items, deadline, partial(self.encode, deadline=deadline), use_cache)
 
-    async def _texts(self, texts: list[str], deadline: float, cached: bool) -> np.ndarray | None:
+    async def _texts(self, texts: list[str], deadline: float, prompts: bool, use_cache: bool) -> np.ndarray | None:
         if not texts:
             return None
-        if cached:
-            return await self.prompts.embed(texts, lambda missing: self.encode("text", missing, deadline))
-        return await self.encode("text", texts, deadline)
+        encode = partial(self.encode, deadline=deadline)
+        if prompts:
+            return await self.prompts.embed(texts, lambda missing: self.rows.text_rows(missing, encode, use_cache))
+        return await self.rows.text_rows(texts, encode, use_cache)
 
     async def _timed(self, endpoint: str, work: Awaitable[Response], deadline: float) -> Response:
         """Await a route's work and observe siglip_request_seconds with the status it ended in."""

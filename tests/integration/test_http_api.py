@@ -60,7 +60,7 @@ def test_raw_image_matches_in_process_model(client: httpx.Client, photo_jpegs: l
 def test_the_ingress_calls_its_encoders_over_grpc(client: httpx.Client) -> None:
     # The tests' app is built in a process without Serve's throughput mode in its environment, so its
     # handles would call by reference (Ray tasks) had the ingress not chosen gRPC itself. Only this app's
-    # ingress logs count: other modules' cpu apps run without the mode (its cpu default).
+    # ingress logs count: other modules' apps may turn the mode off (`throughput_optimized: false`).
     import ray
 
     assert client.get("/readyz").status_code == 200

@@ -1,5 +1,5 @@
-"""Serve's throughput-optimized mode reaches every replica of the app where it is on (by default where the
-model is not on the host's cores), and off leaves Serve's defaults (docs/capacity.md)."""
+"""Serve's throughput-optimized mode reaches every replica of the app where it is on: by default the ingress
+always and the towers where the model is not on the host's cores; off leaves Serve's defaults (docs/capacity.md)."""
 
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ def test_every_replica_runs_serve_in_throughput_mode_with_its_log_on_stderr_and_
     assert envs["Encoder"]["MY_VAR"] == "1"
 
 
-@pytest.mark.parametrize("override", [{"throughput_optimized": False}, {},
+@pytest.mark.parametrize("override", [{"throughput_optimized": False},
                                       {"throughput_optimized": True,
                                        "env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}}],
-                         ids=["config-off", "cpu-default", "env-var-wins"])
+                         ids=["config-off", "env-var-wins"])
 def test_serve_defaults_when_turned_off(override: dict[str, Any]) -> None:
     envs = replica_envs(ServiceConfig(model="tiny-siglip", random_weights=True, replicas=1, text_replicas=1,
                                       **override))
@@ -47,12 +47,28 @@ def test_serve_defaults_when_turned_off(override: dict[str, Any]) -> None:
         assert not any(name in env for env in envs.values() for name in SERVE_THROUGHPUT_ENV)
 
 
+def test_on_cpu_by_default_the_ingress_runs_the_mode_and_the_towers_do_not() -> None:
+    # Measured per deployment (README, Benchmarks, "Serve's mode per deployment"): the ingress saves host
+    # CPU in the mode; towers that share the host's cores with it lose images per second.
+    config = ServiceConfig(model="tiny-siglip", random_weights=True, replicas=1, text_replicas=1)
+    envs = replica_envs(config)
+    assert {k: envs["Ingress"].get(k) for k in SERVE_THROUGHPUT_ENV} == SERVE_THROUGHPUT_ENV
+    # Explicitly off: a Ray that `siglip-serve run` started in the mode hands its environment to every worker.
+    assert envs["Encoder"]["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
+    assert envs["TextEncoder"]["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
+    assert config.tower_calls_by_grpc  # the ingress's own choice: every replica serves gRPC
+
+
 @pytest.mark.parametrize(("backend", "on"), [("cpu", False), ("cuda", True), ("neuron", True),
                                              ("neuron-native", True), ("zeros-no-model", True)])
 def test_the_mode_is_on_by_default_where_the_model_is_not_on_the_hosts_cores(backend: str, on: bool) -> None:
     # On cpu the mode cost ViT-B-16 about 15 % of its img/s and doubled its p99 (docs/capacity.md).
-    assert ServiceConfig.model_construct(backend=backend, throughput_optimized=None).serve_throughput_mode is on
+    default = ServiceConfig.model_construct(backend=backend, throughput_optimized=None)
+    assert default.serve_throughput_mode is on and default.tower_calls_by_grpc
+    assert default.ingress_throughput_mode  # the ingress runs it on every backend unless turned off
     assert ServiceConfig.model_construct(backend=backend, throughput_optimized=not on).serve_throughput_mode is not on
+    off = ServiceConfig.model_construct(backend=backend, throughput_optimized=False)
+    assert not off.ingress_throughput_mode and not off.tower_calls_by_grpc
 
 
 def test_a_handle_built_without_the_mode_calls_by_reference() -> None:

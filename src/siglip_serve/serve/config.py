@@ -194,10 +194,11 @@ class ServiceConfig(ModelSettings):
     env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
                                                                        "replica (Ray runtime_env), e.g. "
                                                                        "NEURON_LOGICAL_NC_CONFIG on trn2")
-    throughput_optimized: bool | None = Field(None, description="Ray Serve's throughput-optimized mode in every "
-                                              "replica (gRPC between replicas, user code on the replica's own "
-                                              "event loop; docs/capacity.md); default: on unless the model runs "
-                                              "on the host's cores (backend cpu); false: Serve's defaults")
+    throughput_optimized: bool | None = Field(None, description="Ray Serve's throughput-optimized mode (gRPC between "
+                                              "replicas, user code on the replica's own event loop; "
+                                              "docs/capacity.md): true: in every replica; false: Serve's "
+                                              "defaults everywhere; default: in the ingress always, in the "
+                                              "towers unless the model runs on the host's cores (backend cpu)")
     log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
                                                "every replica")
@@ -340,17 +341,41 @@ class ServiceConfig(ModelSettings):
 
     @property
     def serve_throughput_mode(self) -> bool:
-        """Serve's throughput mode: as set, else on where the model is not on the host's cores. On cpu it
-        cost ViT-B-16 about 15 % of its images per second and doubled its p99 (docs/capacity.md): it
-        saves host work per call, which a slow model hardly spends, and the encoder replicas took more
-        CPU per image on the cores the forward passes need."""
+        """Serve's throughput mode in the tower replicas: as set, else on where the model is not on the host's
+        cores. On cpu it cost ViT-B-16 about 15 % of its images per second and doubled its p99 (docs/capacity.md):
+        the tower replicas took more CPU per image on the cores their forward passes need."""
         if self.throughput_optimized is not None:
             return self.throughput_optimized
         return not self.model_on_host_cores
 
+    @property
+    def ingress_throughput_mode(self) -> bool:
+        """Serve's throughput mode in the ingress (and, under `siglip-serve run`, the Ray it starts): as set,
+        else on for every backend. The ingress does the host's per-request work (HTTP, JSON, decoding),
+        where the mode saves most; measured per deployment in README, Benchmarks, "Serve's mode per
+        deployment" (2026-11-26)."""
+        return self.throughput_optimized is not False
+
+    @property
+    def tower_calls_by_grpc(self) -> bool:
+        """Whether the ingress calls the towers over Serve's gRPC (else Ray actor tasks): wherever the ingress
+        runs the mode. Every replica serves gRPC whatever its mode (ray/serve/_private/replica.py starts its
+        inter-deployment server unconditionally); on cpu, gRPC calls to towers outside the mode measured
+        level with actor tasks on ViT-B-16 and cheaper on tiny-siglip (README, Benchmarks)."""
+        return self.ingress_throughput_mode
+
     def serve_mode_env(self) -> dict[str, str]:
-        """What every replica of the app (ingress and towers) gets in its runtime_env for Serve's mode."""
-        return dict(SERVE_THROUGHPUT_ENV) if self.serve_throughput_mode else {}
+        """What the ingress replicas (and a Ray `siglip-serve run` starts) get in their runtime_env for Serve's
+        mode."""
+        return dict(SERVE_THROUGHPUT_ENV) if self.ingress_throughput_mode else {}
+
+    def tower_mode_env(self) -> dict[str, str]:
+        """What every tower replica (image and text) gets in its runtime_env for Serve's mode: the mode's
+        variables where it is on there; where the Ray itself runs the mode (`siglip-serve run`) but the towers
+        do not, RAY_SERVE_THROUGHPUT_OPTIMIZED=0, since a replica inherits the Ray's environment."""
+        if self.serve_throughput_mode:
+            return dict(SERVE_THROUGHPUT_ENV)
+        return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"} if self.ingress_throughput_mode else {}
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:

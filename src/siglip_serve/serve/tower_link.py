@@ -81,7 +81,7 @@ def tower_link(tower: str, handle: DeploymentHandle, config: ServiceConfig, repl
     client = EncoderClient(handle, plan.replicas, config.ingress_count, plan.largest_bucket, config.retry_after_s,
                            max_in_flight=plan.replicas * max_ongoing(plan.largest_bucket),
                            model_on_host_cores=config.model_on_host_cores, tower=tower,
-                           grpc=config.serve_throughput_mode)
+                           grpc=config.tower_calls_by_grpc)
     return TowerLink(tower, client, plan)
 
 

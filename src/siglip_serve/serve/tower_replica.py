@@ -166,7 +166,7 @@ def tower_deployment(replica_class: type[TowerReplica], name: str, config: Servi
     actor_options = ask.actor_options()
     # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
     # at import); a config env_var that contradicts it is refused by the replica, naming both.
-    env_vars = {**backend_replica_env(config.model_settings()), **config.serve_mode_env(),
+    env_vars = {**backend_replica_env(config.model_settings()), **config.tower_mode_env(),
                 **tracing.replica_env(config.tracing), **config.env_vars}
     if env_vars:
         actor_options["runtime_env"] = {"env_vars": env_vars}

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 import yaml
 
 from siglip_serve.core.poll import poll
@@ -19,6 +22,7 @@ from tests.helpers import REPO, wait_until_ready
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 150
+FIRST_503_S = 30  # /readyz answers 503 within this of the command starting (launcher/startup.py's placeholder)
 
 
 def wait_ready(url: str, proc: subprocess.Popen) -> None:
@@ -78,18 +82,37 @@ def test_run_refuses_at_once_what_the_ray_it_starts_can_never_hold() -> None:
     assert time.monotonic() - began < 60  # Ray's start, not a wait for a node
 
 
-def test_run_serves_and_sigint_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:
+def test_run_answers_503_while_starting_serves_then_sigint_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:
     """Run with the defaults, whose CPU plan (serve/cpu_plan.py) gives a small model one replica
-    per usable core, one torch thread each; Ctrl-C to the main process (SIGINT) then stops it all,
-    exit 0 (SIGTERM and group signals: tests/integration/test_shutdown.py)."""
+    per usable core, one torch thread each. From its first seconds /readyz answers 503 not_ready (the
+    start-up placeholder) while progress is logged; then it serves, Serve's port is not shared, Ray's own
+    CLI reaches this cluster as the log says; Ctrl-C to the main process (SIGINT) stops it all, exit 0
+    (SIGTERM and group signals: tests/integration/test_shutdown.py). One service start for all of it."""
     port = free_port()
+    began = time.monotonic()
     proc = subprocess.Popen(
         [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
          "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     url = f"http://127.0.0.1:{port}"
+    first_503 = None
     try:
+        while time.monotonic() - began < START_TIMEOUT_S and not any("ready in" in line for line in lines):
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            try:
+                response = httpx.get(f"{url}/readyz", timeout=15)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            if response.status_code == 503 and first_503 is None:
+                first_503 = time.monotonic() - began
+                assert response.json()["error"]["type"] == "not_ready"
+            time.sleep(0.5)
+        assert first_503 is not None and first_503 < FIRST_503_S, first_503
         wait_ready(url, proc)
         children = descendants(proc)
         assert any("raylet" in " ".join(p.cmdline()) for p in children)
@@ -99,11 +122,31 @@ def test_run_serves_and_sigint_leaves_no_ray_process(photo_jpegs: list[bytes]) -
                                           lambda m: len(m["replicas"]) == cores, START_TIMEOUT_S)
         assert every_replica_up and model["replicas_expected"] == cores, model
         assert [replica["torch_threads"] for replica in model["replicas"]] == [1] * cores
-        output = stop_and_check_nothing_left(proc, children, signal.SIGINT)
-        assert "stopping Serve and Ray" in output
+        # Serve's proxy holds the port without SO_REUSEPORT: a second listener that asks to share it is refused.
+        with socket.socket() as second:
+            second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            with pytest.raises(OSError):
+                second.bind(("127.0.0.1", port))
+        # Ray's own CLI, as the log line says (token auth on; this cluster's dashboard, not localhost:8265).
+        hint = next(line for line in lines if "Ray's CLI for this cluster" in line)
+        command = hint.split("Ray's CLI for this cluster: ", 1)[1].split()
+        assert command[0] == "RAY_AUTH_MODE=token"
+        status = subprocess.run([str(BIN / command[1]), *command[2:]], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "RAY_AUTH_MODE": "token"})
+        assert status.returncode == 0 and "siglip" in status.stdout and "RUNNING" in status.stdout, status
+        proc.send_signal(signal.SIGINT)
+        # Bound for a hang, not for speed (see stop_and_check_nothing_left).
+        assert proc.wait(timeout=240) == 0, "".join(lines)[-3000:]
+        reader.join(timeout=10)
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [(p.pid, p.name()) for p in alive]
     finally:
         if proc.poll() is None:
             proc.kill()
+    output = "".join(lines)
+    assert "encoder replicas warm" in output and "ready in" in output, output[-3000:]
+    assert "stopping Serve and Ray" in output
+    assert "503 not_ready" not in output  # no line per probe answered 503 during start-up
 
 
 def test_serve_cpu_yaml_runs_under_rays_own_serve_run(tmp_path: Path, photo_jpegs: list[bytes]) -> None:

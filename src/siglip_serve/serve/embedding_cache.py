@@ -120,6 +120,12 @@ class EmbeddingCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
+    def publish_size(self) -> None:
+        """Report the bytes held again (serve/ingress.py does on each readiness probe): a gauge set only
+        when the cache changes would show nothing for a cache that is off or idle."""
+        if self.events is not None:
+            self.events.size(self.bytes)
+
     def stats(self) -> dict[str, Any]:
         """For /v1/models' `cache` entry."""
         looked_up = self.hits + self.misses

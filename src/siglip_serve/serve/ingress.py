@@ -93,6 +93,7 @@ class Ingress:
     async def readiness(self) -> tuple[ApiError | None, dict[str, Any]]:
         """(why this replica cannot serve now, or None; the counts of every tower it serves)."""
         ready = await self.towers.ready()
+        self.cache.publish_size()
         image = self.towers["image"].counts()
         counts = {**image, "towers": {tower: link.counts() for tower, link in self.towers.items()}}
         if await self.door.drain_marked():

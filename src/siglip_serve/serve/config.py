@@ -361,7 +361,7 @@ class ServiceConfig(ModelSettings):
         """Whether the ingress calls the towers over Serve's gRPC (else Ray actor tasks): wherever the ingress
         runs the mode. Every replica serves gRPC whatever its mode (ray/serve/_private/replica.py starts its
         inter-deployment server unconditionally); on cpu, gRPC calls to towers outside the mode measured
-        level with actor tasks on ViT-B-16 and cheaper on tiny-siglip (README, Benchmarks)."""
+        level with actor tasks (README, Benchmarks, "Serve's mode per deployment")."""
         return self.ingress_throughput_mode
 
     def serve_mode_env(self) -> dict[str, str]:

@@ -8,10 +8,12 @@ Neuron compiler, runtime or a NeuronCore do anything. `test_trn2_check_on_a_real
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -216,11 +218,13 @@ def test_stray_neffs_in_torchneurons_default_caches_are_reported(tmp_path: Path,
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "NEURON_COMPILE_CACHE_URL"):
         monkeypatch.delenv(name, raising=False)
+    began = time.time()
     for neff in (temp / "neff_cache" / "ab" / "cd" / "abcd.neff", temp / "local_cache" / "ef.neff",
                  out / "artifacts-native" / "tiny" / "neff" / "12" / "34" / "1234.neff"):
         neff.parent.mkdir(parents=True)
         neff.write_bytes(b"neff")
-    found = trn2_report.neff_files(out)
+    window = [(began, time.time() + 1)]  # the files were written during a compile step
+    found = trn2_report.neff_files(out, window)
     assert {str(temp / "neff_cache"), str(temp / "local_cache")} <= set(found["outside_the_artifacts"])
     assert str(out.resolve()) not in found["outside_the_artifacts"]
     assert {f["path"] for f in found["files"]} >= {str(temp / "neff_cache" / "ab" / "cd" / "abcd.neff"),
@@ -229,7 +233,61 @@ def test_stray_neffs_in_torchneurons_default_caches_are_reported(tmp_path: Path,
     (elsewhere / "x.neff").parent.mkdir()
     (elsewhere / "x.neff").write_bytes(b"neff")
     monkeypatch.setenv("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", str(elsewhere))  # the local tier's own variable
-    assert str(elsewhere) in trn2_report.neff_files(out)["outside_the_artifacts"]
+    assert str(elsewhere) in trn2_report.neff_files(out, window)["outside_the_artifacts"]
+
+
+def test_only_neffs_the_compile_and_serve_steps_wrote_count_as_strays(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41, item 3: a NEFF older than the run is another run's, and the kernel steps, which run last,
+    write to their own caches under DIR; only a file written into a default cache during a compile or serve
+    step is reported. The steps here are real subprocesses of run_step, the kernel step with its real
+    environment and a stand-in command that writes where a compile would: each cache variable it is given."""
+    temp, out = tmp_path / "tmp", tmp_path / "out"
+    # This machine's own /tmp and /var/tmp caches are not this test's.
+    monkeypatch.setattr(trn2_report, "default_neff_caches", lambda: [temp / "neff_cache", temp / "local_cache"])
+    monkeypatch.setattr(trn2_report, "DEFAULT_COMPILE_CACHE", str(temp / "neuron-compile-cache"))
+    for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "NEURON_COMPILE_CACHE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    old = temp / "neff_cache" / "00" / "old.neff"  # another run's, a day ago
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"neff")
+    os.utime(old, (time.time() - 86400, time.time() - 86400))
+    run = Run(out, [PY])
+    out.mkdir()
+
+    def writes(path: Path | str) -> list[str]:
+        return [PY, "-c", f"import os, pathlib; p = pathlib.Path(os.path.expandvars({str(path)!r})); "
+                          f"p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(b'neff')"]
+
+    stray = temp / "neff_cache" / "ab" / "cd" / "stray.neff"
+    artifact = out / "artifacts-native" / "tiny" / "neff" / "12" / "1234.neff"
+    (kernels,) = [s for s in trn2_steps.kernel_steps(1.0) if s.name == "kernels-neuron"]
+    caches = ("$NEURON_COMPILE_CACHE_URL/k1.neff", "$TORCH_NEURONX_NEFF_CACHE_DIR/k2.neff",
+              "$TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR/k3.neff")
+    steps = [Step("compile-native", "compile", lambda r: writes(artifact), 60),
+             Step("serve-native", "serve", lambda r: writes(stray), 60),
+             Step("multicore-native", "bench", lambda r: [PY, "-c", "import time; time.sleep(1.2)"], 60),
+             dataclasses.replace(kernels, skip_if=lambda r: None,
+                                 command=lambda r: [PY, "-c", "; ".join(writes(c)[2] for c in caches)])]
+    for i, step in enumerate(steps, start=1):
+        run.results[step.name] = run_step(step, run, i, len(steps), echo=lambda _: None)
+    assert {r.status for r in run.results.values()} == {"passed"}
+    kernel_cache = out.resolve() / "kernel-caches" / "neuron"
+    assert sorted(p.name for p in kernel_cache.rglob("*.neff")) == ["k1.neff", "k2.neff", "k3.neff"]
+    assert {p.parent.name for p in kernel_cache.rglob("*.neff")} == {"compile-cache", "neff", "local"}
+    # Were the kernel step to write to a default cache after all, it is after the window: not counted.
+    late = temp / "local_cache" / "late.neff"
+    late.parent.mkdir(parents=True)
+    late.write_bytes(b"neff")
+    summary = write_summary(run, "start")
+    found = json.loads((out / "report.json").read_text())["neff_files"]
+    assert {f["path"] for f in found["files"]} == {str(stray), str(artifact.resolve())}
+    assert found["outside_the_artifacts"] == [str(temp / "neff_cache")]
+    assert found["not_written_during_the_steps"] == 2  # the old one and the late one; the kernels' not searched
+    (answer,) = [a["answer"] for a in summary["found"]["hardware_answers"] if "NEFF cache layout" in a["question"]]
+    assert answer == (f"1 NEFF file(s) under artifacts-native; NEFFs the compile and serve steps wrote outside "
+                      f"the artifacts: {temp / 'neff_cache'}")
+    assert "kernel-caches/" not in (out / "summary.md").read_text()
 
 
 def test_what_ray_makes_of_the_neuron_cores_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,10 +63,39 @@ def test_the_trace_image_is_the_dlc_of_the_constraints_release_and_installs_with
 
 
 def test_the_native_image_installs_the_exact_torch_of_its_constraints() -> None:
-    (install,) = first("neuron-native.Containerfile", "RUN")
+    (install,) = [r for r in first("neuron-native.Containerfile", "RUN") if "pip install" in r]
     assert "-c constraints-neuron-native.txt" in install and "'.[neuron-native]'" in install
     assert constraint("constraints-neuron-native.txt", "torch") == "2.14.0"
     assert "BASE_IMAGE" in first("neuron-native.Containerfile", "ARG")  # required: no tag we could verify
+
+
+def _comments(name: str) -> str:
+    return "\n".join(line.lstrip("# ") for line in (IMAGES / name).read_text().splitlines()
+                     if line.lstrip().startswith("#"))
+
+
+def test_the_trace_images_tag_query_takes_the_2_31_0_or_the_2_31_1_dlc() -> None:
+    """Issue 41: the README lists sdk2.31.1 beside sdk2.31.0, with the same torch-neuronx and neuronx-cc."""
+    (query,) = re.findall(r"--query '([^']+)'", _comments("neuron-2.31.Containerfile").replace("\\\n", " "))
+    tags = set(re.findall(r"imageTag==`([^`]+)`", query))
+    assert tags == {"2.9.0-neuronx-py312-sdk2.31.0-ubuntu24.04", "2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04"}
+    (arg,) = [a for a in first("neuron-2.31.Containerfile", "ARG") if a.startswith("BASE_IMAGE=")]
+    assert arg.split(":", 1)[1] in tags
+
+
+def test_the_native_image_fits_a_python_3_14_dlc_and_refuses_another_python() -> None:
+    """Issue 41: Neuron 2.33's DLCs are Python 3.14 only; TorchNeuron has wheels for 3.12-3.14. The image
+    installs wheels only, and its Python check (run here as the build would) refuses 3.11 and takes 3.14."""
+    assert "--repository-name neuron/pytorch-training-neuronx" not in _comments("neuron-native.Containerfile")
+    check, install = first("neuron-native.Containerfile", "RUN")
+    assert "--only-binary=:all:" in shlex.split(install)
+    code = shlex.split(check)[2]
+    for version, refused in [((3, 11, 7), True), ((3, 12, 0), False), ((3, 14, 0), False), ((3, 15, 0), True)]:
+        run = subprocess.run([sys.executable, "-c", f"import sys; sys.version_info = {version}; exec({code!r})"],
+                             capture_output=True, text=True, timeout=60)
+        assert (run.returncode != 0) == refused, (version, run.stderr)
+        if refused:
+            assert f"this base has Python {version[0]}.{version[1]}; TorchNeuron 2.14.3 needs 3.12-3.14" in run.stderr
 
 
 def test_the_cpu_image_runs_the_readmes_commands() -> None:

@@ -222,3 +222,104 @@ def test_the_bulk_job_is_a_valid_rayjob_whose_entrypoint_our_cli_takes() -> None
     assert plan.decode_workers == group["replicas"] * (cpus - cores)
     # A retry resumes from the finished shards, so retries are worth a new cluster each.
     assert job["spec"]["backoffLimit"] >= 1 and job["spec"]["shutdownAfterJobFinishes"] is True
+
+
+# -- every pod that reads the artifacts or touches S3 can -------------------------------------
+
+def _cluster(document: dict) -> dict:
+    return document["spec"]["rayClusterConfig" if document["kind"] == "RayService" else "rayClusterSpec"]
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    return [s for v in value for s in _strings(v)] if isinstance(value, list) else []
+
+
+def workload(document: dict) -> tuple[set[str], set[str]]:
+    """(the local folders the model's processes read, the s3:// locations the workload reads or writes): from
+    each Serve application's args (`*_dir` keys) or from the job's entrypoint (`--*-dir` options)."""
+    import shlex
+
+    if document["kind"] == "RayService":
+        apps = yaml.safe_load(document["spec"]["serveConfigV2"])["applications"]
+        paths = {str(v) for app in apps for k, v in app.get("args", {}).items() if k.endswith("_dir") and v}
+        found = _strings([app.get("args", {}) for app in apps])
+    else:
+        found = shlex.split(document["spec"]["entrypoint"])
+        options = [(a.split("=", 1) + [found[i + 1] if i + 1 < len(found) else ""])[:2]
+                   for i, a in enumerate(found) if a.startswith("--")]
+        paths = {value for option, value in options if option.endswith("-dir") and value}
+    return paths, {s for s in found if s.startswith("s3://")}
+
+
+def _hosts_work(params: dict) -> bool:
+    """Whether Ray can place tasks, actors or replicas on this pod's node: it offers CPUs or declares a
+    custom resource (a head started with num-cpus 0 and none holds only the driver and Ray's own processes)."""
+    return str(params.get("num-cpus", "")) != "0" or bool(params.get("resources"))
+
+
+def access_violations(document: dict) -> list[str]:
+    """Each pod that would fail at the first read: one whose node hosts the model's processes without a
+    mount holding every path they read, and, when the workload names S3, one without a service account
+    (the head too: a RayJob's driver and a RayService's builder run there)."""
+    from pathlib import PurePosixPath
+
+    paths, s3 = workload(document)
+    cluster = _cluster(document)
+    pods = [("head", cluster["headGroupSpec"])] + [(f"workers {g['groupName']}", g)
+                                                   for g in cluster.get("workerGroupSpecs", [])]
+    found = []
+    for name, group in pods:
+        spec = group["template"]["spec"]
+        volumes = {v["name"] for v in spec.get("volumes", [])}
+        if _hosts_work(group.get("rayStartParams", {})):
+            for container in spec["containers"]:
+                mounted = [PurePosixPath(m["mountPath"]) for m in container.get("volumeMounts", [])
+                           if m["name"] in volumes]
+                found += [f"{name}: container {container['name']} reads {path} but mounts no volume holding it"
+                          for path in sorted(paths) if not any(PurePosixPath(path).is_relative_to(m) for m in mounted)]
+        if s3 and spec.get("serviceAccountName", "default") == "default":
+            found.append(f"{name}: touches {', '.join(sorted(s3))} with no serviceAccountName for S3")
+    return found
+
+
+@pytest.mark.parametrize("path", [MANIFEST, JOB_MANIFEST], ids=["rayservice", "rayjob"])
+def test_every_pod_mounts_the_artifacts_it_reads_and_may_use_the_s3_it_touches(path: Any) -> None:
+    """Issue 41: the replicas and bulk actors run on the workers and read the artifact there; a bulk job's
+    driver (on the head) and its decode tasks (on the workers) read and write S3."""
+    document = yaml.safe_load(path.read_text())
+    paths, s3 = workload(document)
+    assert paths == {"/artifacts/so400m-lnc2"}  # what the rule is checked against, found by the parser
+    assert (s3 != set()) == (document["kind"] == "RayJob")
+    assert access_violations(document) == []
+
+
+def test_a_manifest_missing_a_mount_or_the_service_account_is_caught() -> None:
+    job = yaml.safe_load(JOB_MANIFEST.read_text())
+    service = yaml.safe_load(MANIFEST.read_text())
+
+    def broken(document: dict, change: Any) -> list[str]:
+        document = copy.deepcopy(document)
+        change(_cluster(document))
+        return access_violations(document)
+
+    s3 = "s3://my-bucket/catalogue/images.parquet, s3://my-bucket/embeddings/so400m-webli"
+    unmounted = ("workers trn2-3xlarge: container ray-worker reads /artifacts/so400m-lnc2 but mounts no volume "
+                 "holding it")
+    no_mount = lambda c: c["workerGroupSpecs"][0]["template"]["spec"]["containers"][0].pop("volumeMounts")  # noqa: E731
+    assert broken(job, no_mount) == broken(service, no_mount) == [unmounted]
+    no_volume = lambda c: c["workerGroupSpecs"][0]["template"]["spec"].pop("volumes")  # noqa: E731
+    assert broken(service, no_volume) == [unmounted]
+    assert broken(job, lambda c: c["headGroupSpec"]["template"]["spec"].pop("serviceAccountName")) == [
+        f"head: touches {s3} with no serviceAccountName for S3"]
+    assert broken(job, lambda c: c["workerGroupSpecs"][0]["template"]["spec"].pop("serviceAccountName")) == [
+        f"workers trn2-3xlarge: touches {s3} with no serviceAccountName for S3"]
+    # A head that offers CPUs hosts work too, so it must then mount what the work reads.
+    assert broken(service, lambda c: c["headGroupSpec"]["rayStartParams"].pop("num-cpus")) == [
+        "head: container ray-head reads /artifacts/so400m-lnc2 but mounts no volume holding it"]
+    moved = copy.deepcopy(job)
+    moved["spec"]["entrypoint"] = moved["spec"]["entrypoint"].replace("/artifacts/", "/models/")
+    assert access_violations(moved) == [unmounted.replace("/artifacts/", "/models/")]

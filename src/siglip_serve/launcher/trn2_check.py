@@ -29,6 +29,7 @@ from typing import Any
 from siglip_serve.core.errors import UserError
 from siglip_serve.launcher import trn2_report
 from siglip_serve.launcher.trn2_steps import (
+    KERNEL_CACHES_DIR,
     Run,
     Step,
     StepResult,
@@ -61,13 +62,14 @@ def run_step(step: Step, run: Run, index: int, total: int, echo: Callable[[str],
         echo(f"[{index}/{total}] {step.title}: failed ({exc})")
         return StepResult(step.name, step.title, "failed", reason=str(exc))
     echo(f"[{index}/{total}] {step.title} (timeout {step.timeout_s:.0f} s; log {log.relative_to(run.out)})")
-    began = time.monotonic()
+    began, started_at = time.monotonic(), time.time()
     with open(log, "w") as err, open(stdout, "w") as out:
         err.write("".join(f"# {k}={v}\n" for k, v in sorted(extra.items())) + f"$ {' '.join(command)}\n")
         err.flush()
         proc = subprocess.Popen(command, stdout=out, stderr=err, env={**os.environ, **extra}, cwd=run.out,
                                 start_new_session=True)
         status, code = _wait(proc, step.timeout_s, began, echo)
+    finished_at = time.time()
     seconds = round(time.monotonic() - began, 1)
     reason = None
     if status == "timeout":
@@ -79,7 +81,8 @@ def run_step(step: Step, run: Run, index: int, total: int, echo: Callable[[str],
         status = "failed" if reason else "passed"
     outputs = [o for o in step.outputs if (run.out / o).exists()]
     echo(f"    {status} in {seconds:.1f} s" + (f": {reason}" if reason else ""))
-    return StepResult(step.name, step.title, status, seconds, code, reason, str(log.relative_to(run.out)), outputs)
+    return StepResult(step.name, step.title, status, seconds, code, reason, str(log.relative_to(run.out)), outputs,
+                      started_at, finished_at)
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, began: float,
@@ -145,10 +148,11 @@ def plan(run: Run, timeout_scale: float = 1.0, iterations: int = 100) -> list[St
 # -- the summary ------------------------------------------------------------------------------
 
 def send_back(out: Path) -> list[str]:
-    """Every file but the compiled artifacts (large, rebuilt by any compile) and the test photos."""
+    """Every file but the compiled artifacts and the kernel steps' NEFF caches (large, rebuilt by any
+    compile) and the test photos."""
     top = lambda p: p.relative_to(out).parts[0]  # noqa: E731
     return sorted(str(p.relative_to(out)) for p in out.rglob("*")
-                  if p.is_file() and top(p) != "images" and not top(p).startswith("artifacts"))
+                  if p.is_file() and top(p) not in ("images", KERNEL_CACHES_DIR) and not top(p).startswith("artifacts"))
 
 
 def write_summary(run: Run, started: str) -> dict[str, Any]:
@@ -158,7 +162,9 @@ def write_summary(run: Run, started: str) -> dict[str, Any]:
                "out": str(run.out.resolve()), "lnc": run.lnc, "logical_cores": run.cores,
                "lines": run.lines, "counts": counts, "ok": counts["failed"] == 0 and counts["timeout"] == 0,
                "steps": [r.__dict__ for r in results]}
-    found = trn2_report.report(run.out, {r.name: r.status for r in results})
+    windows = {r.name: (r.started_at, r.finished_at) for r in results
+               if r.started_at is not None and r.finished_at is not None}
+    found = trn2_report.report(run.out, {r.name: r.status for r in results}, windows)
     summary["found"] = {k: found[k] for k in ("cosines", "warm_starts", "hardware_answers")}
     (run.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = sorted({*send_back(run.out), "summary.md"})
@@ -173,7 +179,8 @@ def write_summary(run: Run, started: str) -> dict[str, Any]:
     md += trn2_report.markdown(found)
     md += ["", "## What to send back", "",
            f"The whole folder without the compiled artifacts: `tar czf trn2-check.tgz --exclude='artifacts*' "
-           f"--exclude=images -C {run.out.resolve().parent} {run.out.resolve().name}`. It holds:", ""]
+           f"--exclude={KERNEL_CACHES_DIR} --exclude=images -C {run.out.resolve().parent} "
+           f"{run.out.resolve().name}`. It holds:", ""]
     md += [f"- `{f}`" for f in files]
     (run.out / "summary.md").write_text("\n".join(md) + "\n")
     return summary

@@ -8,40 +8,70 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from siglip_serve.core.constants import VISIBLE_CORES_ENV
-from siglip_serve.models.neuron.env import LOCAL_NEFF_CACHE_ENV, NEFF_CACHE_ENV, default_neff_caches
+from siglip_serve.models.neuron.env import (
+    COMPILE_CACHE_URL_ENV,
+    DEFAULT_COMPILE_CACHE,
+    LOCAL_NEFF_CACHE_ENV,
+    NEFF_CACHE_ENV,
+    default_neff_caches,
+)
 
-# Where a NEFF may land besides the artifacts: the trace line's compile cache default
-# (NEURON_COMPILE_CACHE_URL's default, /var/tmp/neuron-compile-cache), TorchNeuron's own caches when its
-# variables are unset (`neff_cache` and the local tier `local_cache` in the temp directory:
-# models/neuron/env.py default_neff_caches) and whatever cache variables this shell sets. A native NEFF
-# there means a compile ran without the artifact's environment.
-DEFAULT_NEFF_PLACES = ("/var/tmp/neuron-compile-cache",)
-CACHE_ENV = (NEFF_CACHE_ENV, LOCAL_NEFF_CACHE_ENV, "NEURON_COMPILE_CACHE_URL")
+# Where the compile and serve steps may write a NEFF besides the artifacts: the trace line's compile cache
+# default, TorchNeuron's own caches when its variables are unset (`neff_cache` and the local tier
+# `local_cache` in the temp directory: models/neuron/env.py default_neff_caches) and whatever cache variables
+# this shell sets (those steps run with it). A native NEFF there means a compile ran without the artifact's
+# environment. The kernel steps write to their own caches under DIR (trn2_steps.kernel_caches): no place here.
+CACHE_ENV = (NEFF_CACHE_ENV, LOCAL_NEFF_CACHE_ENV, COMPILE_CACHE_URL_ENV)
+# Only these steps' windows count: a NEFF from before the run is another run's, one from after is the kernels'.
+WINDOW_STEPS = ("compile-", "serve-")
+# File times are truncated to the filesystem's granularity (whole seconds on some), so a NEFF written in a
+# step's first second may carry a time just before its recorded start; none carries one after it was written.
+MTIME_SLACK_S = 1.0
+
+
+def artifact_places(out: Path) -> list[Path]:
+    return sorted(p.resolve() for p in out.glob("artifacts-*") if p.is_dir())
 
 
 def neff_places(out: Path) -> list[Path]:
-    places = [out, *map(Path, DEFAULT_NEFF_PLACES), *default_neff_caches()]
+    places = [*artifact_places(out), Path(DEFAULT_COMPILE_CACHE), *default_neff_caches()]
     places += [Path(os.environ[k]) for k in CACHE_ENV if os.environ.get(k) and "://" not in os.environ[k]]
     return list(dict.fromkeys(p.resolve() for p in places))
 
 
-def neff_files(out: Path) -> dict[str, Any]:
-    """Every *.neff under the run's folder and the default caches: path, bytes, and which place."""
-    files = []
-    places = neff_places(out)
-    for place in places:
-        if place.is_dir():
-            for path in place.rglob("*.neff"):
-                inside = place == out.resolve() or not path.is_relative_to(out.resolve())
-                if path.is_file() and inside:
-                    files.append({"path": str(path), "bytes": path.stat().st_size, "place": str(place)})
-    outside = sorted({str(f["place"]) for f in files if f["place"] != str(out.resolve())})
-    return {"places": [str(p) for p in places], "files": files, "outside_the_artifacts": outside}
+def step_windows(windows: Mapping[str, tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (start, end) of each compile and serve step that ran, by its name."""
+    return [window for name, window in windows.items() if name.startswith(WINDOW_STEPS)]
+
+
+def neff_files(out: Path, windows: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """Every *.neff written during the compile and serve steps (`windows`) in a place they could write
+    to: path, bytes and which place; the artifacts' places first, so a file is counted once. Older and
+    later files in those places are only counted, not listed."""
+    files: list[dict[str, Any]] = []
+    seen: set[Path] = set()
+    not_in_window = 0
+    artifacts = artifact_places(out)
+    for place in neff_places(out):
+        if not place.is_dir():
+            continue
+        for path in place.rglob("*.neff"):
+            if path in seen or not path.is_file():
+                continue
+            seen.add(path)
+            stat = path.stat()
+            if any(start - MTIME_SLACK_S <= stat.st_mtime <= end for start, end in windows):
+                files.append({"path": str(path), "bytes": stat.st_size, "place": str(place)})
+            else:
+                not_in_window += 1
+    outside = sorted({str(f["place"]) for f in files if Path(f["place"]) not in artifacts})
+    return {"places": [str(p) for p in neff_places(out)], "windows": [list(w) for w in windows], "files": files,
+            "outside_the_artifacts": outside, "not_written_during_the_steps": not_in_window}
 
 
 def _json(path: Path) -> Any:
@@ -127,7 +157,8 @@ def hardware_answers(out: Path, steps: dict[str, str], neffs: dict[str, Any]) ->
         {"question": "NEURON_COMPILER_OPT_LEVEL reaches neuronx-cc (-O3 in the recipe; the docs give no default)",
          "answer": f"compile-native {status('compile-native')}: look for -O3 in logs/compile-native.log"},
         {"question": "TorchNeuron's NEFF cache layout and that TORCH_NEURONX_NEFF_CACHE_DIR is honoured",
-         "answer": f"{len(native_neffs)} NEFF file(s) under artifacts-native; NEFFs outside the artifacts: "
+         "answer": f"{len(native_neffs)} NEFF file(s) under artifacts-native; NEFFs the compile and serve steps "
+                   f"wrote outside the artifacts: "
                    f"{', '.join(neffs['outside_the_artifacts']) or 'none'}"},
         {"question": "a restart finds every graph in the cache (no neuronx-cc run at replica start)",
          "answer": f"serve-native {status('serve-native')} (a replica that compiled at start refuses to run)"},
@@ -143,9 +174,10 @@ def hardware_answers(out: Path, steps: dict[str, str], neffs: dict[str, Any]) ->
     ]
 
 
-def report(out: Path, steps: dict[str, str]) -> dict[str, Any]:
-    """Everything above, written to DIR/report.json, and returned for the summary."""
-    neffs = neff_files(out)
+def report(out: Path, steps: dict[str, str], windows: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """Everything above, written to DIR/report.json, and returned for the summary. `windows`: each step's
+    wall-clock (start, end), by name."""
+    neffs = neff_files(out, step_windows(windows))
     data = {"neff_files": neffs, "cosines": cosines(out), "warm_starts": warm_starts(out),
             "hardware_answers": hardware_answers(out, steps, neffs)}
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -162,8 +194,8 @@ def markdown(data: dict[str, Any]) -> list[str]:
                                                f"ready in {found['ready_seconds']} s; replicas' warm-up (s per "
                                                f"bucket): {[r['warmup_seconds'] for r in found['replicas']]}"))
     neffs = data["neff_files"]
-    md.append(f"- NEFF files: {len(neffs['files'])} (`report.json` lists each); outside the artifacts: "
-              f"{', '.join(neffs['outside_the_artifacts']) or 'none'}")
+    md.append(f"- NEFF files written during the compile and serve steps: {len(neffs['files'])} (`report.json` "
+              f"lists each); outside the artifacts: {', '.join(neffs['outside_the_artifacts']) or 'none'}")
     md += ["", "## Only hardware can tell", "", "| question | this run |", "|---|---|"]
     md += [f"| {a['question']} | {a['answer']} |" for a in data["hardware_answers"]]
     return md

@@ -15,10 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from siglip_serve.core.constants import KERNEL_TARGET, PLATFORM_TARGET_ENV
-from siglip_serve.models.neuron.env import VISIBLE_CORES_ENV, artifact_environment
+from siglip_serve.models.neuron.env import (
+    COMPILE_CACHE_URL_ENV,
+    LOCAL_NEFF_CACHE_ENV,
+    NEFF_CACHE_ENV,
+    VISIBLE_CORES_ENV,
+    artifact_environment,
+)
 
 MODEL = "tiny-siglip"
 BACKEND_OF_LINE = {"trace": "neuron", "native": "neuron-native"}
+# The kernel steps' own NEFF caches under DIR, one per cache variable of either line: they run last, and what
+# they compile must neither land in the caches the compile and serve steps use nor be read from them.
+KERNEL_CACHES_DIR = "kernel-caches"
+KERNEL_CACHES = {COMPILE_CACHE_URL_ENV: "compile-cache", NEFF_CACHE_ENV: "neff", LOCAL_NEFF_CACHE_ENV: "local"}
 
 
 @dataclass
@@ -31,6 +41,9 @@ class StepResult:
     reason: str | None = None
     log: str | None = None
     outputs: list[str] = field(default_factory=list)
+    # Wall-clock seconds (epoch) around the step's subprocess: the window the NEFF report counts files in.
+    started_at: float | None = None
+    finished_at: float | None = None
 
 
 @dataclass
@@ -196,9 +209,16 @@ def kernel_python(run: Run, where: str) -> tuple[str | None, str]:
     return None, f"no usable nki ({why}); docs/kernels.md"
 
 
+def kernel_caches(out: Path, where: str) -> dict[str, str]:
+    """Every NEFF cache variable pointed at the kernel step's own folder, DIR/kernel-caches/<where>/."""
+    root = (out / KERNEL_CACHES_DIR / where).resolve()
+    return {var: str(root / name) for var, name in KERNEL_CACHES.items()}
+
+
 def kernel_steps(timeout_scale: float) -> list[Step]:
     """`kernels check` on the simulator (pinned to trn2 unless the user set a target) and on a NeuronCore,
-    each in the python kernel_python picks; the check itself takes the device of that python's line."""
+    each in the python kernel_python picks and with its own NEFF caches (kernel_caches); the check itself
+    takes the device of that python's line."""
     user_target = os.environ.get(PLATFORM_TARGET_ENV, "").strip()
 
     def step(where: str) -> Step:
@@ -214,6 +234,6 @@ def kernel_steps(timeout_scale: float) -> list[Step]:
                  if where == "simulator" else "NKI kernels against the references (NeuronCore, the line found)")
         env = {PLATFORM_TARGET_ENV: KERNEL_TARGET} if where == "simulator" and not user_target else {}
         return Step(f"kernels-{where}", title, command, 900 * timeout_scale, skip_if=skip, env=env,
-                    outputs=(f"kernels-{where}.json",))
+                    env_for=lambda run: kernel_caches(run.out, where), outputs=(f"kernels-{where}.json",))
 
     return [step("simulator"), step("neuron")]

@@ -57,6 +57,10 @@ NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 # default /tmp/neff_cache; TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR, default /tmp/local_cache).
 LOCAL_NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"
 DEFAULT_NEFF_CACHE_NAMES = ("neff_cache", "local_cache")
+# The trace line's (torch-xla's) persistent compile cache: NEURON_COMPILE_CACHE_URL, a folder or s3:// URL,
+# default /var/tmp/neuron-compile-cache (Neuron docs, "Neuron Persistent Cache").
+COMPILE_CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"
+DEFAULT_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
 # Every variable that decides what is compiled, or where the compiled graphs are looked up.
 RECIPE_ENV = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV)
 NEFF_DIR = "neff"

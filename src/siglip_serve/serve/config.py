@@ -16,7 +16,8 @@ from siglip_serve.models.backends.registry import backend_record
 from siglip_serve.models.cli_args import model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve.url_fetch import Allowlist, FetchSettings
+from siglip_serve.serve.url_allowlist import Allowlist
+from siglip_serve.serve.url_fetch import FetchSettings
 
 MiB = 1024 * 1024
 

@@ -214,7 +214,7 @@ def test_url_items_are_replaced_by_their_bytes_and_the_first_refusal_names_its_i
 
     def answer(request: httpx.Request) -> httpx.Response:  # a mock transport: nothing leaves the process
         asked.append(request.url.path)
-        return httpx.Response(200, content=b"image:" + request.url.path.encode())
+        return httpx.Response(200, stream=httpx.ByteStream(b"image:" + request.url.path.encode()))
 
     async def resolver(host: str, port: int) -> list[str]:
         return {"img.test": ["127.0.0.2"], "inside.test": ["10.0.0.7"]}[host]

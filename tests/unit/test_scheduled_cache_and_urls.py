@@ -126,7 +126,7 @@ def test_an_image_url_is_fetched_then_cached_by_its_bytes(photo_jpegs: list[byte
     assert served.fetcher.settings.concurrency == 3  # the per-ingress bound on fetches at once
 
     async def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=photo_jpegs[3])
+        return httpx.Response(200, stream=httpx.ByteStream(photo_jpegs[3]))
 
     asked = _fetching(served, answer)
 
@@ -145,7 +145,7 @@ def test_a_url_is_fetched_within_the_requests_own_deadline(photo_jpegs: list[byt
 
     async def slow(request: httpx.Request) -> httpx.Response:
         await asyncio.sleep(10)
-        return httpx.Response(200, content=photo_jpegs[0])
+        return httpx.Response(200, stream=httpx.ByteStream(photo_jpegs[0]))
 
     asked = _fetching(served, slow)
     began = time.monotonic()

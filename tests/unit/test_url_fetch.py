@@ -23,9 +23,9 @@ import pytest
 
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.errors import URL_ERRORS, url_error
+from siglip_serve.serve.url_allowlist import Allowlist, address_class
 from siglip_serve.serve.url_fetch import (
     MAX_REDIRECTS,
-    Allowlist,
     FetchSettings,
     UrlFetcher,
     UrlFetchFailed,
@@ -33,7 +33,6 @@ from siglip_serve.serve.url_fetch import (
     UrlRejected,
     UrlTimeout,
     UrlTooLarge,
-    address_class,
     pinned,
 )
 
@@ -251,7 +250,7 @@ def test_https_goes_to_the_checked_address_with_the_name_as_host_and_tls_server_
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(200, content=IMAGE)
+        return httpx.Response(200, stream=httpx.ByteStream(IMAGE))  # a stream, as a network gives
 
     f = UrlFetcher(FetchSettings(allowlist=("images.example.com", "127.0.0.2/32")),
                    resolver=StubResolver({"images.example.com": ["127.0.0.2"]}), transport=httpx.MockTransport(answer))

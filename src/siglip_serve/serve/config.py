@@ -16,7 +16,8 @@ from siglip_serve.models.backends.registry import backend_record
 from siglip_serve.models.cli_args import model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve.url_fetch import Allowlist, FetchSettings
+from siglip_serve.serve.url_allowlist import Allowlist
+from siglip_serve.serve.url_fetch import FetchSettings
 
 MiB = 1024 * 1024
 
@@ -181,9 +182,12 @@ class ServiceConfig(ModelSettings):
                                                  "internal addresses, e.g. 10.0.0.0/8) or * (any name whose addresses "
                                                  "are public); empty: every URL is refused (400 url_not_allowed)")
     url_fetch_concurrency: int = Field(16, ge=1, le=1024, description="URL fetches each ingress replica runs at "
-                                                                      "once; more wait within their deadline")
-    url_fetch_timeout_s: float = Field(10.0, gt=0, description="seconds one URL (every redirect included) may take, "
-                                                               "within the request's deadline; past it: 504 "
+                                                                      "once; more wait, taking turns round-robin "
+                                                                      "across requests, within their deadline")
+    url_fetch_timeout_s: float = Field(10.0, gt=0, description="seconds one URL's fetch may take once its turn "
+                                                               "comes (resolving, connecting, every redirect, the "
+                                                               "whole body), within the request's deadline, which "
+                                                               "alone bounds the wait for a turn; past either: 504 "
                                                                "url_timeout")
     # Per ingress replica, in its memory; hits answer without decoding or a forward pass (serve/embedding_cache.py).
     embedding_cache_mib: float = Field(0, ge=0, description="MiB of embeddings each ingress replica keeps, keyed by "

@@ -136,10 +136,11 @@ async def fetch_url_items(items: Sequence[Item], fetcher: UrlFetcher, deadline: 
     `deadline`, time.monotonic()); the first refusal cancels the other fetches and is raised as the
     contract's error naming its item (of refusals raised together, the earliest item's)."""
     fetched: dict[int, bytes] = {}
+    turn = object()  # this request's queue for the fetcher's slots, shared round-robin across requests
 
     async def one(i: int) -> None:
         try:
-            fetched[i] = await fetcher.fetch(str(items[i].value), deadline)
+            fetched[i] = await fetcher.fetch(str(items[i].value), deadline, turn)
         except UrlRejected as exc:
             raise _Refused(i, exc) from None
 

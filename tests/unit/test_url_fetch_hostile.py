@@ -35,6 +35,7 @@ from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher
 
 IMAGE = b"\x89PNG not really" * 100
 GIB = 1024
+HOLD_S = 30.0  # longer than the test runs
 
 
 def zero_bomb(coding: str, mib: int) -> bytes:
@@ -95,7 +96,7 @@ class Origin:
         self.sock = socket.create_server(("127.0.0.2", 0))
         self.base = f"http://127.0.0.2:{self.sock.getsockname()[1]}"
         self.heads: list[tuple[str, dict[str, str]]] = []
-        self.dripping = 0
+        self.holding = 0
         self.bodies: dict[str, bytes] = {}
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -136,11 +137,10 @@ class Origin:
         elif path == "set-cookie":
             conn.sendall(answer("200 OK", {"Set-Cookie": "session=secret; Path=/", "Content-Length": str(len(IMAGE))},
                                 IMAGE))
-        elif path == "drip":  # one byte a second
-            self.dripping += 1
+        elif path == "hold":  # headers, then nothing: the fetch holds its slot until its own timeout
+            self.holding += 1
             conn.sendall(answer("200 OK", {"Content-Length": "1"}))
-            time.sleep(1)
-            conn.sendall(b"x")
+            time.sleep(HOLD_S)
         else:
             conn.sendall(answer("200 OK", {"Content-Length": str(len(IMAGE))}, IMAGE))
         time.sleep(0.02)  # let the client read before the close
@@ -271,14 +271,16 @@ def test_a_compression_bomb_is_refused_unread_in_bounded_memory(origin: Origin, 
 
 
 def test_a_second_requests_url_is_not_queued_behind_the_first_requests_slow_ones(origin: Origin) -> None:
-    f = fetcher(concurrency=16)
-    origin.dripping = 0
+    f = fetcher(concurrency=16, timeout_s=HOLD_S)
+    origin.holding = 0
 
     async def scenario(f: UrlFetcher) -> float:
-        slow = [image_item(f"{origin.base}/drip?{i}", f"input[{i}]") for i in range(256)]
+        slow = [image_item(f"{origin.base}/hold?{i}", f"input[{i}]") for i in range(256)]
         first = asyncio.ensure_future(fetch_url_items(slow, f, time.monotonic() + 60))
-        while origin.dripping < 16:  # every slot held by the first request, 240 of its URLs waiting
+        while origin.holding < 12:  # all but the reserved quarter held by the first request, each to its timeout
             await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert origin.holding == 12 and f.slots.held == 12, (origin.holding, f.slots.held)
         began = time.monotonic()
         fetched = await fetch_url_items([image_item(f"{origin.base}/ok", "input[0]")], f, time.monotonic() + 3)
         waited = time.monotonic() - began
@@ -289,5 +291,5 @@ def test_a_second_requests_url_is_not_queued_behind_the_first_requests_slow_ones
         return waited
 
     waited = run("asyncio", scenario, f)
-    # First come, first served it would wait for 15 rounds of 16 one-second fetches; here for one slot.
+    # First come, first served it waits for the whole queue; round-robin alone, for one held fetch's timeout.
     assert waited < 2, waited

@@ -183,7 +183,9 @@ class ServiceConfig(ModelSettings):
                                                  "are public); empty: every URL is refused (400 url_not_allowed)")
     url_fetch_concurrency: int = Field(16, ge=1, le=1024, description="URL fetches each ingress replica runs at "
                                                                       "once; more wait, taking turns round-robin "
-                                                                      "across requests, within their deadline")
+                                                                      "across requests, within their deadline; a "
+                                                                      "quarter of them only start a request's first "
+                                                                      "URL")
     url_fetch_timeout_s: float = Field(10.0, gt=0, description="seconds one URL's fetch may take once its turn "
                                                                "comes (resolving, connecting, every redirect, the "
                                                                "whole body), within the request's deadline, which "

@@ -47,5 +47,5 @@ class FairDecodeQueue:
         await self.slots.acquire(request, cost)
         work = asyncio.get_running_loop().run_in_executor(self.pool, fn)
         # The thread's slot and bytes are freed when the thread is done, not when the waiter leaves.
-        work.add_done_callback(lambda _: self.slots.release(cost))
+        work.add_done_callback(lambda _: self.slots.release(request, cost))
         return await asyncio.shield(work)

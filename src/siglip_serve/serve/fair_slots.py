@@ -6,7 +6,9 @@ client's single item waits behind all of them. Here each request has its own que
 to the head of the request whose turn it is, round-robin across requests; so a new request waits for one
 slot to come free, not for everything queued before it. With a `budget`, a holder also takes its `cost`
 (a decode's header-declared bytes) and a slot is given only while the holders' costs stay within it; one
-that would not fit alone still gets a slot, but only when nothing else holds one.
+that would not fit alone still gets a slot, but only when nothing else holds one. With a `reserve`, the
+last `reserve` free slots go only to requests that hold none: round-robin alone bounds a newcomer's wait
+by the time one running holder takes, which for a URL fetch from a slow origin is its whole timeout.
 
 Everything here runs on one event loop. A waiter cancelled before its turn (deadline passed, client gone)
 is skipped and takes nothing.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 @dataclass
 class _Waiter:
+    request: object
     cost: int
     granted: asyncio.Future[None]
 
@@ -31,11 +34,13 @@ class FairSlots:
     """At most `slots` holders at once (and, with `budget`, their costs within it), served round-robin across
     the requests (any hashable key) that wait."""
 
-    def __init__(self, slots: int, budget: int | None = None) -> None:
+    def __init__(self, slots: int, budget: int | None = None, reserve: int = 0) -> None:
         self.slots = slots
         self.budget = budget
+        self.reserve = reserve
         self.held = 0
         self.held_cost = 0
+        self._held_by: dict[object, int] = {}
         self._by_request: OrderedDict[object, deque[_Waiter]] = OrderedDict()
 
     def waiting(self) -> int:
@@ -43,19 +48,21 @@ class FairSlots:
 
     async def acquire(self, request: object, cost: int = 0) -> None:
         """Returns holding a slot (with `cost`), once `request`'s turn comes and its cost fits; release() it."""
-        waiter = _Waiter(max(int(cost), 0), asyncio.get_running_loop().create_future())
+        waiter = _Waiter(request, max(int(cost), 0), asyncio.get_running_loop().create_future())
         self._by_request.setdefault(request, deque()).append(waiter)
         self._grant()
         try:
             await waiter.granted
         except asyncio.CancelledError:
             if waiter.granted.done() and not waiter.granted.cancelled():
-                self.release(waiter.cost)  # given the slot, then cancelled before it could use it
+                self.release(request, waiter.cost)  # given the slot, then cancelled before it could use it
             raise
 
-    def release(self, cost: int = 0) -> None:
+    def release(self, request: object, cost: int = 0) -> None:
         self.held -= 1
         self.held_cost -= max(int(cost), 0)
+        if (left := self._held_by.pop(request) - 1) > 0:
+            self._held_by[request] = left
         self._grant()
 
     @asynccontextmanager
@@ -64,17 +71,18 @@ class FairSlots:
         try:
             yield
         finally:
-            self.release(cost)
+            self.release(request, cost)
 
     def _next(self) -> _Waiter | None:
-        """The head waiter of the request whose turn it is."""
-        while self._by_request:
-            request, waiters = next(iter(self._by_request.items()))
+        """The head waiter of the first request, in turn order, that may take a free slot now."""
+        open_to_holders = self.slots - self.held > self.reserve
+        for request, waiters in list(self._by_request.items()):
             while waiters and waiters[0].granted.done():  # cancelled while waiting
                 waiters.popleft()
-            if waiters:
+            if not waiters:
+                del self._by_request[request]
+            elif open_to_holders or request not in self._held_by:
                 return waiters[0]
-            del self._by_request[request]
         return None
 
     def _grant(self) -> None:
@@ -84,11 +92,12 @@ class FairSlots:
                 return
             if self.budget is not None and self.held and self.held_cost + waiter.cost > self.budget:
                 return  # wait for holders to free their cost; the turn stays with this waiter
-            request, waiters = next(iter(self._by_request.items()))
+            waiters = self._by_request[waiter.request]
             waiters.popleft()
-            self._by_request.move_to_end(request)
+            self._by_request.move_to_end(waiter.request)
             if not waiters:
-                del self._by_request[request]
+                del self._by_request[waiter.request]
             self.held += 1
             self.held_cost += waiter.cost
+            self._held_by[waiter.request] = self._held_by.get(waiter.request, 0) + 1
             waiter.granted.set_result(None)

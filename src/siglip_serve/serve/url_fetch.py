@@ -26,10 +26,11 @@ setting) before anything is resolved. With it set, one fetch follows these rules
   body is capped at the image byte limit (`max_body_bytes`): by its Content-Length before any of it is
   read, and counted chunk by chunk while it streams.
 - At most `url_fetch_concurrency` fetches run at once per UrlFetcher (per ingress replica); the waiting
-  ones take turns round-robin across requests (serve/fair_slots.py), so one request's many slow URLs do
-  not hold back another request's. Waiting for a turn ends at the caller's deadline; the fetch itself
-  (resolving, connecting, every redirect, the whole body) at `url_fetch_timeout_s` from when its turn
-  came, or at the deadline if that is sooner.
+  ones take turns round-robin across requests (serve/fair_slots.py), and a quarter of the slots are kept
+  for requests that hold none, so one request's many slow URLs do not hold back another request's.
+  Waiting for a turn ends at the caller's deadline; the fetch itself (resolving, connecting, every
+  redirect, the whole body) at `url_fetch_timeout_s` from when its turn came, or at the deadline if
+  that is sooner.
 
 No state passes from one fetch to another: requests go straight to httpx's transport, not through an
 httpx client, so there is no cookie jar, no stored credential, no default header beyond the few below;
@@ -183,7 +184,9 @@ class UrlFetcher:
         self.settings = settings
         self.allowlist = Allowlist.parse(settings.allowlist)
         self._resolve = resolver or system_resolver
-        self.slots = FairSlots(settings.concurrency)
+        # A quarter of the slots only for a request holding none: a client's first URL starts at once even
+        # while other requests' slow URLs hold the rest for their whole timeout.
+        self.slots = FairSlots(settings.concurrency, reserve=settings.concurrency // 4)
         # The transport itself, not an httpx client over it: a client keeps a cookie jar across requests,
         # builds the next request of a redirect whether it follows it or not, and reads proxies and .netrc
         # from the environment. retries=0: a connection is made once, to the address that was checked.
@@ -205,9 +208,10 @@ class UrlFetcher:
         loop = asyncio.get_running_loop()
         if deadline - loop.time() <= 0:
             raise UrlTimeout("no time is left before the request's deadline")
+        turn = object() if request is None else request
         try:
             async with asyncio.timeout_at(None if math.isinf(deadline) else deadline):
-                await self.slots.acquire(object() if request is None else request)
+                await self.slots.acquire(turn)
         except TimeoutError:
             raise UrlTimeout("no fetch slot came free before the request's deadline") from None
         limit = min(self.settings.timeout_s, deadline - loop.time())
@@ -217,7 +221,7 @@ class UrlFetcher:
         except TimeoutError:
             raise UrlTimeout(f"the image did not arrive within {limit:.3g} s") from None
         finally:
-            self.slots.release()
+            self.slots.release(turn)
 
     async def fetch_many(self, urls: Sequence[str], deadline: float = math.inf) -> list[bytes | UrlRejected]:
         """Every URL at once (as one request's, within the concurrency bound), each its body or its refusal,

@@ -5,7 +5,9 @@ One service for the module, stopped as the unit's KillMode=mixed stops it (SIGTE
 under load. The other ways (SIGTERM twice to the whole process group, SIGINT to the group as Ctrl-C
 sends it, SIGINT to the main process) each start their own, text tower off to start sooner. Every stop
 must answer each accepted request (200, or 503 once draining), exit 0 within drain_timeout_s + 10 s, and
-leave no process of that service and neither of its ports behind.
+leave no process of that service and neither of its ports behind. The second one starts on a port a
+front end answered a 300-request burst on and stopped just before: not refused for the burst's closing
+connections.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.config import ServiceConfig
 from tests.helpers import REPO as ROOT
 from tests.helpers import read_unit, streamed_png, unit_command, unit_environment, wait_until_ready
+from tests.real_haproxy import burst_on_a_stopped_haproxy
 
 KEY = "env-only-key-7c1f"
 # The unit's model (SO400M from the hub) swapped for the tiny one, sized for a 2-core test machine.
@@ -46,6 +49,7 @@ class Service:
     port: int
     metrics_port: int
     log: Path
+    ready_s: float = 0.0
 
 
 @dataclass
@@ -60,10 +64,11 @@ class Stop:
     ready_after: list[int] = field(default_factory=list)
 
 
-def start_service(log: Path, model: str) -> Service:
-    """The unit's ExecStart= with `model` for $SIGLIP_SERVE_MODEL, on free ports, in a session of its own
-    (as systemd starts it), so a test can signal its whole process group."""
-    port, metrics_port = free_port(), free_port()
+def start_service(log: Path, model: str, port: int | None = None) -> Service:
+    """The unit's ExecStart= with `model` for $SIGLIP_SERVE_MODEL, on `port` (None: a free one), in a session of
+    its own (as systemd starts it), so a test can signal its whole process group."""
+    began = time.monotonic()
+    port, metrics_port = port or free_port(), free_port()
     command = unit_command(UNIT, {"SIGLIP_SERVE_MODEL": model})
     # The unit's script is this interpreter's `siglip-serve`, which `-m` runs from this checkout.
     command = [sys.executable, "-m", "siglip_serve", *command[1:],
@@ -79,6 +84,7 @@ def start_service(log: Path, model: str) -> Service:
     except BaseException:
         end(service)
         raise
+    service.ready_s = time.monotonic() - began
     return service
 
 
@@ -247,7 +253,12 @@ def test_sigterm_to_the_main_process_as_systemd_sends_it_drains_and_exits_0(serv
     # tests/integration/test_cli.py. One Ray start each would cost ~45 s of CI apiece.
 ])
 def test_every_signal_drains_and_exits_0(to_group: bool, signum: signal.Signals, times: int, tmp_path: Path) -> None:
-    service = start_service(tmp_path / "service.log", TINY + " --set text_replicas=0")
+    # The service's front end (the same HAProxy, bound the same way) answered a burst on this port and stopped
+    # just now: its connections are closing (TIME_WAIT). Before: `run` refused the port for up to a minute.
+    port = free_port()
+    burst_on_a_stopped_haproxy(tmp_path, port)
+    service = start_service(tmp_path / "service.log", TINY + " --set text_replicas=0", port=port)
+    print(f"ready {service.ready_s:.1f} s after a start on a port a 300-request burst had just closed")
 
     def send() -> None:
         for index in range(times):

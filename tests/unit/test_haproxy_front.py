@@ -4,14 +4,23 @@ service in tests/integration/test_front_door.py and test_shutdown.py."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
+from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.errors import ErrorType
+from tests.real_haproxy import running_haproxy
 
 # The lines of Ray 2.60's template (ray/serve/_private/haproxy_templates.py) that the rewrite touches.
 RENDERED = """global
@@ -130,9 +139,13 @@ def test_a_backend_gets_its_applications_limits(tmp_path: Path) -> None:
     backend = text.split("backend http-siglip\n")[1].split("backend http-other")[0]
     lines = backend.splitlines()
     assert lines[0] == "    timeout queue 500ms"
-    assert lines[1] == "    http-request set-priority-class int(-1) if { path_end /healthz /readyz }"
+    queue_timeout = tmp_path / "errors" / "http-siglip-queue-timeout.http"
+    assert lines[1] == f"    errorfile 503 {queue_timeout}"
+    assert lines[2] == "    http-request set-priority-class int(-1) if { path_end /healthz /readyz }"
+    not_ready = tmp_path / "errors" / "503.http"
+    assert lines[3] == f"    http-request return status 503 errorfile {not_ready} if {{ nbsrv() eq 0 }}"
     page = tmp_path / "errors" / "http-siglip-overloaded.http"
-    assert lines[2] == (f"    http-request return status 503 errorfile {page} "
+    assert lines[4] == (f"    http-request return status 503 errorfile {page} "
                         "if !{ path_end /healthz /readyz } { avg_queue() ge 256 }")
     servers = [line.split() for line in lines if line.split()[:1] == ["server"]]
     assert [words[-2:] for words in servers[:2]] == [["maxconn", "36"]] * 2
@@ -145,6 +158,9 @@ def test_a_backend_gets_its_applications_limits(tmp_path: Path) -> None:
     import json
 
     assert json.loads(body)["error"]["type"] == "overloaded"
+    head, body = queue_timeout.read_bytes().split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 2" in head
+    assert json.loads(body)["error"]["type"] == "overloaded" and "0.5 s" in json.loads(body)["error"]["message"]
 
 
 def test_the_rewritten_configuration_is_valid_for_haproxy(tmp_path: Path) -> None:
@@ -163,3 +179,101 @@ def test_the_rewritten_configuration_is_valid_for_haproxy(tmp_path: Path) -> Non
     checked = subprocess.run([get_haproxy_binary(), "-c", "-f", str(config)], capture_output=True, text=True,
                              timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# The parts of Ray's template the live tests need: one application with an ingress replica, one whose only
+# ingress replica is out of service (`disabled`: no usable server).
+LIVE = """global
+    maxconn 1000
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 10s
+    timeout server 10s
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    use_backend http-down if {{ path_beg /down }}
+    default_backend http-siglip
+backend http-siglip
+    server SERVE_REPLICA_siglip-Ingress-1 127.0.0.1:{ingress}
+backend http-down
+    server SERVE_REPLICA_down-Ingress-1 127.0.0.1:{ingress} disabled
+"""
+
+
+class _SlowIngress(BaseHTTPRequestHandler):
+    """Works on each request for a second: with maxconn 1, the next ones wait in HAProxy's queue."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        time.sleep(1.0)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _ask(port: int, path: str) -> tuple[bytes, float]:
+    """The whole answer to GET `path` and the seconds from sending it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        began = time.monotonic()
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+        return reply, time.monotonic() - began
+
+
+def _error(reply: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
+    head, body = reply.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)["error"]
+
+
+@pytest.fixture
+def live_front_end(tmp_path: Path) -> Iterator[int]:
+    """HAProxy on the rewrite of LIVE, each application limited to 1 request at work, 10 queued, a 0.3 s
+    deadline and Retry-After 2, in front of a slow ingress; its port."""
+    ingress = ThreadingHTTPServer(("127.0.0.1", 0), _SlowIngress)
+    ingress.daemon_threads = True
+    threading.Thread(target=ingress.serve_forever, daemon=True).start()
+    limits = FrontDoorLimits(max_ongoing_requests=1, max_queued_requests=10, request_timeout_s=0.3, retry_after_s=2)
+    for app in ("siglip", "down"):
+        write_limits(limits, app, str(tmp_path / "limits"))
+    (tmp_path / "errors").mkdir()
+    for status, page in error_pages().items():  # as `main` writes them before the rewrite
+        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
+    port = free_port()
+    rendered = LIVE.format(port=port, ingress=ingress.server_address[1])
+    config = rewrite_config(rendered, 10, True, tmp_path / "errors", tmp_path / "limits")
+    try:
+        with running_haproxy(config, tmp_path, port):
+            yield port
+    finally:
+        ingress.shutdown()
+        ingress.server_close()
+
+
+def test_a_request_that_waits_out_its_deadline_in_the_queue_is_overloaded_not_not_ready(live_front_end: int) -> None:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: _ask(live_front_end, "/v1/embeddings/image"), range(4)))
+    statuses = sorted(_error(reply)[0] if not reply.startswith(b"HTTP/1.1 200") else 200 for reply, _ in answers)
+    assert statuses == [200, 503, 503, 503], statuses  # one at work; three wait out their 0.3 s in the queue
+    for reply, seconds in answers:
+        if reply.startswith(b"HTTP/1.1 503"):
+            # Before: 503 not_ready ("no ingress replica could take the request in time") while the service was up.
+            status, headers, error = _error(reply)
+            assert error["type"] == "overloaded" and error["code"] == 503 and "0.3 s" in str(error["message"])
+            assert headers["retry-after"] == "2" and headers["content-type"] == "application/json"
+            assert 0.3 <= seconds < 0.3 + 1.0, seconds
+
+
+def test_no_ingress_replica_up_is_still_not_ready(live_front_end: int) -> None:
+    reply, seconds = _ask(live_front_end, "/down/v1/embeddings/image")
+    status, headers, error = _error(reply)
+    assert status == 503 and error["type"] == "not_ready" and headers["retry-after"] == "1"
+    assert seconds < 0.3  # at once, not after the queue's deadline

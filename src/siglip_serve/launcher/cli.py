@@ -127,9 +127,9 @@ def _start(args: argparse.Namespace, began: float, own_session: bool = False) ->
             # First, before the heavy imports: a taken port is one line now, not a second instance
             # sharing it or a Ray traceback later; then probes get a quick 503 until Serve is up.
             check_ports(args.host, args.port, METRICS_CHECK_HOST, args.metrics_port,
-                        args.haproxy_metrics_port if args.front_end == "haproxy" else None)
+                        args.haproxy_metrics_port if args.front_end == "haproxy" else None, args.front_end)
             disable_port_sharing()
-            placeholder = Placeholder(args.host, args.port)
+            placeholder = Placeholder(args.host, args.port, reuse_address=args.front_end == "haproxy")
         return _command(args, began, placeholder, own_session)
     finally:
         if placeholder is not None:

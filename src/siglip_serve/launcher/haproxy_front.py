@@ -23,6 +23,14 @@ time Ray starts or reloads HAProxy, `main` rewrites the rendered file, then exec
   (`timeout queue`), and a stamp of when HAProxy had the request (`X-Request-Start`), where the
   ingress starts the deadline. HAProxy 2.8's documentation: "maxconn" and "maxqueue" (server options),
   "timeout queue", "avg_queue", "http-request return", "set-priority-class".
+- A request that waits out its deadline in that queue is answered 503 `overloaded` with the backend's
+  Retry-After: every ingress replica was busy for all of it. HAProxy answers a queue timeout with the
+  same 503 as "no server" (manual: "timeout queue"), and in 2.8 nothing that picks an answer's body can
+  tell the two apart (the termination state is set after the answer is built; "http-after-response"
+  can change the status, not the body). So the backend answers "no server" itself first, 503 `not_ready`
+  while it has no usable server (`nbsrv`), and its own 503 page (a backend's `errorfile` wins over the
+  defaults') is the overload answer. A refused connection to a replica that has just died, after
+  HAProxy's retries, gets that page too: 503 with Retry-After all the same.
 - HTTP/1 only on the service port (`proto h1`): HAProxy would otherwise take an HTTP/2 preface as h2c and
   hold the connection for the header timeout; a client's `x-request-timeout-seconds` (which Serve reads
   to lift its own timeout) is dropped. Bodies stream to the ingress, which answers one that stops
@@ -73,8 +81,8 @@ ERROR_DIR = "siglip-errors"
 # HAProxy status -> (status line, contract type, message, Retry-After seconds or None).
 _ERRORS: dict[int, tuple[str, str, str, int | None]] = {
     502: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request; retry", 1),
-    # Also a request that waited its whole deadline in the queue (`timeout queue`).
-    503: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request in time; retry", 1),
+    # No ingress replica up. A backend with our limits answers its queue timeout itself (_with_limits).
+    503: ("503 Service Unavailable", "not_ready", "no ingress replica could take the request; retry", 1),
     504: ("504 Gateway Timeout", "deadline_exceeded", "the request did not finish in time", None),
 }
 
@@ -99,6 +107,13 @@ def _page(line: str, kind: str, message: str, retry_after_s: int | None) -> byte
 def overloaded_page(retry_after_s: int) -> bytes:
     """The whole HTTP response HAProxy sends for a request its bounded queue has no room for."""
     return _page("503 Service Unavailable", "overloaded", "server is at capacity; retry later", retry_after_s)
+
+
+def queue_timeout_page(retry_after_s: int, request_timeout_s: float) -> bytes:
+    """The whole HTTP response HAProxy sends for a request that waited its whole deadline in the queue."""
+    return _page("503 Service Unavailable", "overloaded",
+                 f"server is at capacity: no ingress replica was free within the request's deadline "
+                 f"({request_timeout_s:g} s); retry later", retry_after_s)
 
 
 def rewrite_config(text: str, header_timeout_s: int | None, local_only: bool, error_dir: Path,
@@ -140,9 +155,14 @@ def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
         return section
     page = error_dir / f"{words[1]}-overloaded.http"
     page.write_bytes(overloaded_page(limits.retry_after_s))
+    queue_timeout = error_dir / f"{words[1]}-queue-timeout.http"
+    queue_timeout.write_bytes(queue_timeout_page(limits.retry_after_s, limits.request_timeout_s))
     rules = [f"    timeout queue {max(1, round(limits.request_timeout_s * 1000))}ms",
+             f"    errorfile 503 {queue_timeout}",
              # Probes are never shed and leave the queue first (lower class first).
              f"    http-request set-priority-class int(-1) if {_PROBE}",
+             # No server at all: not ready (the defaults' page), before the queue's 503 could say overloaded.
+             f"    http-request return status 503 errorfile {error_dir / '503.http'} if {{ nbsrv() eq 0 }}",
              f"    http-request return status 503 errorfile {page} if !{_PROBE} "
              f"{{ avg_queue() ge {limits.max_queued_requests} }}"]
     lines = [_with_maxconn(line, limits) for line in body.split("\n")]

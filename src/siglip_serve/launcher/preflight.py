@@ -3,8 +3,8 @@
 Ports: Ray Serve's proxy binds its HTTP port with SO_REUSEPORT by default, so a second instance on
 a taken port starts anyway and the kernel splits traffic between the two. Ray's metrics exporter
 on a taken port fails only after Ray's node start-up times out (~45 s), with the cause in a log
-file. Both are checked here by binding the port on the host that will bind it, and port sharing
-is switched off for the proxy this command starts.
+file. Both are checked here by binding the port on the host that will bind it, with the socket
+options its listener binds with, and port sharing is switched off for the proxy this command starts.
 """
 
 from __future__ import annotations
@@ -66,11 +66,20 @@ class PortUnavailable(UserError, RuntimeError):
     """A port `siglip-serve run` needs is taken or not allowed; the message says which and what to do."""
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """True when binding `host:port` fails because it is taken (a plain bind, as the proxy does with
-    reuse-port off: a listener that set SO_REUSEPORT still blocks it)."""
+def port_in_use(host: str, port: int, reuse_address: bool = True) -> bool:
+    """True when `host:port` cannot be bound as its listener binds it: taken.
+
+    `reuse_address`: the listener sets SO_REUSEADDR, as HAProxy does on every listener (src/sock_inet.c,
+    sock_inet_bind_receiver) and Ray's metrics exporter does (wsgiref's server, an http.server.HTTPServer:
+    allow_reuse_address). Then only a listening socket refuses the bind; the TIME_WAIT sockets of the
+    connections a previous run closed first (a burst's, right before a restart) do not, for they carry the
+    option of the listener they were accepted from. Without it, a plain bind, as Serve's proxy binds with
+    port sharing off (ray/serve/_private/http_util.py, start_asgi_http_server): those sockets refuse it too.
+    The check never sets SO_REUSEPORT, so a listener that did still refuses it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -81,10 +90,13 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def check_ports(host: str, port: int, metrics_host: str, metrics_port: int | None,
-                haproxy_metrics_port: int | None = None) -> None:
-    """Refuse a taken HTTP, metrics or HAProxy-metrics port before anything starts."""
-    if port_in_use(host, port):
-        raise PortUnavailable(f"port {port} on {host} is already in use (another siglip-serve or Ray Serve?); "
+                haproxy_metrics_port: int | None = None, front_end: str = "haproxy") -> None:
+    """Refuse a taken HTTP, metrics or HAProxy-metrics port before anything starts. `front_end`: who listens
+    on the HTTP port, HAProxy ("haproxy") or Serve's proxy ("python"), which bind it differently."""
+    if port_in_use(host, port, reuse_address=front_end != "python"):
+        closing = (" or still closing the connections of a run just stopped (up to a minute: Serve's proxy cannot "
+                   "bind over them; the default --front-end haproxy can)") if front_end == "python" else ""
+        raise PortUnavailable(f"port {port} on {host} is already in use (another siglip-serve or Ray Serve?{closing}); "
                               f"stop it or pass --port N (make serve PORT=N)")
     if metrics_port:
         if metrics_port == port:

@@ -78,11 +78,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Placeholder:
-    """Binds `host:port` now and answers 503 until `release()` hands the port to Serve's proxy."""
+    """Binds `host:port` now and answers 503 until `release()` hands the port to Serve's front end.
+    `reuse_address`: bind as that front end will (launcher/preflight.py, port_in_use)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, reuse_address: bool = False) -> None:
         self.server = _StagedServer((host, port), _Handler, bind_and_activate=False)
-        self.server.allow_reuse_address = False
+        self.server.allow_reuse_address = reuse_address
         self.server.daemon_threads = True
         try:
             self.server.server_bind()

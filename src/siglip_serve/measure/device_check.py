@@ -2,7 +2,8 @@
 
 In order, each step a subprocess bounded by its timeout and by the run's budget (measure/device_steps.py),
 a failed step recorded with its error and the next one still run:
-  install         carried wheels (--wheels) and this checkout, offline: pip --no-index --no-deps
+  install         carried wheels (--wheels; parts joined, measure/device_wheels.py) and this checkout,
+                  offline: pip --no-index --no-deps
   probe           interpreter, cores, torch and its accelerator, every module the served path imports
   pytest-cuda     pytest -m cuda tests/device
   encoder         bare encoder per bucket (`siglip-serve bench`), CUDA graphs off: the served default
@@ -25,12 +26,14 @@ import json
 import shutil
 import sys
 import tarfile
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from siglip_serve.measure.device_steps import Step, StepResult, run_step
+from siglip_serve.measure.device_wheels import assemble
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/siglip_serve/measure/ is three below it
 MODEL = "ViT-B-16-SigLIP"
@@ -107,7 +110,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
     timed = ["--warmup", str(args.warmup), "--iterations", str(args.iterations)]
     levels = ["--concurrency", args.concurrency, "--requests", str(args.requests)]
     only_served = ["--skip", "encoder,preprocess,host-ceiling"]
-    wheels = sorted(Path(args.wheels).glob("*.whl")) if args.wheels else []
+    folders = wheel_folders(args.wheels)
+    carried = ", ".join(f.name for f in folders if f.is_dir())
 
     def ceiling(out: Path) -> list[str]:
         """The same deployment with the model taken out (bench's host ceiling): the served step's counts."""
@@ -124,9 +128,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
                 "--set", "text_replicas=0", *counts, "--json", "host-ceiling.json"]
 
     return [
-        Step("install", f"install: {len(wheels)} carried wheel(s) and this checkout, offline",
-             lambda out: [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
-                          "--no-compile", *map(str, wheels), "-e", str(ROOT)], 120 * scale,
+        Step("install", f"install: the wheels carried in {carried or 'no folder'} and this checkout, offline",
+             lambda out: install_command(py, folders), 120 * scale,
              skip_if=lambda: None if (ROOT / "pyproject.toml").exists() else f"{ROOT} is no checkout"),
         Step("probe", "probe: interpreter, cores, torch, accelerator, modules",
              lambda out: [py, "-m", "siglip_serve.measure.device_probe", "probe.json"], 90 * scale,
@@ -156,6 +159,19 @@ def plan(args: argparse.Namespace) -> list[Step]:
         Step("host-ceiling", f"host ceiling: the served path with no model ({NO_MODEL_BACKEND})", ceiling,
              90 * scale, after=served_figures("host-ceiling.json")),
     ]
+
+
+def wheel_folders(given: list[str] | None) -> list[Path]:
+    """--wheels as given, else the checkout's .whl and every .whl-N (tools/device_wheels.sh's carry folders)."""
+    return [Path(g) for g in given] if given else [ROOT / ".whl", *sorted(ROOT.glob(".whl-[0-9]*"))]
+
+
+def install_command(py: str, folders: list[Path]) -> list[str]:
+    """pip, offline and without resolving, over the carried wheels (parts joined: measure/device_wheels.py)
+    and this checkout (editable, so the `siglip-serve-haproxy` script lands beside the interpreter)."""
+    wheels = assemble(folders, Path(tempfile.gettempdir()) / "siglip-device-wheels")
+    return [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation", "--no-compile",
+            *map(str, wheels), "-e", str(ROOT)]
 
 
 def derived(results: dict[str, StepResult], on_host_cores: bool) -> list[StepResult]:
@@ -263,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iterations", type=int, default=50, help="timed calls per bucket")
     parser.add_argument("--concurrency", default="1,32", help="served client concurrency levels")
     parser.add_argument("--requests", type=int, default=500, help="served requests per concurrency level")
-    parser.add_argument("--wheels", default=str(ROOT / ".whl"), help="folder of wheels to install first (offline)")
+    parser.add_argument("--wheels", action="append", help="a folder of carried wheels or wheel parts, installed "
+                        "first (offline); repeat for each (default: the checkout's .whl and every .whl-N)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole run's seconds, install included")
     parser.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every step's timeout")
     parser.add_argument("--skip", default="", help="comma list of step names to skip, e.g. install,pytest-cuda")

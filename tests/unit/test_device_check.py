@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from siglip_serve.measure import device_check
 from siglip_serve.measure.device_steps import Step, StepResult, run_step
 
@@ -70,6 +72,11 @@ def test_the_plan_in_order_and_what_each_variant_changes(tmp_path: Path) -> None
     assert "zeros-no-model" in ceiling and "ingress_replicas=7" in ceiling
     assert ceiling[ceiling.index("--replicas") + 1] == "1"
     assert ceiling[ceiling.index("--concurrency") + 1] == "32"
+    assert ceiling[ceiling.index("--requests") + 1] == "500" and "text_replicas=0" in ceiling
+    assert ceiling[ceiling.index("--skip") + 1] == "encoder,preprocess,host-ceiling"  # bench's own ceiling off
+    assert ceiling[ceiling.index("--json") + 1] == "host-ceiling.json"
+    (tmp_path / "served.json").unlink()  # the served step failed: bench's own counts, not a stale file's
+    assert "--replicas" not in steps["host-ceiling"].command(tmp_path)
     cpu = plan("--backend", "cpu", "--model", "tiny-siglip")
     assert cpu["encoder-graphs"].skip_if() == "backend cpu has no CUDA graphs"
     assert cpu["served-nvjpeg"].skip_if() is None
@@ -88,3 +95,40 @@ def test_verdict_and_ratio_from_the_figures() -> None:
     results["host-ceiling"] = StepResult("host-ceiling", "", "timeout")
     verdict, ratio = device_check.derived(results, on_host_cores=False)
     assert verdict.status == "skipped" and "host-ceiling" in (verdict.error or "") and ratio.status == "passed"
+    assert verdict.error == "needs host-ceiling (timeout)"
+
+
+def test_the_verdict_from_the_files_bench_writes(tmp_path: Path) -> None:
+    """The chain the CPU rehearsal no longer runs end to end (it skips the host ceiling): bench's result files,
+    written by its own models, read by each step's figures, judged by measure/bound.py."""
+    from siglip_serve.measure.results import BenchResult, CpuMsByKind, EncoderRow, Machine, ServedRow, ServerCpuResult
+
+    def bench(name: str, **parts: object) -> None:
+        BenchResult(machine=Machine(host="h"), model="tiny-siglip", backend="cpu", weights="random", buckets=[1, 8],
+                    created_at="2026-11-27T00:00:00Z", **parts).write(tmp_path / name)  # type: ignore[arg-type]
+
+    def served(ips: float, cpu_ms: float) -> list[ServedRow]:
+        cpu = ServerCpuResult(ms_per_image=cpu_ms, ms_per_image_by_kind=CpuMsByKind(), seconds=3.0, processes=9)
+        return [ServedRow(concurrency=c, requests=100, failures=0, images_per_request=1, images_per_second=ips * f,
+                          latency_p50_ms=4.0 * c, latency_p99_ms=9.0 * c, server_cpu=cpu)
+                for c, f in ((1, 0.5), (32, 1))]
+
+    bench("encoder.json", encoder=[
+        EncoderRow(bucket=b, images_per_second=ips, latency_mean_ms=1.0, latency_p50_ms=1.0, latency_p99_ms=2.0,
+                   warmup=1, iterations=3) for b, ips in ((1, 300.0), (8, 900.0))])
+    bench("served.json", served=served(120.0, 6.0), replicas=1, ingress_replicas=4)
+    bench("host-ceiling.json", served=served(150.0, 5.0), replicas=1, ingress_replicas=4)
+    results = {}
+    for name, after in (("encoder", device_check.encoder_figures("encoder.json")),
+                        ("served", device_check.served_figures("served.json")),
+                        ("host-ceiling", device_check.served_figures("host-ceiling.json"))):
+        figures = after(tmp_path)
+        assert isinstance(figures, dict), figures
+        results[name] = StepResult(name, name, "passed", figures=figures)
+    assert results["encoder"].figures["best_bucket"] == 8 and results["served"].figures["cpu_ms_per_image"] == 6.0
+    verdict, ratio = device_check.derived(results, on_host_cores=False)
+    # The ceiling (150) is under the device's 900: host-bound, served at 120 / 150 of it.
+    assert verdict.status == "passed" and verdict.figures["verdict"] == "host-bound"
+    assert verdict.figures["host_ceiling_images_per_second"] == 150.0
+    assert verdict.figures["served_over_limit"] == pytest.approx(0.8)
+    assert ratio.figures["served_over_bare"] == pytest.approx(120.0 / 900.0)

@@ -174,6 +174,13 @@ def install_command(py: str, folders: list[Path]) -> list[str]:
             *map(str, wheels), "-e", str(ROOT)]
 
 
+def why(result: StepResult | None) -> str:
+    """A step that did not pass: its status and error, as the verdict names what it lacked."""
+    if result is None:
+        return "not run"
+    return f"{result.status}: {result.error}" if result.error else result.status
+
+
 def derived(results: dict[str, StepResult], on_host_cores: bool) -> list[StepResult]:
     """The verdict and served / bare, from the steps' figures (skipped, saying which is missing)."""
     def figure(name: str) -> float | None:
@@ -184,7 +191,7 @@ def derived(results: dict[str, StepResult], on_host_cores: bool) -> list[StepRes
     missing = [n for n, v in (("encoder", bare), ("served", served), ("host-ceiling", host)) if v is None]
     verdict = StepResult("verdict", "host- or device-bound (measure/bound.py)", "skipped")
     if missing:
-        verdict.error = f"needs {', '.join(missing)}, which did not pass"
+        verdict.error = "needs " + ", ".join(f"{n} ({why(results.get(n))})" for n in missing)
     elif bare is not None and served is not None and host is not None:
         try:
             from siglip_serve.measure.bound import judge

@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kernels": ("siglip_serve.kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
     "trn2-check": ("siglip_serve.launcher.trn2_check", "first run on a fresh trn2: versions, neuron-ls, compile, "
                                                        "accuracy, serve, bench, report into one folder"),
+    "device-check": ("siglip_serve.measure.device_check", "every accelerator figure in one bounded run: install, "
+                                                          "pytest -m cuda, bare, served, host ceiling, verdict"),
 }
 # Given before the command (`siglip-serve --log-level DEBUG run`), as the one-parser CLI took it.
 LOG_LEVEL = "--log-level"

@@ -95,7 +95,7 @@ def test_a_replica_that_cannot_start_refuses_in_one_line_naming_its_node(monkeyp
     seen: list[str] = []
 
     def build() -> None:
-        raise ModelLoadError("cannot load the tokenizer from /models/tok (OSError); set tokenizer: DIR to\na local copy")
+        raise ModelLoadError("cannot load the tokenizer from /models/tok (OSError); set tokenizer: DIR\nto a copy")
 
     with pytest.raises(replica_start.ReplicaRefused) as err:
         replica_start.start_tower("text encoder replica", ModelSettings(model="tiny-siglip"), build,

@@ -148,7 +148,8 @@ def stand_in_ingress(image: TowerHandle, text: TowerHandle | None, **args: Any) 
                                       "text_replicas": 1 if text else 0, **args})
     records = STAND_IN_RECORDS if text else STAND_IN_RECORDS[:1]
     return Ingress(image, config, 1, ModelInfo("tiny-siglip", 4, (64, 64), "random"),  # type: ignore[arg-type]
-                   text, replica=("test", "ingress-1"), live_replicas=lambda app: list(records))  # type: ignore[arg-type]
+                   text, replica=("test", "ingress-1"), live_replicas=lambda app: list(records),  # type: ignore[arg-type]
+                   refusal=lambda app, tower: None)
 
 
 # Applications test modules deployed; conftest's module fixture deletes each module's when it ends,

@@ -193,3 +193,39 @@ def test_neuron_backend_serves_the_cpu_models_embeddings_over_http(
     assert replica["artifact_dir"] == str(artifacts[2].resolve())
     assert replica["manifest"]["versions"]["torch_neuronx"] == "0.0.0+test-double"
     assert replica["node_id"]
+
+
+def test_a_replica_that_cannot_start_on_its_node_says_so_in_serves_status_and_readyz_and_retries_stop(
+        serve_cluster: ServeCluster, tmp_path: Path) -> None:
+    """The builder reads no artifact (it runs on the head); the replica does, refuses in one line naming its
+    node, and Serve shows that line and stops after min(3 x replicas, 20) failed starts
+    (ray/serve/_private/deployment_state.py: _failed_to_start_threshold, _replica_startup_failing)."""
+    import socket
+    import time
+
+    from ray import serve
+
+    missing = tmp_path / "not-compiled"
+    deploy("refused", "/refused", wait=False, backend="neuron", artifact_dir=str(missing), buckets=[1, 2],
+           replicas=1, neuron_cores_per_replica=0, encoder_num_cpus=0.25, ingress_num_cpus=0.25,
+           env_vars={"PYTHONPATH": worker_pythonpath(), LNC_ENV: "2"})
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            app = serve.status().applications["refused"]
+            encoder = app.deployments.get("Encoder")
+            if encoder is not None and str(getattr(encoder.status, "value", encoder.status)) == "DEPLOY_FAILED":
+                break
+            assert time.monotonic() < deadline, str(app)
+            time.sleep(1)
+        line = f"image encoder replica on node {socket.gethostname()}"
+        assert "failed to start 3 times in a row" in encoder.message and line in encoder.message, encoder.message
+        assert "refused to start: artifact directory" in encoder.message and "siglip-serve compile" in encoder.message
+        assert str(getattr(app.status, "value", app.status)) == "DEPLOY_FAILED"
+        with httpx.Client(base_url=f"{serve_cluster.base_url}/refused", timeout=TIMEOUT) as client:
+            ready = client.get("/readyz")
+        assert ready.status_code == 503 and line in ready.json()["error"]["message"], ready.text
+        time.sleep(5)  # no further start: the deployment stays failed with the same count
+        assert "failed to start 3 times" in serve.status().applications["refused"].deployments["Encoder"].message
+    finally:
+        serve.delete("refused")

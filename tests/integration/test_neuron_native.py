@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.backends.neuron_native import check_available, load_native_encoder, replica_env
+from siglip_serve.models.backends.neuron_native import check_available, load_native_encoder
+from siglip_serve.models.backends.registry import backend_replica_env as replica_env
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.neuron.env import (
     CC_FLAGS_ENV,
@@ -68,7 +69,8 @@ def compile_tiny(root: Path, monkeypatch: pytest.MonkeyPatch, options: NativeOpt
 
 
 def as_replica(artifact: Path, monkeypatch: pytest.MonkeyPatch, cores: str | None = "0") -> None:
-    """The environment Ray gives a replica: the artifact's (replica_env) and one NeuronCore."""
+    """The environment a replica starts with: the artifact's (set by the replica itself, replica_env) and the
+    one NeuronCore Ray gives it."""
     torch._dynamo.reset()  # a new process: Dynamo remembers nothing
     for key, value in replica_env(tiny_settings(backend="neuron-native", artifact_dir=artifact)).items():
         monkeypatch.setenv(key, value)
@@ -312,10 +314,12 @@ def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> 
     config = ServiceConfig(model="tiny-siglip", backend="neuron-native", artifact_dir=artifact, buckets=(1, 2),
                            env_vars={"NEURON_RT_LOG_LEVEL": "WARNING"})
     options = encoder_deployment(config, 2).ray_actor_options
-    env = options["runtime_env"]["env_vars"]
+    # Nothing from the artifact in Ray's runtime_env: the builder that fills it runs on the head, which need
+    # not see the artifact. The replica sets the recipe on itself, from the manifest on its node (issue 41).
+    assert options["runtime_env"]["env_vars"] == {**SERVE_THROUGHPUT_ENV, "NEURON_RT_LOG_LEVEL": "WARNING"}
     manifest = read_native_manifest(artifact)
-    assert env == {**manifest.recipe_env, NEFF_CACHE_ENV: str(artifact.resolve() / "neff"),
-                   **SERVE_THROUGHPUT_ENV, "NEURON_RT_LOG_LEVEL": "WARNING"}
+    assert replica_env(config.model_settings()) == {**manifest.recipe_env,
+                                                    NEFF_CACHE_ENV: str(artifact.resolve() / "neff")}
     assert options["resources"] == {"neuron_cores": 1}  # Ray then sets NEURON_RT_VISIBLE_CORES to one core
 
 

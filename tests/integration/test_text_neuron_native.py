@@ -63,16 +63,28 @@ def test_a_text_replica_restarts_from_the_cache_and_matches_the_cpu_tower(
     assert runtime.compiles == []
 
 
-def test_an_image_only_artifact_is_refused_before_any_text_replica_starts(
+def test_an_image_only_artifact_is_refused_by_the_text_replica_naming_its_node(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused where the artifact is read: in the text replica, on its node (the builder, on the head, builds
+    the deployment without reading it), in one line; `siglip-serve run` asks check_tower before Ray starts."""
+    import socket
+
+    from siglip_serve.models.backends.neuron_native import RUNTIME_ENV
     from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.text_deployment import text_deployment
+    from siglip_serve.serve.replica_start import ReplicaRefused
+    from siglip_serve.serve.text_deployment import TextEncoderReplica, text_deployment
 
     artifact, _ = compile_tiny(tmp_path, monkeypatch)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "backend": "neuron-native", "buckets": [1, 2],
                                       "artifact_dir": str(artifact), "text_replicas": 1})
-    with pytest.raises(ArtifactError, match="siglip-serve compile --backend neuron-native --text") as err:
-        text_deployment(config)  # what build() calls, before Serve starts any replica
+    text_deployment(config)  # what build() calls on the head: nothing read
+    with pytest.raises(ArtifactError, match="siglip-serve compile --backend neuron-native --text"):
+        check_tower(config.model_settings(), TEXT)
+    as_replica(artifact, monkeypatch)  # what the replica sets on itself, restored after this test
+    monkeypatch.setenv(RUNTIME_ENV, "tests.doubles.torchneuron_runtime:RecordingRuntime")
+    with pytest.raises(ReplicaRefused, match="siglip-serve compile --backend neuron-native --text") as err:
+        TextEncoderReplica(config)
+    assert str(err.value).startswith(f"text encoder replica on node {socket.gethostname()}")
     assert "\n" not in str(err.value)
 
 

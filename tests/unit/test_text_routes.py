@@ -90,13 +90,15 @@ TEXT_RECORD = {"tower": "text", "replica_id": "text-1", "warmup_seconds": {"32":
                "logit_scale": 10.0, "logit_bias": -10.0}
 
 
-def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = None, **args: Any) -> Ingress:
-    """An ingress whose registry holds `records` (default: one warm replica per tower it serves)."""
+def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = None,
+           refusals: dict[str, str] | None = None, **args: Any) -> Ingress:
+    """An ingress whose registry holds `records` (default: one warm replica per tower it serves) and
+    `refusals` (a tower's last refusal to start; default none)."""
     config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1,
                                       "text_replicas": 1 if handle else 0, **args})
     found = records if records is not None else [IMAGE_RECORD, *([TEXT_RECORD] if handle else [])]
     return Ingress(HandleOptions(), config, 1, MODEL, handle, replica=("test", "ingress-1"),  # type: ignore[arg-type]
-                   live_replicas=lambda app: list(found))
+                   live_replicas=lambda app: list(found), refusal=lambda app, tower: (refusals or {}).get(tower))
 
 
 async def encode_texts(ingress: Ingress, texts: list[str], deadline: float) -> np.ndarray:
@@ -251,6 +253,15 @@ def test_readyz_counts_every_tower_it_serves() -> None:
     status, body = ready_answer(routes(TextHandle(), records=[IMAGE_RECORD]))
     assert status == 503 and body["error"]["type"] == "not_ready"
     assert body["error"]["message"] == "0 of 1 text encoder replicas ready; 1 needed"
+    status, body = ready_answer(routes(TextHandle(), records=[IMAGE_RECORD], refusals={"image": "not shown"}))
+    assert body["error"]["message"] == "0 of 1 text encoder replicas ready; 1 needed"
+
+
+def test_readyz_says_why_a_towers_replicas_refused_to_start_on_their_node() -> None:
+    line = "text encoder replica on node worker-1 (10.0.0.7) refused to start: cannot load the tokenizer; set ..."
+    status, body = ready_answer(routes(TextHandle(), records=[IMAGE_RECORD], refusals={"text": line}))
+    assert status == 503 and body["error"]["type"] == "not_ready"
+    assert body["error"]["message"] == f"0 of 1 text encoder replicas ready; 1 needed ({line})"
     status, body = ready_answer(routes(TextHandle()))
     assert status == 200
     assert body["replicas"] == 1 and body["replicas_expected"] == 1 and body["replicas_min_ready"] == 1

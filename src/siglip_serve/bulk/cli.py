@@ -61,7 +61,11 @@ def _embed(args: argparse.Namespace) -> int:
     from siglip_serve.serve.config import ServiceConfig
 
     config = ServiceConfig.from_args({**model_values(args), **settings_values(args.set), "log_level": args.log_level})
-    check_backend_available(config.model_settings())
+    if not args.address:
+        # A local Ray: its actors run on this machine, so a missing SDK or artifact is refused now. With
+        # --address (a RayJob) this driver runs on the head, which may see no artifacts: each embed actor
+        # checks them on its own node (bulk/stages.py) and refuses in one line naming it.
+        check_backend_available(config.model_settings())
     modality: Modality = "text" if args.text else "image"
     spec = JobSpec(source=args.source, output=args.output, modality=modality,
                    column=args.column or ("text" if args.text else "path"), shard_size=args.shard_size,

@@ -202,7 +202,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     import ray.data
 
     from siglip_serve.bulk.stages import ImageEmbedActor, TextEmbedActor, check_texts, decode_batch
-    from siglip_serve.models.backends.registry import backend_replica_env
+    from siglip_serve.models.backends.registry import extra_backends_env
     from siglip_serve.models.loading import model_geometry
 
     settings = config.model_settings()
@@ -227,12 +227,14 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
                                        "record": record, "embed_dim": embed_dim})
         actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor
         buckets = settings.buckets
-        constructor: dict[str, Any] = {"settings": settings, "record": record}
+        constructor: dict[str, Any] = {"settings": settings, "record": record, "keep_env": list(config.env_vars)}
     else:
         ds = ds.map_batches(check_texts, batch_format="numpy", fn_kwargs={"max_chars": config.max_text_chars})
         actor, buckets = TextEmbedActor, settings.text_buckets
-        constructor = {"settings": settings}
-    env = {**backend_replica_env(settings), **config.env_vars}
+        constructor = {"settings": settings, "keep_env": list(config.env_vars)}
+    # Nothing from the model's files: with --address this driver runs on the head. Each actor sets its
+    # backend's environment itself, on its node, before it imports torch (serve/replica_start.py).
+    env = {**extra_backends_env(), **config.env_vars}
     options = {**plan.encoder_options, **({"runtime_env": {"env_vars": env}} if env else {})}
     # A call carries whole blocks (the encoder splits them into its buckets): a Ray Data task costs
     # about a millisecond of CPU on each side, so one per bucket of 8 would cost more than tiny's model.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.metrics import BulkMetrics, EncoderMetrics
+from siglip_serve.serve.replica_start import start_tower
 from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher, UrlRejected
 
 if TYPE_CHECKING:  # torch: in the actors only
@@ -215,10 +217,13 @@ class _Embedder:
 class ImageEmbedActor(_Embedder):
     """One image tower on one device (a logical NeuronCore, a GPU, a CPU share): the service's encoder."""
 
-    def __init__(self, settings: ModelSettings, record: Record | None = None) -> None:
-        from siglip_serve.models.backends.registry import create_encoder
+    def __init__(self, settings: ModelSettings, record: Record | None = None, keep_env: Sequence[str] = ()) -> None:
+        def build() -> Tower:
+            from siglip_serve.models.backends.registry import create_encoder
 
-        super().__init__("image", create_encoder(settings), record)
+            return create_encoder(settings)
+
+        super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), record)
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return np.ascontiguousarray(batch["pixels"][rows])
@@ -227,10 +232,13 @@ class ImageEmbedActor(_Embedder):
 class TextEmbedActor(_Embedder):
     """One text tower: the service's text encoder (tokenizer and buckets included)."""
 
-    def __init__(self, settings: ModelSettings) -> None:
-        from siglip_serve.models.backends.registry import create_text_encoder
+    def __init__(self, settings: ModelSettings, keep_env: Sequence[str] = ()) -> None:
+        def build() -> Tower:
+            from siglip_serve.models.backends.registry import create_text_encoder
 
-        super().__init__("text", create_text_encoder(settings))
+            return create_text_encoder(settings)
+
+        super().__init__("text", start_tower("bulk text encoder", settings, build, keep_env))
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return [str(text) for text in batch["item"][rows]]

@@ -169,8 +169,9 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
     from siglip_serve.models.backends.registry import check_backend_available
     from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
 
-    # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now,
-    # not a replica crash later.
+    # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now, not a replica's
+    # refusal later. Here, not in the app's builder: this Ray runs on this machine, while a Serve YAML's
+    # builder runs on a head that may see none of the model's files (serve/app.py).
     env = None if args.address else {**os.environ, **config.env_vars}
     check_backend_available(config.model_settings(), env)
     if placeholder is not None:
@@ -181,6 +182,13 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
         check_available()
     preflight_weights(config)
     config = preflight_tokenizer(config)
+    if config.text_replica_count:
+        from siglip_serve.models.backends.record import TEXT
+        from siglip_serve.models.backends.registry import check_tower
+
+        # The replicas run on this machine (a Ray of our own) or were checked here by the user: refused
+        # now, in one line, not as text replicas refusing after Ray started.
+        check_tower(config.model_settings(), TEXT)
     if own_session:
         log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
                  os.getpid(), os.getpid())

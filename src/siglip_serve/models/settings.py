@@ -104,8 +104,10 @@ class ModelSettings(BaseModel):
 
     @property
     def needs_weights(self) -> bool:
-        """Whether anything must be loaded or downloaded: not for random weights nor for no model at all."""
-        return not self.uses_random_weights and backend_record(self.backend).runs_model
+        """Whether weights must be loaded or downloaded: not for random weights, nor for no model at all, nor
+        for a backend that reads a compiled artifact (the artifact holds them)."""
+        record = backend_record(self.backend)
+        return not self.uses_random_weights and record.runs_model and not record.reads_artifact
 
     @property
     def weights_source(self) -> str:

@@ -121,6 +121,24 @@ def build(config: ServiceConfig, routes: Sequence[Route | Probe] = ()) -> Applic
     return ingress.bind(encoder, config, replicas, model, text, tuple(routes))
 
 
+def text_by_shape(config: ServiceConfig) -> ServiceConfig:
+    """The text tower's default decided from the config alone. Asked for (`text_replicas: N` or
+    `tokenizer: DIR`), or with a tokenizer bundled in the package (the tiny models): as configured, and
+    each text replica loads the tokenizer where it runs. Else off, saying how to turn it on: whether the
+    workers hold the model's tokenizer or reach the hub is not something the head can see.
+    (`siglip-serve run` decides it by looking, serve/model_checks.py preflight_tokenizer.)"""
+    from siglip_serve.models.text import BUNDLED_TOKENIZERS
+
+    if config.text_replicas is not None or config.tokenizer is not None or config.text_replica_count == 0:
+        return config
+    if config.model in BUNDLED_TOKENIZERS:
+        return config
+    from siglip_serve.serve.model_checks import text_off
+
+    return text_off(config, "a Serve deploy does not look for the tokenizer from the head; set text_replicas: 1 "
+                            "(each text replica loads it where it runs)")
+
+
 class AppRefused(RayServeException):
     """The builder refuses the application; Serve shows the message once and does not retry.
 
@@ -142,26 +160,23 @@ def build_app_with_routes(args: dict[str, Any] | None, routes: Sequence[Route | 
     """The application of `args` (the YAML `args:` mapping) with `routes`, more routes beside the
     contract's (serve/routes.py), each on the same front door and scheduling call (a test's, say).
 
-    It checks, once, what it can before any replica starts: the config, that the weights are on disk
-    or the hub answers, the text tower's tokenizer (serve/model_checks.py's preflight_tokenizer: the default
-    turns text off without one), and that the cluster can hold the replicas (where nodes join later, it
-    warns and deploys instead, and waits for the NeuronCores `replicas: auto` counts: serve/cluster_fit.py).
-    It cannot see a replica's own machine (an SDK or GPU missing there fails in the replica, which Serve
-    retries)."""
-    from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
-
+    It runs where Serve runs it: on the head, which under KubeRay mounts no artifacts, holds no weights'
+    cache and may have no route to the hub. So it checks the configuration's shape only, once, before any
+    replica starts: the config, the text tower's default (`text_by_shape`), and that the cluster can hold
+    the replicas (where nodes join later, it warns and deploys instead, and waits for the NeuronCores
+    `replicas: auto` counts: serve/cluster_fit.py). The artifact, the weights, the tokenizer, an SDK or a
+    GPU are checked by each replica on its own node, which refuses in one line naming the node and the
+    fix (serve/replica_start.py). `siglip-serve run` checks them before it starts its own Ray (launcher/cli.py)."""
     try:
-        config = ServiceConfig.from_args(args)
+        config = text_by_shape(ServiceConfig.from_args(args))
         if config.tracing:
             tracing.check_available()
-        preflight_weights(config)  # first: refused in a second, where the tokenizer check may take seconds
-        config = preflight_tokenizer(config)  # before the cluster check, which counts text replicas
         if ray.is_initialized():
             growth = cluster_growth(config)
             # Decided once, for the check and the build: cpu's auto builds the model on the meta device.
             config = pin_neuron_replicas(pin_replicas(config), growth)
             check_cluster_fits(config, resolve_replicas(config), growth)
         return build(config, routes)
-    except UserError as exc:  # a config, weights or cluster problem: refused once, not retried
+    except UserError as exc:  # a config or cluster problem: refused once, not retried
         log.error("%s", exc)
         raise AppRefused(str(exc)) from None

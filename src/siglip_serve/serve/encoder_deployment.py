@@ -20,7 +20,8 @@ from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
-from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
+from siglip_serve.serve.replica_start import start_tower
+from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, refusal_recorder, split_rows, tower_deployment
 
 log = logging.getLogger("siglip_serve.encoder")
 
@@ -29,14 +30,21 @@ class EncoderReplica(TowerReplica):
     """The image tower; published (serve/registry.py) once warm with the cores it sees."""
 
     def __init__(self, config: ServiceConfig) -> None:
-        # Imported here, not at module level: the ingress imports this module too, and torch would
-        # add seconds to its start (during which Serve's proxy holds requests to it unanswered).
-        from siglip_serve.models.backends.registry import create_encoder
+        configure_replica_logging(config.log_level)
+        settings = config.model_settings()
+
+        def build() -> Any:
+            # Imported here, not at module level: the ingress imports this module too, and torch would add
+            # seconds to its start; and the backend's environment must be set before torch is imported.
+            from siglip_serve.models.backends.registry import create_encoder
+
+            return create_encoder(settings)
+
+        encoder = start_tower("image encoder replica", settings, build, config.env_vars, refusal_recorder("image"))
         from siglip_serve.models.encoder import EncoderInputError
 
-        configure_replica_logging(config.log_level)
         self._input_error = EncoderInputError
-        super().__init__(config, create_encoder(config.model_settings()), EncoderMetrics(tower="image"))
+        super().__init__(config, encoder, EncoderMetrics(tower="image"))
         self.publish({"neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
                       "neuron_logical_nc_config": os.environ.get(LNC_ENV)})
         log.info("encoder replica ready: %s", self.info)

@@ -14,7 +14,9 @@ behind the front door, and serve/ingress_deployment.py is the Serve deployment t
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ray import serve
@@ -41,9 +43,11 @@ log = logging.getLogger("siglip_serve.ingress")
 class Ingress:
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None,
-                 live_replicas: LiveReplicas = registry.live_replicas) -> None:
+                 live_replicas: LiveReplicas = registry.live_replicas,
+                 refusal: Callable[[str, str], str | None] = registry.refusal) -> None:
         """`replicas`: the image tower's (its max_replicas when autoscaled); `replica`: (application, replica
-        id), read from Serve's replica context when not given; `live_replicas`: how the registry is read."""
+        id), read from Serve's replica context when not given; `live_replicas`, `refusal`: how the registry
+        is read (every live replica's record; a tower's last refusal to start)."""
         configure_replica_logging(config.log_level)
         bind_to_node_address()
         tracing.configure(config.tracing, "ingress")
@@ -54,6 +58,7 @@ class Ingress:
             context = serve.get_replica_context()
             replica = (context.app_name, context.replica_id.unique_id)
         self.app_name, self.replica_name = replica
+        self._refusal = refusal
         self.door = FrontDoor(config, replicas, self.app_name, self.replica_name)
         handles = {"image": encoder, "text": text_encoder}
         self.towers = Towers({tower: tower_link(tower, handle, config, replicas)
@@ -99,9 +104,14 @@ class Ingress:
         if await self.door.drain_marked():
             return ApiError(503, ErrorType.NOT_READY, "server is shutting down", self.door.retry_after()), counts
         if not ready:
-            short = [f"{link.live} of {link.plan.replicas} {'text encoder' if tower == 'text' else 'encoder'} "
-                     f"replicas ready; {link.plan.min_ready} needed"
-                     for tower, link in self.towers.items() if link.live < link.plan.min_ready]
+            short = []
+            for tower, link in self.towers.items():
+                if link.live < link.plan.min_ready:
+                    # A replica that refused to start on its node left its line (serve/replica_start.py).
+                    refused = await asyncio.to_thread(self._refusal, self.app_name, tower)
+                    short.append(f"{link.live} of {link.plan.replicas} "
+                                 f"{'text encoder' if tower == 'text' else 'encoder'} replicas ready; "
+                                 f"{link.plan.min_ready} needed" + (f" ({refused})" if refused else ""))
             return ApiError(503, ErrorType.NOT_READY, ", ".join(short), self.door.retry_after()), counts
         return None, counts
 

@@ -1,18 +1,22 @@
-"""What the application checks of its model before any replica starts, each failing in one line:
-the weights (fetched once here, or refused at once when there is no hub) and the text tower's
-tokenizer (which decides whether text is on). `build_app` (a Serve YAML deploy) and `siglip-serve run`
-(before it starts Ray) both call these."""
+"""Checks of the model's files, each failing in one line: the weights (fetched once, or refused at once
+when there is no hub) and the text tower's tokenizer (which decides whether text is on by default).
+
+They read the machine they run on, so they run where the model is used: `siglip-serve run` calls both
+before it starts its local Ray (its replicas run on this machine), and every replica and bulk actor
+checks its weights as it starts (serve/replica_start.py). A Serve YAML's builder runs on the head,
+which may see neither the cache nor the hub, and calls neither (serve/app.py)."""
 
 from __future__ import annotations
 
 import logging
 
+from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve")
 
 
-def preflight_weights(config: ServiceConfig) -> None:
+def preflight_weights(config: ModelSettings) -> None:
     """Fetch pretrained weights once, here, before any replica starts; fail with one clear message.
 
     Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the

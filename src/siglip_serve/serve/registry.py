@@ -51,6 +51,25 @@ def live_replicas(app_name: str, tower: str | None = None) -> list[dict[str, Any
     return sorted(records, key=lambda r: str(r.get("replica_id")))
 
 
+# A replica that refused to start (serve/replica_start.py) leaves its one line here, per tower, for
+# /readyz to show beside the counts; the tower's next warm replica clears it.
+_REFUSED = "refused/"
+
+
+def record_refusal(app_name: str, tower: str, message: str) -> None:
+    internal_kv._internal_kv_put(f"{_REFUSED}{app_name}/{tower}", message, overwrite=True, namespace=_NAMESPACE)
+
+
+def clear_refusal(app_name: str, tower: str) -> None:
+    internal_kv._internal_kv_del(f"{_REFUSED}{app_name}/{tower}", namespace=_NAMESPACE)
+
+
+def refusal(app_name: str, tower: str) -> str | None:
+    """The last refusal of one of `tower`'s replicas since one last warmed up, or None."""
+    raw = internal_kv._internal_kv_get(f"{_REFUSED}{app_name}/{tower}", namespace=_NAMESPACE)
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def record_tower(record: dict[str, Any]) -> str:
     """The tower a replica's record is of (records written before text replicas registered: image)."""
     return str(record.get("tower", "image"))

@@ -14,11 +14,11 @@ from ray import serve
 
 from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.cpu_plan import text_torch_threads
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
-from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
+from siglip_serve.serve.replica_start import start_tower
+from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, refusal_recorder, split_rows, tower_deployment
 
 log = logging.getLogger("siglip_serve.text")
 
@@ -28,11 +28,18 @@ class TextEncoderReplica(TowerReplica):
     zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
     def __init__(self, config: ServiceConfig) -> None:
-        from siglip_serve.models.backends.registry import create_text_encoder  # torch: in the replica only
-
         configure_replica_logging(config.log_level)
-        settings = config.model_settings().model_copy(update={"torch_threads": text_torch_threads(config)})
-        super().__init__(config, create_text_encoder(settings), EncoderMetrics(tower="text"))
+        settings = config.model_settings()
+
+        def build() -> Any:
+            # torch: in the replica only, after the backend's environment is set (serve/replica_start.py).
+            from siglip_serve.models.backends.registry import create_text_encoder
+            from siglip_serve.serve.cpu_plan import text_torch_threads
+
+            return create_text_encoder(settings.model_copy(update={"torch_threads": text_torch_threads(config)}))
+
+        encoder = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
+        super().__init__(config, encoder, EncoderMetrics(tower="text"))
         self.publish()
         log.info("text encoder replica ready: %s", self.info)
 
@@ -52,11 +59,7 @@ def text_neuron_cores(config: ServiceConfig) -> int:
 
 
 def text_deployment(config: ServiceConfig) -> serve.Deployment:
-    from siglip_serve.models.backends.record import TEXT
-    from siglip_serve.models.backends.registry import check_tower
-
-    # Refused here, once, in one line: a text replica that cannot load would die at start while
-    # Serve retries it for ever, and /v1/classify would never come up.
-    check_tower(config.model_settings(), TEXT)
+    """The text tower's deployment. What its artifact or tokenizer lacks is refused by the replica, where
+    they are (the builder runs on the head): serve/replica_start.py."""
     return tower_deployment(TextEncoderReplica, "TextEncoder", config, config.text_replica_count, plan(config).text,
                             config.text_buckets[-1])

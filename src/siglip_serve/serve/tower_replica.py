@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -86,6 +87,7 @@ class TowerReplica:
         self.info = {"replica_id": context.replica_id.unique_id, **self.info,
                      "node_id": ray.get_runtime_context().get_node_id()}
         registry.register_replica(self.app_name, self.replica_actor_name, self.info)
+        registry.clear_refusal(self.app_name, self.info["tower"])
         return self.info
 
     def __del__(self) -> None:
@@ -146,6 +148,16 @@ class TowerReplica:
         return results
 
 
+def refusal_recorder(tower: str) -> Callable[[str], None] | None:
+    """Where a replica of `tower` that refuses to start leaves its line for /readyz (serve/registry.py);
+    None outside a Serve replica (a test building the class)."""
+    try:
+        app_name = serve.get_replica_context().app_name
+    except RayServeException:
+        return None
+    return lambda message: registry.record_refusal(app_name, tower, message)
+
+
 def split_rows(embeddings: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     offsets = np.cumsum([0, *sizes])
     return [embeddings[start:stop] for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
@@ -161,13 +173,15 @@ def tower_deployment(replica_class: type[TowerReplica], name: str, config: Servi
                      autoscaling_config: dict[str, Any] | None = None) -> serve.Deployment:
     """A tower's deployment: what one replica asks Ray for (serve/placement.py), the backend's
     environment, queue bounds."""
-    from siglip_serve.models.backends.registry import backend_replica_env  # here: the ingress imports this module
+    from siglip_serve.models.backends.registry import extra_backends_env  # here: the ingress imports this module
 
     actor_options = ask.actor_options()
-    # The backend's own environment first (neuron-native: the artifact's recipe, read by TorchNeuron
-    # at import); a config env_var that contradicts it is refused by the replica, naming both.
-    env_vars = {**backend_replica_env(config.model_settings()), **config.tower_mode_env(),
-                **tracing.replica_env(config.tracing), **config.env_vars}
+    # Nothing read from the model's files: this runs in the builder, on the head, which may not see them.
+    # The backend's own environment (neuron-native: the artifact's recipe) is set by the replica itself,
+    # before it imports torch (serve/replica_start.py); a config env_var that contradicts it is refused
+    # there, naming both.
+    env_vars = {**extra_backends_env(), **config.tower_mode_env(), **tracing.replica_env(config.tracing),
+                **config.env_vars}
     if env_vars:
         actor_options["runtime_env"] = {"env_vars": env_vars}
     # Serve takes either a count or an autoscaling_config (ray/serve/api.py deployment()).

@@ -23,11 +23,12 @@ BUILTIN: tuple[BackendRecord, ...] = (
     # The trace line (torch-neuronx 2.9): one TorchScript per bucket, one logical NeuronCore per replica.
     BackendRecord("neuron", device="neuron", implementation=f"{_MODULE}.neuron:IMPLEMENTATION",
                   ray_resource=NEURON_CORES, per_replica=1, visible_devices_env=VISIBLE_CORES_ENV,
-                  static_shapes=True, settings=("artifact_dir",)),
+                  static_shapes=True, settings=("artifact_dir",), reads_artifact=True),
     # TorchNeuron (2.33+): torch.compile graphs from the artifact's NEFF cache, one core per replica.
     BackendRecord("neuron-native", device="neuron", implementation=f"{_MODULE}.neuron_native:IMPLEMENTATION",
                   ray_resource=NEURON_CORES, per_replica=1, visible_devices_env=VISIBLE_CORES_ENV,
-                  static_shapes=True, settings=("artifact_dir",)),
+                  static_shapes=True, settings=("artifact_dir",), reads_artifact=True,
+                  replica_env="siglip_serve.models.neuron.env:replica_environment"),
     # NOT A MODEL: the host ceiling (models/backends/zeros_no_model.py).
     BackendRecord(NO_MODEL_BACKEND, device="none", implementation=f"{_MODULE}.zeros_no_model:IMPLEMENTATION",
                   towers=(IMAGE,), runs_model=False),

@@ -1,14 +1,15 @@
 """The neuron-native backend: TorchNeuron (torch 2.14, `torch.compile(backend="neuron")`) on one
 logical NeuronCore, from an artifact of `siglip-serve compile --backend neuron-native`.
 
-A replica gets the artifact's environment from Ray's runtime_env (see `replica_env`), so it is set
-before torch is imported. It then refuses to start, in one line, unless: the SDK is TorchNeuron;
-the versions, LNC, NEURON_CC_FLAGS, opt level and NEFF cache are the manifest's; it sees exactly
-one NeuronCore; every bucket's compiled graph is in the cache. Only then does it load the weights,
-compile and warm each bucket (cache hits: no neuronx-cc run), check that nothing new was compiled,
-and run every later call under `torch.compiler.set_stance("fail_on_recompile")`, scoped to the call
-(run_warm): the stance is process-wide, so one set for good would make a second encoder in the
-same process (the other side of an accuracy run) fail its own warm-up.
+A replica sets the artifact's environment on itself, read from the manifest on its own node before
+it imports torch (the record's `replica_env`: models/neuron/env.py replica_environment). It then
+refuses to start, in one line, unless: the SDK is TorchNeuron; the versions, LNC, NEURON_CC_FLAGS,
+opt level and NEFF cache are the manifest's; it sees exactly one NeuronCore; every bucket's compiled
+graph is in the cache. Only then does it load the weights, compile and warm each bucket (cache hits:
+no neuronx-cc run), check that nothing new was compiled, and run every later call under
+`torch.compiler.set_stance("fail_on_recompile")`, scoped to the call (run_warm): the stance is
+process-wide, so one set for good would make a second encoder in the same process (the other side of
+an accuracy run) fail its own warm-up.
 """
 
 from __future__ import annotations
@@ -74,13 +75,6 @@ def runtime_from_env() -> NativeRuntime:
 def native_artifact(settings: ModelSettings) -> tuple[Path, NativeManifest]:
     return checked_artifact(settings, "neuron-native", "siglip-serve compile --backend neuron-native",
                             read_native_manifest, TorchNeuronRefusal)
-
-
-def replica_env(settings: ModelSettings) -> dict[str, str]:
-    """The environment every replica starts with (Ray runtime_env env_vars): the artifact's recipe
-    and NEFF cache, so TorchNeuron reads them before torch is imported."""
-    directory, manifest = native_artifact(settings)
-    return environment(manifest.recipe_env, directory)
 
 
 def adopt_unset(expected: Mapping[str, str], env: MutableMapping[str, str]) -> None:
@@ -246,5 +240,5 @@ def build(settings: ModelSettings, tower: str) -> Tower:
 CHECKS = ArtifactChecks(native_artifact, "siglip-serve compile --backend neuron-native")
 
 
-IMPLEMENTATION = Implementation(build=build, check_available=check_available, replica_env=replica_env,
-                                check_tower=CHECKS.check_tower, compiled_for=CHECKS.compiled_for)
+IMPLEMENTATION = Implementation(build=build, check_available=check_available, check_tower=CHECKS.check_tower,
+                                compiled_for=CHECKS.compiled_for)

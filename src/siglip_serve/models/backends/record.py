@@ -51,6 +51,13 @@ class BackendRecord:
     towers: tuple[str, ...] = (IMAGE, TEXT)
     # False: no model runs and no weights are read (zeros-no-model, the host ceiling).
     runs_model: bool = True
+    # Its replicas load the model from a compiled artifact (artifact_dir), which holds the weights: none
+    # are read or fetched for it (ModelSettings.needs_weights), on any node.
+    reads_artifact: bool = False
+    # "module:function", torch-free: (ModelSettings) -> the environment its replica sets on itself before
+    # it imports torch (neuron-native: the artifact's recipe). Called where the replica runs, since only
+    # that node may see the artifact (serve/replica_start.py).
+    replica_env: str | None = None
     # The ModelSettings fields that are its own (shown beside its results, e.g. accuracy's sides).
     settings: tuple[str, ...] = ()
 
@@ -85,9 +92,8 @@ class Implementation:
     # Before any Ray process starts: can this machine run it? `env`: what the replicas will see (None:
     # joining a cluster started elsewhere, skip what depends on it). Raises BackendUnavailable.
     check_available: Callable[[ModelSettings, Mapping[str, str] | None], None] | None = None
-    # Environment its replica needs before it imports torch (Ray runtime_env).
-    replica_env: Callable[[ModelSettings], Mapping[str, str]] | None = None
-    # Before any replica starts, without an SDK: can it build this tower from what is on disk?
+    # Without an SDK, on the machine that will run it (`siglip-serve run`, before Ray starts): can it build
+    # this tower from what is on disk?
     check_tower: Callable[[ModelSettings, str], None] | None = None
     # What its compiled artifact was compiled for (e.g. {"lnc": 2, "auto_cast": "matmult"}), for results.
     compiled_for: Callable[[ModelSettings], Mapping[str, Any]] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -131,10 +131,25 @@ def check_backend_available(settings: ModelSettings, env: Mapping[str, str] | No
 
 
 def backend_replica_env(settings: ModelSettings) -> dict[str, str]:
-    """Environment a replica needs before it imports torch (Ray runtime_env): the backend's own, and
-    where to find a backend registered here."""
-    hook = implementation(settings.backend).replica_env
-    return {**(dict(hook(settings)) if hook is not None else {}), **extra_backends_env()}
+    """Environment a process of this backend needs before it imports torch (neuron-native: the artifact's
+    recipe, read from its manifest), and where to find a backend registered here. Read on the machine
+    that runs the process: a replica or a bulk actor reads it itself (`apply_replica_env`)."""
+    spec = backend_record(settings.backend).replica_env
+    own: dict[str, str] = {}
+    if spec is not None:
+        module, _, attribute = spec.partition(":")
+        own = dict(getattr(importlib.import_module(module), attribute)(settings))
+    return {**own, **extra_backends_env()}
+
+
+def apply_replica_env(settings: ModelSettings, keep: Collection[str] = ()) -> dict[str, str]:
+    """Set this process's backend environment (`backend_replica_env`), at its start, before torch is
+    imported: what Ray's runtime_env would have set, but read here, where the artifact is. Names in
+    `keep` (the config's own env_vars, which Ray did set) stay as they are, so a contradiction is
+    refused by the backend's start checks, naming both. The variables set."""
+    wanted = {k: v for k, v in backend_replica_env(settings).items() if k not in keep}
+    os.environ.update(wanted)
+    return wanted
 
 
 def compiled_for(settings: ModelSettings) -> dict[str, Any]:

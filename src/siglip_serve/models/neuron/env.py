@@ -26,10 +26,14 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV, expand_visible_cores, package_version
 from siglip_serve.models.neuron.base import NeuronOptions, NeuronRefusal
 from siglip_serve.models.neuron.manifest import MANIFEST_NAME
+
+if TYPE_CHECKING:
+    from siglip_serve.models.settings import ModelSettings
 
 SDK_RELEASE = "2.33.1"
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
@@ -103,6 +107,15 @@ def artifact_environment(artifact_dir: Path) -> dict[str, str]:
         raise TorchNeuronRefusal(f"{directory} has no readable neuron-native manifest with a recipe_env ({exc}); "
                                  f"compile it with siglip-serve compile --backend neuron-native") from None
     return environment(recipe, directory)
+
+
+def replica_environment(settings: ModelSettings) -> dict[str, str]:
+    """The neuron-native replica's environment (the backend record's `replica_env`): read from the
+    artifact's manifest on the replica's own node, before it imports torch. No artifact_dir: nothing,
+    and the start checks say what to set."""
+    if settings.artifact_dir is None:
+        return {}
+    return artifact_environment(Path(settings.artifact_dir).expanduser().resolve())
 
 
 def default_neff_caches() -> list[Path]:

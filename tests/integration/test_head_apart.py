@@ -1,0 +1,208 @@
+"""EKS's shape on this machine: a Ray head that is a world apart from its worker. The head runs in a mount
+namespace of its own (`unshare -m`, private propagation) with an empty tmpfs over the artifacts directory and
+over the model cache, and HF_HUB_OFFLINE=1; it declares no CPUs and no NeuronCores, as KubeRay's head
+(deploy/kuberay/rayservice.yaml). The worker sees the real artifacts and declares 2 NeuronCores.
+
+On that cluster: the service is deployed as KubeRay deploys it (PUT /api/serve/applications/ to the head's
+dashboard, ray/dashboard/modules/serve/serve_head.py), so its builder runs on the head; its config names
+pretrained weights (the default `pretrained: webli`) and the `neuron` backend, whose artifact holds the model.
+And the bulk job is submitted with `ray job submit`, so its driver runs on the head (ray/dashboard/modules/
+job/job_manager.py _get_label_selector: the head, unless the entrypoint asks for resources). Both must serve
+and embed on the worker, on the Neuron trace double (tests/doubles/torch_neuronx: plumbing, not Neuron).
+
+Real `ray start` processes, each its own session, all on loopback with a private temp dir; ended by
+their process groups (never `ray stop`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from siglip_serve.core.constants import LNC_ENV
+from siglip_serve.launcher.preflight import free_port
+from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
+from tests.helpers import REPO, jpeg_bytes, neuronx_double, tiny_settings, worker_pythonpath
+
+MODEL = "tiny-siglip-checkpoint"  # takes weights (unlike tiny-siglip): the config's `pretrained` is real to it
+IMAGES = 6
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _ports(n: int) -> list[int]:
+    return [free_port() for _ in range(n)]
+
+
+# Each node an address of its own on loopback, as each pod has its own IP. Not 127.0.0.1: Ray replaces
+# "127.0.0.1" and "localhost" in a cluster address by the machine's outward IP before connecting
+# (ray/_private/services.py resolve_ip_for_localhost), which would take the cluster off loopback.
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
+
+
+def _node_args(temp: Path, ip: str) -> list[str]:
+    node, objects, agent, agent_grpc, metrics, runtime_env = _ports(6)
+    return ["--block", "--node-ip-address", ip, "--temp-dir", str(temp), "--node-manager-port", str(node),
+            "--object-manager-port", str(objects), "--dashboard-agent-listen-port", str(agent),
+            "--dashboard-agent-grpc-port", str(agent_grpc), "--metrics-export-port", str(metrics),
+            "--runtime-env-agent-port", str(runtime_env), "--disable-usage-stats"]
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.artifacts = root / "artifacts"
+        self.cache = root / "hf"
+        self.temp = Path(tempfile.mkdtemp(prefix="rha", dir="/tmp"))  # short: Ray's socket paths
+        self.gcs, self.dashboard, self.serve = _ports(3)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        # Every node gets one environment but for what the head lacks: the double stands in for the SDK
+        # everywhere (one image for every pod, as on EKS), the model cache is in one place.
+        self.env = {**os.environ, "PYTHONPATH": worker_pythonpath(), "HF_HOME": str(self.cache), LNC_ENV: "2",
+                    "RAY_USAGE_STATS_ENABLED": "0",
+                    # Ray turns token auth on for a new cluster by default, writing ~/.ray/auth_token, which
+                    # every Ray on this machine would then share (ray/_private/authentication/
+                    # authentication_token_setup.py): off, as this cluster listens on loopback only.
+                    "RAY_AUTH_MODE": "disabled"}
+        for key in ("RAY_ADDRESS", "HF_HUB_OFFLINE"):
+            self.env.pop(key, None)
+
+    def start(self) -> None:
+        for folder in (self.artifacts, self.cache):
+            folder.mkdir(parents=True, exist_ok=True)
+        (self.cache / "hub").mkdir(exist_ok=True)
+        # The head: an empty tmpfs over the artifacts and the model cache, visible to it alone (a new mount
+        # namespace with private propagation: nothing it mounts reaches this one).
+        head = [RAY, "start", "--head", "--port", str(self.gcs), "--num-cpus", "0", "--include-dashboard", "true",
+                "--dashboard-host", HEAD_IP, "--dashboard-port", str(self.dashboard), *_node_args(self.temp, HEAD_IP)]
+        masked = (f"mount -t tmpfs none {self.artifacts} && mount -t tmpfs none {self.cache} && "
+                  f"exec env HF_HUB_OFFLINE=1 \"$@\"")
+        self._spawn(["unshare", "-m", "--propagation", "private", "sh", "-c", masked, "head", *head])
+        try:
+            self._wait(lambda: httpx.get(f"http://{HEAD_IP}:{self.dashboard}/api/version", timeout=2).is_success,
+                       120, "the head's dashboard")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {self.logs()}") from None
+        worker = [RAY, "start", "--address", f"{HEAD_IP}:{self.gcs}", "--num-cpus", "3",
+                  "--resources", json.dumps({"neuron_cores": 2}), *_node_args(self.temp, WORKER_IP)]
+        self._spawn(["unshare", "-m", "--propagation", "private", *worker])
+
+    def _spawn(self, command: list[str]) -> None:
+        with open(self.root / f"node-{len(self.procs)}.log", "wb") as log:  # read when a node fails to start
+            self.procs.append(subprocess.Popen(command, env=self.env, cwd=REPO, start_new_session=True,
+                                               stdout=log, stderr=subprocess.STDOUT))
+
+    @staticmethod
+    def _wait(ready: object, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if ready():  # type: ignore[operator]
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"{what} not up in {timeout_s} s")
+
+    def logs(self) -> str:
+        return "\n".join(path.read_text(errors="replace")[-2000:] for path in sorted(self.root.glob("node-*.log")))
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("head-apart")
+    cluster = Cluster(root)
+    try:
+        cluster.start()
+        with neuronx_double():
+            artifact = compile_artifact(tiny_settings(model=MODEL, random_weights=True), CompileOptions(lnc=2),
+                                        cluster.artifacts).artifact_dir
+        cluster.artifact = artifact  # type: ignore[attr-defined]
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_the_bulk_job(
+        cluster: Cluster, tmp_path: Path) -> None:
+    artifact = cluster.artifact  # type: ignore[attr-defined]
+    dashboard = f"http://{HEAD_IP}:{cluster.dashboard}"
+    app = {"name": "apart", "route_prefix": "/", "import_path": "siglip_serve.serve.app:build_app",
+           "args": {"model": MODEL, "backend": "neuron", "artifact_dir": str(artifact), "buckets": [1, 2],
+                    "replicas": 1, "encoder_num_cpus": 0.5, "ingress_num_cpus": 0.25, "torch_threads": 1,
+                    "text_replicas": 0, "batch_wait_timeout_s": 0.01, "cluster_grows": True}}
+    schema = {"proxy_location": "HeadOnly", "http_options": {"host": HEAD_IP, "port": cluster.serve},
+              "applications": [app]}
+    assert httpx.put(f"{dashboard}/api/serve/applications/", json=schema, timeout=60).status_code == 200
+
+    # The job: its driver runs on the head, where the artifact directory is an empty tmpfs (checked first).
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(IMAGES):
+        (images / f"{i}.jpg").write_bytes(jpeg_bytes(np.full((48, 48, 3), 40 * i, dtype=np.uint8)))
+    out = tmp_path / "out"
+    embed = [sys.executable, "-m", "siglip_serve", "embed", str(images), "-o", str(out), "--address", "auto",
+             "--backend", "neuron", "--model", MODEL, "--artifact-dir", str(artifact), "--set", "buckets=1,2",
+             "--encoders", "1", "--decode-workers", "1"]
+    entrypoint = (f"test ! -e {artifact}/manifest.json && test \"$HF_HUB_OFFLINE\" = 1 && "
+                  + " ".join(embed))
+    submitted = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--no-wait", "--submission-id",
+                                "apart-embed", "--", "sh", "-c", entrypoint],
+                               env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+
+    with httpx.Client(base_url=f"http://{HEAD_IP}:{cluster.serve}", timeout=30) as client:
+        deadline = time.monotonic() + 240
+        ready = None
+        status: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{dashboard}/api/serve/applications/", timeout=30).json()["applications"]
+            if status.get("apart", {}).get("status") == "DEPLOY_FAILED":  # type: ignore[attr-defined]
+                break
+            try:
+                # Short tries: until the ingress runs, Serve's proxy holds a request rather than answering.
+                ready = client.get("/readyz", timeout=3)
+                if ready.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        assert ready is not None and ready.status_code == 200, json.dumps(status)[-3000:] + cluster.logs()
+        answer = client.post("/v1/embeddings/image", content=jpeg_bytes(np.full((64, 64, 3), 99, dtype=np.uint8)),
+                             headers={"Content-Type": "image/jpeg"})
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["data"][0]["embedding"]) > 0
+        (replica,) = client.get("/v1/models").json()["data"][0]["replicas"]
+    assert replica["backend"] == "neuron" and replica["manifest"]["versions"]["torch_neuronx"] == "0.0.0+test-double"
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    jobs = JobSubmissionClient(dashboard)
+    deadline = time.monotonic() + 240
+    while jobs.get_job_status("apart-embed") not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.monotonic() < deadline, jobs.get_job_logs("apart-embed")[-3000:]
+        time.sleep(2)
+    logs = jobs.get_job_logs("apart-embed")
+    assert jobs.get_job_status("apart-embed") == JobStatus.SUCCEEDED, logs[-3000:]
+    summary = json.loads((out / "_summary.json").read_text())
+    assert summary["embedded"] == IMAGES and summary["errors"] == 0 and summary["backend"] == "neuron", summary

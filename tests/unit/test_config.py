@@ -42,7 +42,6 @@ def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> N
         ({"request_timeout_s": 0}, "request_timeout_s"),
         ({"no_such_key": 1}, "no_such_key"),
         ({"random_weights": True, "checkpoint": __file__}, "weights source"),
-        ({"checkpoint": "/nonexistent/model.pt"}, "checkpoint file not found"),
         ({"ingress_replicas": 0}, "ingress_replicas"),
         ({"ingress_replicas": "many"}, "ingress_replicas"),
         ({"device_jpeg_decode": True, "backend": "neuron"}, "device_jpeg_decode needs backend cuda"),
@@ -97,3 +96,13 @@ def test_decode_limits_reach_the_image_limits() -> None:
     config = ServiceConfig.from_args({"max_image_side": 4096, "max_image_pixels": 1000})
     assert config.image_limits.max_side == 4096 and config.image_limits.max_pixels == 1000
     assert config.max_request_pixels == 160_000_000 and config.min_ready_replicas == 1
+
+
+def test_a_checkpoint_only_the_workers_mount_is_parsed_on_the_head_and_refused_where_it_is_read() -> None:
+    # The Serve config is validated on the Ray head too, which need not mount the workers' volumes.
+    from siglip_serve.models.loading import ModelLoadError
+    from siglip_serve.serve.model_checks import preflight_weights
+
+    config = ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "checkpoint": "/nonexistent/model.pt"})
+    with pytest.raises(ModelLoadError, match="checkpoint file not found: /nonexistent/model.pt"):
+        preflight_weights(config.model_settings())

@@ -146,8 +146,10 @@ def test_a_tokenizer_dir_without_open_clip_config_uses_the_models_settings(tmp_p
 
 
 def test_tokenizer_and_checkpoint_problems_are_one_clear_line(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="tokenizer directory not found"):
-        ModelSettings(model="tiny-siglip", tokenizer=tmp_path / "absent")
+    # Refused where it is read (a replica's node), not where the config is parsed (the Ray head, too).
+    absent = ModelSettings(model="tiny-siglip", tokenizer=tmp_path / "absent")
+    with pytest.raises(ModelLoadError, match="tokenizer directory not found"):
+        create_text_encoder(absent)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="cannot load the tokenizer from .*set tokenizer: DIR"):
         create_text_encoder(ModelSettings(model="tiny-siglip", tokenizer=tmp_path / "empty"))

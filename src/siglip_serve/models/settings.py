@@ -92,10 +92,8 @@ class ModelSettings(BaseModel):
                              "fixed-resolution SigLIP 2 instead, e.g. ViT-SO400M-16-SigLIP2-384")
         if self.checkpoint is not None and self.model in TINY_MODELS:
             raise ValueError(f"{self.model} always runs with random weights; --checkpoint is for real SigLIP models")
-        if self.checkpoint is not None and not self.checkpoint.is_file():
-            raise ValueError(f"checkpoint file not found: {self.checkpoint}")
-        if self.tokenizer is not None and not self.tokenizer.is_dir():
-            raise ValueError(f"tokenizer directory not found: {self.tokenizer}")
+        # Whether `checkpoint` and `tokenizer` exist is checked where they are read (serve/model_checks.py,
+        # models/text.py): a Serve config is validated on the Ray head too, which need not mount them.
         return self
 
     @property

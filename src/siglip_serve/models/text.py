@@ -79,6 +79,9 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
     open_clip = open_clip_module()
     context = int(text_cfg.get("context_length", 64))
     directory = tokenizer_dir(settings)
+    if directory is not None and not directory.is_dir():
+        raise ModelLoadError(f"tokenizer directory not found: {directory}; set tokenizer: DIR to a local copy of the "
+                             "model's tokenizer files (tokenizer.json, tokenizer_config.json)")
     try:
         if directory is None:
             return open_clip.get_tokenizer(settings.model, context_length=context), f"open_clip:{settings.model}"

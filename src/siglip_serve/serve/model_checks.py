@@ -21,10 +21,15 @@ def preflight_weights(config: ModelSettings) -> None:
 
     Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the
     hub client's minute of retries."""
-    if not config.needs_weights or config.checkpoint is not None:
+    if not config.needs_weights:
+        return
+    from siglip_serve.models.loading import ModelLoadError, open_clip_module  # torch: after the backend's env
+
+    if config.checkpoint is not None:
+        if not config.checkpoint.is_file():
+            raise ModelLoadError(f"checkpoint file not found: {config.checkpoint}")
         return
     from siglip_serve.models.hub import OFFLINE_HINT, HubUnreachable, check_weights_reachable
-    from siglip_serve.models.loading import ModelLoadError, open_clip_module
 
     open_clip = open_clip_module()
     cfg = open_clip.get_pretrained_cfg(config.model, config.pretrained or "")

@@ -41,11 +41,8 @@ DEVICE_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "implem
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def pack(wheels: Sequence[Path], into: Path, limit: int = LIMIT_MIB * MIB, prefix: str = ".whl-") -> list[Path]:

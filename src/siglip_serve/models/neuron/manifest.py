@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 MANIFEST_NAME = "manifest.json"
 # Bump when the artifact layout changes: old artifacts then get new cache keys instead of misloading.
 FORMAT_VERSION = 1
-_CHUNK = 8 * 1024 * 1024
 
 
 class ArtifactError(NeuronRefusal):
@@ -53,11 +52,8 @@ class WeightsDigest:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_state_dict(module: nn.Module) -> str:

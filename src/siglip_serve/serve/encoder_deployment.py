@@ -20,6 +20,7 @@ from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
+from siglip_serve.serve.start_marks import BUILD, StartMarks
 from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
 
 log = logging.getLogger("siglip_serve.encoder")
@@ -29,6 +30,7 @@ class EncoderReplica(TowerReplica):
     """The image tower; published (serve/registry.py) once warm with the cores it sees."""
 
     def __init__(self, config: ServiceConfig) -> None:
+        start = StartMarks.at_constructor()
         # Imported here, not at module level: the ingress imports this module too, and torch would
         # add seconds to its start (during which Serve's proxy holds requests to it unanswered).
         from siglip_serve.models.backends.registry import create_encoder
@@ -36,7 +38,11 @@ class EncoderReplica(TowerReplica):
 
         configure_replica_logging(config.log_level)
         self._input_error = EncoderInputError
-        super().__init__(config, create_encoder(config.model_settings()), EncoderMetrics(tower="image"))
+        settings = config.model_settings()
+        start.imported(settings.backend)
+        encoder = create_encoder(settings)
+        start.mark(BUILD)
+        super().__init__(config, encoder, EncoderMetrics(tower="image"), start)
         self.publish({"neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
                       "neuron_logical_nc_config": os.environ.get(LNC_ENV)})
         log.info("encoder replica ready: %s", self.info)

@@ -18,6 +18,7 @@ from siglip_serve.serve.cpu_plan import text_torch_threads
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
+from siglip_serve.serve.start_marks import BUILD, StartMarks
 from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, split_rows, tower_deployment
 
 log = logging.getLogger("siglip_serve.text")
@@ -28,11 +29,15 @@ class TextEncoderReplica(TowerReplica):
     zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
     def __init__(self, config: ServiceConfig) -> None:
+        start = StartMarks.at_constructor()
         from siglip_serve.models.backends.registry import create_text_encoder  # torch: in the replica only
 
         configure_replica_logging(config.log_level)
         settings = config.model_settings().model_copy(update={"torch_threads": text_torch_threads(config)})
-        super().__init__(config, create_text_encoder(settings), EncoderMetrics(tower="text"))
+        start.imported(settings.backend)
+        encoder = create_text_encoder(settings)
+        start.mark(BUILD)
+        super().__init__(config, encoder, EncoderMetrics(tower="text"), start)
         self.publish()
         log.info("text encoder replica ready: %s", self.info)
 

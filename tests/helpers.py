@@ -140,7 +140,7 @@ def stand_in_ingress(image: TowerHandle, text: TowerHandle | None, **args: Any) 
     """An ingress (serve/ingress.py) of tiny-siglip's geometry with stand-in tower handles, its registry holding
     one warm replica per tower (no Ray: the caller keeps registry.is_draining from asking one). Its batchers bind
     to the first event loop that uses them: one asyncio.run (or one TestClient) per ingress."""
-    from siglip_serve.models.loading import ModelInfo
+    from siglip_serve.models.model_info import ModelInfo
     from siglip_serve.serve.config import ServiceConfig
     from siglip_serve.serve.ingress import Ingress
 

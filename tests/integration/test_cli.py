@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from siglip_serve.core.poll import poll
+from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.preflight import free_port
 from tests.helpers import REPO, wait_until_ready
 
@@ -86,13 +87,14 @@ def test_run_answers_503_while_starting_serves_then_sigint_leaves_no_ray_process
     """Run with the defaults, whose CPU plan (serve/cpu_plan.py) gives a small model one replica
     per usable core, one torch thread each. From its first seconds /readyz answers 503 not_ready (the
     start-up placeholder) while progress is logged; then it serves, Serve's port is not shared, Ray's own
-    CLI reaches this cluster as the log says; Ctrl-C to the main process (SIGINT) stops it all, exit 0
-    (SIGTERM and group signals: tests/integration/test_shutdown.py). One service start for all of it."""
+    CLI reaches this cluster as the log says; `--timings` prints the start's timeline, the service's phases and
+    each replica's; Ctrl-C to the main process (SIGINT) stops it all, exit 0 (SIGTERM and group signals:
+    tests/integration/test_shutdown.py). One service start for all of it."""
     port = free_port()
     began = time.monotonic()
     proc = subprocess.Popen(
         [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
-         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
+         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--timings"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -147,6 +149,16 @@ def test_run_answers_503_while_starting_serves_then_sigint_leaves_no_ray_process
     assert "encoder replicas warm" in output and "ready in" in output, output[-3000:]
     assert "stopping Serve and Ray" in output
     assert "503 not_ready" not in output  # no line per probe answered 503 during start-up
+    timeline = output.split("start timeline", 1)[1].split("draining", 1)[0].splitlines()
+    took = {line.strip().rsplit(None, 2)[0]: float(line.split()[-2]) for line in timeline if line.startswith("  ")
+            and not line.strip().startswith(("phase", "image replica", "text replica"))}
+    assert list(took) == [phases.RELAY, phases.INTERPRETER, phases.ARGUMENTS, phases.CHECKS, phases.RAY_IMPORTS,
+                          phases.RAY_INIT, phases.PLAN, phases.SERVE_START, phases.DEPLOY], timeline
+    assert took[phases.RAY_INIT] > 0 and took[phases.DEPLOY] > 0
+    images = [line for line in timeline if line.strip().startswith("image replica")]
+    assert len(images) == cores, timeline
+    assert all("model build" in line and "warm-up 8 " in line and "registration" in line for line in images), images
+    assert any(line.strip().startswith("text replica") for line in timeline), timeline
 
 
 def test_serve_cpu_yaml_runs_under_rays_own_serve_run(tmp_path: Path, photo_jpegs: list[bytes]) -> None:

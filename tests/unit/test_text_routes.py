@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from ray.exceptions import RayActorError
 from ray.serve._private.handle_options import DynamicHandleOptions
 
-from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embed_request import Item

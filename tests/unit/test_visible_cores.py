@@ -14,6 +14,7 @@ from siglip_serve.core.cli import run_main
 from siglip_serve.core.constants import expand_visible_cores
 from siglip_serve.launcher import cli
 from siglip_serve.launcher.preflight import VisibleCoresRefused, ray_visible_cores
+from siglip_serve.launcher.timeline import Timeline
 
 
 def _ray_accepts(monkeypatch: pytest.MonkeyPatch, value: str, neuron_cores: int) -> list[str]:
@@ -55,7 +56,7 @@ def test_more_declared_cores_than_the_variable_names_is_one_line_before_ray(monk
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-x")
     monkeypatch.setattr("siglip_serve.launcher.preflight.check_ports", lambda *a: pytest.fail("went on past"))
     args = argparse.Namespace(address=None, neuron_cores=2)
-    assert run_main(lambda: cli._start(args, 0.0), cli.log) == 2
+    assert run_main(lambda: cli._start(args, Timeline(0.0)), cli.log) == 2
     (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
     assert "'0-x' is not a core index or an inclusive range" in record.getMessage()
     assert "\n" not in record.getMessage()

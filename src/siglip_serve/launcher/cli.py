@@ -25,6 +25,7 @@ from siglip_serve.launcher.haproxy_front import DEFAULT_METRICS_PORT, FRONT_ENDS
 from siglip_serve.models.cli_args import add_model_arguments, model_values
 
 if TYPE_CHECKING:  # imported where used, as everywhere in this module
+    from siglip_serve.launcher.timeline import Timeline
     from siglip_serve.serve.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve")
@@ -83,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "connections, queue time; on --metrics-host's interfaces (0: any free port)")
     run.add_argument("--neuron-cores", type=int,
                      help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
+    run.add_argument("--timings", action="store_true",
+                     help="once ready, print the start's timeline on stderr: each phase of this command (checks, "
+                          "ray.init, serve.start, the deployment) and of each tower replica (imports, model build, "
+                          "warm-up per bucket, registration), in seconds")
     service = run.add_argument_group("service")
     add_field_arguments(service, ServiceConfig, SERVICE_OPTIONS)
     # Declared so that argparse cannot read it as an abbreviation of --api-key-file (and log the key as
@@ -96,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    began = time.monotonic()
+    entered = time.time()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     own_session = False
@@ -107,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         if not own_session:
             # A signal to our whole process group must not reach the Ray this command starts.
             return session.run_in_own_session(argv)
-    return run_main(lambda: _start(args, began, own_session), log)
+    from siglip_serve.launcher.timeline import INTERPRETER, Timeline
+
+    timeline = Timeline.of_command(relayed=own_session)
+    timeline.mark(INTERPRETER, at=entered)
+    return run_main(lambda: _start(args, timeline, own_session), log)
 
 
-def _start(args: argparse.Namespace, began: float, own_session: bool = False) -> int:
+def _start(args: argparse.Namespace, timeline: Timeline, own_session: bool = False) -> int:
     from siglip_serve.launcher.preflight import (
         METRICS_CHECK_HOST,
         check_ports,
@@ -130,7 +139,10 @@ def _start(args: argparse.Namespace, began: float, own_session: bool = False) ->
                         args.haproxy_metrics_port if args.front_end == "haproxy" else None, args.front_end)
             disable_port_sharing()
             placeholder = Placeholder(args.host, args.port, reuse_address=args.front_end == "haproxy")
-        return _command(args, began, placeholder, own_session)
+        from siglip_serve.launcher.timeline import ARGUMENTS
+
+        timeline.mark(ARGUMENTS)
+        return _command(args, timeline, placeholder, own_session)
     finally:
         if placeholder is not None:
             placeholder.release()
@@ -162,7 +174,7 @@ def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
     return config
 
 
-def _command(args: argparse.Namespace, began: float, placeholder: Any, own_session: bool = False) -> int:
+def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own_session: bool = False) -> int:
     """Checks that need the config, then the service; exits the process when it stops."""
     config = service_config(args, os.environ)
     from siglip_serve.launcher.runner import run_service
@@ -193,7 +205,8 @@ def _command(args: argparse.Namespace, began: float, placeholder: Any, own_sessi
         log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
                  os.getpid(), os.getpid())
     code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
-                       args.metrics_host, placeholder, began, args.front_end, args.haproxy_metrics_port or None)
+                       args.metrics_host, placeholder, timeline, args.front_end, args.haproxy_metrics_port or None,
+                       timings=args.timings)
     if own_session:
         from siglip_serve.launcher.session import end_leftovers
 

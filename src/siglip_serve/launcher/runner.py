@@ -11,13 +11,16 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
+from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.preflight import RAY_HOST
 from siglip_serve.launcher.startup import Placeholder, replica_progress, wait_with_progress
+from siglip_serve.launcher.timeline import Timeline
 from siglip_serve.serve.config import ServiceConfig
 
 if TYPE_CHECKING:
@@ -60,6 +63,18 @@ def run_growth(config: ServiceConfig, address: str | None) -> Growth:
     return LOCAL_RUN if address is None else JOINED
 
 
+def print_timeline(timeline: Timeline) -> None:
+    """The start's timeline on stderr, with every live tower replica's own phases (from the registry)."""
+    from siglip_serve.serve import registry
+
+    try:
+        records = registry.live_replicas(APP_NAME)
+    except Exception as exc:  # broad on purpose: the timeline is a report; the service serves without it
+        log.warning("start timeline without the replicas' phases: %s", type(exc).__name__)
+        records = []
+    print(timeline.report(records), file=sys.stderr, flush=True)
+
+
 def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
     """Mark the application draining and wait until its ingress replicas hold no accepted request.
 
@@ -85,14 +100,17 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
 
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
                 address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
-                placeholder: Placeholder | None = None, began: float | None = None,
-                front_end: str = "haproxy", haproxy_metrics_port: int | None = None) -> int:
+                placeholder: Placeholder | None = None, timeline: Timeline | None = None,
+                front_end: str = "haproxy", haproxy_metrics_port: int | None = None, timings: bool = False) -> int:
     """`front_end`: "haproxy" (Serve's HAProxy mode with our limits, launcher/haproxy_front.py) or
     "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own. `haproxy_metrics_port`:
     HAProxy's Prometheus exporter (None: a free port).
     `placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
-    `began` (time.monotonic()) is when the command started, for the "ready in" line."""
-    began = time.monotonic() if began is None else began
+    `timeline` holds the command's phases so far (launcher/timeline.py), from its start, which the "ready in"
+    line counts from; `timings`: print it, with each tower replica's, once ready."""
+    timeline = Timeline(time.time()) if timeline is None else timeline
+    timeline.mark(phases.CHECKS)
+    began = time.monotonic() - timeline.elapsed()  # the command's start, on the clock progress lines use
     if placeholder is not None:
         placeholder.set_stage("starting Ray")
     if address is None:
@@ -142,7 +160,9 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     log.info("starting Ray (%s)", "local" if started_ray else address)
     signal.signal(signal.SIGTERM, request_stop)  # a signal while Ray starts stops it after, cleanly
     signal.signal(signal.SIGINT, request_stop)
+    timeline.mark(phases.RAY_IMPORTS)
     context = ray.init(**init_args)
+    timeline.mark(phases.RAY_INIT)
     # After ray.init: Ray's core worker installs a SIGTERM handler that aborts the process.
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
@@ -150,7 +170,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         from siglip_serve.serve import registry
 
         registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
-        log.info("Ray started in %.0f s", time.monotonic() - began)
+        log.info("Ray started in %.0f s", timeline.elapsed())
         if started_ray and context.dashboard_url:
             # Ray's own CLI defaults to localhost:8265, which may be another cluster on a shared host.
             log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
@@ -165,11 +185,13 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         # Serve's controller and proxy log every replica change and every client that goes away
         # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
         system_level = "WARNING" if config.log_level == "INFO" and not config.access_log else config.log_level
+        timeline.mark(phases.PLAN)
         if placeholder is not None:
             placeholder.release()
         serve.start(http_options={"host": host, "port": port,
                                   "request_timeout_s": config.request_timeout_s + FRONT_END_TIMEOUT_MARGIN_S},
                     logging_config={**quiet, "log_level": system_level})
+        timeline.mark(phases.SERVE_START)
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
         replicas = resolve_replicas(config)
@@ -177,8 +199,11 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
             lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
             APP_NAME, replicas, stop, began)
         if deployed:
+            timeline.mark(phases.DEPLOY)
             log.info("ready in %.1f s (%s): http://%s:%d (POST /v1/embeddings, /v1/embeddings/image)",
-                     time.monotonic() - began, replica_progress(APP_NAME, replicas), host, port)
+                     timeline.elapsed(), replica_progress(APP_NAME, replicas), host, port)
+            if timings:
+                print_timeline(timeline)
         while not stop.wait(1.0):
             pass
         drain(APP_NAME, config.drain_timeout_s)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from siglip_serve.core.errors import UserError
+from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.models.settings import TINY_MODELS, ModelSettings
 
 log = logging.getLogger(__name__)
@@ -32,22 +33,6 @@ _registered = False
 
 class ModelLoadError(UserError, RuntimeError):
     """The model could not be loaded; the message says why and what to do instead."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str
-    embed_dim: int
-    image_size: tuple[int, int]
-    weights: str
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "embed_dim": self.embed_dim,
-            "image_size": list(self.image_size),
-            "weights": self.weights,
-        }
 
 
 class ImageEmbedder(nn.Module):

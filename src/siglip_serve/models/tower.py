@@ -135,8 +135,9 @@ class Tower(ABC):
             out[start:stop] = result[: stop - start].detach().float().cpu().numpy()
         return out
 
-    def warmup(self, iterations: int = 1) -> dict[int, float]:
-        """Run every bucket `iterations` times; returns the last forward seconds per bucket."""
+    def warmup(self, iterations: int = 1, on_bucket: Callable[[int], None] | None = None) -> dict[int, float]:
+        """Run every bucket `iterations` times; returns the last forward seconds per bucket. `on_bucket(bucket)`
+        is called as each bucket is warm (a replica's start timeline, serve/start_marks.py)."""
         seconds: dict[int, float] = {}
         for bucket in self.buckets:
             example = self.example(bucket)
@@ -147,6 +148,8 @@ class Tower(ABC):
             if tuple(out.shape) != (bucket, self.embed_dim):
                 raise RuntimeError(f"the {self.tower} tower ({self.backend}) returned {list(out.shape)} for bucket "
                                    f"{bucket}; expected [{bucket}, {self.embed_dim}]")
+            if on_bucket is not None:
+                on_bucket(bucket)
         log.info("%s %s tower warmed up: %s", self.backend, self.tower,
                  {b: f"{s * 1e3:.1f} ms" for b, s in seconds.items()})
         return seconds

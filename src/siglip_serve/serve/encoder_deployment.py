@@ -21,6 +21,7 @@ from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.replica_start import start_tower
+from siglip_serve.serve.start_marks import BUILD, StartMarks
 from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, refusal_recorder, split_rows, tower_deployment
 
 log = logging.getLogger("siglip_serve.encoder")
@@ -30,6 +31,7 @@ class EncoderReplica(TowerReplica):
     """The image tower; published (serve/registry.py) once warm with the cores it sees."""
 
     def __init__(self, config: ServiceConfig) -> None:
+        start = StartMarks.at_constructor()
         configure_replica_logging(config.log_level)
         settings = config.model_settings()
 
@@ -38,13 +40,15 @@ class EncoderReplica(TowerReplica):
             # seconds to its start; and the backend's environment must be set before torch is imported.
             from siglip_serve.models.backends.registry import create_encoder
 
+            start.imported(settings.backend)
             return create_encoder(settings)
 
         encoder = start_tower("image encoder replica", settings, build, config.env_vars, refusal_recorder("image"))
+        start.mark(BUILD)
         from siglip_serve.models.encoder import EncoderInputError
 
         self._input_error = EncoderInputError
-        super().__init__(config, encoder, EncoderMetrics(tower="image"))
+        super().__init__(config, encoder, EncoderMetrics(tower="image"), start)
         self.publish({"neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
                       "neuron_logical_nc_config": os.environ.get(LNC_ENV)})
         log.info("encoder replica ready: %s", self.info)

@@ -22,7 +22,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embedding_cache import EmbeddingCache, cache_scope

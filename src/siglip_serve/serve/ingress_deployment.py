@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.http_app import Probe, Route, http_app
 from siglip_serve.serve.ingress import Ingress

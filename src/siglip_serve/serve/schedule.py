@@ -33,7 +33,7 @@ from fastapi import Response
 from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
-from siglip_serve.models.loading import ModelInfo
+from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve import tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embed_request import Item

@@ -18,6 +18,7 @@ from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.placement import plan
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.replica_start import start_tower
+from siglip_serve.serve.start_marks import BUILD, StartMarks
 from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, refusal_recorder, split_rows, tower_deployment
 
 log = logging.getLogger("siglip_serve.text")
@@ -28,6 +29,7 @@ class TextEncoderReplica(TowerReplica):
     zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
     def __init__(self, config: ServiceConfig) -> None:
+        start = StartMarks.at_constructor()
         configure_replica_logging(config.log_level)
         settings = config.model_settings()
 
@@ -36,10 +38,12 @@ class TextEncoderReplica(TowerReplica):
             from siglip_serve.models.backends.registry import create_text_encoder
             from siglip_serve.serve.cpu_plan import text_torch_threads
 
+            start.imported(settings.backend)
             return create_text_encoder(settings.model_copy(update={"torch_threads": text_torch_threads(config)}))
 
         encoder = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
-        super().__init__(config, encoder, EncoderMetrics(tower="text"))
+        start.mark(BUILD)
+        super().__init__(config, encoder, EncoderMetrics(tower="text"), start)
         self.publish()
         log.info("text encoder replica ready: %s", self.info)
 

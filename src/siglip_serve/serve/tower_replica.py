@@ -32,6 +32,7 @@ from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.placement import ReplicaAsk
 from siglip_serve.serve.replica_grpc import bind_to_node_address
+from siglip_serve.serve.start_marks import REGISTRATION, START_KEY, StartMarks
 
 log = logging.getLogger("siglip_serve.replica")
 
@@ -45,13 +46,16 @@ class DeadlineExceeded(TimeoutError):
 class TowerReplica:
     """What both towers' replicas share; a tower says how it checks a chunk and encodes a batch."""
 
-    def __init__(self, config: ServiceConfig, encoder: Any, metrics: EncoderMetrics) -> None:
+    def __init__(self, config: ServiceConfig, encoder: Any, metrics: EncoderMetrics,
+                 start: StartMarks | None = None) -> None:
+        """`start`: the phases of this replica's start so far (serve/start_marks.py), published with its record."""
         self.config = config
         self.encoder = encoder
         self.metrics = metrics
+        self.start = StartMarks() if start is None else start
         bind_to_node_address()
         tracing.configure(config.tracing, f"{encoder.tower}-encoder")
-        warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS)
+        warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS, on_bucket=self.start.warmed)
         self.warmup_seconds = {str(b): round(s, 6) for b, s in warm.items()}
         # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
         # teams of asyncio.to_thread's rotating workers spin on the same cores after their pass.
@@ -81,13 +85,19 @@ class TowerReplica:
         try:
             context = serve.get_replica_context()
         except RayServeException:
-            return self.info
+            return self._with_start()
         self.app_name = context.app_name
         self.replica_actor_name = context.replica_id.to_full_id_str()
         self.info = {"replica_id": context.replica_id.unique_id, **self.info,
                      "node_id": ray.get_runtime_context().get_node_id()}
-        registry.register_replica(self.app_name, self.replica_actor_name, self.info)
+        registry.register_replica(self.app_name, self.replica_actor_name, self._with_start())
         registry.clear_refusal(self.app_name, self.info["tower"])
+        return self.info
+
+    def _with_start(self) -> dict[str, Any]:
+        """The record with this replica's start phases, registration the last (up to the registry's write)."""
+        self.start.mark(REGISTRATION)
+        self.info[START_KEY] = self.start.record()
         return self.info
 
     def __del__(self) -> None:

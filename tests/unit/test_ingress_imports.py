@@ -1,0 +1,45 @@
+"""The ingress replica imports neither torch nor open_clip: it decodes, checks and hashes images and hands
+texts on untokenized, so the seconds those imports cost belong to the tower replicas alone.
+
+Run in a fresh interpreter (this process has imported torch long since): the module Serve imports in an
+ingress replica, then an ingress with stand-in tower handles (tests/helpers.py) answering an image, a text, a
+classify and /readyz through its HTTP app, so the imports a request path makes lazily are counted too. It does
+not prove what Serve's own replica machinery imports (that is Ray's, and torch-free as of Ray 2.60)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO
+
+HEAVY = ("torch", "open_clip", "timm", "transformers")
+
+_INGRESS = """
+import base64, json, sys
+import numpy as np
+from fastapi.testclient import TestClient
+import siglip_serve.serve.ingress_deployment  # what Serve imports in an ingress replica
+from siglip_serve.serve import registry
+from siglip_serve.serve.http_app import http_app
+from siglip_serve.serve.routes import ROUTES
+from tests.helpers import TowerHandle, jpeg_bytes, stand_in_ingress
+
+registry.is_draining = lambda app: False  # no Ray here
+image = "data:image/jpeg;base64," + base64.b64encode(jpeg_bytes(np.full((80, 96, 3), 90, np.uint8))).decode()
+with TestClient(http_app(stand_in_ingress(TowerHandle(), TowerHandle()), ROUTES)) as client:
+    answers = [client.post("/v1/embeddings", json={"input": [image, "a cat"]}).status_code,
+               client.post("/v1/classify", json={"input": image, "labels": ["cat", "dog"]}).status_code,
+               client.get("/readyz").status_code]
+print(json.dumps({"answers": answers, "heavy": [name for name in %r if name in sys.modules]}))
+"""
+
+
+def test_the_ingress_serves_images_and_texts_without_importing_torch_or_open_clip() -> None:
+    run = subprocess.run([sys.executable, "-c", _INGRESS % (HEAVY,)], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["answers"] == [200, 200, 200]
+    assert seen["heavy"] == []

@@ -135,3 +135,10 @@ def test_the_cycle_check_sees_lazy_imports_and_skips_type_checking_ones(tmp_path
     (package / "b" / "two.py").write_text("def later():\n    from siglip_serve.a.one import x\n")
     assert tool.cycles(tool.graph(package)) == [["siglip_serve.a.one", "siglip_serve.b.two"]]
     assert tool.main([str(package)]) == 1
+
+
+def test_every_test_module_has_a_name_of_its_own() -> None:
+    # pytest imports test files from folders without __init__.py by their base name: two of one name make
+    # the second fail to collect ("import file mismatch"), and the whole run stops there.
+    names = [p.name for p in (REPO / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

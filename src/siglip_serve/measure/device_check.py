@@ -16,7 +16,7 @@ a failed step recorded with its error and the next one still run:
   ratio           served / bare: the best served img/s over the encoder's best bucket
 DIR/summary.json lists every step's status, error, seconds and figures; DIR/summary.md is the table.
 The defaults are the GPU run (ViT-B-16-SigLIP, random weights: no hub there); `--backend cpu --model
-tiny-siglip` is its CPU rehearsal (tests/integration/test_device_check.py).
+tiny-siglip` is its CPU rehearsal (tests/integration/test_device_check_rehearsal.py).
 """
 
 from __future__ import annotations

@@ -168,13 +168,18 @@ def test_builder_refuses_an_app_the_cluster_cannot_hold_once_without_retry(serve
     assert "encoder_num_cpus" in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_builder_refuses_unreachable_weights_in_seconds(serve_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ray.serve.exceptions import RayServeException
-
+def test_unreachable_weights_are_refused_in_seconds_where_they_are_read_not_by_the_builder(
+        serve_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     from siglip_serve.serve.app import build_app
+    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.replica_start import ReplicaRefused, start_tower
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = {"model": "ViT-B-16-SigLIP", "pretrained": "webli", "replicas": 1, "text_replicas": 0}
+    # The builder runs on the Ray head, which under KubeRay need not reach the hub or hold the cache.
+    build_app(args)
     began = time.monotonic()
-    with pytest.raises(RayServeException, match="make serve MODEL=tiny-siglip"):
-        build_app({"model": "ViT-B-16-SigLIP", "pretrained": "webli"})
+    refusal = "image encoder replica on node .* refused to start: .*make serve MODEL=tiny-siglip"
+    with pytest.raises(ReplicaRefused, match=refusal):
+        start_tower("image encoder replica", ServiceConfig.from_args(args).model_settings(), lambda: None)
     assert time.monotonic() - began < 5

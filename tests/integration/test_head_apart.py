@@ -155,22 +155,6 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
               "applications": [app]}
     assert httpx.put(f"{dashboard}/api/serve/applications/", json=schema, timeout=60).status_code == 200
 
-    # The job: its driver runs on the head, where the artifact directory is an empty tmpfs (checked first).
-    images = tmp_path / "images"
-    images.mkdir()
-    for i in range(IMAGES):
-        (images / f"{i}.jpg").write_bytes(jpeg_bytes(np.full((48, 48, 3), 40 * i, dtype=np.uint8)))
-    out = tmp_path / "out"
-    embed = [sys.executable, "-m", "siglip_serve", "embed", str(images), "-o", str(out), "--address", "auto",
-             "--backend", "neuron", "--model", MODEL, "--artifact-dir", str(artifact), "--set", "buckets=1,2",
-             "--encoders", "1", "--decode-workers", "1"]
-    entrypoint = (f"test ! -e {artifact}/manifest.json && test \"$HF_HUB_OFFLINE\" = 1 && "
-                  + " ".join(embed))
-    submitted = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--no-wait", "--submission-id",
-                                "apart-embed", "--", "sh", "-c", entrypoint],
-                               env=cluster.env, capture_output=True, text=True, timeout=120)
-    assert submitted.returncode == 0, submitted.stderr[-2000:]
-
     with httpx.Client(base_url=f"http://{HEAD_IP}:{cluster.serve}", timeout=30) as client:
         deadline = time.monotonic() + 240
         ready = None
@@ -194,6 +178,24 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
         assert len(answer.json()["data"][0]["embedding"]) > 0
         (replica,) = client.get("/v1/models").json()["data"][0]["replicas"]
     assert replica["backend"] == "neuron" and replica["manifest"]["versions"]["torch_neuronx"] == "0.0.0+test-double"
+
+    # The job, once the service holds its share of the worker (Ray Data would otherwise take every CPU the
+    # ingress waits for): its driver runs on the head, where the artifact directory is an empty tmpfs
+    # (checked first).
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(IMAGES):
+        (images / f"{i}.jpg").write_bytes(jpeg_bytes(np.full((48, 48, 3), 40 * i, dtype=np.uint8)))
+    out = tmp_path / "out"
+    embed = [sys.executable, "-m", "siglip_serve", "embed", str(images), "-o", str(out), "--address", "auto",
+             "--backend", "neuron", "--model", MODEL, "--artifact-dir", str(artifact), "--set", "buckets=1,2",
+             "--encoders", "1", "--decode-workers", "1"]
+    entrypoint = (f"test ! -e {artifact}/manifest.json && test \"$HF_HUB_OFFLINE\" = 1 && "
+                  + " ".join(embed))
+    submitted = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--no-wait", "--submission-id",
+                                "apart-embed", "--", "sh", "-c", entrypoint],
+                               env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 

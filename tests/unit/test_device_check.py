@@ -45,6 +45,21 @@ def test_the_budget_bounds_each_step_and_skips_what_cannot_start(tmp_path: Path)
     assert asked.status == "skipped" and asked.error == "skipped by --skip"
 
 
+def test_a_stopped_step_leaves_nothing_of_its_session_running(tmp_path: Path) -> None:
+    # As Ray's reaper does (os.setpgrp): a child in a process group of its own, outside the step's group.
+    code = ("import os, subprocess, sys, time; "
+            "child = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setpgrp(); time.sleep(120)']); "
+            "open('child.pid', 'w').write(str(child.pid)); time.sleep(120)")
+    result = run_step(Step("leaves", "leaves a child", lambda out: [sys.executable, "-c", code], 3), tmp_path,
+                      time.monotonic() + 60, frozenset(), {}, echo=lambda line: None)
+    assert result.status == "timeout"
+    child = int((tmp_path / "child.pid").read_text())
+    gone = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and open(f"/proc/{child}/stat").read().split()[2] != "Z":
+        assert time.monotonic() < gone, "the step's child in a group of its own outlived the step"
+        time.sleep(0.1)
+
+
 def plan(*argv: str) -> dict[str, Step]:
     args = device_check.build_parser().parse_args(["--out", "x", *argv])
     return {step.name: step for step in device_check.plan(args)}

@@ -73,6 +73,7 @@ def run_step(step: Step, out: Path, deadline: float, skip: frozenset[str], env: 
             return StepResult(step.name, step.title, "failed", error=f"could not start: {exc}",
                               log=str(log.relative_to(out)))
         code = wait(proc, timeout)
+        end_session(proc.pid)
     seconds = round(time.monotonic() - began, 1)
     result = StepResult(step.name, step.title, "passed", seconds, code, log=str(log.relative_to(out)))
     if code is None:
@@ -109,6 +110,34 @@ def wait(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
             except subprocess.TimeoutExpired:
                 continue
         return None
+
+
+def session_members(session: int) -> list[int]:
+    """Every process of `session` (Linux: /proc/PID/stat, whose fields after the name are state, ppid,
+    process group, session)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[3]) == session:
+            members.append(int(entry))
+    return members
+
+
+def end_session(session: int) -> None:
+    """Kill what a finished or stopped step left in its session. Killing the step's process group is not
+    enough: Ray's process reaper makes a group of its own (ray/_private/services.py, os.setpgrp), so Ray's
+    daemons, and the HAProxy that Serve's HAProxyManager starts, would outlive the step."""
+    for pid in session_members(session):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
 
 
 def tail(log: Path, lines: int = 4) -> str:

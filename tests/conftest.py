@@ -79,7 +79,25 @@ HARDWARE_MARKERS: dict[str, Callable[[], str | None]] = {
 }
 
 
+# The environment as the session starts. Importing a test module must not change it: what a module sets
+# at import reaches every test collected with it, and every cluster they start, but not the same test
+# run alone. Set by the libraries themselves when imported (ray/_private/client_mode_hook.py,
+# torch/_inductor, open_clip/tokenizer.py), whatever the tests do:
+_ENVIRON_AT_START = dict(os.environ)
+_SET_BY_LIBRARY_IMPORTS = frozenset({"RAY_CLIENT_MODE", "TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM"})
+
+
+def environ_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The names whose value differs (set, changed or removed), sorted, less what libraries set on import."""
+    return sorted(name for name in before.keys() | after.keys()
+                  if before.get(name) != after.get(name) and name not in _SET_BY_LIBRARY_IMPORTS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    changed = environ_changes(_ENVIRON_AT_START, dict(os.environ))
+    if changed:
+        raise pytest.UsageError(f"importing the test modules changed the environment ({', '.join(changed)}): "
+                                "set it inside a test, a fixture or a subprocess's own env")
     problems: dict[str, str | None] = {}
     for item in items:
         for marker, probe in HARDWARE_MARKERS.items():

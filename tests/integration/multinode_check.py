@@ -24,10 +24,6 @@ import sys
 import time
 from typing import Any
 
-# Without this, Ray turns "127.0.0.1" in a cluster address into the machine's outward IP before
-# connecting (services.resolve_ip_for_localhost), and the driver looks for the GCS where none
-# listens. Turned off, it resolves localhost to loopback: the whole cluster stays on 127.0.0.1.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 DEADLINE_S = 180
 REPORT_MARKER = "MULTINODE-REPORT"
 APP = "multinode"
@@ -60,6 +56,11 @@ def _built_status(serve: Any, timeout_s: float) -> dict[str, Any]:
 
 
 def main() -> int:
+    # Before ray is imported, and only in this process (test_multinode imports this module for its
+    # constants, and pytest's other clusters must not inherit it): without it, Ray turns "127.0.0.1" in a
+    # cluster address into the machine's outward IP before connecting (services.resolve_ip_for_localhost),
+    # and the driver looks for the GCS where none listens. Turned off, it resolves localhost to loopback.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import httpx
     import numpy as np
     import ray

@@ -75,7 +75,9 @@ class Cluster:
                     # every Ray on this machine would then share (ray/_private/authentication/
                     # authentication_token_setup.py): off, as this cluster listens on loopback only.
                     "RAY_AUTH_MODE": "disabled"}
-        for key in ("RAY_ADDRESS", "HF_HUB_OFFLINE"):
+        # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (what `run` sets for its one-node Ray) would make the worker's
+        # `ray start --address` refuse to join (ray/scripts/scripts.py).
+        for key in ("RAY_ADDRESS", "HF_HUB_OFFLINE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
             self.env.pop(key, None)
 
     def start(self) -> None:

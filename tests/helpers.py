@@ -143,11 +143,12 @@ def stand_in_ingress(image: TowerHandle, text: TowerHandle | None, **args: Any) 
     from siglip_serve.models.model_info import ModelInfo
     from siglip_serve.serve.config import ServiceConfig
     from siglip_serve.serve.ingress import Ingress
+    from siglip_serve.serve.planner import plan_service
 
-    config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1,
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1, "replicas": 1,
                                       "text_replicas": 1 if text else 0, **args})
     records = STAND_IN_RECORDS if text else STAND_IN_RECORDS[:1]
-    return Ingress(image, config, 1, ModelInfo("tiny-siglip", 4, (64, 64), "random"),  # type: ignore[arg-type]
+    return Ingress(image, config, plan_service(config), ModelInfo("tiny-siglip", 4, (64, 64), "random"),  # type: ignore[arg-type]
                    text, replica=("test", "ingress-1"), live_replicas=lambda app: list(records),  # type: ignore[arg-type]
                    refusal=lambda app, tower: None)
 

@@ -309,11 +309,11 @@ def test_the_serving_check_refuses_a_shell_lnc_other_than_the_artifacts(
 def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> None:
     from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
     from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.encoder_deployment import encoder_deployment
+    from siglip_serve.serve.planner import plan_service
 
     config = ServiceConfig(model="tiny-siglip", backend="neuron-native", artifact_dir=artifact, buckets=(1, 2),
-                           env_vars={"NEURON_RT_LOG_LEVEL": "WARNING"})
-    options = encoder_deployment(config, 2).ray_actor_options
+                           env_vars={"NEURON_RT_LOG_LEVEL": "WARNING"}, replicas=2)
+    options = plan_service(config).model.image.deployment.ray_actor_options
     # Nothing from the artifact in Ray's runtime_env: the builder that fills it runs on the head, which need
     # not see the artifact. The replica sets the recipe on itself, from the manifest on its node (issue 41).
     assert options["runtime_env"]["env_vars"] == {**SERVE_THROUGHPUT_ENV, "NEURON_RT_LOG_LEVEL": "WARNING"}

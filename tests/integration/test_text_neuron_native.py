@@ -71,19 +71,20 @@ def test_an_image_only_artifact_is_refused_by_the_text_replica_naming_its_node(
 
     from siglip_serve.models.backends.neuron_native import RUNTIME_ENV
     from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.planner import plan_service
     from siglip_serve.serve.replica_start import ReplicaRefused
-    from siglip_serve.serve.text_deployment import TextEncoderReplica, text_deployment
+    from siglip_serve.serve.text_deployment import TextEncoderReplica
 
     artifact, _ = compile_tiny(tmp_path, monkeypatch)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "backend": "neuron-native", "buckets": [1, 2],
                                       "artifact_dir": str(artifact), "text_replicas": 1})
-    text_deployment(config)  # what build() calls on the head: nothing read
+    assert plan_service(config).model.text is not None  # what the builder plans on the head: nothing read
     with pytest.raises(ArtifactError, match="siglip-serve compile --backend neuron-native --text"):
         check_tower(config.model_settings(), TEXT)
     as_replica(artifact, monkeypatch)  # what the replica sets on itself, restored after this test
     monkeypatch.setenv(RUNTIME_ENV, "tests.doubles.torchneuron_runtime:RecordingRuntime")
     with pytest.raises(ReplicaRefused, match="siglip-serve compile --backend neuron-native --text") as err:
-        TextEncoderReplica(config)
+        TextEncoderReplica(config, plan_service(config).model.text)  # type: ignore[arg-type]
     assert str(err.value).startswith(f"text encoder replica on node {socket.gethostname()}")
     assert "\n" not in str(err.value)
 

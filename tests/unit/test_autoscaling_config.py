@@ -3,17 +3,19 @@
 import pytest
 
 from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.planner import plan_service
 
 BASE = {"model": "tiny-siglip", "random_weights": True, "backend": "cpu"}
 
 
 def test_autoscaling_passes_serves_options_with_the_derived_target() -> None:
     config = ServiceConfig.from_args({**BASE, "autoscaling": {"min_replicas": 1, "max_replicas": 3}})
-    options = config.autoscaling_config()
-    assert options is not None
+    image = plan_service(config).model.image
+    options = image.deployment.autoscaling_config
+    assert options is not None and image.deployment.num_replicas is None
     assert (options["min_replicas"], options["max_replicas"], options["target_ongoing_requests"]) == (1, 3, 1)
-    assert config.replica_setting == 3  # admission and the coalescing window are sized for the most
-    assert ServiceConfig.from_args(BASE).autoscaling_config() is None
+    assert image.replicas == 3 and image.min_replicas == 1  # admission and coalescing are sized for the most
+    assert plan_service(ServiceConfig.from_args(BASE)).model.image.deployment.autoscaling_config is None
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -37,7 +39,8 @@ def test_ingress_autoscaling_gives_serve_our_policy_and_plans_for_its_floor() ->
     from siglip_serve.serve.ingress_scaling import BusyCoresPolicy
 
     config = ServiceConfig.from_args({**BASE, "ingress_autoscaling": INGRESS})
-    options = config.ingress_autoscaling_config()
+    planned = plan_service(config).ingress
+    options = planned.deployment.autoscaling_config
     assert options is not None and "target_busy_cores" not in options
     serve_config = AutoscalingConfig(**options)  # Serve accepts it as it is
     assert (serve_config.min_replicas, serve_config.max_replicas) == (1, 4)
@@ -45,8 +48,8 @@ def test_ingress_autoscaling_gives_serve_our_policy_and_plans_for_its_floor() ->
     assert policy.policy_kwargs == {"target_busy_cores": 1.5}
     assert policy.get_policy() is BusyCoresPolicy
     # Each ingress plans its share of the encoder calls for the fewest ingress replicas: never too few.
-    assert config.ingress_count == 1
-    assert ServiceConfig.from_args(BASE).ingress_autoscaling_config() is None
+    assert planned.replicas == 1 and planned.max_replicas == 4
+    assert plan_service(ServiceConfig.from_args(BASE)).ingress.deployment.autoscaling_config is None
 
 
 def test_ingress_autoscaling_with_a_fixed_count_is_refused_in_one_line() -> None:
@@ -102,4 +105,5 @@ def test_a_local_ray_gets_cpus_for_the_ingress_ceiling() -> None:
     fixed = ServiceConfig.from_args({**BASE, "ingress_replicas": 1, "ingress_num_cpus": 8, "text_replicas": 0})
     scaled = ServiceConfig.from_args({**BASE, "ingress_autoscaling": {**INGRESS, "max_replicas": 4},
                                       "ingress_num_cpus": 8, "text_replicas": 0})
-    assert ray_resources(scaled, 1)["num_cpus"] - ray_resources(fixed, 1)["num_cpus"] == 3 * 8
+    assert (ray_resources(plan_service(scaled.model_copy(update={"replicas": 1})))["num_cpus"]
+            - ray_resources(plan_service(fixed.model_copy(update={"replicas": 1})))["num_cpus"]) == 3 * 8

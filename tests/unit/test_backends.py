@@ -27,6 +27,7 @@ from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.cluster_fit import check_cluster_fits
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.placement import plan
+from siglip_serve.serve.planner import plan_service
 from tests.helpers import SRC
 
 # The places outside models/backends/ that may still compare a backend's name with a literal, each
@@ -80,10 +81,10 @@ def test_one_plan_places_both_towers_from_the_record(args: dict, image: dict, te
 
 def test_the_cluster_check_counts_every_device_a_record_asks_for() -> None:
     config = ServiceConfig(model="tiny-siglip", backend="cuda", replicas=2, text_replicas=1, ingress_replicas=1)
-    check_cluster_fits(config, 2, total={"CPU": 8.0, "GPU": 3.0})
+    check_cluster_fits(plan_service(config), total={"CPU": 8.0, "GPU": 3.0})
     with pytest.raises(ConfigError, match=r"needs 3 GPU \(2 encoder replica\(s\) x 1 \+ 1 text replica\(s\) x 1\) "
                                           r"but the Ray cluster declares 2; .*--num-gpus N"):
-        check_cluster_fits(config, 2, total={"CPU": 8.0, "GPU": 2.0})
+        check_cluster_fits(plan_service(config), total={"CPU": 8.0, "GPU": 2.0})
 
 
 class CaptureRecorder(cuda.CudaRunner):

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.placement import plan
 from tests.helpers import REPO
 
 
@@ -15,13 +16,13 @@ def test_defaults_are_the_production_model_on_cpu() -> None:
     config = ServiceConfig.from_args({})
     assert config.model == "ViT-SO400M-14-SigLIP-384" and config.pretrained == "webli"
     assert config.backend == "cpu" and config.buckets == (1, 2, 4, 8) and config.max_batch_size == 8
-    assert config.cores_per_replica == 0
+    assert plan(config).image.devices == {}
     assert config.max_body_bytes == 20 * 1024 * 1024 and config.max_image_pixels == 40_000_000
     assert config.max_images_per_request == 64
 
 
 def test_neuron_backend_asks_for_one_core_per_replica() -> None:
-    assert ServiceConfig.from_args({"backend": "neuron"}).cores_per_replica == 1
+    assert plan(ServiceConfig.from_args({"backend": "neuron"})).image.devices == {"neuron_cores": 1}
 
 
 @pytest.mark.parametrize("buckets, expected", [("8,1,4", (1, 4, 8)), ([2, 1], (1, 2)), ("16", (16,))])
@@ -36,7 +37,7 @@ def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> N
         ({"buckets": [0, 2]}, "buckets"),
         ({"buckets": [2, 2]}, "distinct"),
         ({"replicas": 0}, "replicas"),
-        ({"replicas": "auto", "backend": "cuda"}, "neuron_cores_per_replica"),
+        ({"replicas": "auto", "backend": "zeros-no-model"}, "neuron_cores_per_replica"),
         ({"backend": "tpu"}, "backend"),
         ({"max_images_per_request": 0}, "max_images_per_request"),
         ({"request_timeout_s": 0}, "request_timeout_s"),

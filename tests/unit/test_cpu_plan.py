@@ -12,8 +12,8 @@ import torch
 from siglip_serve.models.loading import ParameterCounts, load_clip, parameter_counts
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve import cpu_plan
-from siglip_serve.serve.app import pin_replicas, resolve_replicas
-from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.planner import plan_service
 
 GiB = 2**30
 
@@ -49,21 +49,21 @@ def test_config_defaults_to_auto_on_cpu_only() -> None:
 def test_small_model_gets_a_replica_per_core_with_one_thread(machine) -> None:
     machine(cores=8, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip"})
-    assert resolve_replicas(config) == 8
+    assert plan_service(config).model.image.replicas == 8
     assert cpu_plan.encoder_torch_threads(config, 8) == 1
 
 
 def test_named_threads_set_the_replicas_per_core(machine) -> None:
     machine(cores=8, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "torch_threads": 2})
-    assert resolve_replicas(config) == 4
+    assert plan_service(config).model.image.replicas == 4
     assert cpu_plan.encoder_torch_threads(config, 4) == 2
 
 
 def test_large_model_keeps_one_replica_with_every_core(machine) -> None:
     machine(cores=8, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "ViT-SO400M-14-SigLIP-384", "random_weights": True})
-    assert resolve_replicas(config) == 1
+    assert plan_service(config).model.image.replicas == 1
     assert cpu_plan.encoder_torch_threads(config, 1) is None  # the replica takes its machine's cores
 
 
@@ -73,10 +73,10 @@ def test_memory_caps_the_replicas_and_the_cores_are_split_among_those(machine, m
     need = cpu_plan.replica_load_bytes(total)
     machine(cores=8, available_bytes=int(3.5 * need / cpu_plan.MEMORY_SHARE))
     config = ServiceConfig.from_args({"model": "tiny-siglip"})
-    assert resolve_replicas(config) == 3
+    assert plan_service(config).model.image.replicas == 3
     assert cpu_plan.encoder_torch_threads(config, 3) == 2
     machine(cores=8, available_bytes=need // 10)
-    assert resolve_replicas(config) == 1  # never none
+    assert plan_service(config).model.image.replicas == 1  # never none
 
 
 def test_a_named_replica_count_splits_the_cores_without_oversubscribing(machine) -> None:
@@ -88,12 +88,17 @@ def test_a_named_replica_count_splits_the_cores_without_oversubscribing(machine)
     assert cpu_plan.encoder_torch_threads(ServiceConfig.from_args({"backend": "cuda", "replicas": 2}), 2) is None
 
 
-def test_pin_decides_the_count_before_ray_except_neurons_auto(machine) -> None:
+def test_the_plan_decides_the_count_before_ray_except_a_devices_auto(machine) -> None:
     machine(cores=2, available_bytes=64 * GiB)
-    assert pin_replicas(ServiceConfig.from_args({"model": "tiny-siglip"})).replicas == 2
-    assert pin_replicas(ServiceConfig.from_args({"backend": "cuda"})).replicas == 1
+    assert plan_service(ServiceConfig.from_args({"model": "tiny-siglip"})).model.image.replicas == 2
+    assert plan_service(ServiceConfig.from_args({"backend": "cuda"})).model.image.replicas == 1
     neuron_auto = ServiceConfig.from_args({"backend": "neuron", "replicas": "auto"})
-    assert pin_replicas(neuron_auto).replicas == "auto"  # counted from the cluster's neuron_cores
+    with pytest.raises(ConfigError, match="counts the neuron_cores a Ray cluster declares"):
+        plan_service(neuron_auto)  # counted from the cluster's neuron_cores
+    assert plan_service(neuron_auto, {"CPU": 12, "neuron_cores": 4}).model.image.replicas == 4
+    # Any backend's device: a GPU host's auto counts its GPUs, beside a text replica that holds one too.
+    cuda_auto = ServiceConfig.from_args({"backend": "cuda", "replicas": "auto", "text_replicas": 1})
+    assert plan_service(cuda_auto, {"CPU": 16, "GPU": 4}).model.image.replicas == 3
 
 
 def test_a_running_clusters_cpus_cap_auto_beside_the_ingress_and_text(machine) -> None:
@@ -108,7 +113,9 @@ def test_auto_on_cpu_placed_on_neuron_cores_still_counts_neuron_cores(machine) -
     """The tests' stand-in for neuron (cpu replicas asking for neuron_cores) keeps 'auto' on the cluster."""
     machine(cores=2, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "replicas": "auto", "neuron_cores_per_replica": 1})
-    assert pin_replicas(config).replicas == "auto"
+    with pytest.raises(ConfigError, match="neuron_cores"):
+        plan_service(config)
+    assert plan_service(config, {"CPU": 16, "neuron_cores": 3}).model.image.replicas == 3
 
 
 @pytest.mark.parametrize("backend,cores,encoders,expected", [
@@ -128,12 +135,11 @@ def test_auto_ingress_replicas_take_the_cores_the_encoders_leave(machine, backen
     assert cpu_plan.ingress_replicas_for(config.model_copy(update={"ingress_replicas": 2}), encoders) == 2
 
 
-def test_pinning_decides_the_ingress_count_and_an_unpinned_count_is_refused(machine) -> None:
+def test_the_plan_decides_the_ingress_count(machine) -> None:
     machine(16, 64 * GiB)
     config = ServiceConfig(model="tiny-siglip", backend="cuda")
-    with pytest.raises(ValueError, match="decided when the application is built"):
-        _ = config.ingress_count
-    assert pin_replicas(config).ingress_count == 6
+    assert config.ingress_replicas == "auto"
+    assert plan_service(config).ingress.replicas == 6
 
 
 def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -> None:
@@ -148,7 +154,10 @@ def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -
     # The replica class builds its encoder with that count (as Serve builds it, here without Ray).
     before = torch.get_num_threads()
     try:
-        replica = TextEncoderReplica(ServiceConfig(model="tiny-siglip", random_weights=True, text_num_cpus=2))
+        config = ServiceConfig(model="tiny-siglip", random_weights=True, text_num_cpus=2)
+        text = plan_service(config).model.text
+        assert text is not None and text.torch_threads == 2
+        replica = TextEncoderReplica(config, text)
         assert isinstance(replica.encoder, TextEncoder) and replica.encoder.runner.threads == 2
     finally:
         torch.set_num_threads(before)

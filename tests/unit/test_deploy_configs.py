@@ -10,6 +10,8 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.placement import plan
+from siglip_serve.serve.planner import plan_service
 from tests.helpers import REPO
 
 DEPLOY = REPO / "deploy"
@@ -29,7 +31,8 @@ def test_trn2_serve_configs(lnc: int, cores: int) -> None:
     config = yaml.safe_load(text)
     args = app_args(config)
     service = ServiceConfig.from_args(args)
-    assert service.backend == "neuron" and service.replicas == cores and service.cores_per_replica == 1
+    assert service.backend == "neuron" and service.replicas == cores
+    assert plan(service).image.devices == {"neuron_cores": 1}
     assert service.env_vars == {"NEURON_LOGICAL_NC_CONFIG": str(lnc)}
     assert Path(args["artifact_dir"]).is_absolute() and f"lnc{lnc}" in args["artifact_dir"]
     assert config["http_options"]["host"] == "127.0.0.1"
@@ -68,7 +71,7 @@ def test_the_cpu_configs_autoscaling_example_validates() -> None:
     example = "\n".join(line.strip().removeprefix("# ") for line in lines[start:start + 2])
     args = {**app_args(yaml.safe_load(text)), **yaml.safe_load(example)}
     args.pop("replicas")
-    options = ServiceConfig.from_args(args).autoscaling_config()
+    options = plan_service(ServiceConfig.from_args(args)).model.image.deployment.autoscaling_config
     assert options is not None and options["target_ongoing_requests"] == 1 and options["max_replicas"] == 4
 
 
@@ -77,7 +80,7 @@ def test_the_cpu_configs_ingress_autoscaling_example_validates() -> None:
     line = next(line for line in text.splitlines() if line.strip().startswith("# ingress_autoscaling:"))
     args = {**app_args(yaml.safe_load(text)), **yaml.safe_load(line.strip().removeprefix("# "))}
     args.pop("ingress_replicas", None)
-    options = ServiceConfig.from_args(args).ingress_autoscaling_config()
+    options = plan_service(ServiceConfig.from_args(args)).ingress.deployment.autoscaling_config
     assert options is not None and options["max_replicas"] == 2
     assert options["policy"]["policy_kwargs"] == {"target_busy_cores": 1.0}
 

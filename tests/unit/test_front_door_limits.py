@@ -24,6 +24,7 @@ from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.errors import ApiError
 from siglip_serve.serve.front_door import Deadline, RequestSlots, front_door_limits, ingress_max_ongoing
 from siglip_serve.serve.http_body import read_body
+from siglip_serve.serve.planner import plan_service
 
 
 @pytest.mark.parametrize("app", ["siglip", "main", "My App#2/x", "front"])
@@ -71,11 +72,13 @@ def config(**args: object) -> ServiceConfig:
 
 def test_an_ingress_works_on_twice_what_its_encoder_calls_carry_plus_its_decode_threads() -> None:
     # cpu: one call per encoder replica; 2 replicas x 8 images, twice, + 4 decode threads.
-    assert ingress_max_ongoing(config(), 2) == 2 * 2 * 8 + 4
+    assert ingress_max_ongoing(config(), 2, 1) == 2 * 2 * 8 + 4
     # An accelerator: two calls per replica, shared by 3 ingress replicas (trn2.3xlarge, LNC=2).
-    assert ingress_max_ongoing(config(backend="neuron", ingress_replicas=3, replicas=4), 4) == 2 * 3 * 8 + 4
-    assert ingress_max_ongoing(config(ingress_max_ongoing_requests=5), 2) == 5
-    limits = front_door_limits(config(max_queued_requests=7, request_timeout_s=2.5, retry_after_s=3), 1)
+    assert ingress_max_ongoing(config(backend="neuron", ingress_replicas=3, replicas=4), 4, 3) == 2 * 3 * 8 + 4
+    assert ingress_max_ongoing(config(ingress_max_ongoing_requests=5), 2, 1) == 5
+    limits = front_door_limits(config(max_queued_requests=7, request_timeout_s=2.5, retry_after_s=3), 1, 1)
+    # The plan carries the same limits to the ingress and HAProxy.
+    assert plan_service(config(replicas=2)).ingress.limits.max_ongoing_requests == ingress_max_ongoing(config(), 2, 1)
     assert limits == FrontDoorLimits(max_ongoing_requests=2 * 1 * 8 + 4, max_queued_requests=7,
                                      request_timeout_s=2.5, retry_after_s=3)
 

@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.placement import plan
+from siglip_serve.serve.planner import plan_service
 from tests.helpers import REPO
 
 MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"
@@ -108,13 +110,15 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
         max_cores += declared * group["maxReplicas"]
         min_nodes += group["minReplicas"]
         max_nodes += group["maxReplicas"]
-    assert config.backend == "neuron" and config.cores_per_replica == 1 and config.replicas is None
+    cores_per_replica = plan(config).image.devices["neuron_cores"]
+    assert config.backend == "neuron" and cores_per_replica == 1 and config.replicas is None
     # Encoders scale by node: one per logical core of the fewest and of the most worker nodes.
     assert config.autoscaling is not None
-    assert config.autoscaling.min_replicas == min_cores // config.cores_per_replica
-    assert config.autoscaling.max_replicas == max_cores // config.cores_per_replica
+    assert config.autoscaling.min_replicas == min_cores // cores_per_replica
+    assert config.autoscaling.max_replicas == max_cores // cores_per_replica
     # The ingress scales with them, on its CPU: one per node at the fewest nodes, two per node at the most.
-    assert config.ingress_autoscaling is not None and config.ingress_autoscaling_config() is not None
+    assert config.ingress_autoscaling is not None
+    assert plan_service(config).ingress.deployment.autoscaling_config is not None
     assert (config.ingress_autoscaling.min_replicas, config.ingress_autoscaling.max_replicas) == (min_nodes,
                                                                                                 2 * max_nodes)
     assert cluster["rayVersion"] == "2.60.0"
@@ -129,7 +133,7 @@ def test_the_first_deploy_on_the_bare_head_is_not_refused(manifest: dict) -> Non
     head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
     growth = cluster_growth(config, {})  # said by the manifest itself, not only by KubeRay's environment
     assert growth.grows and isinstance(config.replica_setting, int)
-    check_cluster_fits(config, config.replica_setting, growth, {"CPU": float(head["num-cpus"])})
+    check_cluster_fits(plan_service(config), growth, {"CPU": float(head["num-cpus"])})
 
 
 def test_the_autoscaler_adds_trn2_nodes_and_removes_idle_ones(manifest: dict,

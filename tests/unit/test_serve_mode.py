@@ -15,8 +15,9 @@ def replica_envs(config: ServiceConfig) -> dict[str, dict[str, Any]]:
     from ray.serve import Application
 
     from siglip_serve.serve.app import build
+    from siglip_serve.serve.planner import plan_service
 
-    ingress = build(config)._bound_deployment  # the application's root, bound to its towers
+    ingress = build(config, plan_service(config))._bound_deployment  # the application's root, bound to its towers
     towers = [arg._bound_deployment for arg in ingress.init_args if isinstance(arg, Application)]
     deployments = {d.name: d for d in (ingress, *towers)}
     return {name: d.ray_actor_options.get("runtime_env", {}).get("env_vars", {}) for name, d in deployments.items()}

@@ -171,7 +171,10 @@ def test_prompt_template_rules() -> None:
 
 def test_text_config_defaults_and_limits() -> None:
     from siglip_serve.serve.config import ConfigError, ServiceConfig
-    from siglip_serve.serve.text_deployment import text_neuron_cores
+    from siglip_serve.serve.placement import plan
+
+    def text_neuron_cores(config: ServiceConfig) -> float:
+        return plan(config).text.devices.get("neuron_cores", 0)
 
     assert ServiceConfig.from_args({"model": "tiny-siglip"}).text_replica_count == 1
     for backend in ("cuda", "neuron"):
@@ -234,16 +237,16 @@ def test_cuda_text_encoder_matches_the_cpu_one(model_name: str, dtype: str, bar:
 
 @pytest.mark.parametrize("backend", ["neuron", "neuron-native"])
 def test_the_cluster_check_counts_the_text_replicas_cores(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from siglip_serve.serve import app
+    from siglip_serve.serve.cluster_fit import check_cluster_fits
     from siglip_serve.serve.config import ConfigError, ServiceConfig
+    from siglip_serve.serve.planner import plan_service
 
-    monkeypatch.setattr(app.ray, "cluster_resources", lambda: {"CPU": 16.0, "neuron_cores": 4.0})
-    monkeypatch.setattr(app.ray, "is_initialized", lambda: True)
+    cluster = {"CPU": 16.0, "neuron_cores": 4.0}
     args = {"model": "tiny-siglip", "backend": backend, "replicas": 4}
-    app.check_cluster_fits(ServiceConfig.from_args(args), 4)  # 4 image replicas on 4 cores, no text
+    check_cluster_fits(plan_service(ServiceConfig.from_args(args)), total=cluster)  # 4 image replicas on 4 cores
     with pytest.raises(ConfigError, match=r"needs 5 neuron_cores \(4 encoder replica\(s\) x 1 \+ 1 text"):
-        app.check_cluster_fits(ServiceConfig.from_args({**args, "text_replicas": 1}), 4)
+        check_cluster_fits(plan_service(ServiceConfig.from_args({**args, "text_replicas": 1})), total=cluster)
     # auto leaves the text replica its core, so that application fits
-    auto = ServiceConfig.from_args({**args, "replicas": "auto", "text_replicas": 1})
-    assert app.resolve_replicas(auto) == 3
-    app.check_cluster_fits(auto, 3)
+    auto = plan_service(ServiceConfig.from_args({**args, "replicas": "auto", "text_replicas": 1}), cluster)
+    assert auto.model.image.replicas == 3
+    check_cluster_fits(auto, total=cluster)

@@ -27,6 +27,7 @@ from siglip_serve.serve.embed_request import Item
 from siglip_serve.serve.errors import ApiError
 from siglip_serve.serve.http_app import http_app
 from siglip_serve.serve.ingress import Ingress
+from siglip_serve.serve.planner import plan_service
 from siglip_serve.serve.routes import ROUTES, readyz
 from siglip_serve.serve.schedule import Work
 from tests.helpers import ServeResponse as Response
@@ -94,10 +95,10 @@ def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = Non
            refusals: dict[str, str] | None = None, **args: Any) -> Ingress:
     """An ingress whose registry holds `records` (default: one warm replica per tower it serves) and
     `refusals` (a tower's last refusal to start; default none)."""
-    config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1,
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1, "replicas": 1,
                                       "text_replicas": 1 if handle else 0, **args})
     found = records if records is not None else [IMAGE_RECORD, *([TEXT_RECORD] if handle else [])]
-    return Ingress(HandleOptions(), config, 1, MODEL, handle, replica=("test", "ingress-1"),  # type: ignore[arg-type]
+    return Ingress(HandleOptions(), config, plan_service(config), MODEL, handle, replica=("test", "ingress-1"),  # type: ignore[arg-type]
                    live_replicas=lambda app: list(found), refusal=lambda app, tower: (refusals or {}).get(tower))
 
 

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="once ready, print the start's timeline on stderr: each phase of this command (checks, "
                           "ray.init, serve.start, the deployment) and of each tower replica (imports, model build, "
                           "warm-up per bucket, registration), in seconds")
+    run.add_argument("--print-plan", action="store_true",
+                     help="print the plan this config gives (every deployment's replicas, Ray resources, threads "
+                          "and limits: serve/plan.py) as JSON on stdout, and exit without starting anything; with "
+                          "--address, planned against that cluster's resources")
     service = run.add_argument_group("service")
     add_field_arguments(service, ServiceConfig, SERVICE_OPTIONS)
     # Declared so that argparse cannot read it as an abbreviation of --api-key-file (and log the key as
@@ -104,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     entered = time.time()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
+    if args.print_plan:
+        return run_main(lambda: print_plan(args), log)
     own_session = False
     if not args.address:
         from siglip_serve.launcher import session
@@ -172,6 +178,29 @@ def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
     if args.address and key is not None and config.api_key is None and config.api_key_file is None:
         config = config.model_copy(update={"api_key": SecretStr(key)})
     return config
+
+
+def print_plan(args: argparse.Namespace) -> int:
+    """`--print-plan`: the plan `run` would deploy, as JSON, with nothing started or checked on disk. The
+    text tower is on or off as the config's shape says (a Serve deploy's rule, serve/app.py text_by_shape):
+    `run` itself also looks for the tokenizer, which may reach the hub; name text_replicas to settle it."""
+    from siglip_serve.launcher.runner import local_resources
+    from siglip_serve.serve.app import text_by_shape
+    from siglip_serve.serve.planner import plan_service
+
+    config = text_by_shape(service_config(args, os.environ))
+    if args.address:
+        import ray
+
+        ray.init(address=args.address, log_to_driver=False)
+        try:
+            plan = plan_service(config, ray.cluster_resources())
+        finally:
+            ray.shutdown()
+    else:
+        plan = plan_service(config, local_resources(args.neuron_cores))
+    print(plan.model_dump_json(indent=2))
+    return 0
 
 
 def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own_session: bool = False) -> int:

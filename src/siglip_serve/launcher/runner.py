@@ -16,6 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
 from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.preflight import RAY_HOST
@@ -25,6 +26,7 @@ from siglip_serve.serve.config import ServiceConfig
 
 if TYPE_CHECKING:
     from siglip_serve.serve.cluster_fit import Growth
+    from siglip_serve.serve.plan import ServicePlan
 
 log = logging.getLogger("siglip_serve")
 
@@ -37,17 +39,16 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def ray_resources(config: ServiceConfig, replicas: int | None) -> dict[str, Any]:
-    """CPUs to declare so every replica fits even on a 2-core machine (Ray's CPUs are logical)."""
-    from siglip_serve.serve.cpu_plan import ingress_replicas_for
+def ray_resources(plan: ServicePlan) -> dict[str, Any]:
+    """CPUs to declare so every replica the plan may run fits, even on a 2-core machine (Ray's CPUs are
+    logical): an autoscaled deployment may grow to its ceiling on this one node."""
+    return {"num_cpus": max(os.cpu_count() or 1, math.ceil(plan.needs(most=True).get("CPU", 0) - 1e-9))}
 
-    count = replicas if replicas is not None else 1
-    # An autoscaled ingress may grow to its ceiling on this one node.
-    ingress = (config.ingress_autoscaling.max_replicas if config.ingress_autoscaling is not None
-               else ingress_replicas_for(config, count))
-    needed = (count * config.encoder_num_cpus + ingress * config.ingress_num_cpus
-              + config.text_replica_count * config.text_num_cpus)
-    return {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed))}
+
+def local_resources(neuron_cores: int | None) -> dict[str, float] | None:
+    """What the plan of a Ray this command starts counts from: the NeuronCores it declares (--neuron-cores),
+    the one device a local Ray declares by hand; its CPUs are sized from the plan (`ray_resources`)."""
+    return {NEURON_CORES: float(neuron_cores)} if neuron_cores else None
 
 
 def run_growth(config: ServiceConfig, address: str | None) -> Growth:
@@ -129,8 +130,10 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     import ray
     from ray import serve
 
-    from siglip_serve.serve.app import build, pin_neuron_replicas, pin_replicas, resolve_replicas
+    from siglip_serve.serve.app import build, plan_on_cluster
     from siglip_serve.serve.cluster_fit import check_cluster_fits
+    from siglip_serve.serve.placement import plan as placement
+    from siglip_serve.serve.planner import plan_service
 
     stop = threading.Event()
 
@@ -146,10 +149,15 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
 
     started_ray = address is None
     init_args: dict[str, Any] = {"namespace": "siglip-serve", "log_to_driver": True}
-    config = pin_replicas(config)
+    plan: ServicePlan | None = None
     if started_ray:
-        replicas = config.replicas if isinstance(config.replicas, int) else None
-        init_args.update(ray_resources(config, replicas))
+        # Made once, before its Ray: the Ray is sized from it, and on cpu the count `auto` gives must not
+        # move between the two (the available memory moves as Ray starts). Except where `auto` counts a
+        # device nobody declared: Ray detects the host's own (its Neuron and GPU managers), so that plan
+        # is made against the Ray once it runs, as on a joined cluster.
+        if neuron_cores or config.replica_setting != "auto" or placement(config).device is None:
+            plan = plan_service(config, local_resources(neuron_cores))
+            init_args.update(ray_resources(plan))
         init_args["_node_ip_address"] = RAY_HOST
         if neuron_cores:
             init_args["resources"] = {"neuron_cores": neuron_cores}
@@ -176,11 +184,13 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
             log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
                      context.dashboard_url)
         growth = run_growth(config, address)
-        config = pin_neuron_replicas(config, growth, stop.is_set)
-        if stop.is_set():  # a signal while waiting for a joined cluster's NeuronCores
-            return 0
-        check_cluster_fits(config, resolve_replicas(config), growth)
-        app = build(config)
+        if plan is None:
+            plan = plan_on_cluster(config, growth, stop.is_set)
+            if stop.is_set():  # a signal while waiting for a joined cluster's devices
+                return 0
+        else:
+            check_cluster_fits(plan, growth)
+        app = build(config, plan)
         quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
         # Serve's controller and proxy log every replica change and every client that goes away
         # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
@@ -194,7 +204,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         timeline.mark(phases.SERVE_START)
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
-        replicas = resolve_replicas(config)
+        replicas = plan.model.image.replicas
         deployed = wait_with_progress(
             lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
             APP_NAME, replicas, stop, began)

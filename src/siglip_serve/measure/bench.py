@@ -27,6 +27,7 @@ from siglip_serve.measure.served import BENCH_PHOTO_SIZE, bench_served, percenti
 from siglip_serve.measure.server_cpu import KINDS
 from siglip_serve.models.settings import NO_MODEL_BACKEND
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan import ServicePlan
 
 log = logging.getLogger("siglip_serve.bench")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the tables
@@ -95,27 +96,28 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         print_table("preprocessing, one thread, ~640x480 JPEG photos", [result.preprocess],
                     ["images", "images_per_second", "threads", "fast_jpeg_decode"])
     if "served" not in skip:
-        from siglip_serve.models.backends.cpu import usable_cpus
-        from siglip_serve.serve.app import pin_replicas
-        from siglip_serve.serve.cpu_plan import encoder_torch_threads, ingress_replicas_for
+        from siglip_serve.core.host import usable_cpus
 
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
         result.front_end = args.front_end
-        served_config = pin_replicas(config)
-        setting = served_config.replica_setting  # neuron's 'auto' is counted once Ray is up
-        result.replicas = setting if isinstance(setting, int) else None
-        shape = f"{setting} encoder replica(s)"
-        if config.model_on_host_cores:
-            result.torch_threads = encoder_torch_threads(served_config, result.replicas or 1) or usable_cpus()
-            shape += f" x {result.torch_threads} torch thread(s)"
         endpoint = args.endpoint or ("raw" if args.images_per_request == 1 else "multipart")
         result.endpoint = endpoint
-        result.ingress_replicas = ingress_replicas_for(served_config, result.replicas or 1)
-        shape += f", {result.ingress_replicas} ingress replica(s)"
+        shape = ""
+
+        def planned(plan: ServicePlan) -> None:
+            nonlocal shape
+            image = plan.model.image
+            result.replicas, result.ingress_replicas = image.replicas, plan.ingress.replicas
+            shape = f"{image.replicas} encoder replica(s)"
+            if config.model_on_host_cores:
+                result.torch_threads = image.torch_threads or usable_cpus()
+                shape += f" x {result.torch_threads} torch thread(s)"
+            shape += f", {result.ingress_replicas} ingress replica(s)"
+
         profile = (Path(args.profile), args.profile_seconds) if args.profile else None
         result.served, result.host_ceiling, result.profiles = bench_served(
-            served_config, levels, args.requests, args.images_per_request, args.front_end, endpoint,
-            host_ceiling="host-ceiling" not in skip, profile=profile)
+            config, levels, args.requests, args.images_per_request, args.front_end, endpoint,
+            host_ceiling="host-ceiling" not in skip, profile=profile, on_plan=planned)
         print_table(f"served over HTTP: {config.model}, {shape}, "
                     f"{args.images_per_request} image(s) per request ({endpoint})",
                     [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image}

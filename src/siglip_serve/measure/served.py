@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +19,7 @@ from siglip_serve.measure.corpus import Image, build_bodies, skimage_corpus
 from siglip_serve.measure.results import HostCeiling, ProfileFile, ServedRow
 from siglip_serve.measure.server_cpu import ServerCpu
 from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan import ServicePlan
 
 log = logging.getLogger("siglip_serve.bench")
 
@@ -70,15 +73,14 @@ async def drive(url: str, bodies: list[tuple[bytes, str]], concurrency: int, req
 HOST_CEILING_ROUTE = "/host-ceiling"
 
 
-def host_ceiling_config(config: ServiceConfig, replicas: int) -> ServiceConfig:
+def host_ceiling_config(config: ServiceConfig, plan: ServicePlan) -> ServiceConfig:
     """The same deployment with the model taken out: zero vectors, no text tower, the same replica and
-    ingress counts (auto would count cores differently without the model's threads)."""
+    ingress counts as `plan` (auto would count cores differently without the model's threads)."""
     from siglip_serve.models.settings import NO_MODEL_BACKEND
-    from siglip_serve.serve.cpu_plan import ingress_replicas_for
 
     return ServiceConfig.model_validate({
-        **config.model_dump(exclude_unset=True), "backend": NO_MODEL_BACKEND, "replicas": replicas,
-        "ingress_replicas": ingress_replicas_for(config, replicas), "ingress_autoscaling": None, "text_replicas": 0,
+        **config.model_dump(exclude_unset=True), "backend": NO_MODEL_BACKEND, "replicas": plan.model.image.replicas,
+        "ingress_replicas": plan.ingress.replicas, "ingress_autoscaling": None, "text_replicas": 0,
         "neuron_cores_per_replica": 0, "env_vars": {}, "artifact_dir": None, "torch_threads": None,
         "device_jpeg_decode": False,
     })
@@ -109,38 +111,49 @@ def record_profiles(url: str, bodies: list[tuple[bytes, str]], level: int, reque
     return files
 
 
+def served_config(config: ServiceConfig) -> ServiceConfig:
+    """The config the served benchmark deploys: text off unless asked for (it posts images only; a text
+    replica would take CPU)."""
+    return config if config.text_replicas is not None else config.model_copy(update={"text_replicas": 0})
+
+
 def bench_served(config: ServiceConfig, levels: list[int], requests: int, images_per_request: int = 1,
                  front_end: str = "haproxy", endpoint: str = "raw", host_ceiling: bool = False,
-                 profile: tuple[Path, float] | None = None,
+                 profile: tuple[Path, float] | None = None, on_plan: Callable[[ServicePlan], None] = lambda _: None,
                  ) -> tuple[list[ServedRow], HostCeiling | None, list[ProfileFile] | None]:
     """The served rows at each concurrency; with `host_ceiling` the same deployment with the model
     taken out (a second application on the same Ray), at the highest concurrency; with `profile`
     (directory, seconds) a flame graph of each of the service's processes under the highest
-    concurrency, recorded after the measured rows (measure/profile.py)."""
+    concurrency, recorded after the measured rows (measure/profile.py). `on_plan` gets the plan deployed
+    (serve/planner.py), once made: before its Ray starts, or where `replicas: auto` counts a device the
+    Ray detects, once it runs."""
     import ray
     from ray import serve
 
     from siglip_serve.launcher.haproxy_front import use_front_end
     from siglip_serve.launcher.preflight import free_port
     from siglip_serve.launcher.runner import ray_resources
-    from siglip_serve.serve.app import build, pin_replicas, resolve_replicas
-    from siglip_serve.serve.cpu_plan import ingress_replicas_for
+    from siglip_serve.serve.app import build
+    from siglip_serve.serve.placement import plan as placement
+    from siglip_serve.serve.planner import plan_service
 
     use_front_end(front_end, local_only=True)
     port = free_port()
-    if config.text_replicas is None:  # auto: this benchmark posts images only; a text replica would take CPU
-        config = config.model_copy(update={"text_replicas": 0})
-    config = pin_replicas(config)
-    replicas = config.replicas if isinstance(config.replicas, int) else None
-    ray_options = ray_resources(config, replicas)
-    if host_ceiling:  # the ceiling's replicas and ingress beside the model's
-        ray_options["num_cpus"] += ray_resources(config, replicas)["num_cpus"]
+    config = served_config(config)
+    plan = None if config.replica_setting == "auto" and placement(config).device else plan_service(config)
+    ray_options: dict[str, Any] = {}
+    if plan is not None:
+        ray_options = ray_resources(plan)
+        if host_ceiling:  # the ceiling's replicas and ingress beside the model's
+            ray_options["num_cpus"] *= 2
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace="siglip-bench",
              log_to_driver=False, **ray_options)
     try:
+        plan = plan or plan_service(config, ray.cluster_resources())
+        on_plan(plan)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         log.info("deploying %s for the served benchmark...", config.model)
-        serve.run(build(config), name="bench", route_prefix="/")
+        serve.run(build(config, plan), name="bench", route_prefix="/")
         request_bodies = build_bodies(sample_photos(), endpoint, images_per_request)
         bodies = [(body.data, body.content_type) for body in request_bodies]
         url = f"http://127.0.0.1:{port}{request_bodies[0].path}"
@@ -154,17 +167,17 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
                                        server, *profile)
         ceiling = None
         if host_ceiling:
-            count = resolve_replicas(config)
-            no_model = host_ceiling_config(config, count)
+            count = plan.model.image.replicas
+            no_model = host_ceiling_config(config, plan)
             log.info("deploying the host ceiling: %s with no model (%d replica(s))", config.model, count)
-            serve.run(build(no_model), name="host-ceiling", route_prefix=HOST_CEILING_ROUTE)
+            serve.run(build(no_model, plan_service(no_model)), name="host-ceiling", route_prefix=HOST_CEILING_ROUTE)
             ceiling_url = f"http://127.0.0.1:{port}{HOST_CEILING_ROUTE}{request_bodies[0].path}"
             level = max(levels)
             asyncio.run(drive(ceiling_url, bodies, level, 2 * level, images_per_request))
             row = measure_level(ceiling_url, bodies, level, requests, images_per_request, server)
             ms = row.server_cpu.ms_per_image if row.server_cpu else None
             ceiling = HostCeiling(concurrency=level, replicas=count,
-                                  ingress_replicas=ingress_replicas_for(config, count),
+                                  ingress_replicas=plan.ingress.replicas,
                                   images_per_second=row.images_per_second,
                                   images_per_second_per_core=1000.0 / ms if ms else None, server_cpu=row.server_cpu)
         return rows, ceiling, profiles

@@ -12,113 +12,50 @@ from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
-from siglip_serve.models.backends.registry import extra_backends_env
 from siglip_serve.models.loading import ModelInfo, model_geometry
 from siglip_serve.serve import tracing
-from siglip_serve.serve.cluster_fit import Growth, check_cluster_fits, cluster_growth, settled_neuron_cores
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.cpu_plan import auto_cpu_replicas, encoder_torch_threads, ingress_replicas_for
-from siglip_serve.serve.encoder_deployment import encoder_deployment
-from siglip_serve.serve.front_door import front_door_limits
+from siglip_serve.serve.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
+from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.encoder_deployment import EncoderReplica
 from siglip_serve.serve.http_app import Probe, Route
 from siglip_serve.serve.ingress_deployment import IngressDeployment
-from siglip_serve.serve.text_deployment import text_deployment, text_neuron_cores
+from siglip_serve.serve.plan import ServicePlan
+from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.text_deployment import TextEncoderReplica
 
 log = logging.getLogger("siglip_serve")
 
 
-def resolve_replicas(config: ServiceConfig) -> int:
-    """The encoder replica count; 'auto' counts the logical NeuronCores the cluster declares when the
-    replicas ask for them, else (cpu) the cores of this machine (serve/cpu_plan.py)."""
-    setting = config.replica_setting
-    if setting != "auto":
-        return setting
-    if config.cores_per_replica == 0:
-        return auto_cpu_replicas(config, ray.cluster_resources().get("CPU") if ray.is_initialized() else None)
-    if not ray.is_initialized():
-        raise ConfigError("replicas: auto needs a running Ray cluster to count neuron_cores")
-    cores = int(ray.cluster_resources().get("neuron_cores", 0))
-    if cores < 1:
-        raise ConfigError(
-            "replicas: auto found no neuron_cores in the Ray cluster; start Ray with "
-            "--resources='{\"neuron_cores\": N}' (N = logical cores: trn2.3xlarge LNC=2 -> 4, LNC=1 -> 8)"
-        )
-    return _replicas_on(config, cores)
+def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bool] = lambda: False) -> ServicePlan:
+    """The plan against the running Ray cluster, checked to fit it (serve/cluster_fit.py): where the cluster
+    grows, `replicas: auto` over a device waits for its count to register and hold, up to `cluster_wait_s`
+    or until `stop()`."""
+    resources = planning_resources(config, growth, stop)
+    plan = plan_service(config, resources)
+    if not stop():
+        check_cluster_fits(plan, growth, resources)
+    return plan
 
 
-def _replicas_on(config: ServiceConfig, cores: float) -> int:
-    # Text replicas (opt-in on neuron) take NeuronCores of their own.
-    return (int(cores) - config.text_replica_count * text_neuron_cores(config)) // max(config.cores_per_replica, 1)
-
-
-def pin_replicas(config: ServiceConfig) -> ServiceConfig:
-    """The config with the encoder count decided, where that needs no Ray cluster (all but 'auto' over
-    NeuronCores): a local Ray is then started with CPUs for all of them, and the count cannot change
-    between that start and the deployment (the available memory moves as Ray starts)."""
-    if config.replica_setting == "auto" and config.cores_per_replica > 0:
-        return config
-    replicas = resolve_replicas(config)
-    return config.model_copy(update={"replicas": replicas, **_pinned_ingress(config, replicas)})
-
-
-def pin_neuron_replicas(config: ServiceConfig, growth: Growth,
-                        stop: Callable[[], bool] = lambda: False) -> ServiceConfig:
-    """`replicas: auto` over NeuronCores, decided once. Where the cluster grows, the workers that hold the
-    cores may not have registered yet (KubeRay deploys once the head is ready): wait, up to
-    `cluster_wait_s` or until `stop()`, for their count to appear and hold (serve/cluster_fit.py), then pin it."""
-    if config.replica_setting != "auto" or config.cores_per_replica == 0 or not growth.grows:
-        return config
-    cores = settled_neuron_cores(config.cluster_wait_s, growth, stop=stop)
-    replicas = max(1, _replicas_on(config, cores))
-    log.info("replicas: auto -> %d encoder replica(s) (%s)", replicas, growth.why)
-    return config.model_copy(update={"replicas": replicas, **_pinned_ingress(config, replicas)})
-
-
-def _pinned_ingress(config: ServiceConfig, replicas: int) -> dict[str, Any]:
-    """`ingress_replicas` decided, unless the ingress autoscales (its count is then Serve's to set)."""
-    if config.ingress_autoscaling is not None:
-        return {}
-    return {"ingress_replicas": ingress_replicas_for(config, replicas)}
-
-
-def build(config: ServiceConfig, routes: Sequence[Route | Probe] = ()) -> Application:
-    """The application: the towers' deployments and the ingress, serving the contract's routes and `routes`."""
-    replicas = resolve_replicas(config)
-    config = config.model_copy(update=_pinned_ingress(config, replicas))
+def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = ()) -> Application:
+    """The application of `plan` (serve/planner.py): the towers' deployments and the ingress, serving the
+    contract's routes and `routes`."""
     image_size, embed_dim = model_geometry(config.model)
     model = ModelInfo(config.model, embed_dim, image_size, config.weights_source)
-    # Only the image replicas split the cores; the text replica keeps its own default.
-    encoder_config = config.model_copy(update={"torch_threads": encoder_torch_threads(config, replicas)})
-    encoder = encoder_deployment(encoder_config, replicas).bind(encoder_config)
-    ingress_options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
-    # Where to find a backend registered at run time too: the ingress asks its record (host cores or not).
-    if ingress_env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing), **extra_backends_env()}:
-        ingress_options["runtime_env"] = {"env_vars": ingress_env}
-    scale: dict[str, Any] = ({"autoscaling_config": config.ingress_autoscaling_config()}
-                             if config.ingress_autoscaling is not None else {"num_replicas": config.ingress_count})
-    limits = front_door_limits(config, replicas)
-    ingress = serve.deployment(
-        IngressDeployment,
-        name="Ingress",
-        ray_actor_options=ingress_options,
-        # Every request the ingress may hold reaches its handler, whose places (serve/front_door.py) say
-        # 503 in the contract's JSON; past those, Serve's proxy holds as many again, then answers its own
-        # 503. Not fewer: under HAProxy a replica counts each arriving request as queued until it takes
-        # a slot (ray/serve/_private/replica.py, _track_queued_request), so a small bound here would
-        # refuse part of a burst HAProxy already bounded.
-        max_ongoing_requests=limits.max_ongoing_requests + limits.max_queued_requests,
-        max_queued_requests=limits.max_ongoing_requests + limits.max_queued_requests,
-        **scale,
-    )
-    text = text_deployment(config).bind(config) if config.text_replica_count else None
-    ingress_scaling = config.ingress_autoscaling
+    towers = plan.model
+    encoder = serve.deployment(**towers.image.deployment.options())(EncoderReplica).bind(config, towers.image)
+    text = (serve.deployment(**towers.text.deployment.options())(TextEncoderReplica).bind(config, towers.text)
+            if towers.text is not None else None)
+    ingress = serve.deployment(IngressDeployment, **plan.ingress.deployment.options())
+    image, front = towers.image, plan.ingress
     log.info("application: %s on %s, %s encoder replica(s)%s, buckets %s, %s ingress replica(s), %d text replica(s)",
              config.model, config.backend,
-             replicas if config.autoscaling is None else f"{config.autoscaling.min_replicas}..{replicas} autoscaled",
-             f" x {encoder_config.torch_threads} torch thread(s)" if encoder_config.torch_threads else "",
-             list(config.buckets), config.ingress_count if ingress_scaling is None else
-             f"{ingress_scaling.min_replicas}..{ingress_scaling.max_replicas} autoscaled", config.text_replica_count)
-    return ingress.bind(encoder, config, replicas, model, text, tuple(routes))
+             image.replicas if image.min_replicas == image.replicas else
+             f"{image.min_replicas}..{image.replicas} autoscaled",
+             f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "", list(config.buckets),
+             front.replicas if front.max_replicas == front.replicas else
+             f"{front.replicas}..{front.max_replicas} autoscaled", towers.text.replicas if towers.text else 0)
+    return ingress.bind(encoder, config, plan, model, text, tuple(routes))
 
 
 def text_by_shape(config: ServiceConfig) -> ServiceConfig:
@@ -162,21 +99,17 @@ def build_app_with_routes(args: dict[str, Any] | None, routes: Sequence[Route | 
 
     It runs where Serve runs it: on the head, which under KubeRay mounts no artifacts, holds no weights'
     cache and may have no route to the hub. So it checks the configuration's shape only, once, before any
-    replica starts: the config, the text tower's default (`text_by_shape`), and that the cluster can hold
-    the replicas (where nodes join later, it warns and deploys instead, and waits for the NeuronCores
-    `replicas: auto` counts: serve/cluster_fit.py). The artifact, the weights, the tokenizer, an SDK or a
+    replica starts: the config, the text tower's default (`text_by_shape`), and its plan against the cluster
+    (where nodes join later, it warns and deploys instead, and waits for the devices `replicas: auto`
+    counts: serve/cluster_fit.py). The artifact, the weights, the tokenizer, an SDK or a
     GPU are checked by each replica on its own node, which refuses in one line naming the node and the
     fix (serve/replica_start.py). `siglip-serve run` checks them before it starts its own Ray (launcher/cli.py)."""
     try:
         config = text_by_shape(ServiceConfig.from_args(args))
         if config.tracing:
             tracing.check_available()
-        if ray.is_initialized():
-            growth = cluster_growth(config)
-            # Decided once, for the check and the build: cpu's auto builds the model on the meta device.
-            config = pin_neuron_replicas(pin_replicas(config), growth)
-            check_cluster_fits(config, resolve_replicas(config), growth)
-        return build(config, routes)
+        plan = plan_on_cluster(config, cluster_growth(config)) if ray.is_initialized() else plan_service(config)
+        return build(config, plan, routes)
     except UserError as exc:  # a config or cluster problem: refused once, not retried
         log.error("%s", exc)
         raise AppRefused(str(exc)) from None

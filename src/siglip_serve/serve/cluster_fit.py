@@ -29,15 +29,16 @@ from dataclasses import dataclass
 
 import ray
 
-from siglip_serve.core.constants import KUBERAY_ENV
+from siglip_serve.core.constants import KUBERAY_ENV, NEURON_CORES
 from siglip_serve.core.poll import poll
 from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.cpu_plan import ingress_replicas_for
-from siglip_serve.serve.placement import declare_hint, plan
+from siglip_serve.serve.placement import declare_hint
+from siglip_serve.serve.placement import plan as placement
+from siglip_serve.serve.plan import ServicePlan
 
 log = logging.getLogger("siglip_serve")
 
-# How long the cluster's neuron_cores must stay unchanged before `replicas: auto` counts them where the
+# How long the cluster's devices must stay unchanged before `replicas: auto` counts them where the
 # cluster grows: KubeRay creates a worker group's pods together, but each node pulls its image and starts
 # Ray on its own, so the workers of one group register seconds to tens of seconds apart.
 CORES_SETTLE_S = 30.0
@@ -72,50 +73,42 @@ def cluster_growth(config: ServiceConfig, environ: Mapping[str, str] | None = No
                   " (if nodes join this cluster later, set cluster_grows: true)")
 
 
-def check_cluster_fits(config: ServiceConfig, replicas: int, growth: Growth = FIXED,
-                       total: Mapping[str, float] | None = None) -> None:
-    """Refuse an application the cluster can never schedule (e.g. 2 encoders + the ingress on 2 CPUs);
-    where the cluster grows, warn with the same numbers and let it deploy. Totals, not what is free now:
-    a replica waiting for another application's resources is not refused."""
+def check_cluster_fits(plan: ServicePlan, growth: Growth = FIXED, total: Mapping[str, float] | None = None) -> None:
+    """Refuse a plan the cluster can never schedule (e.g. 2 encoders + the ingress on 2 CPUs); where the
+    cluster grows, warn with the same numbers and let it deploy. Totals, not what is free now: a replica
+    waiting for another application's resources is not refused. Autoscaled deployments must fit at their
+    floor; what they may add beyond it only warns (Ray's autoscaler may add nodes)."""
     total = ray.cluster_resources() if total is None else total
-    cpus_have = total.get("CPU", 0)
-    placement = plan(config)
-    # Every device resource a replica of either tower asks for (serve/placement.py): a text replica left
-    # without its core or GPU would stay pending for ever.
-    devices = dict.fromkeys([*placement.image.devices, *placement.text.devices])
-    if config.autoscaling is not None:
-        # The floor must fit now (unless nodes join); the rest may wait for nodes Ray's autoscaler adds.
-        most, replicas = replicas, min(replicas, config.autoscaling.min_replicas)
-        if most * config.encoder_num_cpus > cpus_have or any(
-                most * placement.image.devices.get(d, 0) > total.get(d, 0) for d in devices):
-            log.warning("autoscaling: max_replicas %d do not fit the cluster as it is; replicas past what fits stay "
-                        "pending until Ray's autoscaler adds a node", most)
-    if config.ingress_autoscaling is not None:
-        most_ingress = config.ingress_autoscaling.max_replicas
-        if most_ingress * config.ingress_num_cpus + replicas * config.encoder_num_cpus > cpus_have:
-            log.warning("ingress_autoscaling: max_replicas %d do not fit the cluster as it is beside the encoders; "
-                        "ingress replicas past what fits stay pending until Ray's autoscaler adds a node",
-                        most_ingress)
-    texts = config.text_replica_count
-    ingress = ingress_replicas_for(config, replicas)
-    cpus = replicas * config.encoder_num_cpus + ingress * config.ingress_num_cpus + texts * config.text_num_cpus
+    image, text, ingress = plan.model.image, plan.model.text, plan.ingress
+    if image.min_replicas < image.replicas and any(
+            image.replicas * amount > total.get(name, 0) for name, amount in
+            {"CPU": image.ask.num_cpus, **image.ask.devices}.items()):
+        log.warning("autoscaling: max_replicas %d do not fit the cluster as it is; replicas past what fits stay "
+                    "pending until Ray's autoscaler adds a node", image.replicas)
+    if ingress.max_replicas > ingress.replicas and (
+            ingress.max_replicas * ingress.ask.num_cpus + image.replicas * image.ask.num_cpus > total.get("CPU", 0)):
+        log.warning("ingress_autoscaling: max_replicas %d do not fit the cluster as it is beside the encoders; "
+                    "ingress replicas past what fits stay pending until Ray's autoscaler adds a node",
+                    ingress.max_replicas)
+    replicas, texts = image.min_replicas, text.replicas if text is not None else 0
+    text_cpus = text.ask.num_cpus if text is not None else 0
     short: list[tuple[str, str]] = []  # (what is missing, with the numbers; what to change)
-    if cpus > cpus_have + 1e-9:
-        short.append((
-            f"this application needs {cpus:g} CPUs ({replicas} encoder replica(s) x encoder_num_cpus "
-            f"{config.encoder_num_cpus:g} + {ingress} ingress x ingress_num_cpus {config.ingress_num_cpus:g} + "
-            f"{texts} text replica(s) x text_num_cpus {config.text_num_cpus:g}) but the Ray cluster has "
-            f"{cpus_have:g}",
-            "lower replicas or encoder_num_cpus (Ray's CPUs are logical, e.g. encoder_num_cpus: 0.5), or start "
-            "Ray with more: ray start --head --num-cpus N"))
-    for device in devices:
-        per, per_text = placement.image.devices.get(device, 0), placement.text.devices.get(device, 0)
-        asked, have = replicas * per + texts * per_text, total.get(device, 0)
-        if asked > have + 1e-9:
+    for resource, (asked, have) in plan.shortfalls(total).items():
+        if resource == "CPU":
             short.append((
-                f"this application needs {asked:g} {device} ({replicas} encoder replica(s) x {per:g} + {texts} text "
+                f"this application needs {asked:g} CPUs ({replicas} encoder replica(s) x encoder_num_cpus "
+                f"{image.ask.num_cpus:g} + {ingress.replicas} ingress x ingress_num_cpus {ingress.ask.num_cpus:g} + "
+                f"{texts} text replica(s) x text_num_cpus {text_cpus:g}) but the Ray cluster has "
+                f"{have:g}",
+                "lower replicas or encoder_num_cpus (Ray's CPUs are logical, e.g. encoder_num_cpus: 0.5), or start "
+                "Ray with more: ray start --head --num-cpus N"))
+        else:
+            per = image.ask.devices.get(resource, 0)
+            per_text = text.ask.devices.get(resource, 0) if text is not None else 0
+            short.append((
+                f"this application needs {asked:g} {resource} ({replicas} encoder replica(s) x {per:g} + {texts} text "
                 f"replica(s) x {per_text:g}) but the Ray cluster declares {have:g}",
-                f"lower replicas or text_replicas, or start Ray with {declare_hint(device)}"))
+                f"lower replicas or text_replicas, or start Ray with {declare_hint(resource)}"))
     if not short:
         return
     if not growth.grows:
@@ -123,40 +116,53 @@ def check_cluster_fits(config: ServiceConfig, replicas: int, growth: Growth = FI
         raise ConfigError(f"{need}; {change}{growth.hint}")
     log.warning("the cluster cannot hold this application yet (%s): %s now; deploying it: Serve keeps the "
                 "replicas that do not fit pending and places them as nodes join (/readyz answers 200 once "
-                "min_ready_replicas %d are warm)", growth.why, "; ".join(need for need, _ in short),
-                min(config.min_ready_replicas, replicas))
+                "min_ready_replicas %d are warm)", growth.why, "; ".join(need for need, _ in short), image.min_ready)
 
 
-class _CoreCount:
-    """The cluster's neuron_cores over time: how long the count has held, and a progress line now and then."""
+def planning_resources(config: ServiceConfig, growth: Growth, stop: Callable[[], bool] = lambda: False,
+                       resources: Callable[[], Mapping[str, float]] | None = None) -> dict[str, float]:
+    """The cluster's totals the plan counts from: as they are now; where `replicas: auto` counts a device
+    and the cluster grows, once that device's count has registered and held (`settled_count`)."""
+    resources = resources or ray.cluster_resources
+    have = dict(resources())
+    device = placement(config).device
+    if config.replica_setting == "auto" and device is not None and growth.grows:
+        have[device] = settled_count(config.cluster_wait_s, growth, resource=device, resources=resources, stop=stop)
+    return have
 
-    def __init__(self, resources: Callable[[], Mapping[str, float]], why: str, timeout_s: float) -> None:
-        self.resources, self.why, self.timeout_s = resources, why, timeout_s
+
+class _DeviceCount:
+    """One device resource of the cluster over time: how long its count has held, and a progress line now
+    and then."""
+
+    def __init__(self, resources: Callable[[], Mapping[str, float]], resource: str, why: str,
+                 timeout_s: float) -> None:
+        self.resources, self.resource, self.why, self.timeout_s = resources, resource, why, timeout_s
         self.began = self.since = self.logged = time.monotonic()
         self.count = -1.0  # nothing seen yet: the first reading is logged
 
     def attempt(self) -> tuple[float, float]:
-        """(neuron_cores now, seconds the count has held)."""
-        count = float(self.resources().get("neuron_cores", 0))
+        """(the count now, seconds it has held)."""
+        count = float(self.resources().get(self.resource, 0))
         now = time.monotonic()
         if count != self.count or now - self.logged >= WAIT_LOG_EVERY_S:
-            log.info("replicas: auto: %g neuron_cores registered after %.0f s of up to %.0f s (%s)",
-                     count, now - self.began, self.timeout_s, self.why)
+            log.info("replicas: auto: %g %s registered after %.0f s of up to %.0f s (%s)",
+                     count, self.resource, now - self.began, self.timeout_s, self.why)
             self.logged = now
         if count != self.count:
             self.count, self.since = count, now
         return count, now - self.since
 
 
-def settled_neuron_cores(timeout_s: float, growth: Growth, settle_s: float | None = None,
-                         resources: Callable[[], Mapping[str, float]] | None = None,
-                         stop: Callable[[], bool] = lambda: False) -> float:
-    """The cluster's neuron_cores once some have registered and the count has held for `settle_s`
+def settled_count(timeout_s: float, growth: Growth, settle_s: float | None = None, resource: str = NEURON_CORES,
+                  resources: Callable[[], Mapping[str, float]] | None = None,
+                  stop: Callable[[], bool] = lambda: False) -> float:
+    """The cluster's count of `resource` once some has registered and the count has held for `settle_s`
     (default CORES_SETTLE_S), or what registered by `timeout_s`; none by then is refused, naming what to
-    declare. Where the cluster grows, `replicas: auto` on neuron counts these: its workers may not have
-    registered yet. `stop()` true ends the wait at once (a signal to `siglip-serve run`)."""
+    declare. Where the cluster grows, `replicas: auto` counts this: its workers may not have registered
+    yet. `stop()` true ends the wait at once (a signal to `siglip-serve run`)."""
     settle_s = CORES_SETTLE_S if settle_s is None else settle_s
-    counter = _CoreCount(resources or ray.cluster_resources, growth.why, timeout_s)
+    counter = _DeviceCount(resources or ray.cluster_resources, resource, growth.why, timeout_s)
     (count, held), settled, waited = poll(counter.attempt,
                                           lambda seen: stop() or (seen[0] > 0 and seen[1] >= settle_s),
                                           timeout_s, interval_s=max(0.01, min(1.0, settle_s / 4)))
@@ -164,12 +170,12 @@ def settled_neuron_cores(timeout_s: float, growth: Growth, settle_s: float | Non
         return count
     if count <= 0:
         raise ConfigError(
-            f"replicas: auto found no neuron_cores in the Ray cluster within cluster_wait_s {timeout_s:g} s "
-            f"({growth.why}); declare them on the workers (ray start --resources='{{\"neuron_cores\": N}}', "
+            f"replicas: auto found no {resource} in the Ray cluster within cluster_wait_s {timeout_s:g} s "
+            f"({growth.why}); declare them on the workers (ray start {declare_hint(resource)}, "
             "on KubeRay the worker group's rayStartParams) or name the count: replicas: N")
     if not settled:
-        log.warning("replicas: auto: the cluster's neuron_cores were still changing after cluster_wait_s %.0f s; "
-                    "counting the %g registered now (name replicas: N for a fixed count)", waited, count)
+        log.warning("replicas: auto: the cluster's %s were still changing after cluster_wait_s %.0f s; "
+                    "counting the %g registered now (name replicas: N for a fixed count)", resource, waited, count)
     else:
-        log.info("replicas: auto: %g neuron_cores, unchanged for %.0f s, after %.0f s", count, held, waited)
+        log.info("replicas: auto: %g %s, unchanged for %.0f s, after %.0f s", count, resource, held, waited)
     return count

@@ -9,13 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from siglip_serve.core.cli import LogLevel
 from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
-from siglip_serve.core.constants import NEURON_CORES, SERVE_THROUGHPUT_ENV
+from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
 from siglip_serve.core.errors import UserError, describe_validation
 from siglip_serve.models.backends.record import TEXT, BackendRecord
 from siglip_serve.models.backends.registry import backend_record
 from siglip_serve.models.cli_args import model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.serve.plan import image_devices
 from siglip_serve.serve.url_allowlist import Allowlist
 from siglip_serve.serve.url_fetch import FetchSettings
 
@@ -241,10 +242,11 @@ class ServiceConfig(ModelSettings):
                              "ingress_replicas unset)")
         if self.device_jpeg_decode and not self.backend_record.device_decode:
             raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
-        # `auto` counts the NeuronCores the replicas ask for, or the host's cores the model runs on.
-        if self.replica_setting == "auto" and self.cores_per_replica == 0 and not self.model_on_host_cores:
-            raise ValueError("replicas: auto counts logical NeuronCores (or cores on cpu); on "
-                             f"{self.backend} it needs neuron_cores_per_replica: 1, or name a count")
+        # `auto` counts the device the image replicas hold, or the host's cores the model runs on.
+        holds = image_devices(self.backend_record.resources, self.neuron_cores_per_replica)
+        if self.replica_setting == "auto" and not holds and not self.model_on_host_cores:
+            raise ValueError(f"replicas: auto counts the device each image replica holds (or cores on cpu); on "
+                             f"{self.backend} replicas hold none: set neuron_cores_per_replica: 1, or name a count")
         return self
 
     @property
@@ -257,46 +259,8 @@ class ServiceConfig(ModelSettings):
         return "auto" if self.model_on_host_cores else 1
 
     @property
-    def ingress_count(self) -> int:
-        """`ingress_replicas` once decided (serve/app.py pins 'auto' before anything is built); with
-        ingress_autoscaling the floor, which is what each ingress plans its share of the encoder calls
-        for: scaled out, the encoders get more calls than they need, never fewer."""
-        if self.ingress_autoscaling is not None:
-            return self.ingress_autoscaling.min_replicas
-        if self.ingress_replicas == "auto":
-            raise ConfigError("ingress_replicas: auto is decided when the application is built; "
-                              "call siglip_serve.serve.app.pin_replicas first")
-        return self.ingress_replicas
-
-    def autoscaling_config(self) -> dict[str, Any] | None:
-        """Serve's `autoscaling_config` for the encoder deployment, or None for a fixed count."""
-        if self.autoscaling is None:
-            return None
-        options = self.autoscaling.model_dump()
-        if options["target_ongoing_requests"] is None:
-            from siglip_serve.serve.encoder_client import calls_per_replica  # no cycle at import
-            options["target_ongoing_requests"] = calls_per_replica(self.model_on_host_cores)
-        return options
-
-    def ingress_autoscaling_config(self) -> dict[str, Any] | None:
-        """Serve's `autoscaling_config` for the ingress deployment (its own policy), or None for a fixed count."""
-        if self.ingress_autoscaling is None:
-            return None
-        from siglip_serve.serve.ingress_scaling import policy  # no cycle at import
-
-        options = self.ingress_autoscaling.model_dump(exclude={"target_busy_cores"})
-        return {**options, "policy": policy(self.ingress_autoscaling.target_busy_cores)}
-
-    @property
     def backend_record(self) -> BackendRecord:
         return backend_record(self.backend)
-
-    @property
-    def cores_per_replica(self) -> int:
-        """Logical NeuronCores each image replica asks for: as set, else what its backend holds."""
-        if self.neuron_cores_per_replica is not None:
-            return self.neuron_cores_per_replica
-        return int(self.backend_record.resources.get(NEURON_CORES, 0))
 
     @property
     def text_replica_count(self) -> int:

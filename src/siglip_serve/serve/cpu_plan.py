@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import psutil
 
-from siglip_serve.models.backends.cpu import usable_cpus
-from siglip_serve.models.loading import parameter_counts
+from siglip_serve.core.host import usable_cpus
 from siglip_serve.serve.config import ServiceConfig
+
+if TYPE_CHECKING:
+    from siglip_serve.models.loading import ParameterCounts
 
 log = logging.getLogger("siglip_serve")
 
@@ -28,6 +31,14 @@ SPLIT_MAX_IMAGE_PARAMETERS = 150_000_000
 REPLICA_BASE_BYTES = 512 * 1024 * 1024
 # What of the memory available at start the loading replicas may take together.
 MEMORY_SHARE = 0.8
+
+
+def parameter_counts(model: str) -> ParameterCounts:
+    """The model's parameter counts (models/loading.py), imported only where `auto` on cpu needs them: they
+    import torch and open_clip, which a plan with named counts (the ingress's tests, say) does without."""
+    from siglip_serve.models.loading import parameter_counts as counted
+
+    return counted(model)
 
 
 def replica_load_bytes(total_parameters: int) -> int:

@@ -1,4 +1,4 @@
-"""The image tower's deployment: one replica per logical NeuronCore (or per configured CPU/GPU worker).
+"""The image tower's replica: one per logical NeuronCore (or per configured CPU/GPU worker), as the plan says.
 
 Requests arrive as uint8 chunks of at most the largest bucket's images (or JPEG files, decoded on
 the device); serve/tower_replica.py gathers chunks from many requests into one forward pass of the
@@ -12,17 +12,16 @@ import os
 from typing import Any
 
 import numpy as np
-from ray import serve
 
 from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
-from siglip_serve.serve.placement import plan
+from siglip_serve.serve.plan import TowerPlan
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.replica_start import start_tower
 from siglip_serve.serve.start_marks import BUILD, StartMarks
-from siglip_serve.serve.tower_replica import TowerReplica, max_ongoing, refusal_recorder, split_rows, tower_deployment
+from siglip_serve.serve.tower_replica import TowerReplica, refusal_recorder, split_rows
 
 log = logging.getLogger("siglip_serve.encoder")
 
@@ -30,10 +29,10 @@ log = logging.getLogger("siglip_serve.encoder")
 class EncoderReplica(TowerReplica):
     """The image tower; published (serve/registry.py) once warm with the cores it sees."""
 
-    def __init__(self, config: ServiceConfig) -> None:
+    def __init__(self, config: ServiceConfig, plan: TowerPlan) -> None:
         start = StartMarks.at_constructor()
         configure_replica_logging(config.log_level)
-        settings = config.model_settings()
+        settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})
 
         def build() -> Any:
             # Imported here, not at module level: the ingress imports this module too, and torch would add
@@ -49,8 +48,11 @@ class EncoderReplica(TowerReplica):
 
         self._input_error = EncoderInputError
         super().__init__(config, encoder, EncoderMetrics(tower="image"), start)
-        self.publish({"neuron_rt_visible_cores": os.environ.get(VISIBLE_CORES_ENV),
-                      "neuron_logical_nc_config": os.environ.get(LNC_ENV)})
+        # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
+        held = {name.lower(): os.environ.get(name) for name in plan.visible_devices_env}
+        if VISIBLE_CORES_ENV in plan.visible_devices_env:
+            held["neuron_logical_nc_config"] = os.environ.get(LNC_ENV)
+        self.publish(held)
         log.info("encoder replica ready: %s", self.info)
 
     def refusal(self, chunk: Any) -> Exception | None:
@@ -85,13 +87,3 @@ class EncoderReplica(TowerReplica):
         embeddings = self.encoder.encode(torch.cat(good), self.metrics.forward) if good else None
         parts = iter(split_rows(embeddings, [len(p) for p in good]) if good else [])
         return [p if isinstance(p, Exception) else next(parts) for p in pixels]
-
-
-def encoder_max_ongoing(config: ServiceConfig) -> int:
-    return max_ongoing(config.max_batch_size)
-
-
-def encoder_deployment(config: ServiceConfig, replicas: int) -> serve.Deployment:
-    """The image tower's deployment with placement and queue bounds from the config."""
-    return tower_deployment(EncoderReplica, "Encoder", config, replicas, plan(config).image, config.max_batch_size,
-                            config.autoscaling_config())

@@ -36,18 +36,19 @@ MIN_ONGOING_REQUESTS = 8
 DRAIN_POLL_S = 0.25
 
 
-def ingress_max_ongoing(config: ServiceConfig, replicas: int) -> int:
-    """Requests one ingress replica works on at once: as set, or twice the images its share of the encoder
-    calls in flight carries (one set running, the next gathering while it runs: serve/encoder_client.py)
-    plus one per decode thread, so single-image requests keep every encoder busy."""
+def ingress_max_ongoing(config: ServiceConfig, replicas: int, ingress_replicas: int) -> int:
+    """Requests one of `ingress_replicas` works on at once: as set, or twice the images its share of the
+    calls in flight to `replicas` image replicas carries (one set running, the next gathering while it runs:
+    serve/encoder_client.py) plus one per decode thread, so single-image requests keep every encoder busy."""
     if config.ingress_max_ongoing_requests != "auto":
         return config.ingress_max_ongoing_requests
-    calls = calls_in_flight(replicas, config.ingress_count, config.model_on_host_cores)
+    calls = calls_in_flight(replicas, ingress_replicas, config.model_on_host_cores)
     return max(MIN_ONGOING_REQUESTS, 2 * calls * config.max_batch_size + config.decode_threads)
 
 
-def front_door_limits(config: ServiceConfig, replicas: int) -> FrontDoorLimits:
-    return FrontDoorLimits(max_ongoing_requests=ingress_max_ongoing(config, replicas),
+def front_door_limits(config: ServiceConfig, replicas: int, ingress_replicas: int) -> FrontDoorLimits:
+    """Each ingress replica's limits (serve/planner.py puts them in the plan)."""
+    return FrontDoorLimits(max_ongoing_requests=ingress_max_ongoing(config, replicas, ingress_replicas),
                            max_queued_requests=config.max_queued_requests,
                            request_timeout_s=config.request_timeout_s, retry_after_s=config.retry_after_s)
 
@@ -110,12 +111,12 @@ class FrontDoor:
     """What every request of one ingress replica passes before its body is read: the API key, its place among
     the requests the replica works on (`RequestSlots`) and its one deadline; and whether the replica drains."""
 
-    def __init__(self, config: ServiceConfig, replicas: int, app_name: str, replica_name: str) -> None:
+    def __init__(self, config: ServiceConfig, limits: FrontDoorLimits, app_name: str, replica_name: str) -> None:
+        """`limits`: the plan's (serve/plan.py IngressPlan)."""
         self.config = config
         self.app_name = app_name
         self.replica_name = replica_name
         self.api_key = config.resolve_api_key(os.environ)
-        limits = front_door_limits(config, replicas)
         self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s)
         # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
         write_limits(limits, app_name)

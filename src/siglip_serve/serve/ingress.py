@@ -31,6 +31,7 @@ from siglip_serve.serve.front_door import FrontDoor
 from siglip_serve.serve.image_prep import ImagePrep
 from siglip_serve.serve.item_rows import ItemRows
 from siglip_serve.serve.metrics import EmbeddingCacheMetrics, IngressMetrics
+from siglip_serve.serve.plan import ServicePlan
 from siglip_serve.serve.replica_grpc import bind_to_node_address
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.schedule import Scheduler
@@ -41,13 +42,13 @@ log = logging.getLogger("siglip_serve.ingress")
 
 
 class Ingress:
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: ModelInfo,
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, plan: ServicePlan, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None,
                  live_replicas: LiveReplicas = registry.live_replicas,
                  refusal: Callable[[str, str], str | None] = registry.refusal) -> None:
-        """`replicas`: the image tower's (its max_replicas when autoscaled); `replica`: (application, replica
-        id), read from Serve's replica context when not given; `live_replicas`, `refusal`: how the registry
-        is read (every live replica's record; a tower's last refusal to start)."""
+        """`plan`: the service's (serve/planner.py): each tower's replicas, this ingress's limits; `replica`:
+        (application, replica id), read from Serve's replica context when not given; `live_replicas`,
+        `refusal`: how the registry is read (every live replica's record; a tower's last refusal to start)."""
         configure_replica_logging(config.log_level)
         bind_to_node_address()
         tracing.configure(config.tracing, "ingress")
@@ -59,10 +60,13 @@ class Ingress:
             replica = (context.app_name, context.replica_id.unique_id)
         self.app_name, self.replica_name = replica
         self._refusal = refusal
-        self.door = FrontDoor(config, replicas, self.app_name, self.replica_name)
+        self.plan = plan
+        self.door = FrontDoor(config, plan.ingress.limits, self.app_name, self.replica_name)
         handles = {"image": encoder, "text": text_encoder}
-        self.towers = Towers({tower: tower_link(tower, handle, config, replicas)
-                              for tower, handle in handles.items() if handle is not None}, self.app_name, live_replicas)
+        towers = plan.model.towers
+        self.towers = Towers({tower: tower_link(handle, config, towers[tower], plan.ingress.replicas)
+                              for tower, handle in handles.items() if handle is not None and tower in towers},
+                             self.app_name, live_replicas)
         self.images = ImagePrep(config, model.image_size, self.metrics.preprocess_seconds.observe)
         self.fetcher = UrlFetcher(config.url_fetch)
         # Built with the cache off too: the contract's metric names are exported by every ingress.
@@ -135,7 +139,7 @@ class Ingress:
             "lnc": int(lnc) if lnc is not None else None,
             "buckets": list(config.buckets),
             "replicas_expected": image.replicas,
-            "ingress_replicas": config.ingress_count,
+            "ingress_replicas": self.plan.ingress.replicas,
             "ingress_autoscaling": (config.ingress_autoscaling.model_dump(include={"min_replicas", "max_replicas"})
                                     if config.ingress_autoscaling is not None else None),
             "ingress_replica": self.replica_name,

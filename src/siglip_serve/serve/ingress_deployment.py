@@ -20,14 +20,15 @@ from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.http_app import Probe, Route, http_app
 from siglip_serve.serve.ingress import Ingress
 from siglip_serve.serve.ingress_scaling import BUSY_CORES, BusyCores
+from siglip_serve.serve.plan import ServicePlan
 from siglip_serve.serve.routes import ROUTES
 
 
 @serve.ingress()
 class IngressDeployment:
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, replicas: int, model: ModelInfo,
+    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, plan: ServicePlan, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None, routes: Sequence[Route | Probe] = ()) -> None:
-        self.ingress = Ingress(encoder, config, replicas, model, text_encoder)
+        self.ingress = Ingress(encoder, config, plan, model, text_encoder)
         self.routes = (*ROUTES, *routes)
         self._busy_cores = BusyCores()
 

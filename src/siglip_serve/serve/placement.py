@@ -1,6 +1,6 @@
-"""Where every replica goes and what it asks Ray for: one function (`plan`) turns a config into a Plan,
-from its backend's record (models/backends/record.py), for the service (serve/tower_replica.py,
-serve/cluster_fit.py, serve/app.py), bulk jobs (bulk/job.py), the bench and the multi-core bench.
+"""What one replica asks Ray for: one function (`plan`) turns a config into each tower's ask, from its
+backend's record (models/backends/record.py), for the service's plan (serve/planner.py), bulk jobs
+(bulk/job.py) and the multi-core bench.
 
 A replica of either tower holds what the record asks (a GPU, a logical NeuronCore, a custom resource)
 and CPUs from the config. `neuron_cores_per_replica`, where set, is the image replicas' NeuronCores on
@@ -10,40 +10,18 @@ takes it only where its backend itself runs on NeuronCores.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.models.backends.record import BackendRecord
 from siglip_serve.models.backends.registry import backend_record
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.config import ServiceConfig
-
-GPU = "GPU"
+from siglip_serve.serve.plan import GPU, ReplicaAsk, image_devices
 
 
 def declare_hint(resource: str) -> str:
     """How a Ray node declares `resource` (GPUs: a count of its own; anything else: a custom resource)."""
     return "--num-gpus N" if resource == GPU else f"--resources='{{\"{resource}\": N}}'"
-
-
-@dataclass(frozen=True)
-class ReplicaAsk:
-    """What one replica (or bulk actor) asks Ray for: CPUs and its backend's device resources."""
-
-    num_cpus: float
-    devices: Mapping[str, float] = field(default_factory=dict)
-
-    def actor_options(self) -> dict[str, Any]:
-        # Ray takes GPUs as num_gpus and refuses "GPU" or "CPU" inside `resources`
-        # (ray/_common/ray_option_utils.py, _validate_resources).
-        options: dict[str, Any] = {"num_cpus": self.num_cpus}
-        if GPU in self.devices:
-            options["num_gpus"] = self.devices[GPU]
-        if others := {k: v for k, v in self.devices.items() if k != GPU}:
-            options["resources"] = others
-        return options
 
 
 @dataclass(frozen=True)
@@ -54,8 +32,8 @@ class Plan:
 
     @property
     def device(self) -> str | None:
-        """The device resource an image replica holds: what a bulk job counts its encoders in."""
-        return next(iter(self.image.devices), None)
+        """The device resource an image replica holds: what `replicas: auto` and a bulk job count."""
+        return self.image.device
 
     @property
     def host_cores(self) -> bool:
@@ -76,18 +54,12 @@ class Plan:
         return {variable: str(index)} if variable else {}
 
 
-def _positive(devices: Mapping[str, float]) -> dict[str, float]:
-    return {k: v for k, v in devices.items() if v}
-
-
 def plan(config: ServiceConfig | ModelSettings) -> Plan:
     """The one placement rule. A bare ModelSettings (the multi-core bench) plans with the service's defaults."""
     if not isinstance(config, ServiceConfig):
         config = ServiceConfig(**{name: getattr(config, name) for name in type(config).model_fields})
     record = backend_record(config.backend)
-    image = dict(record.resources)
-    if config.neuron_cores_per_replica is not None:
-        image[NEURON_CORES] = config.neuron_cores_per_replica
-    text = {resource: image[resource] for resource in record.resources}
-    return Plan(record, ReplicaAsk(config.encoder_num_cpus, _positive(image)),
-                ReplicaAsk(config.text_num_cpus, _positive(text)))
+    image = image_devices(record.resources, config.neuron_cores_per_replica)
+    text = {resource: image[resource] for resource in record.resources if resource in image}
+    return Plan(record, ReplicaAsk(num_cpus=config.encoder_num_cpus, devices=image),
+                ReplicaAsk(num_cpus=config.text_num_cpus, devices=text))

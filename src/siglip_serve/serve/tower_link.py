@@ -19,30 +19,10 @@ from ray.serve.handle import DeploymentHandle
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.encoder_client import EncoderClient
-from siglip_serve.serve.tower_replica import max_ongoing
+from siglip_serve.serve.plan import TowerPlan
 
 # What an ingress reads the registry with: (application) -> every live replica's record.
 LiveReplicas = Callable[[str], list[dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class TowerPlan:
-    """A tower's replicas (autoscaled: the most), the fewest that make it ready, and its largest bucket."""
-
-    replicas: int
-    min_ready: int
-    largest_bucket: int
-
-
-def tower_plan(tower: str, config: ServiceConfig, replicas: int) -> TowerPlan:
-    """`replicas`: the image tower's count (its max_replicas when autoscaled); the text tower's is its own."""
-    if tower == "text":
-        count = config.text_replica_count
-        return TowerPlan(count, min(config.min_ready_replicas, count), config.text_buckets[-1])
-    # Autoscaling: admission and the coalescing window are sized for the most replicas, so a queue forms
-    # that Serve's autoscaler sees; readiness asks for no more than the floor.
-    floor = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
-    return TowerPlan(replicas, min(config.min_ready_replicas, replicas, floor), config.max_batch_size)
 
 
 @dataclass
@@ -75,14 +55,13 @@ class TowerLink:
                 "replicas_min_ready": self.plan.min_ready}
 
 
-def tower_link(tower: str, handle: DeploymentHandle, config: ServiceConfig, replicas: int) -> TowerLink:
-    """The link to `tower`'s deployment, sized from its plan: the same for every tower."""
-    plan = tower_plan(tower, config, replicas)
-    client = EncoderClient(handle, plan.replicas, config.ingress_count, plan.largest_bucket, config.retry_after_s,
-                           max_in_flight=plan.replicas * max_ongoing(plan.largest_bucket),
-                           model_on_host_cores=config.model_on_host_cores, tower=tower,
+def tower_link(handle: DeploymentHandle, config: ServiceConfig, plan: TowerPlan, ingress_replicas: int) -> TowerLink:
+    """The link to a tower's deployment, sized from its plan and the ingress replicas sharing it."""
+    client = EncoderClient(handle, plan.replicas, ingress_replicas, plan.largest_bucket, config.retry_after_s,
+                           max_in_flight=plan.replicas * plan.deployment.max_ongoing_requests,
+                           model_on_host_cores=config.model_on_host_cores, tower=plan.tower,
                            grpc=config.tower_calls_by_grpc)
-    return TowerLink(tower, client, plan)
+    return TowerLink(plan.tower, client, plan)
 
 
 def full_batch_seconds(records: list[dict[str, Any]], largest_bucket: int) -> float | None:

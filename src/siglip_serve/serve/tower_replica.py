@@ -1,4 +1,4 @@
-"""One replica shape for both towers (image and text), and one deployment factory for them.
+"""One replica shape for both towers (image and text); their deployments are the plan's (serve/planner.py).
 
 A replica loads and warms its tower in the constructor (Serve counts it RUNNING only once warm), runs
 every forward pass on one thread of its own, and gathers the calls that arrive into batches with its
@@ -30,7 +30,6 @@ from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
-from siglip_serve.serve.placement import ReplicaAsk
 from siglip_serve.serve.replica_grpc import bind_to_node_address
 from siglip_serve.serve.start_marks import REGISTRATION, START_KEY, StartMarks
 
@@ -171,41 +170,3 @@ def refusal_recorder(tower: str) -> Callable[[str], None] | None:
 def split_rows(embeddings: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     offsets = np.cumsum([0, *sizes])
     return [embeddings[start:stop] for start, stop in zip(offsets[:-1], offsets[1:], strict=True)]
-
-
-def max_ongoing(largest_bucket: int) -> int:
-    # One batch runs while the next gathers: a full batch of single-item calls queued behind it.
-    return 2 * largest_bucket
-
-
-def tower_deployment(replica_class: type[TowerReplica], name: str, config: ServiceConfig, replicas: int,
-                     ask: ReplicaAsk, largest_bucket: int,
-                     autoscaling_config: dict[str, Any] | None = None) -> serve.Deployment:
-    """A tower's deployment: what one replica asks Ray for (serve/placement.py), the backend's
-    environment, queue bounds."""
-    from siglip_serve.models.backends.registry import extra_backends_env  # here: the ingress imports this module
-
-    actor_options = ask.actor_options()
-    # Nothing read from the model's files: this runs in the builder, on the head, which may not see them.
-    # The backend's own environment (neuron-native: the artifact's recipe) is set by the replica itself,
-    # before it imports torch (serve/replica_start.py); a config env_var that contradicts it is refused
-    # there, naming both.
-    env_vars = {**extra_backends_env(), **config.tower_mode_env(), **tracing.replica_env(config.tracing),
-                **config.env_vars}
-    if env_vars:
-        actor_options["runtime_env"] = {"env_vars": env_vars}
-    # Serve takes either a count or an autoscaling_config (ray/serve/api.py deployment()).
-    scale: dict[str, Any] = ({"autoscaling_config": autoscaling_config} if autoscaling_config
-                             else {"num_replicas": replicas})
-    return serve.deployment(
-        name=name,
-        **scale,
-        ray_actor_options=actor_options,
-        # No max_queued_requests: what waits is bounded in the ingress, by the requests it works on
-        # (serve/front_door.py) and the calls its clients keep in flight (serve/encoder_client.py).
-        max_ongoing_requests=max_ongoing(largest_bucket),
-        health_check_period_s=10,
-        # Scale-in drains too: Serve stops routing to the replica, waits while it still has calls
-        # (graceful_shutdown_wait_loop_s, default 2 s) up to this timeout, then kills it.
-        graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
-    )(replica_class)

@@ -4,27 +4,19 @@ size (no padding: an eager model gains nothing from it), for either tower."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from siglip_serve.core.host import usable_cpus
 from siglip_serve.models.backends.eager import eager_tower
 from siglip_serve.models.backends.record import Implementation
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.tower import Runner, Tower
 
 log = logging.getLogger(__name__)
-
-
-def usable_cpus() -> int:
-    """Cores this process may run on (its affinity mask), not the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def set_torch_threads(requested: int | None) -> int:

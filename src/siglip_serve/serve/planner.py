@@ -1,0 +1,145 @@
+"""A configuration becomes the service's plan (serve/plan.py) here, once: every count, thread, limit and
+Serve option, from the config, the backend's record (through serve/placement.py, what one replica asks
+Ray for) and, where a count depends on it, the Ray cluster's resources.
+
+`replicas: auto` counts the device the image replicas hold (the record's `ray_resource`: neuron_cores,
+GPU, a registered backend's own), less what the text replicas hold of it; where the replicas hold no
+device and the model runs on the host's cores (cpu), the host's cores and memory (serve/cpu_plan.py).
+Without a cluster (`resources` None: `siglip-serve run` before it starts its own Ray, sized from this
+plan; `--print-plan`) a device count must be named, or declared (`--neuron-cores`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from siglip_serve.core.constants import NEURON_CORES, VISIBLE_CORES_ENV
+from siglip_serve.models.backends.registry import extra_backends_env
+from siglip_serve.serve import cpu_plan, tracing
+from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.encoder_client import calls_per_replica
+from siglip_serve.serve.front_door import front_door_limits
+from siglip_serve.serve.ingress_scaling import policy
+from siglip_serve.serve.placement import Plan, declare_hint, plan
+from siglip_serve.serve.plan import DeploymentPlan, IngressPlan, ModelPlan, ReplicaAsk, ServicePlan, TowerPlan
+
+# Serve's health check of a tower replica; its timeout stays Serve's default.
+HEALTH_CHECK_PERIOD_S = 10.0
+
+
+def max_ongoing(largest_bucket: int) -> int:
+    """Calls one tower replica takes at once: one batch runs while the next gathers, a full batch of
+    single-item calls queued behind it."""
+    return 2 * largest_bucket
+
+
+def image_replicas(config: ServiceConfig, asks: Plan, resources: Mapping[str, float] | None) -> int:
+    """The image tower's count: as named, the most autoscaling allows, or `auto` counted (module doc)."""
+    setting = config.replica_setting
+    if setting != "auto":
+        return setting
+    device = asks.device
+    if device is None:
+        return cpu_plan.auto_cpu_replicas(config, None if resources is None else resources.get("CPU"))
+    if resources is None:
+        raise ConfigError(f"replicas: auto counts the {device} a Ray cluster declares, and there is none yet; "
+                          f"name replicas: N (siglip-serve run: --neuron-cores N declares its Ray's NeuronCores)")
+    have = float(resources.get(device, 0))
+    count = asks.image_replicas_on(have, config.text_replica_count)
+    if count < 1:
+        raise ConfigError(f"replicas: auto found {have:g} {device} in the Ray cluster, too few for one image "
+                          f"replica beside {config.text_replica_count} text replica(s); start Ray with "
+                          f"{declare_hint(device)} (trn2.3xlarge LNC=2 -> 4 neuron_cores, LNC=1 -> 8)")
+    return count
+
+
+def _autoscaling(config: ServiceConfig) -> dict[str, Any] | None:
+    """Serve's `autoscaling_config` for the image tower, or None for a fixed count."""
+    if config.autoscaling is None:
+        return None
+    options = config.autoscaling.model_dump()
+    if options["target_ongoing_requests"] is None:
+        options["target_ongoing_requests"] = calls_per_replica(config.model_on_host_cores)
+    return options
+
+
+def visible_devices_env(asks: Plan, ask: ReplicaAsk) -> tuple[str, ...]:
+    """The variables Ray sets to the devices `ask` holds: the backend's own (its record), and
+    NEURON_RT_VISIBLE_CORES wherever replicas hold neuron_cores (Ray's Neuron accelerator manager sets it
+    whatever runs in them: the tests place cpu replicas on declared cores)."""
+    found = []
+    for device in ask.devices:
+        if device == asks.backend.ray_resource and asks.backend.visible_devices_env:
+            found.append(asks.backend.visible_devices_env)
+        elif device == NEURON_CORES:
+            found.append(VISIBLE_CORES_ENV)
+    return tuple(dict.fromkeys(found))
+
+
+def _tower(config: ServiceConfig, asks: Plan, tower: str, name: str, ask: ReplicaAsk, replicas: int, fewest: int,
+           largest_bucket: int, threads: int | None, autoscaling: dict[str, Any] | None) -> TowerPlan:
+    options = ask.actor_options()
+    # Nothing read from the model's files: the plan is made in the builder, on the head, which may not see
+    # them. The backend's own environment (neuron-native: the artifact's recipe) is set by the replica
+    # itself, before it imports torch (serve/replica_start.py); a config env_var that contradicts it is
+    # refused there, naming both.
+    env_vars = {**extra_backends_env(), **config.tower_mode_env(), **tracing.replica_env(config.tracing),
+                **config.env_vars}
+    if env_vars:
+        options["runtime_env"] = {"env_vars": env_vars}
+    deployment = DeploymentPlan(
+        name=name,
+        # Serve takes either a count or an autoscaling_config (ray/serve/api.py deployment()).
+        num_replicas=None if autoscaling else replicas,
+        autoscaling_config=autoscaling,
+        ray_actor_options=options,
+        # No max_queued_requests: what waits is bounded in the ingress, by the requests it works on
+        # (serve/front_door.py) and the calls its clients keep in flight (serve/encoder_client.py).
+        max_ongoing_requests=max_ongoing(largest_bucket),
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        # Scale-in drains too: Serve stops routing to the replica, waits while it still has calls
+        # (graceful_shutdown_wait_loop_s, default 2 s) up to this timeout, then kills it.
+        graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
+    )
+    return TowerPlan(tower=tower, deployment=deployment, ask=ask, replicas=replicas, min_replicas=fewest,
+                     min_ready=min(config.min_ready_replicas, replicas, fewest), largest_bucket=largest_bucket,
+                     torch_threads=threads, visible_devices_env=visible_devices_env(asks, ask))
+
+
+def _ingress(config: ServiceConfig, image_replicas: int) -> IngressPlan:
+    count = cpu_plan.ingress_replicas_for(config, image_replicas)
+    scaling = config.ingress_autoscaling
+    limits = front_door_limits(config, image_replicas, count)
+    options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
+    # Where to find a backend registered at run time too: the ingress asks its record (host cores or not).
+    if env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing), **extra_backends_env()}:
+        options["runtime_env"] = {"env_vars": env}
+    autoscaling = None
+    if scaling is not None:
+        autoscaling = {**scaling.model_dump(exclude={"target_busy_cores"}), "policy": policy(scaling.target_busy_cores)}
+    # Every request the ingress may hold reaches its handler, whose places (serve/front_door.py) say 503 in
+    # the contract's JSON; past those, Serve's proxy holds as many again, then answers its own 503. Not
+    # fewer: under HAProxy a replica counts each arriving request as queued until it takes a slot
+    # (ray/serve/_private/replica.py, _track_queued_request), so a small bound here would refuse part of a
+    # burst HAProxy already bounded.
+    held = limits.max_ongoing_requests + limits.max_queued_requests
+    deployment = DeploymentPlan(name="Ingress", num_replicas=None if autoscaling else count,
+                                autoscaling_config=autoscaling, ray_actor_options=options,
+                                max_ongoing_requests=held, max_queued_requests=held)
+    return IngressPlan(deployment=deployment, ask=ReplicaAsk(num_cpus=config.ingress_num_cpus), replicas=count,
+                       max_replicas=scaling.max_replicas if scaling is not None else count, limits=limits)
+
+
+def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = None) -> ServicePlan:
+    """The plan of `config` on a Ray cluster whose totals are `resources` (None: none yet)."""
+    asks = plan(config)
+    replicas = image_replicas(config, asks, resources)
+    fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
+    image = _tower(config, asks, "image", "Encoder", asks.image, replicas, min(fewest, replicas), config.max_batch_size,
+                   cpu_plan.encoder_torch_threads(config, replicas), _autoscaling(config))
+    texts = config.text_replica_count
+    text = (_tower(config, asks, "text", "TextEncoder", asks.text, texts, texts, config.text_buckets[-1],
+                   cpu_plan.text_torch_threads(config), None) if texts else None)
+    model = ModelPlan(name=config.model, backend=config.backend, image=image, text=text)
+    return ServicePlan(models=(model,), ingress=_ingress(config, replicas))

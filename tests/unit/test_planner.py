@@ -1,0 +1,95 @@
+"""The service's plan (serve/planner.py, serve/plan.py): made once from a config, as data, and read as it is
+by the application's deployments; `replicas: auto` counts the backend record's own device; `run --print-plan`
+shows it without starting anything."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from siglip_serve.models.backends.builtin import BUILTIN
+from siglip_serve.models.backends.registry import registered
+from siglip_serve.serve import app
+from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan import ServicePlan
+from siglip_serve.serve.planner import plan_service
+
+CPU = next(record for record in BUILTIN if record.name == "cpu")
+
+
+def test_the_plan_is_data_that_survives_json() -> None:
+    config = ServiceConfig(model="tiny-siglip", random_weights=True, replicas=2, text_replicas=1,
+                           ingress_autoscaling={"min_replicas": 1, "max_replicas": 3})
+    plan = plan_service(config)
+    assert ServicePlan.model_validate_json(plan.model_dump_json()) == plan
+    assert [tower.tower for tower in plan.towers()] == ["image", "text"]
+    assert plan.ingress.replicas == 1 and plan.ingress.max_replicas == 3
+    assert plan.ingress.deployment.num_replicas is None and plan.ingress.deployment.autoscaling_config is not None
+
+
+def test_auto_counts_the_device_a_registered_backend_names() -> None:
+    """No literal resource name: a backend registered with a device of its own is counted in it."""
+    chip = CPU.__class__(**{**CPU.as_dict(), "name": "chip-test", "ray_resource": "chip", "per_replica": 1.0,
+                            "host_cores": False, "towers": ("image", "text")})
+    with registered(chip):
+        config = ServiceConfig(model="tiny-siglip", backend="chip-test", replicas="auto", text_replicas=1)
+        plan = plan_service(config, {"CPU": 16.0, "chip": 5.0})
+        assert plan.model.image.replicas == 4  # one of the five chips is the text replica's
+        assert plan.model.image.ask.devices == {"chip": 1.0} and plan.model.text is not None
+        assert plan.model.image.deployment.ray_actor_options["resources"] == {"chip": 1.0}
+        assert plan.needs() == {"CPU": 4 * 1.0 + 0.5 + plan.ingress.replicas * 0.5, "chip": 5.0}
+        with pytest.raises(ConfigError, match="chip"):
+            plan_service(config)  # no cluster to count in
+
+
+def test_the_application_is_built_from_the_plan_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray.serve import Application
+
+    config = ServiceConfig(model="tiny-siglip", random_weights=True, replicas=3, text_replicas=1, ingress_replicas=2,
+                           request_timeout_s=12)
+    made: list[ServicePlan] = []
+
+    def plan_once(*args: Any) -> ServicePlan:
+        made.append(plan_service(*args))
+        return made[-1]
+
+    monkeypatch.setattr(app, "plan_service", plan_once)
+    ingress = app.build_app(config.model_dump(exclude_none=True, mode="json"))._bound_deployment
+    (plan,) = made  # made once for the whole application
+    towers = {arg._bound_deployment.name: arg._bound_deployment for arg in ingress.init_args
+              if isinstance(arg, Application)}
+    for deployment, planned in ((ingress, plan.ingress.deployment), (towers["Encoder"], plan.model.image.deployment),
+                                (towers["TextEncoder"], plan.model.text.deployment)):  # type: ignore[union-attr]
+        assert deployment.name == planned.name
+        assert deployment.num_replicas == planned.num_replicas
+        assert deployment.max_ongoing_requests == planned.max_ongoing_requests
+        assert deployment.ray_actor_options == planned.ray_actor_options
+    assert towers["Encoder"].num_replicas == 3 and ingress.num_replicas == 2
+    assert towers["Encoder"].init_args[1] == plan.model.image  # each replica reads its own part
+    assert plan.model.image.deployment.graceful_shutdown_timeout_s == 12
+
+
+def test_print_plan_shows_the_plan_and_starts_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    import ray
+
+    from siglip_serve.launcher import cli
+
+    assert cli.main(["--model", "tiny-siglip", "--random-weights", "--replicas", "2", "--set", "text_replicas=0",
+                     "--print-plan"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == json.loads(plan_service(ServiceConfig(model="tiny-siglip", random_weights=True, replicas=2,
+                                                          text_replicas=0)).model_dump_json())
+    assert shown["models"][0]["image"]["deployment"]["num_replicas"] == 2 and shown["models"][0]["text"] is None
+    assert not ray.is_initialized()
+
+
+def test_print_plan_counts_the_neuron_cores_it_is_told_of(capsys: pytest.CaptureFixture[str]) -> None:
+    from siglip_serve.launcher import cli
+
+    assert cli.main(["--backend", "neuron", "--model", "tiny-siglip", "--replicas", "auto", "--neuron-cores", "4",
+                     "--set", "text_replicas=1", "--print-plan"]) == 0
+    model = json.loads(capsys.readouterr().out)["models"][0]
+    assert model["image"]["replicas"] == 3 and model["text"]["ask"]["devices"] == {"neuron_cores": 1.0}
+    assert model["image"]["visible_devices_env"] == ["NEURON_RT_VISIBLE_CORES"]

@@ -73,7 +73,7 @@ HOST_CEILING_ROUTE = "/host-ceiling"
 def host_ceiling_config(config: ServiceConfig, replicas: int) -> ServiceConfig:
     """The same deployment with the model taken out: zero vectors, no text tower, the same replica and
     ingress counts (auto would count cores differently without the model's threads)."""
-    from siglip_serve.models.settings import NO_MODEL_BACKEND
+    from siglip_serve.core.backends import NO_MODEL_BACKEND
     from siglip_serve.serve.cpu_plan import ingress_replicas_for
 
     return ServiceConfig.model_validate({

@@ -10,9 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from siglip_serve.models.backends.builtin import BACKENDS as BACKENDS
-from siglip_serve.models.backends.builtin import NO_MODEL_BACKEND as NO_MODEL_BACKEND
-from siglip_serve.models.backends.registry import backend_record
+from siglip_serve.core.backends import BACKENDS, backend_record
 
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"
@@ -37,7 +35,7 @@ class ModelSettings(BaseModel):
     random_weights: bool = Field(False, description="seeded random weights: embeddings mean nothing (tests, plumbing)")
     # Random weights are seeded so every replica of a random-weight model gives the same embeddings.
     seed: int = Field(0, description="seed of the random weights")
-    # A name of models/backends/builtin.py (the CLI's choices) or of a backend registered at run time.
+    # A name of core/backends.py's BUILTIN (the CLI's choices) or of a backend registered at run time.
     backend: str = Field("cpu", description="where the model runs", json_schema_extra={"enum": list(BACKENDS)})
     buckets: tuple[int, ...] = Field((1, 2, 4, 8), description="batch sizes (compiled ones on neuron), e.g. 1,2,4,8")
     # None: the backend decides (CPU: the cores this process may use). Ray sets OMP_NUM_THREADS=1 in

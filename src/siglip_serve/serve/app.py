@@ -11,8 +11,8 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
+from siglip_serve.core.backends import extra_backends_env
 from siglip_serve.core.errors import UserError
-from siglip_serve.models.backends.registry import extra_backends_env
 from siglip_serve.models.loading import ModelInfo, model_geometry
 from siglip_serve.serve import tracing
 from siglip_serve.serve.cluster_fit import Growth, check_cluster_fits, cluster_growth, settled_neuron_cores

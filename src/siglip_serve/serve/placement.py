@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from siglip_serve.core.backends import BackendRecord, backend_record
 from siglip_serve.core.constants import NEURON_CORES
-from siglip_serve.models.backends.record import BackendRecord
-from siglip_serve.models.backends.registry import backend_record
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.config import ServiceConfig
 

@@ -183,7 +183,7 @@ def tower_deployment(replica_class: type[TowerReplica], name: str, config: Servi
                      autoscaling_config: dict[str, Any] | None = None) -> serve.Deployment:
     """A tower's deployment: what one replica asks Ray for (serve/placement.py), the backend's
     environment, queue bounds."""
-    from siglip_serve.models.backends.registry import extra_backends_env  # here: the ingress imports this module
+    from siglip_serve.models.backends.implementation import extra_backends_env  # here: the ingress imports this module
 
     actor_options = ask.actor_options()
     # Nothing read from the model's files: this runs in the builder, on the head, which may not see them.

@@ -20,7 +20,7 @@ from import_cycles import ROOT, graph  # a sibling script, not a package
 # What each package may import besides itself, lowest first. "" is siglip_serve itself (its __main__
 # dispatches to every command). core holds the backends' records (core/backends.py), so anything may ask
 # one. models and its sub-packages import each other as their rows say: models.backends builds the towers
-# of models; models' accuracy command builds them.
+# of models; models' accuracy command builds them, and ModelSettings imports a backend's options model.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "models.neuron": frozenset({"core", "models"}),

@@ -78,6 +78,9 @@ class BackendRecord:
     replica_env: str | None = None
     # The ModelSettings fields that are its own (shown beside its results, e.g. accuracy's sides).
     settings: tuple[str, ...] = ()
+    # A pydantic model of its own options (ModelSettings.backend_options), declared by its module and
+    # importable without torch: the config validates against it on any node.
+    backend_options: str | None = None
 
     def builds(self, tower: str) -> bool:
         return tower in self.towers

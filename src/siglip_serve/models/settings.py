@@ -6,11 +6,12 @@ Knows nothing of Ray or HTTP; `siglip_serve.serve.config.ServiceConfig` embeds i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from siglip_serve.core.backends import BACKENDS, backend_record
+from siglip_serve.models.backends import load
 
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"
@@ -53,12 +54,29 @@ class ModelSettings(BaseModel):
                                                      "files (tokenizer.json, tokenizer_config.json)")
     text_buckets: tuple[int, ...] = Field((1, 2, 4, 8, 16, 32),
                                           description="text batch sizes (texts per forward pass), e.g. 1,2,4,8,16,32")
+    # Validated against the pydantic model its record names (BackendRecord.backend_options), so a backend
+    # with options of its own declares them in its module and needs no field here.
+    backend_options: dict[str, Any] = Field(default_factory=dict, validate_default=True,  # its model's defaults
+                                            description="the backend's own options, as its record's model has them")
 
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
         backend_record(value)  # ValueError naming the choices
         return value
+
+    @field_validator("backend_options")
+    @classmethod
+    def _check_backend_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "backend" not in info.data:  # an unknown backend: refused by its own field
+            return value
+        record = backend_record(info.data["backend"])
+        if record.backend_options is None:
+            if value:
+                raise ValueError(f"the {record.name!r} backend takes no backend_options, got {sorted(value)}")
+            return value
+        options: type[BaseModel] = load(record.backend_options)
+        return options.model_validate(value).model_dump()
 
     @field_validator("buckets", "text_buckets", mode="before")
     @classmethod

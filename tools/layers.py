@@ -3,8 +3,8 @@
 The rows are the architecture, lowest first: each names what it may import besides itself. A module
 belongs to the deepest package that holds it (`models/backends/cpu.py` to models.backends, `models/
 tower.py` to models); every package and sub-package needs a row, so a new one is placed on purpose.
-Imports are read as tools/import_cycles.py reads them: every import, a lazy one inside a function
-included; only `if TYPE_CHECKING:` blocks are left out.
+Imports are read as tools/import_cycles.py reads them: every import, a lazy one inside a function, one
+under `if TYPE_CHECKING:` and a "module:attribute" string naming a module of the project included.
 Usage: python tools/layers.py [SRC_DIR]   (default: src/siglip_serve)
 """
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pydantic import BaseModel
 
 from siglip_serve.core.backends import (
     BACKENDS,
@@ -25,7 +26,7 @@ from siglip_serve.core.backends import (
 )
 from siglip_serve.core.constants import EXTRA_BACKENDS_ENV
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.backends import cuda
+from siglip_serve.models.backends import cuda, load
 from siglip_serve.models.backends.implementation import (
     Implementation,
     create_encoder,
@@ -43,10 +44,13 @@ from tests.helpers import SRC
 NAME_BRANCHES_ALLOWED = {"models/neuron/cli.py"}
 
 
-def test_every_builtin_record_names_an_implementation() -> None:
+def test_every_builtin_records_import_strings_resolve() -> None:
     assert tuple(r.name for r in BUILTIN) == BACKENDS
     for record in BUILTIN:
         assert isinstance(implementation(record.name), Implementation), record.name
+        # Its other import strings resolve too (relative to models/backends, as the builders read them).
+        assert record.replica_env is None or callable(load(record.replica_env)), record.name
+        assert record.backend_options is None or issubclass(load(record.backend_options), BaseModel), record.name
 
 
 def _what_its_towers_do(settings: ModelSettings) -> dict[str, Any]:

@@ -1,18 +1,25 @@
 """Fail when siglip_serve's modules or packages import each other in a cycle.
 
-Every import counts, a lazy one inside a function included: a lazy import hides a cycle from Python's
-loader, not from the reader. Only `if TYPE_CHECKING:` blocks are left out (they never run).
+Every import counts: a lazy one inside a function, one under `if TYPE_CHECKING:` (it never runs, but
+the types it names tie the two modules as much as a call does) and a "module:attribute" string naming a
+module of the project (`"siglip_serve.serve.app:build_app"`, or an f-string whose parts are the module's
+own string constants), which importlib will import. A lazy import or a string hides a cycle from
+Python's loader, not from the reader. A circle between modules of one package is one as much as a
+circle between packages.
 Usage: python tools/import_cycles.py [SRC_DIR]   (default: src/siglip_serve)
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOT = "siglip_serve"
+# "module:attribute", absolute: what importlib is handed (a Serve import_path, a backend's implementation).
+IMPORT_STRING = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*")
 
 
 def module_name(path: Path, src: Path) -> str:
@@ -22,21 +29,53 @@ def module_name(path: Path, src: Path) -> str:
     return ".".join(parts)
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node but the bodies of `if TYPE_CHECKING:`."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
-            continue
-        yield node
-        yield from _runtime_nodes(node)
+def _constants(tree: ast.AST) -> dict[str, str]:
+    """The module's own string constants (`_MODULE = "siglip_serve.x"`), to read the f-strings built of them."""
+    found: dict[str, str] = {}
+    for node in getattr(tree, "body", []):
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
+            node.target if isinstance(node, ast.AnnAssign) else None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, str):
+            found[target.id] = value.value
+    return found
+
+
+def _string_value(node: ast.AST, constants: dict[str, str]) -> str | None:
+    """A string constant, or an f-string of literal parts and the module's constants; else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            parts.append(value.value)
+        elif (isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name)
+              and value.value.id in constants and value.format_spec is None):
+            parts.append(constants[value.value.id])
+        else:
+            return None
+    return "".join(parts)
+
+
+def import_strings(tree: ast.AST) -> set[str]:
+    """The modules that the "module:attribute" strings of `tree` name (an f-string's inner parts aside)."""
+    constants = _constants(tree)
+    inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    found = set()
+    for node in ast.walk(tree):
+        text = None if id(node) in inner else _string_value(node, constants)
+        if text is not None and (match := IMPORT_STRING.fullmatch(text.strip())):
+            found.add(match["module"])
+    return found
 
 
 def imported(tree: ast.AST, this: str, is_package: bool, known: set[str]) -> set[str]:
     """The modules of `known` that `tree` imports (a `from package import module` names the module)."""
     package = this if is_package else this.rpartition(".")[0]
-    found: set[str] = set()
-    for node in _runtime_nodes(tree):
+    found: set[str] = import_strings(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

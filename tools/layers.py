@@ -3,8 +3,8 @@
 The rows are the architecture, lowest first: each names what it may import besides itself. A module
 belongs to the deepest package that holds it (`models/backends/cpu.py` to models.backends, `models/
 tower.py` to models); every package and sub-package needs a row, so a new one is placed on purpose.
-Imports are read as tools/import_cycles.py reads them: every import, a lazy one inside a function
-included; only `if TYPE_CHECKING:` blocks are left out.
+Imports are read as tools/import_cycles.py reads them: every import, a lazy one inside a function, one
+under `if TYPE_CHECKING:` and a "module:attribute" string naming a module of the project included.
 Usage: python tools/layers.py [SRC_DIR]   (default: src/siglip_serve)
 """
 
@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from import_cycles import ROOT, graph  # a sibling script, not a package
 
 # What each package may import besides itself, lowest first. "" is siglip_serve itself (its __main__
-# dispatches to every command). models and its sub-packages import each other as their rows say: the
-# backend registry (models.backends) validates ModelSettings' backend names and runs the towers.
+# dispatches to every command). core holds the backends' records (core/backends.py), so anything may ask
+# one. models and its sub-packages import each other as their rows say: models.backends builds the towers
+# of models; models' accuracy command builds them, and ModelSettings imports a backend's options model.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "models.neuron": frozenset({"core", "models"}),

@@ -9,7 +9,7 @@ import torch
 
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.cuda import choose_autocast_dtype
-from siglip_serve.models.backends.registry import check_backend_available, create_encoder
+from siglip_serve.models.backends.implementation import check_backend_available, create_encoder
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings
 
@@ -71,7 +71,7 @@ def test_cuda_graphs_give_the_same_embeddings() -> None:
 @pytest.mark.cuda
 def test_cuda_graphs_give_the_same_text_embeddings() -> None:
     """The text tower gets the backend's graphs too (one runner for both towers)."""
-    from siglip_serve.models.backends.registry import create_text_encoder
+    from siglip_serve.models.backends.implementation import create_text_encoder
 
     texts = [f"a photo of a {word}" for word in ("cat", "dog", "car", "tree", "boat", "rocket", "cup")]
     eager = create_text_encoder(tiny(text_buckets=(1, 2, 4))).encode(texts)

@@ -3,8 +3,8 @@ project touched) is placed, warmed and served by the real application, each repl
 holding what its record asks of Ray (a custom resource the session's cluster declares).
 
 `DeviceDoubleRunner` runs the tiny model on the CPU under another name: it proves that the record alone
-decides placement (the resource, padding to buckets), that the replicas and the ingress find a backend
-registered in the driver, and that a new backend needs nothing but its record and runner. It does not
+decides placement (the resource) and its runner the padding to buckets, that the replicas and the ingress
+find a backend registered in the driver, and that a new backend needs nothing but its record and runner. It does not
 prove any real device: nothing stands behind the resource.
 """
 
@@ -20,9 +20,9 @@ import pytest
 import torch
 from torch import nn
 
+from siglip_serve.core.backends import BackendRecord, registered
 from siglip_serve.models.backends.eager import eager_tower
-from siglip_serve.models.backends.record import BackendRecord, Implementation
-from siglip_serve.models.backends.registry import registered
+from siglip_serve.models.backends.implementation import Implementation
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.tower import Runner
 from tests.helpers import REPO, TEST_DEVICE, TEST_DEVICES, TinyReference, cosine, deploy, embeddings_of
@@ -35,7 +35,7 @@ class DeviceDoubleRunner(Runner):
     """The tiny model on the CPU, recording the Ray resources its replica was given."""
 
     backend = NAME
-    static_shapes = True  # as its record says: every chunk padded to a bucket
+    static_shapes = True  # every chunk padded to a bucket, as a compiled runner has it
 
     def __init__(self, module: nn.Module) -> None:
         import ray
@@ -58,7 +58,7 @@ class DeviceDoubleRunner(Runner):
 IMPLEMENTATION = Implementation(
     build=lambda settings, tower: eager_tower(settings, tower, lambda module, *_: DeviceDoubleRunner(module)))
 RECORD = BackendRecord(NAME, device="cpu", implementation=f"{__name__}:IMPLEMENTATION", ray_resource=TEST_DEVICE,
-                       per_replica=1, static_shapes=True)
+                       per_replica=1)
 # A replica imports this module by the name pytest gave it.
 PYTHONPATH = f"{Path(__file__).resolve().parent}:{REPO}"
 
@@ -88,8 +88,8 @@ def test_the_plan_asks_ray_for_the_records_resource() -> None:
         ServiceConfig(model="tiny-siglip", backend=NAME)
 
 
-def test_its_towers_run_on_its_runner_padded_as_its_record_says() -> None:
-    from siglip_serve.models.backends.registry import create_encoder, create_text_encoder
+def test_its_towers_run_on_its_runner_padded_as_its_runner_says() -> None:
+    from siglip_serve.models.backends.implementation import create_encoder, create_text_encoder
 
     with registered(RECORD):
         settings = ModelSettings(model="tiny-siglip", backend=NAME, buckets=(1, 4), text_buckets=(1, 4),

@@ -19,7 +19,7 @@ import torch
 
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.launcher.preflight import free_port
-from siglip_serve.models.backends.registry import check_backend_available, create_encoder
+from siglip_serve.models.backends.implementation import check_backend_available, create_encoder
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.neuron.manifest import ArtifactError
 from siglip_serve.models.neuron.sdk import (

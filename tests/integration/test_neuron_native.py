@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.backends.implementation import backend_replica_env as replica_env
 from siglip_serve.models.backends.neuron_native import check_available, load_native_encoder
-from siglip_serve.models.backends.registry import backend_replica_env as replica_env
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.neuron.env import (
     CC_FLAGS_ENV,

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from siglip_serve.models.backends.registry import create_text_encoder
+from siglip_serve.models.backends.implementation import create_text_encoder
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import TextEncoder
 from siglip_serve.serve.schedule import zero_shot

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from siglip_serve.core.backends import TEXT
 from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.backends.implementation import check_tower, create_text_encoder
 from siglip_serve.models.backends.neuron_native import load_native_text_encoder
-from siglip_serve.models.backends.record import TEXT
-from siglip_serve.models.backends.registry import check_tower, create_text_encoder
 from siglip_serve.models.neuron.manifest import ArtifactError
 from siglip_serve.models.neuron.runtime import read_native_manifest
 from tests.doubles.torchneuron_runtime import RecordingRuntime
@@ -96,8 +96,8 @@ def test_text_buckets_the_artifact_lacks_are_refused(text_artifact: tuple[Path, 
 
 
 def test_a_backend_without_a_text_tower_is_refused_in_one_line() -> None:
-    from siglip_serve.models.backends.registry import require_tower
-    from siglip_serve.models.settings import NO_MODEL_BACKEND
+    from siglip_serve.core.backends import NO_MODEL_BACKEND
+    from siglip_serve.models.backends.implementation import require_tower
 
     with pytest.raises(BackendUnavailable, match=f"the '{NO_MODEL_BACKEND}' backend has no text tower"):
         require_tower(NO_MODEL_BACKEND, TEXT)

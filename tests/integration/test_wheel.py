@@ -19,7 +19,7 @@ CHECK = """
 import importlib.util, numpy as np
 from pathlib import Path
 import siglip_serve.models as models, siglip_serve.serve
-from siglip_serve.models.backends.registry import create_encoder, create_text_encoder
+from siglip_serve.models.backends.implementation import create_encoder, create_text_encoder
 from siglip_serve.models.settings import ModelSettings
 assert Path(models.__file__).is_relative_to(Path(__import__("sys").prefix)), models.__file__
 # Nothing generic at the top level of site-packages (the run's cwd is outside the checkout).

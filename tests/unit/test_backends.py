@@ -7,21 +7,31 @@ import ast
 import json
 import subprocess
 import sys
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from pydantic import BaseModel
 
-from siglip_serve.core.constants import EXTRA_BACKENDS_ENV
-from siglip_serve.models.backends import cuda
-from siglip_serve.models.backends.builtin import BACKENDS, BUILTIN
-from siglip_serve.models.backends.record import IMAGE, BackendRecord, Implementation
-from siglip_serve.models.backends.registry import (
+from siglip_serve.core.backends import (
+    BACKENDS,
+    BUILTIN,
+    IMAGE,
+    TEXT,
+    BackendRecord,
     backend_record,
+    extra_backends_env,
+    registered,
+)
+from siglip_serve.core.constants import EXTRA_BACKENDS_ENV
+from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.models.backends import cuda, load
+from siglip_serve.models.backends.implementation import (
+    Implementation,
     create_encoder,
     create_text_encoder,
-    extra_backends_env,
     implementation,
-    registered,
 )
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.cluster_fit import check_cluster_fits
@@ -35,14 +45,55 @@ from tests.helpers import SRC
 NAME_BRANCHES_ALLOWED = {"models/neuron/cli.py"}
 
 
-def test_every_builtin_record_names_an_implementation_and_its_runner_agrees() -> None:
+def test_every_builtin_records_import_strings_resolve() -> None:
     assert tuple(r.name for r in BUILTIN) == BACKENDS
     for record in BUILTIN:
         assert isinstance(implementation(record.name), Implementation), record.name
-    # The facts a runner also states itself (TEI's is_padded): the record says the same.
-    static = {r.name: r.runs_static_shapes(ModelSettings(backend=r.name)) for r in BUILTIN}
-    assert static == {"cpu": False, "cuda": False, "neuron": True, "neuron-native": True, "zeros-no-model": False}
-    assert backend_record("cuda").runs_static_shapes(ModelSettings(backend="cuda", cuda_graphs=True))
+        # Its other import strings resolve too (relative to models/backends, as the builders read them).
+        assert record.replica_env is None or callable(load(record.replica_env)), record.name
+        assert record.backend_options is None or issubclass(load(record.backend_options), BaseModel), record.name
+
+
+def _what_its_towers_do(settings: ModelSettings) -> dict[str, Any]:
+    """The towers the backend's implementation builds, the device its runner holds, whether it holds a
+    model, and the sizes its runner is handed for 3 inputs with buckets (1, 4) (no device work: each
+    forward answers ones)."""
+    image = create_encoder(settings)
+    sizes: list[int] = []
+
+    def forward(batch: torch.Tensor) -> torch.Tensor:
+        sizes.append(int(batch.shape[0]))
+        return torch.ones((int(batch.shape[0]), image.embed_dim))
+
+    image.runner.forward = forward  # type: ignore[method-assign]
+    image.encode(np.zeros((3, 3, 64, 64), dtype=np.uint8))
+    towers = [IMAGE]
+    try:
+        create_text_encoder(settings)
+        towers.append(TEXT)
+    except BackendUnavailable:
+        pass
+    runs_model = isinstance(getattr(image.runner, "module", None), torch.nn.Module)
+    return {"towers": tuple(towers), "device": image.device.type if runs_model else "none",
+            "runs_model": runs_model, "padded": sizes == [4]}
+
+
+def _what_its_record_says(settings: ModelSettings) -> dict[str, Any]:
+    record = backend_record(settings.backend)
+    return {"towers": record.towers, "device": record.device, "runs_model": record.runs_model,
+            "padded": bool(record.graphs_setting and getattr(settings, record.graphs_setting))}
+
+
+# The backends whose runner this machine builds (cuda's with its device work left out, `no_gpu_needed`);
+# the Neuron lines need an artifact and are built through their doubles in test_text_neuron.py and
+# tests/integration.
+@pytest.mark.parametrize("backend, flags", [
+    ("cpu", {}), ("cuda", {"cuda_graphs": False}), ("cuda", {"cuda_graphs": True}), ("zeros-no-model", {}),
+])
+def test_a_record_says_what_its_runner_does(no_gpu_needed: None, backend: str, flags: dict[str, Any]) -> None:
+    settings = ModelSettings(model="tiny-siglip", backend=backend, buckets=(1, 4), text_buckets=(1, 4),
+                             torch_threads=1, **flags)
+    assert _what_its_towers_do(settings) == _what_its_record_says(settings)
 
 
 def test_asking_records_imports_no_torch_and_a_registered_backend_travels_in_the_environment() -> None:
@@ -52,7 +103,7 @@ def test_asking_records_imports_no_torch_and_a_registered_backend_travels_in_the
         env = extra_backends_env()
     assert json.loads(env[EXTRA_BACKENDS_ENV])[0]["name"] == "elsewhere"
     assert extra_backends_env() == {}  # unregistered: nothing travels
-    code = ("import sys; from siglip_serve.models.backends.registry import backend_record; "
+    code = ("import sys; from siglip_serve.core.backends import backend_record; "
             "from siglip_serve.serve.placement import plan; from siglip_serve.serve.config import ServiceConfig; "
             "r = backend_record('elsewhere'); p = plan(ServiceConfig(model='tiny-siglip', backend='elsewhere')); "
             "print(r.per_replica, r.towers, p.image.actor_options(), p.text.actor_options(), "

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from siglip_serve.core.backends import BACKENDS
 from siglip_serve.core.cli import SettingsError, key_value, run_main, settings_values
 from siglip_serve.core.errors import UserError
 from siglip_serve.launcher import cli
@@ -15,7 +16,7 @@ from siglip_serve.measure import bench_cli, multicore
 from siglip_serve.models.cli_args import BACKEND_OPTIONS, MODEL_OPTIONS
 from siglip_serve.models.neuron import cli as compile_cli
 from siglip_serve.models.neuron import trace as neuron_compile
-from siglip_serve.models.settings import BACKENDS, ModelSettings
+from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.config import ServiceConfig
 
 
@@ -65,8 +66,7 @@ def test_every_settings_field_is_described() -> None:
 
 
 def test_backend_registry_reads_the_one_list() -> None:
-    from siglip_serve.models.backends.builtin import BUILTIN
-    from siglip_serve.models.backends.registry import names
+    from siglip_serve.core.backends import BUILTIN, names
 
     assert tuple(record.name for record in BUILTIN) == BACKENDS and set(BACKENDS) <= set(names())
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from siglip_serve.models.backends.registry import create_encoder
+from siglip_serve.models.backends.implementation import create_encoder
 from siglip_serve.models.encoder import EncoderInputError
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.tower import pick_bucket, split_into_buckets

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from siglip_serve.core.backends import backend_record
 from siglip_serve.core.constants import LNC_ENV
-from siglip_serve.models.backends.registry import apply_replica_env, backend_record
+from siglip_serve.models.backends.implementation import apply_replica_env
 from siglip_serve.models.loading import ModelLoadError
 from siglip_serve.models.neuron.env import CC_FLAGS_ENV, NEFF_CACHE_ENV
 from siglip_serve.models.settings import ModelSettings

@@ -121,20 +121,62 @@ def test_a_package_without_a_row_fails_the_layer_lint(tmp_path: Path) -> None:
     assert layers().main([str(package)]) == 1
 
 
-def test_the_cycle_check_sees_lazy_imports_and_skips_type_checking_ones(tmp_path: Path) -> None:
-    tool = checker()
+def _packages(tmp_path: Path, *names: str) -> Path:
     package = tmp_path / "siglip_serve"
-    (package / "a").mkdir(parents=True)
-    (package / "b").mkdir()
-    for folder in (package, package / "a", package / "b"):
-        (folder / "__init__.py").write_text("")
+    for name in ("", *names):
+        (package / name).mkdir(parents=True, exist_ok=True)
+        (package / name / "__init__.py").write_text("")
+    return package
+
+
+TYPE_CHECKING_IMPORT = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from siglip_serve.a import one\n"
+
+
+@pytest.mark.parametrize("two", [
+    "def later():\n    from siglip_serve.a.one import x\n",
+    # never run, but the types it names tie b.two to a.one
+    TYPE_CHECKING_IMPORT,
+    # what importlib will import: a literal, and an f-string of the module's own constants
+    'IMPLEMENTATION = "siglip_serve.a.one:IMPLEMENTATION"\n',
+    '_MODULE = "siglip_serve.a"\nPATH = f"{_MODULE}.one:build"\n',
+])
+def test_the_cycle_check_sees_lazy_type_checking_and_string_imports(tmp_path: Path, two: str) -> None:
+    tool = checker()
+    package = _packages(tmp_path, "a", "b")
     (package / "a" / "one.py").write_text("from siglip_serve.b import two\n")
-    (package / "b" / "two.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                          "    from siglip_serve.a import one\n")
+    (package / "b" / "two.py").write_text("")
     assert tool.main([str(package)]) == 0
-    (package / "b" / "two.py").write_text("def later():\n    from siglip_serve.a.one import x\n")
+    (package / "b" / "two.py").write_text(two)
     assert tool.cycles(tool.graph(package)) == [["siglip_serve.a.one", "siglip_serve.b.two"]]
     assert tool.main([str(package)]) == 1
+
+
+def test_the_cycle_check_reads_only_strings_that_name_a_module_of_the_project(tmp_path: Path) -> None:
+    package = _packages(tmp_path, "a", "b")
+    (package / "a" / "one.py").write_text("from siglip_serve.b import two\n")
+    (package / "b" / "two.py").write_text(
+        '"""Run `serve run siglip_serve.a.one:app`."""\nURL = "http://siglip_serve.a.one:80"\n'
+        'RELATIVE = ".one:IMPLEMENTATION"\nMODULE = "siglip_serve.a.one"\nWHO = f"{NAME}.one:x"\n')
+    assert checker().main([str(package)]) == 0
+
+
+def test_a_circle_inside_one_package_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    package = _packages(tmp_path, "a")
+    (package / "a" / "one.py").write_text("from siglip_serve.a import two\n")
+    (package / "a" / "two.py").write_text(TYPE_CHECKING_IMPORT)
+    assert checker().main([str(package)]) == 1
+    assert "import cycle between modules: siglip_serve.a.one <-> siglip_serve.a.two" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", [
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from siglip_serve.serve import app\n",
+    'BUILD = "siglip_serve.serve.app:build_app"\n',
+])
+def test_the_layer_lint_sees_type_checking_and_string_imports(tmp_path: Path, text: str) -> None:
+    tool = layers()
+    package = _tree(tmp_path, {"core/low.py": text})
+    found = tool.violations(checker().graph(package), tool.packages_in(package))
+    assert len(found) == 1 and "core may import only nothing of the project" in found[0], found
 
 
 def test_every_test_module_has_a_name_of_its_own() -> None:

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from siglip_serve.models.backends.builtin import BUILTIN
-from siglip_serve.models.backends.registry import registered
+from siglip_serve.core.backends import BUILTIN, registered
 from siglip_serve.serve import app
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan import ServicePlan

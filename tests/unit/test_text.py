@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from siglip_serve.models.backends.registry import create_encoder, create_text_encoder
+from siglip_serve.models.backends.implementation import create_encoder, create_text_encoder
 from siglip_serve.models.loading import ModelLoadError, load_embedder, open_clip_module
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, load_text_tower

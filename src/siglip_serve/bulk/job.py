@@ -202,7 +202,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     import ray.data
 
     from siglip_serve.bulk.stages import ImageEmbedActor, TextEmbedActor, check_texts, decode_batch
-    from siglip_serve.models.backends.registry import extra_backends_env
+    from siglip_serve.core.backends import extra_backends_env
     from siglip_serve.models.loading import model_geometry
 
     settings = config.model_settings()

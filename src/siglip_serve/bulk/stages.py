@@ -219,7 +219,7 @@ class ImageEmbedActor(_Embedder):
 
     def __init__(self, settings: ModelSettings, record: Record | None = None, keep_env: Sequence[str] = ()) -> None:
         def build() -> Tower:
-            from siglip_serve.models.backends.registry import create_encoder
+            from siglip_serve.models.backends.implementation import create_encoder
 
             return create_encoder(settings)
 
@@ -234,7 +234,7 @@ class TextEmbedActor(_Embedder):
 
     def __init__(self, settings: ModelSettings, keep_env: Sequence[str] = ()) -> None:
         def build() -> Tower:
-            from siglip_serve.models.backends.registry import create_text_encoder
+            from siglip_serve.models.backends.implementation import create_text_encoder
 
             return create_text_encoder(settings)
 

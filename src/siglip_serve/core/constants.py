@@ -38,7 +38,7 @@ DMA_TRANSPOSE_AS_PE_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
 # whose workers register after the head (and after Serve's config is submitted: serve/cluster_fit.py).
 KUBERAY_ENV = ("RAY_CLUSTER_NAME", "KUBERAY_GEN_RAY_START_CMD")
 
-# Backends registered at run time (models/backends/registry.py `register`, e.g. by a test), as a JSON list
+# Backends registered at run time (core/backends.py `register`, e.g. by a test), as a JSON list
 # of their records: every process of the app gets it, so a replica finds a backend its driver registered.
 EXTRA_BACKENDS_ENV = "SIGLIP_SERVE_EXTRA_BACKENDS"
 

@@ -207,7 +207,7 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
     """Checks that need the config, then the service; exits the process when it stops."""
     config = service_config(args, os.environ)
     from siglip_serve.launcher.runner import run_service
-    from siglip_serve.models.backends.registry import check_backend_available
+    from siglip_serve.models.backends.implementation import check_backend_available
     from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
 
     # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now, not a replica's
@@ -224,8 +224,8 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
     preflight_weights(config)
     config = preflight_tokenizer(config)
     if config.text_replica_count:
-        from siglip_serve.models.backends.record import TEXT
-        from siglip_serve.models.backends.registry import check_tower
+        from siglip_serve.core.backends import TEXT
+        from siglip_serve.models.backends.implementation import check_tower
 
         # The replicas run on this machine (a Ray of our own) or were checked here by the user: refused
         # now, in one line, not as text replicas refusing after Ray started.

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.core.backends import BACKENDS
 from siglip_serve.core.cli import run_main
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.neuron.sdk import sdk_line
-from siglip_serve.models.settings import BACKENDS
 
 MODEL = "tiny-siglip"
 

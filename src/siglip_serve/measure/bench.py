@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from siglip_serve.core.backends import NO_MODEL_BACKEND
 from siglip_serve.measure.bound import judge
 from siglip_serve.measure.results import BenchResult, EncoderRow, Machine, PreprocessResult
 from siglip_serve.measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
 from siglip_serve.measure.server_cpu import KINDS
-from siglip_serve.models.settings import NO_MODEL_BACKEND
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.plan import ServicePlan
 
@@ -38,7 +38,7 @@ def machine() -> Machine:
 
 
 def bench_encoder(config: ServiceConfig, warmup: int, iterations: int) -> list[EncoderRow]:
-    from siglip_serve.models.backends.registry import create_encoder
+    from siglip_serve.models.backends.implementation import create_encoder
 
     encoder = create_encoder(config.model_settings())
     height, width = encoder.image_size

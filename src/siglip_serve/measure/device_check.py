@@ -99,7 +99,7 @@ def probe_figures(out: Path) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
-    from siglip_serve.models.backends.builtin import BUILTIN, NO_MODEL_BACKEND
+    from siglip_serve.core.backends import BUILTIN, NO_MODEL_BACKEND
 
     record = {r.name: r for r in BUILTIN}[args.backend]
     py = sys.executable
@@ -142,8 +142,9 @@ def plan(args: argparse.Namespace) -> list[Step]:
              lambda out: [*bench, *weights, *timed, "--skip", "preprocess,served", "--set", "cuda_graphs=false",
                           "--json", "encoder.json"], 90 * scale, after=encoder_figures("encoder.json")),
         Step("encoder-graphs", "the same, CUDA graphs on",
-             lambda out: [*bench, *weights, *timed, "--skip", "preprocess,served", "--set", "cuda_graphs=true",
-                          "--json", "encoder-graphs.json"], 90 * scale, after=encoder_figures("encoder-graphs.json"),
+             lambda out: [*bench, *weights, *timed, "--skip", "preprocess,served", "--set",
+                          f"{record.graphs_setting}=true", "--json", "encoder-graphs.json"], 90 * scale,
+             after=encoder_figures("encoder-graphs.json"),
              skip_if=lambda: None if record.graphs_setting else f"backend {args.backend} has no CUDA graphs"),
         Step("served", "served, the defaults (ingress replicas auto, host decode)",
              lambda out: [*bench, *weights, *levels, *only_served, "--json", "served.json"], 120 * scale,
@@ -232,7 +233,7 @@ def table(results: list[StepResult]) -> list[str]:
 
 
 def check(args: argparse.Namespace, echo: Any = print) -> dict[str, Any]:
-    from siglip_serve.models.backends.builtin import BUILTIN
+    from siglip_serve.core.backends import BUILTIN
 
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -296,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from siglip_serve.models.backends.builtin import BACKENDS
+    from siglip_serve.core.backends import BACKENDS
 
     if args.backend not in BACKENDS:
         print(f"error: --backend {args.backend!r}: one of {', '.join(BACKENDS)}", file=sys.stderr)

@@ -57,7 +57,8 @@ def _emit(kind: str, payload: dict[str, Any]) -> None:
 
 def _worker() -> int:
     """One pinned worker: load, warm up, report READY, wait for GO, time, report RESULT."""
-    from siglip_serve.models.backends.registry import backend_record, create_encoder
+    from siglip_serve.core.backends import backend_record
+    from siglip_serve.models.backends.implementation import create_encoder
 
     spec = json.loads(os.environ[WORKER_SPEC_ENV])
     settings = ModelSettings.model_validate(spec["settings"])
@@ -154,7 +155,7 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
     Each worker holds one device, pinned as the placement plan says (serve/placement.py); where the model
     runs on the host's cores, one torch thread. `settings` may be a plain mapping of ModelSettings fields
     (e.g. parsed from YAML)."""
-    from siglip_serve.models.backends.registry import backend_replica_env, compiled_for
+    from siglip_serve.models.backends.implementation import backend_replica_env, compiled_for
     from siglip_serve.serve.placement import plan
 
     if cores < 1 or iterations < 1 or warmup < 0:

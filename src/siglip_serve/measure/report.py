@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.core.backends import backend_record
 from siglip_serve.core.cli import key_value, settings_values, setup_logging
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure import plots
@@ -37,7 +38,6 @@ from siglip_serve.measure.results import (
     SingleCore,
 )
 from siglip_serve.measure.seed import SeedRow, measured_like_the_seed, multicore_seed_by_lnc
-from siglip_serve.models.backends.registry import backend_record
 
 log = logging.getLogger("siglip_serve.report")
 

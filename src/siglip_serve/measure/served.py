@@ -76,7 +76,7 @@ HOST_CEILING_ROUTE = "/host-ceiling"
 def host_ceiling_config(config: ServiceConfig, plan: ServicePlan) -> ServiceConfig:
     """The same deployment with the model taken out: zero vectors, no text tower, the same replica and
     ingress counts as `plan` (auto would count cores differently without the model's threads)."""
-    from siglip_serve.models.settings import NO_MODEL_BACKEND
+    from siglip_serve.core.backends import NO_MODEL_BACKEND
 
     return ServiceConfig.model_validate({
         **config.model_dump(exclude_unset=True), "backend": NO_MODEL_BACKEND, "replicas": plan.model.image.replicas,

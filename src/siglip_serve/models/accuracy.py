@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from siglip_serve.core.backends import backend_record
 from siglip_serve.core.cli import (
     SettingsError,
     UserError,
@@ -35,7 +36,7 @@ from siglip_serve.core.cli import (
     settings_values,
     setup_logging,
 )
-from siglip_serve.models.backends.registry import backend_record, create_encoder
+from siglip_serve.models.backends.implementation import create_encoder
 from siglip_serve.models.cli_args import validate_settings
 from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.settings import ModelSettings
@@ -131,7 +132,7 @@ def describe_side(settings: ModelSettings, encoder: Encoder) -> dict[str, Any]:
 
 def compare_text(a: ModelSettings, b: ModelSettings, texts: Sequence[str]) -> dict[str, Any]:
     """The text towers of both sides on the same texts: the same statistics, per text."""
-    from siglip_serve.models.backends.registry import create_text_encoder
+    from siglip_serve.models.backends.implementation import create_text_encoder
 
     stats = compare_embeddings(create_text_encoder(a).encode(texts), create_text_encoder(b).encode(texts))
     stats["texts"] = stats.pop("images")

@@ -6,13 +6,12 @@ Knows nothing of Ray or HTTP; `siglip_serve.serve.config.ServiceConfig` embeds i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from siglip_serve.models.backends.builtin import BACKENDS as BACKENDS
-from siglip_serve.models.backends.builtin import NO_MODEL_BACKEND as NO_MODEL_BACKEND
-from siglip_serve.models.backends.registry import backend_record
+from siglip_serve.core.backends import BACKENDS, backend_record
+from siglip_serve.models.backends import load
 
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"
@@ -37,7 +36,7 @@ class ModelSettings(BaseModel):
     random_weights: bool = Field(False, description="seeded random weights: embeddings mean nothing (tests, plumbing)")
     # Random weights are seeded so every replica of a random-weight model gives the same embeddings.
     seed: int = Field(0, description="seed of the random weights")
-    # A name of models/backends/builtin.py (the CLI's choices) or of a backend registered at run time.
+    # A name of core/backends.py's BUILTIN (the CLI's choices) or of a backend registered at run time.
     backend: str = Field("cpu", description="where the model runs", json_schema_extra={"enum": list(BACKENDS)})
     buckets: tuple[int, ...] = Field((1, 2, 4, 8), description="batch sizes (compiled ones on neuron), e.g. 1,2,4,8")
     # None: the backend decides (CPU: the cores this process may use). Ray sets OMP_NUM_THREADS=1 in
@@ -55,12 +54,29 @@ class ModelSettings(BaseModel):
                                                      "files (tokenizer.json, tokenizer_config.json)")
     text_buckets: tuple[int, ...] = Field((1, 2, 4, 8, 16, 32),
                                           description="text batch sizes (texts per forward pass), e.g. 1,2,4,8,16,32")
+    # Validated against the pydantic model its record names (BackendRecord.backend_options), so a backend
+    # with options of its own declares them in its module and needs no field here.
+    backend_options: dict[str, Any] = Field(default_factory=dict, validate_default=True,  # its model's defaults
+                                            description="the backend's own options, as its record's model has them")
 
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
         backend_record(value)  # ValueError naming the choices
         return value
+
+    @field_validator("backend_options")
+    @classmethod
+    def _check_backend_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "backend" not in info.data:  # an unknown backend: refused by its own field
+            return value
+        record = backend_record(info.data["backend"])
+        if record.backend_options is None:
+            if value:
+                raise ValueError(f"the {record.name!r} backend takes no backend_options, got {sorted(value)}")
+            return value
+        options: type[BaseModel] = load(record.backend_options)
+        return options.model_validate(value).model_dump()
 
     @field_validator("buckets", "text_buckets", mode="before")
     @classmethod

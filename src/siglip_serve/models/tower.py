@@ -56,7 +56,7 @@ class Runner(ABC):
     tower's compiled buckets) and runs one chunk of model inputs. Device setup, dtype and graphs live
     here, once per backend; a tower adds only its pre- and post-processing."""
 
-    # Its record's name (models/backends/builtin.py).
+    # Its record's name (core/backends.py).
     backend: str = "abstract"
     # True where it runs only its buckets' shapes (compiled graphs, CUDA graphs): chunks are padded.
     static_shapes: bool = False

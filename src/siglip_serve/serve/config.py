@@ -7,12 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from siglip_serve.core.backends import TEXT, BackendRecord, backend_record
 from siglip_serve.core.cli import LogLevel
 from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
 from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
 from siglip_serve.core.errors import UserError, describe_validation
-from siglip_serve.models.backends.record import TEXT, BackendRecord
-from siglip_serve.models.backends.registry import backend_record
 from siglip_serve.models.cli_args import model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings

@@ -37,7 +37,7 @@ class EncoderReplica(TowerReplica):
         def build() -> Any:
             # Imported here, not at module level: the ingress imports this module too, and torch would add
             # seconds to its start; and the backend's environment must be set before torch is imported.
-            from siglip_serve.models.backends.registry import create_encoder
+            from siglip_serve.models.backends.implementation import create_encoder
 
             start.imported(settings.backend)
             return create_encoder(settings)

@@ -1,5 +1,5 @@
 """What one replica asks Ray for: one function (`plan`) turns a config into each tower's ask, from its
-backend's record (models/backends/record.py), for the service's plan (serve/planner.py), bulk jobs
+backend's record (core/backends.py), for the service's plan (serve/planner.py), bulk jobs
 (bulk/job.py) and the multi-core bench.
 
 A replica of either tower holds what the record asks (a GPU, a logical NeuronCore, a custom resource)
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from siglip_serve.models.backends.record import BackendRecord
-from siglip_serve.models.backends.registry import backend_record
+from siglip_serve.core.backends import BackendRecord, backend_record
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.plan import GPU, ReplicaAsk, image_devices

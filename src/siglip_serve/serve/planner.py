@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from siglip_serve.core.backends import extra_backends_env
 from siglip_serve.core.constants import NEURON_CORES, VISIBLE_CORES_ENV
-from siglip_serve.models.backends.registry import extra_backends_env
 from siglip_serve.serve import cpu_plan, tracing
 from siglip_serve.serve.config import ConfigError, ServiceConfig
 from siglip_serve.serve.encoder_client import calls_per_replica

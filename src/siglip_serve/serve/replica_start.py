@@ -46,7 +46,7 @@ def start_tower(what: str, settings: ModelSettings, build: Callable[[], T], keep
     """`build()` (which imports torch) after this process's backend environment is set and its weights
     are found; any UserError on the way as ReplicaRefused, one line naming `what`, this node and the fix,
     also passed to `on_refusal`. Call it first in the constructor, before anything imports torch."""
-    from siglip_serve.models.backends.registry import apply_replica_env
+    from siglip_serve.models.backends.implementation import apply_replica_env
 
     try:
         apply_replica_env(settings, keep_env)

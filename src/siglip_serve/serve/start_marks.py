@@ -43,7 +43,7 @@ class StartMarks:
 
     def imported(self, backend: str) -> None:
         """Import `backend`'s module (torch with it), marked as the imports phase; the build then reuses it."""
-        from siglip_serve.models.backends.registry import implementation
+        from siglip_serve.models.backends.implementation import implementation
 
         implementation(backend)
         self.mark(IMPORTS)

@@ -32,7 +32,7 @@ class TextEncoderReplica(TowerReplica):
 
         def build() -> Any:
             # torch: in the replica only, after the backend's environment is set (serve/replica_start.py).
-            from siglip_serve.models.backends.registry import create_text_encoder
+            from siglip_serve.models.backends.implementation import create_text_encoder
 
             start.imported(settings.backend)
             return create_text_encoder(settings)

@@ -1,2 +1,14 @@
-"""Encoder backends: their records (builtin.py), the registry every caller asks (registry.py), and one
-module per backend holding its Runner and its Implementation (record.py says what both are)."""
+"""Encoder backends: one module per backend holding its Runner and its Implementation
+(implementation.py says what that is); their records are core/backends.py's."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def load(spec: str) -> Any:
+    """A record's "module:attribute", imported: a module written with a leading dot is one of this
+    package's (or, with two, of models'), as the built-in records write theirs."""
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module, package=__name__), attribute)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from siglip_serve.models.backends.record import IMAGE
+from siglip_serve.core.backends import IMAGE
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.models.neuron.manifest import ArtifactManifest
 from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV

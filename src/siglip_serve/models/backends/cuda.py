@@ -23,7 +23,7 @@ from torch import nn
 
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.eager import eager_tower
-from siglip_serve.models.backends.record import Implementation
+from siglip_serve.models.backends.implementation import Implementation
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.tower import Runner, Tower
 

@@ -9,7 +9,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from siglip_serve.models.backends.record import IMAGE
+from siglip_serve.core.backends import IMAGE
 from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from siglip_serve.core.backends import IMAGE
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactChecks, ArtifactRunner, checked_artifact, manifest_model_info
-from siglip_serve.models.backends.record import IMAGE, Implementation
+from siglip_serve.models.backends.implementation import Implementation
 from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.neuron.base import NeuronRefusal
 from siglip_serve.models.neuron.manifest import ArtifactError, Manifest, read_manifest

@@ -14,8 +14,8 @@ import logging
 
 import torch
 
-from siglip_serve.models.backends.builtin import NO_MODEL_BACKEND
-from siglip_serve.models.backends.record import Implementation
+from siglip_serve.core.backends import NO_MODEL_BACKEND
+from siglip_serve.models.backends.implementation import Implementation
 from siglip_serve.models.encoder import Encoder
 from siglip_serve.models.loading import ModelInfo, model_geometry
 from siglip_serve.models.settings import ModelSettings

@@ -1,24 +1,18 @@
-"""The one backend registry: records by name (torch-free), and the towers and checks their
-implementations provide (imported on first use, so asking a record never imports CUDA or Neuron code).
-
-Callers ask a record (`backend_record(name).host_cores`), never compare a backend's name. A backend
-registered at run time (`register`, e.g. by a test) travels to the app's other processes in
-EXTRA_BACKENDS_ENV (`extra_backends_env`), which each process reads when it meets a name it lacks.
+"""What a backend's module provides (`Implementation`: its towers and checks), imported on first use
+from the module its record names (core/backends.py), so asking a record never imports CUDA or Neuron
+code; and the calls that build a tower or run a check through it.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
-from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from siglip_serve.core.constants import EXTRA_BACKENDS_ENV
+from siglip_serve.core.backends import IMAGE, TEXT, BackendRecord, backend_record, extra_backends_env, names
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.backends.builtin import BACKENDS, BUILTIN
-from siglip_serve.models.backends.record import IMAGE, TEXT, BackendRecord, Implementation
+from siglip_serve.models.backends import load
 
 if TYPE_CHECKING:  # torch: in the processes that build a tower
     from siglip_serve.models.encoder import Encoder
@@ -26,65 +20,35 @@ if TYPE_CHECKING:  # torch: in the processes that build a tower
     from siglip_serve.models.text import TextEncoder
     from siglip_serve.models.tower import Tower
 
-_BUILTIN = {record.name: record for record in BUILTIN}
-_EXTRA: dict[str, BackendRecord] = {}
-_IMPLEMENTATIONS: dict[str, Implementation] = {}
+# By record, not by name: a backend registered again under its name with another record imports afresh.
+_IMPLEMENTATIONS: dict[BackendRecord, Implementation] = {}
 
 
-def register(record: BackendRecord) -> None:
-    """Add a backend beside the built-in ones (its implementation named by `record.implementation`)."""
-    if record.name in _BUILTIN:
-        raise ValueError(f"backend {record.name!r} is built in")
-    _EXTRA[record.name] = record
-    _IMPLEMENTATIONS.pop(record.name, None)
+@dataclass(frozen=True)
+class Implementation:
+    """What a backend's module provides: the towers it builds (each a tower's pre/post around the
+    backend's one Runner, models/tower.py) and its checks."""
 
-
-def unregister(name: str) -> None:
-    _EXTRA.pop(name, None)
-    _IMPLEMENTATIONS.pop(name, None)
-
-
-@contextmanager
-def registered(record: BackendRecord) -> Iterator[BackendRecord]:
-    register(record)
-    try:
-        yield record
-    finally:
-        unregister(record.name)
-
-
-def _from_environment(name: str) -> BackendRecord | None:
-    for data in json.loads(os.environ.get(EXTRA_BACKENDS_ENV) or "[]"):
-        if data.get("name") == name:
-            _EXTRA[name] = BackendRecord.from_dict(data)
-            return _EXTRA[name]
-    return None
-
-
-def names() -> tuple[str, ...]:
-    return BACKENDS + tuple(sorted(_EXTRA))
-
-
-def backend_record(name: str) -> BackendRecord:
-    record = _BUILTIN.get(name) or _EXTRA.get(name) or _from_environment(name)
-    if record is None:
-        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(names())}")
-    return record
-
-
-def extra_backends_env() -> dict[str, str]:
-    """What every process of an app needs to find the backends registered here (none: {})."""
-    return {EXTRA_BACKENDS_ENV: json.dumps([r.as_dict() for r in _EXTRA.values()])} if _EXTRA else {}
+    # The tower (IMAGE or TEXT) on this backend, loaded and ready to warm up.
+    build: Callable[[ModelSettings, str], Tower]
+    # Before any Ray process starts: can this machine run it? `env`: what the replicas will see (None:
+    # joining a cluster started elsewhere, skip what depends on it). Raises BackendUnavailable.
+    check_available: Callable[[ModelSettings, Mapping[str, str] | None], None] | None = None
+    # Without an SDK, on the machine that will run it (`siglip-serve run`, before Ray starts): can it build
+    # this tower from what is on disk?
+    check_tower: Callable[[ModelSettings, str], None] | None = None
+    # What its compiled artifact was compiled for (e.g. {"lnc": 2, "auto_cast": "matmult"}), for results.
+    compiled_for: Callable[[ModelSettings], Mapping[str, Any]] | None = None
 
 
 def implementation(name: str) -> Implementation:
-    if name not in _IMPLEMENTATIONS:
-        module, _, attribute = backend_record(name).implementation.partition(":")
-        found = getattr(importlib.import_module(module), attribute)
+    record = backend_record(name)
+    if record not in _IMPLEMENTATIONS:
+        found = load(record.implementation)
         if not isinstance(found, Implementation):
-            raise TypeError(f"{module}:{attribute} is not a backend Implementation")
-        _IMPLEMENTATIONS[name] = found
-    return _IMPLEMENTATIONS[name]
+            raise TypeError(f"{record.implementation} is not a backend Implementation")
+        _IMPLEMENTATIONS[record] = found
+    return _IMPLEMENTATIONS[record]
 
 
 def require_tower(name: str, tower: str) -> BackendRecord:
@@ -135,10 +99,7 @@ def backend_replica_env(settings: ModelSettings) -> dict[str, str]:
     recipe, read from its manifest), and where to find a backend registered here. Read on the machine
     that runs the process: a replica or a bulk actor reads it itself (`apply_replica_env`)."""
     spec = backend_record(settings.backend).replica_env
-    own: dict[str, str] = {}
-    if spec is not None:
-        module, _, attribute = spec.partition(":")
-        own = dict(getattr(importlib.import_module(module), attribute)(settings))
+    own: dict[str, str] = dict(load(spec)(settings)) if spec is not None else {}
     return {**own, **extra_backends_env()}
 
 

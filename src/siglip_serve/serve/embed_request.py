@@ -77,7 +77,7 @@ class TextItem(BaseModel):
 
 
 class ImageUrl(BaseModel):
-    url: ImageString
+    url: str = Field(description=f"a data URI of the image, or {_URL_TEXT}", json_schema_extra={"format": IMAGE_FORMAT})
 
 
 class ImageUrlItem(BaseModel):

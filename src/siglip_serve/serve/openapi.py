@@ -52,10 +52,15 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(model)}}
 
 
-# Multipart bodies are read by hand (serve/http_body.py multipart_form), so no model says them. Each file part
-# names its media type, which the document's generators use for its bytes.
-_FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1}
-_FILE_PARTS = {"file": {"contentType": ", ".join(media for media in IMAGE_MEDIA_TYPES if media.startswith("image/"))}}
+# Inline rather than a $ref, so every error answer shows its shape where it is listed; what it uses is in
+# components/schemas with the rest.
+_ERROR_SCHEMA = {key: value for key, value in ErrorBody.model_json_schema(ref_template=_REF).items() if key != "$defs"}
+
+
+# Multipart bodies are read by hand (serve/http_body.py multipart_form), so no model says them. A file part is
+# one with a filename, whatever its name; `format: binary` is what makes generators send one.
+_FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1,
+          "description": "image files (JPEG, PNG, WebP, GIF, BMP, TIFF), each a part with a filename"}
 
 _WHY = {
     400: "empty body, malformed multipart, an image that cannot be decoded (data with an image format's "
@@ -79,7 +84,7 @@ _WHY = {
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
-        out[status] = {"description": _WHY[status], "content": _json(ErrorBody)}
+        out[status] = {"description": _WHY[status], "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
         if status == 503:
             out[status]["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
     return out
@@ -114,7 +119,7 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
             "multipart/form-data": {"schema": {
                 "type": "object", "required": ["file"], "properties": {"file": _FILES},
                 "description": "every file part is an image; the part names do not matter",
-            }, "encoding": _FILE_PARTS},
+            }},
         }}},
         "responses": {**_ok(EmbeddingsResponse, "one embedding per image, in order"), **_errors(*_EMBED_ERRORS)},
     },
@@ -125,7 +130,7 @@ ROUTES: dict[tuple[str, str], dict[str, Any]] = {
             "properties": {"file": _FILES, "labels": {"type": "array", "items": {"type": "string"}, "minItems": 1},
                            "template": {"type": "string"}},
             "description": "image file parts, one `labels` field per label, optional `template`",
-        }, "encoding": _FILE_PARTS}}),
+        }}}),
         "responses": {**_ok(ClassifyResponse, "per image, every label's probability"), **_errors(*_EMBED_ERRORS)},
     },
     **{("POST", path): {

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from siglip_serve.serve.embed_request import Encoding, Modality
 
 
-class Embedding(BaseModel):
+def _no_null_defaults(schema: dict[str, Any]) -> None:
+    # The answers leave such a field out; a published `default: null` would say it may be null.
+    for field in schema.get("properties", {}).values():
+        if field.get("default", ...) is None:
+            del field["default"]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(json_schema_extra=_no_null_defaults)
+
+
+class Embedding(Answer):
     object: Literal["embedding"]
     index: int = Field(ge=0)
     embedding: list[float] | str = Field(description="numbers for float, integers for int8, uint8, binary, ubinary; "
@@ -25,7 +36,7 @@ class Embedding(BaseModel):
                                                                   "(uint8: (q - 128) / scale)")
 
 
-class EmbeddingsUsage(BaseModel):
+class EmbeddingsUsage(Answer):
     images: int
     texts: int
     prompt_tokens: int
@@ -34,14 +45,14 @@ class EmbeddingsUsage(BaseModel):
         None, description="/v1/embeddings: how each input item was read, in order")
 
 
-class EmbeddingsResponse(BaseModel):
+class EmbeddingsResponse(Answer):
     object: Literal["list"]
     data: list[Embedding]
     model: str
     usage: EmbeddingsUsage
 
 
-class CohereEmbedResponse(BaseModel):
+class CohereEmbedResponse(Answer):
     id: str
     response_type: Literal["embeddings_by_type"]
     embeddings: dict[Encoding, list[list[float] | str]] = Field(
@@ -53,23 +64,23 @@ class CohereEmbedResponse(BaseModel):
     meta: dict[str, Any]
 
 
-class LabelScore(BaseModel):
+class LabelScore(Answer):
     label: str
     score: float = Field(ge=0, le=1, description="SigLIP's sigmoid probability")
 
 
-class Classification(BaseModel):
+class Classification(Answer):
     object: Literal["classification"]
     index: int = Field(ge=0)
     labels: list[LabelScore] = Field(description="every label with its sigmoid probability, highest first")
 
 
-class Counts(BaseModel):
+class Counts(Answer):
     images: int
     texts: int
 
 
-class ClassifyResponse(BaseModel):
+class ClassifyResponse(Answer):
     object: Literal["list"]
     data: list[Classification]
     model: str
@@ -77,18 +88,18 @@ class ClassifyResponse(BaseModel):
     usage: Counts
 
 
-class RerankDocument(BaseModel):
+class RerankDocument(Answer):
     text: str | SkipJsonSchema[None] = None
     image: str | SkipJsonSchema[None] = None
 
 
-class RerankResult(BaseModel):
+class RerankResult(Answer):
     index: int = Field(ge=0, description="the document's place in the request")
     relevance_score: float = Field(ge=0, le=1, description="SigLIP's sigmoid probability, as classify's score")
     document: RerankDocument | SkipJsonSchema[None] = Field(None, description="return_documents only")
 
 
-class RerankResponse(BaseModel):
+class RerankResponse(Answer):
     id: str
     results: list[RerankResult] = Field(description="highest relevance_score first; ties in the documents' order")
     model: str
@@ -96,17 +107,17 @@ class RerankResponse(BaseModel):
     usage: Counts
 
 
-class ModelsResponse(BaseModel):
+class ModelsResponse(Answer):
     object: Literal["list"]
     data: list[dict[str, Any]] = Field(description="the served model, its replicas and its cache "
                                                    "(docs/http-api.md, GET /v1/models)")
 
 
-class Health(BaseModel):
+class Health(Answer):
     status: str
 
 
-class Ready(BaseModel):
+class Ready(Answer):
     status: str
     replicas: int
     towers: dict[str, Any] | SkipJsonSchema[None] = Field(None, description="the counts per tower")

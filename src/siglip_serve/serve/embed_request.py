@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,11 +49,24 @@ RULE = ("without `modality` or typed items, an item is an image when it is a dat
         "(whitespace allowed) that decodes to a JPEG, PNG, WebP, GIF, BMP or TIFF signature; anything else is text")
 
 
+# The OpenAPI document marks image strings with this format (serve/openapi.py): JSON Schema cannot say
+# "decodes to an image", and a format names it for readers and generators (tests/integration/test_openapi.py).
+IMAGE_FORMAT = "image-base64"
+_IMAGE_TEXT = "an image: a data URI (data:image/png;base64,...) or bare base64 of the file"
+_URL_TEXT = "an http(s) URL the service fetches where url_fetch_allowlist allows it (docs/http-api.md, Images by URL)"
+ImageString = Annotated[str, Field(description=f"{_IMAGE_TEXT}, or {_URL_TEXT}",
+                                   json_schema_extra={"format": IMAGE_FORMAT})]
+ModelName = Annotated[str | None, Field(description="optional; must name the served model")]
+CACHE_TEXT = "false: neither read nor fill the embedding cache (embedding_cache_mib) for this request"
+# For the document only: an empty list is refused by the reading functions, with a message naming the field.
+NON_EMPTY: dict[str, Any] = {"minItems": 1}
+
+
 class ImageItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["image"]
-    image: str = Field(description="a data URI or bare base64 of the image file")
+    image: ImageString
 
 
 class TextItem(BaseModel):
@@ -64,8 +77,7 @@ class TextItem(BaseModel):
 
 
 class ImageUrl(BaseModel):
-    url: str = Field(description="a data URI of the image, or an http(s) URL the service fetches where "
-                                 "url_fetch_allowlist allows it")
+    url: str = Field(description=f"a data URI of the image, or {_URL_TEXT}", json_schema_extra={"format": IMAGE_FORMAT})
 
 
 class ImageUrlItem(BaseModel):
@@ -78,6 +90,9 @@ class ImageUrlItem(BaseModel):
 
 
 TypedItem = Annotated[ImageItem | TextItem | ImageUrlItem, Field(discriminator="type")]
+_ITEM_TEXT = ("an image or a text: read by `modality`, else an image when it is a data URI or base64 (whitespace "
+              "such as MIME line breaks skipped) of an image file's bytes, else a text (docs/http-api.md)")
+EmbeddingItem = Annotated[str, Field(description=_ITEM_TEXT)] | TypedItem
 
 
 class EmbeddingsRequest(BaseModel):
@@ -85,15 +100,17 @@ class EmbeddingsRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    input: str | TypedItem | list[str | TypedItem]
-    model: str | None = None
-    modality: Modality | None = None
-    encoding_format: Encoding | None = None
-    # Cohere's name for the same choice, accepted as an alias (one type per request).
-    embedding_types: Encoding | list[Encoding] | None = None
-    dimensions: int | None = Field(None, ge=1)
-    # false: this request neither reads nor fills the embedding cache (serve/embedding_cache.py).
-    cache: bool = True
+    input: EmbeddingItem | list[EmbeddingItem] = Field(json_schema_extra=NON_EMPTY)
+    model: ModelName = None
+    modality: Modality | None = Field(None, description="optional: read every string item as this (a broken image "
+                                                        "then fails as one)")
+    encoding_format: Encoding | None = Field(None, description="float when neither this nor embedding_types is given")
+    embedding_types: Encoding | list[Encoding] | None = Field(
+        None, description="Cohere's name for encoding_format (one type per request)")
+    dimensions: int | None = Field(None, ge=1, description="the model's size, or fewer where the operator allows "
+                                                            "truncation")
+    # Named in the request rather than inferred, so a client can skip serve/embedding_cache.py for one call.
+    cache: bool = Field(True, description=CACHE_TEXT)
 
     def encoding(self) -> Encoding:
         """`encoding_format`, or `embedding_types` as its alias; float when neither is given."""
@@ -218,7 +235,10 @@ class CohereImage(BaseModel):
 
 
 class CohereInput(BaseModel):
-    content: list[Annotated[CohereText | CohereImage, Field(discriminator="type")]] = Field(min_length=1)
+    # maxItems for the document only: read_cohere_items refuses more with a message that says why.
+    content: list[Annotated[CohereText | CohereImage, Field(discriminator="type")]] = Field(
+        min_length=1, description="one text or one image per input (SigLIP fuses none)",
+        json_schema_extra={"maxItems": 1})
 
 
 def _float_only() -> list[Encoding]:
@@ -226,22 +246,22 @@ def _float_only() -> list[Encoding]:
 
 
 class CohereEmbedRequest(BaseModel):
-    """Cohere's v2 embed request (and vLLM's Cohere route): one of `texts`, `images`, `inputs`."""
+    """Cohere's v2 embed request (and vLLM's Cohere route): exactly one of texts, images, inputs."""
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
-    texts: list[str] | None = None
-    images: list[str] | None = None
-    inputs: list[CohereInput] | None = None
-    # SigLIP has no per-task prefixes: accepted for compatibility, no effect.
-    input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = None
+    model: ModelName = None
+    texts: list[str] | None = Field(None, json_schema_extra=NON_EMPTY)
+    images: list[ImageString] | None = Field(None, json_schema_extra=NON_EMPTY)
+    inputs: list[CohereInput] | None = Field(None, json_schema_extra=NON_EMPTY)
+    # SigLIP has no per-task prefixes.
+    input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = Field(
+        None, description="accepted; no effect on SigLIP")
     embedding_types: list[Encoding] = Field(default_factory=_float_only, min_length=1)
     output_dimension: int | None = Field(None, ge=1)
-    # Texts past the context length are cut at the end by the tokenizer, as open_clip does (Cohere's
-    # default); NONE (an error instead) and START are refused: the tokens are counted only in the replica.
-    truncate: Literal["END"] | None = None
-    cache: bool = True  # as EmbeddingsRequest's
+    # NONE (an error instead) and START are refused: the tokens are counted only in the replica.
+    truncate: Literal["END"] | None = Field(None, description="texts are cut at the end, as open_clip")
+    cache: bool = Field(True, description=CACHE_TEXT)
 
 
 def read_cohere_items(request: CohereEmbedRequest) -> list[Item]:

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from siglip_serve.core import errors as user_errors
@@ -71,9 +72,23 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: ErrorType
+    code: int = Field(description="the HTTP status")
+
+
+class ErrorBody(BaseModel):
+    """Every error's body; the OpenAPI document publishes this model's schema for every error status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorDetail
+
+
 def error_response(error: ApiError) -> JSONResponse:
-    body = {"error": {"message": error.message, "type": error.error_type.value, "code": error.status}}
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+    body = ErrorBody(error=ErrorDetail(message=error.message, type=error.error_type, code=error.status))
+    return JSONResponse(body.model_dump(mode="json"), status_code=error.status, headers=error.headers)
 
 
 _STATUS_TYPES = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED, 413: ErrorType.PAYLOAD_TOO_LARGE}

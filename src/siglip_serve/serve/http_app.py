@@ -38,6 +38,10 @@ class Route:
     path: str
     handler: Handler
     needs: tuple[str, ...] = ()
+    # The `endpoint` label values its `Work` is counted under (serve/metrics.py), and whether its items may be
+    # texts; every ingress exports each label's series from zero.
+    endpoints: tuple[str, ...] = ()
+    texts: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,13 @@ class Probe:
     handler: ProbeHandler
     auth: bool = True
     in_schema: bool = True
+
+
+def endpoint_labels(routes: Sequence[Route | Probe]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The `endpoint` label values of the routes' work: every one, and those of routes whose items may be texts."""
+    work = [route for route in routes if isinstance(route, Route)]
+    return (tuple(dict.fromkeys(label for route in work for label in route.endpoints)),
+            tuple(dict.fromkeys(label for route in work if route.texts for label in route.endpoints)))
 
 
 def http_app(ingress: Ingress, routes: Sequence[Route | Probe]) -> FastAPI:

@@ -25,7 +25,14 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from siglip_serve.core.front_door import CLIENT_SEND_TIMEOUT_S
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
-from siglip_serve.serve.embed_request import URLSAFE_TO_STD, CohereEmbedRequest, EmbeddingsRequest
+from siglip_serve.serve.embed_request import (
+    NON_EMPTY,
+    URLSAFE_TO_STD,
+    CohereEmbedRequest,
+    EmbeddingsRequest,
+    ImageString,
+    ModelName,
+)
 from siglip_serve.serve.embedding_output import encode_rows
 from siglip_serve.serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
 from siglip_serve.serve.rerank import RerankRequest
@@ -131,10 +138,10 @@ def check_image_content_type(request: Request) -> None:
 class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    input: str | list[str]
-    labels: list[str] = Field(min_length=1)
-    template: str = DEFAULT_TEMPLATE
-    model: str | None = None
+    input: ImageString | list[ImageString] = Field(json_schema_extra=NON_EMPTY)
+    labels: list[str] = Field(min_length=1, description="distinct labels")
+    template: str = Field(DEFAULT_TEMPLATE, description="with exactly one {}, e.g. 'a photo of {}'")
+    model: ModelName = None
 
 
 JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest, RerankRequest)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray import serve
@@ -45,16 +45,18 @@ class Ingress:
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, plan: ServicePlan, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None,
                  live_replicas: LiveReplicas = registry.live_replicas,
-                 refusal: Callable[[str, str], str | None] = registry.refusal) -> None:
+                 refusal: Callable[[str, str], str | None] = registry.refusal,
+                 endpoints: tuple[Sequence[str], Sequence[str]] = ((), ())) -> None:
         """`plan`: the service's (serve/planner.py): each tower's replicas, this ingress's limits; `replica`:
         (application, replica id), read from Serve's replica context when not given; `live_replicas`,
-        `refusal`: how the registry is read (every live replica's record; a tower's last refusal to start)."""
+        `refusal`: how the registry is read (every live replica's record; a tower's last refusal to start);
+        `endpoints`: the metrics' `endpoint` labels of the routes served (serve/http_app.py `endpoint_labels`)."""
         configure_replica_logging(config.log_level)
         bind_to_node_address()
         tracing.configure(config.tracing, "ingress")
         self.config = config
         self.model = model
-        self.metrics = IngressMetrics()
+        self.metrics = IngressMetrics(*endpoints)
         if replica is None:
             context = serve.get_replica_context()
             replica = (context.app_name, context.replica_id.unique_id)

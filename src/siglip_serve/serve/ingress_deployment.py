@@ -17,7 +17,7 @@ from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.http_app import Probe, Route, http_app
+from siglip_serve.serve.http_app import Probe, Route, endpoint_labels, http_app
 from siglip_serve.serve.ingress import Ingress
 from siglip_serve.serve.ingress_scaling import BUSY_CORES, BusyCores
 from siglip_serve.serve.plan import ServicePlan
@@ -28,8 +28,8 @@ from siglip_serve.serve.routes import ROUTES
 class IngressDeployment:
     def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, plan: ServicePlan, model: ModelInfo,
                  text_encoder: DeploymentHandle | None = None, routes: Sequence[Route | Probe] = ()) -> None:
-        self.ingress = Ingress(encoder, config, plan, model, text_encoder)
         self.routes = (*ROUTES, *routes)
+        self.ingress = Ingress(encoder, config, plan, model, text_encoder, endpoints=endpoint_labels(self.routes))
         self._busy_cores = BusyCores()
 
     def __serve_build_asgi_app__(self) -> FastAPI:

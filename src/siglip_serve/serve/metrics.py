@@ -17,6 +17,7 @@ Neuron path lives (20-300 ms) so p50/p95/p99 there are read to within a few ms.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from ray.serve import metrics
 
@@ -71,11 +72,6 @@ REQUEST_BUCKETS_S = [
 FILL_BUCKETS = [0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
 
 
-# The `endpoint` label of siglip_images_embedded_total and siglip_request_seconds.
-ENDPOINTS = ("image", "multipart", "embeddings", "v2_embed", "classify", "rerank")
-# The `endpoint` label of siglip_texts_embedded_total: text inputs and classify labels (and of
-# siglip_request_seconds for those requests: "text", "classify").
-TEXT_ENDPOINTS = ("embeddings", "v2_embed", "classify", "rerank")
 # The `tower` label of siglip_encoder_forward_seconds, siglip_batch_fill_ratio and the batch queue's two.
 TOWERS = ("image", "text")
 
@@ -119,7 +115,12 @@ def _preprocess_seconds() -> metrics.Histogram:
 
 
 class IngressMetrics:
-    def __init__(self) -> None:
+    """`endpoints`: the `endpoint` label values of siglip_images_embedded_total and siglip_request_seconds, from
+    the route table (serve/http_app.py `endpoint_labels`); `text_endpoints`: those of siglip_texts_embedded_total
+    (text inputs and classify labels). Each series is exported from zero. A request of texts only is observed in
+    siglip_request_seconds as endpoint "text" (serve/schedule.py)."""
+
+    def __init__(self, endpoints: Sequence[str] = (), text_endpoints: Sequence[str] = ()) -> None:
         self.images_embedded = _images_embedded()
         self.requests_rejected = _rejected()
         self.preprocess_seconds = _preprocess_seconds()
@@ -133,9 +134,9 @@ class IngressMetrics:
 
         for reason in ErrorType:
             start_at_zero(self.requests_rejected, {"reason": reason.value})
-        for endpoint in ENDPOINTS:
+        for endpoint in endpoints:
             start_at_zero(self.images_embedded, {"endpoint": endpoint})
-        for endpoint in TEXT_ENDPOINTS:
+        for endpoint in text_endpoints:
             start_at_zero(self.texts_embedded, {"endpoint": endpoint})
 
     def rejected(self, reason: str) -> None:

@@ -13,14 +13,24 @@ documents' order (as Infinity's and vLLM's stable sorts; TEI reverses ties). Not
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import orjson
 from fastapi import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from siglip_serve.serve.embed_request import ImageItem, ImageUrlItem, Item, TextItem, TypedItem, image_item
+from siglip_serve.serve.embed_request import (
+    CACHE_TEXT,
+    NON_EMPTY,
+    ImageItem,
+    ImageUrlItem,
+    Item,
+    ModelName,
+    TextItem,
+    TypedItem,
+    image_item,
+)
 from siglip_serve.serve.errors import ApiError, ErrorType
 
 
@@ -29,13 +39,15 @@ class RerankRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
-    query: str | TypedItem
-    documents: list[str | TypedItem]
+    model: ModelName = None
+    query: Annotated[str, Field(description="a text")] | TypedItem
+    documents: list[Annotated[str, Field(description="a text (as Cohere's documents)")] | TypedItem] = Field(
+        description="texts and images count against max_texts_per_request / max_images_per_request, the query "
+                    "included", json_schema_extra=NON_EMPTY)
     # Cohere's minimum is 1; more than there are documents returns them all (Cohere, Infinity, vLLM).
-    top_n: int | None = Field(None, ge=1)
-    return_documents: bool = False
-    cache: bool = True  # as /v1/embeddings': false neither reads nor fills the embedding cache
+    top_n: int | None = Field(None, ge=1, description="at most this many results; default all")
+    return_documents: bool = Field(False, description="each result carries its document: {text} or {image} as sent")
+    cache: bool = Field(True, description=CACHE_TEXT)
 
 
 def _item(value: str | TypedItem, label: str) -> Item:

@@ -4,9 +4,9 @@ A work route reads its body into items (serve/embed_request.py, serve/http_body.
 scheduling call, `ingress.scheduler.answer(Work(...), deadline, render)` (serve/schedule.py), saying only how to
 answer from the rows. What every route shares is written once: the API key, the capability check, the request's
 place and deadline (serve/http_app.py), the limits, admission per tower (drain, readiness), decoding, encoding
-and the metrics (serve/schedule.py). A new route is a function here and a row in ROUTES, with its document in
-serve/openapi.py; one that scores pairs (rerank) builds its items, asks `Work(score=True)` and renders
-`done.scores(...)`, as classify does.
+and the metrics (serve/schedule.py). A new route is a function here and a row in ROUTES (naming the `endpoint`
+labels its `Work` uses: the metrics export those), with its document in serve/openapi.py; one that scores pairs
+(rerank) builds its items, asks `Work(score=True)` and renders `done.scores(...)`, as classify does.
 """
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
@@ -172,13 +172,13 @@ async def docs(_: Ingress, request: Request) -> Response:
 
 
 ROUTES: tuple[Route | Probe, ...] = (
-    Route("POST", "/v1/embeddings", embeddings),
-    Route("POST", "/v2/embed", embed_v2),
-    Route("POST", "/v1/classify", classify, needs=(SCORE,)),
+    Route("POST", "/v1/embeddings/image", embeddings_image, endpoints=("image", "multipart")),
+    Route("POST", "/v1/embeddings", embeddings, endpoints=("embeddings",), texts=True),
+    Route("POST", "/v2/embed", embed_v2, endpoints=("v2_embed",), texts=True),
+    Route("POST", "/v1/classify", classify, needs=(SCORE,), endpoints=("classify",), texts=True),
     # Jina's, Infinity's and TEI's path, and Cohere's (what the `cohere` SDK posts to), as vLLM serves both.
-    Route("POST", "/v1/rerank", rerank, needs=(SCORE,)),
-    Route("POST", "/v2/rerank", rerank, needs=(SCORE,)),
-    Route("POST", "/v1/embeddings/image", embeddings_image),
+    Route("POST", "/v1/rerank", rerank, needs=(SCORE,), endpoints=("rerank",), texts=True),
+    Route("POST", "/v2/rerank", rerank, needs=(SCORE,), endpoints=("rerank",), texts=True),
     Probe("GET", "/v1/models", models),
     Probe("GET", "/healthz", healthz, auth=False),
     Probe("GET", "/readyz", readyz, auth=False),

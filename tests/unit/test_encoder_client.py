@@ -11,9 +11,9 @@ import pytest
 from ray.exceptions import RayActorError
 from ray.serve._private.handle_options import DynamicHandleOptions
 
+from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.serve.encoder_client import EncoderClient, calls_in_flight, worth_coalescing
 from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.tower_replica import DeadlineExceeded
 from tests.helpers import ServeResponse as Response
 
 

@@ -23,6 +23,11 @@ class BackendUnavailable(UserError, RuntimeError):
     """This machine cannot run the backend; the message is one line saying what to install or fix."""
 
 
+class DeadlineExceeded(TimeoutError):
+    """A request's deadline passed before its batch ran: a tower replica drops it unrun and the ingress
+    answers 504 (both sides raise or catch it, neither imports the other)."""
+
+
 def describe_validation(errors: Iterable[Mapping[str, Any]], root: str = "settings",
                         drop: Sequence[str] = ()) -> str:
     """Pydantic errors as one line: 'buckets: Value error, ...; seed: Input should be ...'.

@@ -30,6 +30,7 @@ from functools import partial
 import numpy as np
 from fastapi import Response
 
+from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
@@ -43,7 +44,6 @@ from siglip_serve.serve.front_door import FrontDoor
 from siglip_serve.serve.item_rows import ItemRows
 from siglip_serve.serve.metrics import IngressMetrics
 from siglip_serve.serve.tower_link import Towers
-from siglip_serve.serve.tower_replica import DeadlineExceeded
 
 # What a route can ask of the service: a tower per kind of item, and `score` (SigLIP's sigmoid, whose logit
 # scale and bias the text tower publishes).

@@ -26,6 +26,7 @@ import ray
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
+from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.serve import registry, tracing
 from siglip_serve.serve.batcher import Batcher
 from siglip_serve.serve.config import ServiceConfig
@@ -36,10 +37,6 @@ from siglip_serve.serve.start_marks import REGISTRATION, START_KEY, StartMarks
 log = logging.getLogger("siglip_serve.replica")
 
 WARMUP_ITERATIONS = 2
-
-
-class DeadlineExceeded(TimeoutError):
-    """The request's deadline passed before its batch ran; it was dropped unrun."""
 
 
 class TowerReplica:

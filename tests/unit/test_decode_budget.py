@@ -23,7 +23,7 @@ from PIL import Image
 
 from siglip_serve.models.preprocess import ImageLimits, ImageRejected, preprocess_image, probe_image, resize_to_array
 from siglip_serve.serve.decode_queue import FairDecodeQueue
-from siglip_serve.serve.errors import image_error
+from siglip_serve.serve.errors import rejection_error
 from tests.helpers import REPO as ROOT
 from tests.helpers import png_file, streamed_png
 
@@ -49,7 +49,7 @@ PEAK_SCRIPT = """
 import json, sys, time
 import psutil
 from siglip_serve.models.preprocess import ImageLimits, ImageRejected, preprocess_image
-from siglip_serve.serve.errors import image_error
+from siglip_serve.serve.errors import rejection_error
 
 def high_water_mark():
     # VmHWM belongs to this process image; ru_maxrss would carry the forking parent's peak across exec.
@@ -63,7 +63,7 @@ began = time.perf_counter()
 try:
     out = list(preprocess_image(data, (64, 64), ImageLimits()).shape)
 except ImageRejected as exc:
-    error = image_error(exc)
+    error = rejection_error(exc)
     out = [error.status, error.message]
 seconds = time.perf_counter() - began
 print(json.dumps({"result": out, "seconds": seconds, "peak_mib": (high_water_mark() - before) / 2**20}))
@@ -119,7 +119,7 @@ def test_side_limit_is_checked_before_decoding() -> None:
     assert (header.width, header.height, header.mode) == (16384, 2, "L")
     with pytest.raises(ImageRejected) as info:
         probe_image(streamed_png(16385, 1, 8, 0, bytes(16385)))
-    error = image_error(info.value)  # the contract's answer to it
+    error = rejection_error(info.value)  # the contract's answer to it
     assert error.status == 413 and "16385x1" in error.message
     assert probe_image(streamed_png(100, 1, 8, 0, bytes(100)), ImageLimits(max_side=100)).width == 100
 

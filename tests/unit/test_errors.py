@@ -66,10 +66,11 @@ def test_schema_mismatch_and_unknown_routes_use_the_contract() -> None:
 
 def test_every_image_error_of_models_has_one_answer_in_the_table() -> None:
     from siglip_serve.models import image_errors
-    from siglip_serve.serve.errors import IMAGE_ERRORS
+    from siglip_serve.serve.errors import REJECTIONS
 
     raised = {cls for cls in vars(image_errors).values()
               if isinstance(cls, type) and issubclass(cls, image_errors.ImageRejected)} - {image_errors.ImageRejected}
+    IMAGE_ERRORS = {cls: answer for cls, answer in REJECTIONS.items() if issubclass(cls, image_errors.ImageRejected)}
     assert set(IMAGE_ERRORS) == raised
     assert {status for status, _ in IMAGE_ERRORS.values()} == {400, 413, 415}
 
@@ -88,3 +89,19 @@ def test_an_image_error_reaching_the_handler_is_answered_from_the_table() -> Non
     assert response.json()["error"] == {"message": "image is 9x9, over the 8-pixel side length limit",
                                         "type": "image_too_large", "code": 413}
     assert [e.error_type for e in seen] == [ErrorType.IMAGE_TOO_LARGE]
+
+
+def test_every_rejection_of_every_family_has_one_answer_in_the_one_table() -> None:
+    """Images, texts and URLs: one base, one table, one adapter (serve/errors.py)."""
+    from siglip_serve.core.errors import Rejected
+    from siglip_serve.core.texts import EmptyText
+    from siglip_serve.serve.errors import REJECTIONS, rejection_error
+
+    def leaves(cls: type[Rejected]) -> set[type[Rejected]]:
+        below = cls.__subclasses__()
+        return {cls} if not below else set().union(*(leaves(sub) for sub in below))
+
+    assert set(REJECTIONS) == leaves(Rejected) and len(REJECTIONS) == 11
+    error = rejection_error(EmptyText("text is blank (whitespace only)"), "input[1]")
+    assert (error.status, error.error_type.value, error.message) == (422, "invalid_request",
+                                                                     "input[1]: text is blank (whitespace only)")

@@ -25,7 +25,7 @@ from siglip_serve.models.preprocess import (
     resize_to_array,
 )
 from siglip_serve.serve import http_body
-from siglip_serve.serve.errors import ApiError, image_error
+from siglip_serve.serve.errors import ApiError, rejection_error
 from siglip_serve.serve.http_body import decode_base64_image, media_type_supported
 
 WHITE, BLACK, RED, GREEN, BLUE = (255, 255, 255), (0, 0, 0), (255, 0, 0), (0, 255, 0), (0, 0, 255)
@@ -46,7 +46,7 @@ def rejected(data: bytes, limits: ImageLimits = ImageLimits()) -> ApiError:
     """The contract's answer (status, type, message) to the image error decode_image raises."""
     with pytest.raises(ImageRejected) as info:
         decode_image(data, limits)
-    return image_error(info.value)
+    return rejection_error(info.value)
 
 
 def row(mode: str, values: list) -> Image.Image:
@@ -614,5 +614,5 @@ def test_media_type_supported(content_type: str | None, ok: bool) -> None:
 
 
 def test_rejection_carries_status_type_message() -> None:
-    err = image_error(UnsupportedImage("nope"))
+    err = rejection_error(UnsupportedImage("nope"))
     assert (err.status, err.error_type, err.message, str(err)) == (415, "unsupported_media_type", "nope", "nope")

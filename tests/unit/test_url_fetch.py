@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.errors import URL_ERRORS, url_error
+from siglip_serve.serve.errors import REJECTIONS, rejection_error
 from siglip_serve.serve.url_allowlist import Allowlist, address_class
 from siglip_serve.serve.url_fetch import (
     MAX_REDIRECTS,
@@ -184,7 +184,7 @@ def test_with_the_allowlist_empty_every_url_is_refused_naming_the_setting(allowe
         message = refused(fetcher(resolver=resolver), url, UrlNotAllowed)
         assert "url_fetch_allowlist is empty" in message
     assert resolver.calls == [] and allowed_server.hits == []
-    error = url_error(UrlNotAllowed(message), "input[2]")
+    error = rejection_error(UrlNotAllowed(message), "input[2]")
     assert (error.status, error.error_type.value) == (400, "url_not_allowed")
     assert error.message.startswith("input[2]: image URLs are off")
 
@@ -319,7 +319,7 @@ def test_the_size_is_capped_by_content_length_and_while_streaming(allowed_server
     message = refused(fetcher("127.0.0.2/32", max_bytes=LIMIT), f"{allowed_server.base}/streamed-big", UrlTooLarge)
     assert f"over the {LIMIT} byte limit" in message
     assert len(fetch(fetcher("127.0.0.2/32", max_bytes=len(IMAGE)), f"{allowed_server.base}/cat.jpg")) == len(IMAGE)
-    error = url_error(UrlTooLarge(message), "input")
+    error = rejection_error(UrlTooLarge(message), "input")
     assert (error.status, error.error_type.value) == (413, "url_too_large")
 
 
@@ -333,7 +333,7 @@ def test_the_fetch_ends_at_the_requests_deadline_and_at_its_own_timeout(allowed_
     hits = len(allowed_server.hits)
     refused(fetcher("127.0.0.2/32"), f"{allowed_server.base}/cat.jpg", UrlTimeout, deadline=time.monotonic() - 1)
     assert len(allowed_server.hits) == hits  # a request already past its deadline fetches nothing
-    error = url_error(UrlTimeout(message), "input")
+    error = rejection_error(UrlTimeout(message), "input")
     assert (error.status, error.error_type.value) == (504, "url_timeout")
 
 
@@ -361,7 +361,7 @@ def test_failures_are_url_fetch_failed_and_never_echo_addresses(allowed_server: 
     closed.close()  # nothing listens there now
     message = refused(fetcher("127.0.0.2/32"), f"http://127.0.0.2:{port}/a.jpg", UrlFetchFailed)
     assert message == "could not connect to the server"
-    error = url_error(UrlFetchFailed(message), "images[0]")
+    error = rejection_error(UrlFetchFailed(message), "images[0]")
     assert (error.status, error.error_type.value) == (400, "url_fetch_failed")
 
 
@@ -392,6 +392,7 @@ def test_the_allowlist_reads_names_domains_cidrs_and_star_and_refuses_anything_e
 
 
 def test_every_url_refusal_has_one_answer_in_the_contract() -> None:
+    URL_ERRORS = {cls: answer for cls, answer in REJECTIONS.items() if issubclass(cls, UrlRejected)}
     assert set(URL_ERRORS) == set(UrlRejected.__subclasses__())
     assert {t.value for _, t in URL_ERRORS.values()} == {"url_not_allowed", "url_fetch_failed", "url_too_large",
                                                          "url_timeout"}

@@ -230,7 +230,7 @@ def test_no_cookie_or_other_state_passes_from_one_fetch_to_another(origin: Origi
 PEAK_SCRIPT = """
 import asyncio, json, sys
 import psutil
-from siglip_serve.serve.errors import url_error
+from siglip_serve.serve.errors import rejection_error
 from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher, UrlRejected
 
 def high_water_mark():
@@ -250,7 +250,7 @@ before = psutil.Process().memory_info().rss
 try:
     got = ["fetched", len(asyncio.run(fetch(sys.argv[1] + "/bomb-" + sys.argv[2])))]
 except UrlRejected as exc:
-    error = url_error(exc, "input")
+    error = rejection_error(exc, "input")
     got = [error.status, error.error_type.value, error.message]
 print(json.dumps({"result": got, "peak_mib": (high_water_mark() - before) / 2**20}))
 """

@@ -25,6 +25,7 @@ import numpy as np
 
 from siglip_serve.bulk.inputs import read_bytes
 from siglip_serve.bulk.repeats import Record, digest
+from siglip_serve.core.errors import Rejected
 from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
@@ -44,22 +45,10 @@ Batch = dict[str, np.ndarray]
 UNREADABLE = "unreadable"
 
 
-def _image_error_type(exc: ImageRejected) -> str:
-    from siglip_serve.serve.errors import IMAGE_ERRORS  # the contract's reason for this rejection
+def _error_type(exc: Rejected) -> str:
+    from siglip_serve.serve.errors import rejection_type  # the contract's reason for this rejection
 
-    return IMAGE_ERRORS[type(exc)][1].value
-
-
-def _url_error_type(exc: UrlRejected) -> str:
-    from siglip_serve.serve.errors import URL_ERRORS
-
-    return URL_ERRORS[type(exc)][1].value
-
-
-def _text_error_type(exc: TextRejected) -> str:
-    from siglip_serve.serve.errors import TEXT_ERRORS
-
-    return TEXT_ERRORS[type(exc)][1].value
+    return rejection_type(exc).value
 
 
 _metrics: BulkMetrics | None = None
@@ -101,7 +90,7 @@ def _read_all(locations: list[str], limits: ImageLimits,
     fetched = [i for i, location in enumerate(locations) if is_url(location)]
     for i, got in zip(fetched, _fetch(urls, [locations[i] for i in fetched]) if fetched else [], strict=True):
         if isinstance(got, UrlRejected):
-            error_types[i], messages[i] = _url_error_type(got), got.message
+            error_types[i], messages[i] = _error_type(got), got.message
         else:
             data[i] = got
     for i, location in enumerate(locations):
@@ -110,7 +99,7 @@ def _read_all(locations: list[str], limits: ImageLimits,
         try:
             data[i] = read_bytes(location, limits)
         except ImageRejected as exc:
-            error_types[i], messages[i] = _image_error_type(exc), exc.message
+            error_types[i], messages[i] = _error_type(exc), exc.message
         except OSError as exc:  # missing, unreadable: never the whole job's end
             error_types[i], messages[i] = UNREADABLE, f"cannot read the file: {exc.strerror or type(exc).__name__}"
     return data, error_types, messages
@@ -148,7 +137,7 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
             pixels[i] = preprocess_image(data[i], size, limits, fast_jpeg)  # type: ignore[arg-type]
             metrics.preprocess_seconds.observe(time.perf_counter() - began)
         except ImageRejected as exc:
-            error_types[i], messages[i] = _image_error_type(exc), exc.message
+            error_types[i], messages[i] = _error_type(exc), exc.message
     for reason in error_types:
         if reason:
             metrics.rejected.inc(1, tags={"reason": reason})
@@ -170,7 +159,7 @@ def check_texts(batch: Batch, *, max_chars: int) -> Batch:
         try:
             check_text(str(text), max_chars)
         except TextRejected as exc:
-            error_types[i], messages[i] = _text_error_type(exc), exc.message
+            error_types[i], messages[i] = _error_type(exc), exc.message
             bulk_metrics().rejected.inc(1, tags={"reason": error_types[i]})
     return {**batch, "error_type": np.array(error_types, dtype=object), "message": np.array(messages, dtype=object)}
 

@@ -23,6 +23,19 @@ class BackendUnavailable(UserError, RuntimeError):
     """This machine cannot run the backend; the message is one line saying what to install or fix."""
 
 
+class Rejected(Exception):
+    """Base of every rejection of one input (an image, a text, an image URL): what its sender has to do
+    differently, in plain words (`message`, safe to answer). The families (models/image_errors.py,
+    core/texts.py, serve/url_fetch.py) know no transport; serve/errors.py's REJECTIONS is the one table of
+    what each means in the HTTP contract, for the service and for bulk's errors table."""
+
+    message: str
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class DeadlineExceeded(TimeoutError):
     """A request's deadline passed before its batch ran: a tower replica drops it unrun and the ingress
     answers 504 (both sides raise or catch it, neither imports the other)."""

@@ -2,21 +2,17 @@
 service's /v1/embeddings and /v1/classify and `siglip-serve embed --text` run this one function, so a
 bulk row is refused exactly when the API refuses the same text.
 
-Like models/image_errors.py for images, the rejections know no transport: serve/errors.py's TEXT_ERRORS
+Like models/image_errors.py for images, the rejections know no transport: serve/errors.py's REJECTIONS
 says what each is in the HTTP contract (status and type), for the service and for bulk's errors table.
 """
 
 from __future__ import annotations
 
+from siglip_serve.core.errors import Rejected
 
-class TextRejected(Exception):
-    """Base of every text rejection; `message` is plain words for the text's sender."""
 
-    message: str
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+class TextRejected(Rejected):
+    """Base of every text rejection."""
 
 
 class EmptyText(TextRejected):

@@ -7,6 +7,8 @@ image's sender, naming the limit where one was crossed, and never an internal ex
 
 from __future__ import annotations
 
+from siglip_serve.core.errors import Rejected
+
 __all__ = [
     "ImageRejected",
     "EmptyImage",
@@ -17,14 +19,8 @@ __all__ = [
 ]
 
 
-class ImageRejected(Exception):
+class ImageRejected(Rejected):
     """Base of every image rejection; raise one of the subclasses."""
-
-    message: str
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class EmptyImage(ImageRejected):

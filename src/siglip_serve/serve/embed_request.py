@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from siglip_serve.models.preprocess import SIGNATURE_BYTES, signature_format
-from siglip_serve.serve.errors import ApiError, ErrorType, url_error
+from siglip_serve.serve.errors import ApiError, ErrorType, rejection_error
 from siglip_serve.serve.url_fetch import UrlFetcher, UrlRejected
 
 Modality = Literal["image", "text"]
@@ -168,7 +168,7 @@ async def fetch_url_items(items: Sequence[Item], fetcher: UrlFetcher, deadline: 
                     group.create_task(one(i))
     except* _Refused as refused:
         first = min((e for e in refused.exceptions if isinstance(e, _Refused)), key=lambda e: e.index)
-        raise url_error(first.error, items[first.index].label) from None
+        raise rejection_error(first.error, items[first.index].label) from None
     return [Item("image", fetched[i], item.label) if item.url else item for i, item in enumerate(items)]
 
 

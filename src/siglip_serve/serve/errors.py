@@ -2,7 +2,7 @@
 
 A 500 never echoes exception text: unexpected exceptions are logged with their traceback and
 answered with a fixed message. models/ raises its own typed image errors, core/texts.py its text ones,
-serve/url_fetch.py its URL ones; IMAGE_ERRORS, TEXT_ERRORS and URL_ERRORS below are the one place that
+serve/url_fetch.py its URL ones, all `Rejected` (core/errors.py); REJECTIONS below is the one place that
 says what each means here (and in bulk's errors table).
 """
 
@@ -20,16 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from siglip_serve.core import errors as user_errors
-from siglip_serve.core.texts import EmptyText, TextRejected, TextTooLong
+from siglip_serve.core.errors import Rejected
+from siglip_serve.core.texts import EmptyText, TextTooLong
 from siglip_serve.models.image_errors import (
     CorruptImage,
     EmptyImage,
     ImageFileTooLarge,
-    ImageRejected,
     ImageTooLarge,
     UnsupportedImage,
 )
-from siglip_serve.serve.url_fetch import UrlFetchFailed, UrlNotAllowed, UrlRejected, UrlTimeout, UrlTooLarge
+from siglip_serve.serve.url_fetch import UrlFetchFailed, UrlNotAllowed, UrlTimeout, UrlTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -93,28 +93,19 @@ def error_response(error: ApiError) -> JSONResponse:
 
 _STATUS_TYPES = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED, 413: ErrorType.PAYLOAD_TOO_LARGE}
 
-# Each of models' image errors as (status, error type) of the contract (docs/http-api.md).
-IMAGE_ERRORS: dict[type[ImageRejected], tuple[int, ErrorType]] = {
+# Each rejection of one input as (status, error type) of the contract (docs/http-api.md): models' image
+# errors, core/texts.py's text ones and serve/url_fetch.py's URL ones. A failed fetch is the client's URL's
+# problem: 400, as OpenAI's API answers "Error while downloading <url>" (openai/openai-python#2776). OpenAI
+# answers a slow download 400 too (vercel/ai#8857); here it is 504, like the request's own deadline, so
+# clients that retry gateway timeouts retry it.
+REJECTIONS: dict[type[Rejected], tuple[int, ErrorType]] = {
     EmptyImage: (400, ErrorType.EMPTY_BODY),
     CorruptImage: (400, ErrorType.INVALID_IMAGE),
     UnsupportedImage: (415, ErrorType.UNSUPPORTED_MEDIA_TYPE),
     ImageTooLarge: (413, ErrorType.IMAGE_TOO_LARGE),
     ImageFileTooLarge: (413, ErrorType.PAYLOAD_TOO_LARGE),
-}
-
-
-# Each of core/texts.py's text rejections as (status, error type) of the contract.
-TEXT_ERRORS: dict[type[TextRejected], tuple[int, ErrorType]] = {
     EmptyText: (422, ErrorType.INVALID_REQUEST),
     TextTooLong: (413, ErrorType.TEXT_TOO_LONG),
-}
-
-
-# Each of serve/url_fetch.py's refusals as (status, error type). A failed fetch is the client's URL's
-# problem: 400, as OpenAI's API answers "Error while downloading <url>" (openai/openai-python#2776). OpenAI
-# answers a slow download 400 too (vercel/ai#8857); here it is 504, like the request's own deadline, so
-# clients that retry gateway timeouts retry it.
-URL_ERRORS: dict[type[UrlRejected], tuple[int, ErrorType]] = {
     UrlNotAllowed: (400, ErrorType.URL_NOT_ALLOWED),
     UrlFetchFailed: (400, ErrorType.URL_FETCH_FAILED),
     UrlTooLarge: (413, ErrorType.URL_TOO_LARGE),
@@ -122,24 +113,18 @@ URL_ERRORS: dict[type[UrlRejected], tuple[int, ErrorType]] = {
 }
 
 
-def url_error(error: UrlRejected, label: str) -> ApiError:
-    """A refused or failed image URL as the contract's error; `label` says which of the request's items it was."""
-    status, error_type = URL_ERRORS[type(error)]
-    return ApiError(status, error_type, f"{label}: {error.message}")
+def rejection_type(error: Rejected) -> ErrorType:
+    """The contract's type of a rejection (bulk's errors table names it too)."""
+    return REJECTIONS[type(error)][1]
 
 
-def text_error(error: TextRejected, label: str) -> ApiError:
-    """A rejected text as the contract's error; `label` says which of the request's texts it was."""
-    status, error_type = TEXT_ERRORS[type(error)]
-    return ApiError(status, error_type, f"{label}: {error.message}")
-
-
-def image_error(error: ImageRejected | ApiError, label: str = "") -> ApiError:
-    """A rejected image as the contract's error; `label` says which of the request's images it was."""
-    if isinstance(error, ApiError):  # the request's own wrapping of the image (data URI, base64)
+def rejection_error(error: Rejected | ApiError, label: str = "") -> ApiError:
+    """A rejected input as the contract's error; `label` says which of the request's items it was. An
+    ApiError is the request's own wrapping of an image (data URI, base64), relabelled."""
+    if isinstance(error, ApiError):
         status, error_type = error.status, error.error_type
     else:
-        status, error_type = IMAGE_ERRORS[type(error)]
+        status, error_type = REJECTIONS[type(error)]
     return ApiError(status, error_type, f"{label}: {error.message}" if label else error.message)
 
 
@@ -154,9 +139,9 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[ApiError], None]) -
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return respond(exc)
 
-    @app.exception_handler(ImageRejected)
-    async def _image(_: Request, exc: ImageRejected) -> JSONResponse:
-        return respond(image_error(exc))
+    @app.exception_handler(Rejected)
+    async def _rejected(_: Request, exc: Rejected) -> JSONResponse:
+        return respond(rejection_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

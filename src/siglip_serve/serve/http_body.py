@@ -34,7 +34,7 @@ from siglip_serve.serve.embed_request import (
     ModelName,
 )
 from siglip_serve.serve.embedding_output import encode_rows
-from siglip_serve.serve.errors import ApiError, ErrorType, describe_validation, error_response, image_error
+from siglip_serve.serve.errors import ApiError, ErrorType, describe_validation, error_response, rejection_error
 from siglip_serve.serve.rerank import RerankRequest
 
 # Ray Serve's proxy parses headers with httptools and no limits (docs/http-api.md, Front-end
@@ -230,7 +230,7 @@ def _check_size(size: int, limits: ImageLimits) -> None:
     try:
         check_file_size(size, limits)
     except ImageRejected as exc:
-        raise image_error(exc) from None
+        raise rejection_error(exc) from None
 
 
 def _invalid_base64(message: str) -> ApiError:

@@ -21,7 +21,7 @@ from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageHeader, preprocess_image, probe_image
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.decode_queue import FairDecodeQueue
-from siglip_serve.serve.errors import ApiError, ErrorType, image_error
+from siglip_serve.serve.errors import ApiError, ErrorType, rejection_error
 from siglip_serve.serve.http_body import decode_base64_image
 
 # Up to this much input a request's headers are read on the event loop: a ~70 KB photo's base64 and
@@ -50,7 +50,7 @@ class ImagePrep:
             try:
                 out.append(decode_base64_image(item, self.limits) if isinstance(item, str) else item)
             except ApiError as exc:
-                raise image_error(exc, label) from None
+                raise rejection_error(exc, label) from None
         return out
 
     def probe(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[tuple[bytes, ImageHeader]]:
@@ -61,7 +61,7 @@ class ImagePrep:
                 raw = decode_base64_image(item, self.limits) if isinstance(item, str) else item
                 out.append((raw, probe_image(raw, self.limits)))
             except (ImageRejected, ApiError) as exc:
-                raise image_error(exc, label) from None
+                raise rejection_error(exc, label) from None
         total = sum(header.pixels for _, header in out)
         if total > self.config.max_request_pixels:
             raise ApiError(413, ErrorType.IMAGE_TOO_LARGE,
@@ -95,7 +95,7 @@ class ImagePrep:
                 try:
                     arrays.append(await task)
                 except ImageRejected as exc:
-                    raise image_error(exc, label) from None
+                    raise rejection_error(exc, label) from None
         finally:
             # A rejected image, an error, the deadline or a client gone: the other decodes are not needed.
             for task in tasks:

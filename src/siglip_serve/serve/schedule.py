@@ -39,7 +39,7 @@ from siglip_serve.serve import tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embed_request import Item
 from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions
-from siglip_serve.serve.errors import ApiError, ErrorType, image_error, text_error
+from siglip_serve.serve.errors import ApiError, ErrorType, rejection_error
 from siglip_serve.serve.front_door import FrontDoor
 from siglip_serve.serve.item_rows import ItemRows
 from siglip_serve.serve.metrics import IngressMetrics
@@ -99,7 +99,7 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConf
         try:
             check_text(text, config.max_text_chars)
         except TextRejected as exc:
-            raise text_error(exc, label) from None
+            raise rejection_error(exc, label) from None
 
 
 class PromptCache:
@@ -223,7 +223,7 @@ class Scheduler:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s") from None
         except ImageRejected as exc:  # a JPEG the device decoder refused (device_jpeg_decode)
-            raise image_error(exc) from None
+            raise rejection_error(exc) from None
 
     # -- the steps ----------------------------------------------------------------------------
 

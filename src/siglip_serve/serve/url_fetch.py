@@ -38,7 +38,7 @@ and connections are not kept alive: a pooled connection is keyed by address, and
 certificate verified) for one name must not carry a request for another name on the same address.
 
 Each refusal or failure is one exception class (UrlRejected's subclasses); serve/errors.py's
-URL_ERRORS gives each its status and contract type. Whatever an origin sends, or an HTTP library raises
+REJECTIONS gives each its status and contract type. Whatever an origin sends, or an HTTP library raises
 while talking to it, ends as one of them. Nothing here knows Ray, FastAPI or torch.
 """
 
@@ -55,6 +55,7 @@ from typing import Any
 
 import httpx
 
+from siglip_serve.core.errors import Rejected
 from siglip_serve.serve.fair_slots import FairSlots
 from siglip_serve.serve.url_allowlist import SETTING, Address, Allowlist, address_class, literal_address
 
@@ -72,12 +73,8 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 _CODINGS = re.compile(r"[a-z0-9._-]{1,16}(, [a-z0-9._-]{1,16}){0,3}")
 
 
-class UrlRejected(Exception):
-    """Base of every URL refusal or failure; raise one of the subclasses. `message` is safe to answer."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+class UrlRejected(Rejected):
+    """Base of every URL refusal or failure; raise one of the subclasses."""
 
 
 class UrlNotAllowed(UrlRejected):

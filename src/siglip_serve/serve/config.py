@@ -78,8 +78,9 @@ class ServiceConfig(ModelSettings):
 
     # On cpu one replica per core beat one replica with a thread per core for small models (serve/cpu_plan.py).
     replicas: int | Literal["auto"] | None = Field(
-        None, description="encoder replicas, or 'auto': on neuron one per logical NeuronCore the Ray cluster "
-                          "declares; on cpu one per core for an image tower up to 150 M parameters (one with "
+        None, description="encoder replicas, or 'auto': one per device of the kind each replica holds that the "
+                          "Ray cluster declares (a logical NeuronCore on neuron, a GPU on cuda), less the text "
+                          "replicas'; on cpu one per core for an image tower up to 150 M parameters (one with "
                           "every core above), as many as memory holds (default: auto on cpu, else 1)")
     neuron_cores_per_replica: int | None = Field(
         None, ge=0, le=1, description="logical NeuronCores each encoder replica asks Ray for (default: 1 on the "

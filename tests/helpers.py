@@ -148,9 +148,10 @@ def stand_in_ingress(image: TowerHandle, text: TowerHandle | None, **args: Any) 
     config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1, "replicas": 1,
                                       "text_replicas": 1 if text else 0, **args})
     records = STAND_IN_RECORDS if text else STAND_IN_RECORDS[:1]
-    return Ingress(image, config, plan_service(config), ModelInfo("tiny-siglip", 4, (64, 64), "random"),  # type: ignore[arg-type]
-                   text, replica=("test", "ingress-1"), live_replicas=lambda app: list(records),  # type: ignore[arg-type]
-                   refusal=lambda app, tower: None)
+    towers = {"image": image, **({"text": text} if text else {})}
+    return Ingress({"tiny-siglip": towers}, config, plan_service(config),  # type: ignore[dict-item]
+                   {"tiny-siglip": ModelInfo("tiny-siglip", 4, (64, 64), "random")}, replica=("test", "ingress-1"),
+                   live_replicas=lambda app: list(records), refusal=lambda app, tower: None)
 
 
 # Applications test modules deployed; conftest's module fixture deletes each module's when it ends,

@@ -57,8 +57,9 @@ def test_the_application_is_built_from_the_plan_as_it_is(monkeypatch: pytest.Mon
     monkeypatch.setattr(app, "plan_service", plan_once)
     ingress = app.build_app(config.model_dump(exclude_none=True, mode="json"))._bound_deployment
     (plan,) = made  # made once for the whole application
-    towers = {arg._bound_deployment.name: arg._bound_deployment for arg in ingress.init_args
-              if isinstance(arg, Application)}
+    (bound,) = ingress.init_args[0].values()  # per served model, its towers
+    towers = {app._bound_deployment.name: app._bound_deployment for app in bound.values()
+              if isinstance(app, Application)}
     for deployment, planned in ((ingress, plan.ingress.deployment), (towers["Encoder"], plan.model.image.deployment),
                                 (towers["TextEncoder"], plan.model.text.deployment)):  # type: ignore[union-attr]
         assert deployment.name == planned.name
@@ -92,3 +93,38 @@ def test_print_plan_counts_the_neuron_cores_it_is_told_of(capsys: pytest.Capture
     model = json.loads(capsys.readouterr().out)["models"][0]
     assert model["image"]["replicas"] == 3 and model["text"]["ask"]["devices"] == {"neuron_cores": 1.0}
     assert model["image"]["visible_devices_env"] == ["NEURON_RT_VISIBLE_CORES"]
+
+
+def test_several_models_each_get_deployments_of_their_own_and_the_default_comes_first() -> None:
+    config = ServiceConfig.from_args({
+        "replicas": 1, "ingress_replicas": 1, "default_model": "new",
+        "models": [{"name": "old", "model": "tiny-siglip", "text_replicas": 1},
+                   {"name": "new", "model": "tiny-siglip2", "replicas": 2, "text_replicas": 0}]})
+    plan = plan_service(config)
+    assert [(m.name, m.model, m.image.replicas) for m in plan.models] == [("new", "tiny-siglip2", 2),
+                                                                         ("old", "tiny-siglip", 1)]
+    assert [t.deployment.name for t in plan.towers()] == ["Encoder-new", "Encoder-old", "TextEncoder-old"]
+    assert {t.model for t in plan.named("old").towers.values()} == {"old"}  # what its replicas publish
+    assert plan.needs()["CPU"] == 3 * 1.0 + 0.5 + 0.5  # every model's replicas beside the one ingress
+
+
+@pytest.mark.parametrize("models, words", [
+    ([{"model": "tiny-siglip"}], "give each model a name"),
+    ([{"name": "a b"}], "give each model a name"),
+    ([{"name": "a"}, {"name": "a"}], "named twice"),
+    ([{"name": "a", "port": 1}], "port belong to the service"),
+    ([{"name": "a", "buckets": [0]}], "models[0] (a): buckets"),
+    ([{"name": "a", "replicas": 1}, {"name": "b"}], "models b: with several models name each one's replicas"),
+])
+def test_a_bad_models_entry_is_refused_naming_it(models: list[dict[str, Any]], words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan_service(ServiceConfig.from_args({"models": models}))
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_default_model_must_be_served() -> None:
+    with pytest.raises(ConfigError, match="'c' is none of the models: a, b"):
+        plan_service(ServiceConfig.from_args({"replicas": 1, "default_model": "c",
+                                              "models": [{"name": "a"}, {"name": "b"}]}))
+    with pytest.raises(ConfigError, match="is not a served model"):
+        plan_service(ServiceConfig.from_args({"model": "tiny-siglip", "replicas": 1, "default_model": "other"}))

@@ -108,7 +108,9 @@ def test_scores_are_sigmoid_probabilities_from_the_scheduling_call_on_both_paths
     assert too_many.status_code == 422 and too_many.json()["error"]["type"] == "too_many_texts"
     assert "4 texts (the query and documents) in one request; the limit is 3" in too_many.json()["error"]["message"]
     assert images.status_code == 422 and images.json()["error"]["type"] == "too_many_images"
-    assert wrong_model.status_code == 422 and "rerank-v3.5" in wrong_model.json()["error"]["message"]
+    assert wrong_model.status_code == 404 and wrong_model.json()["error"]["type"] == "not_found"
+    message = wrong_model.json()["error"]["message"]
+    assert "rerank-v3.5" in message and "tiny-siglip" in message  # what was asked, and what is served
 
 
 def test_rerank_needs_the_text_tower_for_its_logit_scale_and_bias() -> None:

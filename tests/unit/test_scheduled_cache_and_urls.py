@@ -57,7 +57,7 @@ def test_a_repeated_image_is_answered_from_the_cache_byte_identical_however_it_w
         # A text is cached by its text, in the text tower's own scope.
         await rows(served, [Item("text", "a cat", "input")])
         await rows(served, [Item("text", "a cat", "input"), Item("text", "a dog", "input[1]")])
-        return first, again, (await served.describe())["cache"]
+        return first, again, (await served.describe())[0]["cache"]
 
     first, again, stats = asyncio.run(scenario())
     assert image.items == [1, 1] and text.items == [1, 1]
@@ -74,7 +74,7 @@ def test_cache_false_and_the_cache_off_compute_every_time(photo_jpegs: list[byte
         bypassed = await rows(served, images(photo_jpegs[0]), cache=False)
         await rows(served, [Item("text", "a cat", "input")], cache=False)
         await rows(served, [Item("text", "a cat", "input")])
-        stats = (await served.describe())["cache"]
+        stats = (await served.describe())[0]["cache"]
         return bypassed, await rows(served, images(photo_jpegs[0])), stats
 
     bypassed, cached, stats = asyncio.run(scenario())
@@ -88,7 +88,7 @@ def test_cache_false_and_the_cache_off_compute_every_time(photo_jpegs: list[byte
     async def uncached() -> dict[str, Any]:
         await rows(off, images(photo_jpegs[0], photo_jpegs[0]))
         await rows(off, images(photo_jpegs[0]))
-        return (await off.describe())["cache"]
+        return (await off.describe())[0]["cache"]
 
     assert asyncio.run(uncached())["enabled"] is False
     assert image.items == [2, 1]
@@ -100,7 +100,7 @@ def test_identical_images_in_flight_share_one_computation(photo_jpegs: list[byte
 
     async def together() -> tuple[list[np.ndarray], dict[str, Any]]:
         answers = await asyncio.gather(*(rows(served, images(photo_jpegs[2])) for _ in range(3)))
-        return answers, (await served.describe())["cache"]
+        return answers, (await served.describe())[0]["cache"]
 
     answers, stats = asyncio.run(together())
     assert image.items == [1]  # three requests at once, one image encoded

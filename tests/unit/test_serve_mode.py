@@ -18,7 +18,8 @@ def replica_envs(config: ServiceConfig) -> dict[str, dict[str, Any]]:
     from siglip_serve.serve.planner import plan_service
 
     ingress = build(config, plan_service(config))._bound_deployment  # the application's root, bound to its towers
-    towers = [arg._bound_deployment for arg in ingress.init_args if isinstance(arg, Application)]
+    towers = [app._bound_deployment for model in ingress.init_args[0].values() for app in model.values()
+              if isinstance(app, Application)]
     deployments = {d.name: d for d in (ingress, *towers)}
     return {name: d.ray_actor_options.get("runtime_env", {}).get("env_vars", {}) for name, d in deployments.items()}
 

@@ -98,7 +98,9 @@ def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = Non
     config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1, "replicas": 1,
                                       "text_replicas": 1 if handle else 0, **args})
     found = records if records is not None else [IMAGE_RECORD, *([TEXT_RECORD] if handle else [])]
-    return Ingress(HandleOptions(), config, plan_service(config), MODEL, handle, replica=("test", "ingress-1"),  # type: ignore[arg-type]
+    towers = {"image": HandleOptions(), **({"text": handle} if handle else {})}
+    return Ingress({MODEL.name: towers}, config, plan_service(config), {MODEL.name: MODEL},  # type: ignore[dict-item]
+                   replica=("test", "ingress-1"),
                    live_replicas=lambda app: list(found), refusal=lambda app, tower: (refusals or {}).get(tower))
 
 

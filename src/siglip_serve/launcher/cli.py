@@ -206,30 +206,33 @@ def print_plan(args: argparse.Namespace) -> int:
 def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own_session: bool = False) -> int:
     """Checks that need the config, then the service; exits the process when it stops."""
     config = service_config(args, os.environ)
+    from siglip_serve.core.backends import TEXT
     from siglip_serve.launcher.runner import run_service
-    from siglip_serve.models.backends.implementation import check_backend_available
+    from siglip_serve.models.backends.implementation import check_backend_available, check_tower
     from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
+    from siglip_serve.serve.served_models import served_models
 
-    # Before Ray starts: a missing SDK/GPU/artifact or unreachable weights is one line now, not a replica's
-    # refusal later. Here, not in the app's builder: this Ray runs on this machine, while a Serve YAML's
-    # builder runs on a head that may see none of the model's files (serve/app.py).
-    env = None if args.address else {**os.environ, **config.env_vars}
-    check_backend_available(config.model_settings(), env)
+    # Before Ray starts, for every model served: a missing SDK/GPU/artifact or unreachable weights is one line
+    # now, not a replica's refusal later. Here, not in the app's builder: this Ray runs on this machine, while
+    # a Serve YAML's builder runs on a head that may see none of the model's files (serve/app.py).
+    served = served_models(config)
+    for model in served:
+        env = None if args.address else {**os.environ, **model.config.env_vars}
+        check_backend_available(model.config.model_settings(), env)
     if placeholder is not None:
         placeholder.set_stage("checking the model weights")
     if config.tracing:
         from siglip_serve.serve.tracing import check_available
 
         check_available()
-    preflight_weights(config)
+    for model in served:
+        preflight_weights(model.config)
     config = preflight_tokenizer(config)
-    if config.text_replica_count:
-        from siglip_serve.core.backends import TEXT
-        from siglip_serve.models.backends.implementation import check_tower
-
-        # The replicas run on this machine (a Ray of our own) or were checked here by the user: refused
-        # now, in one line, not as text replicas refusing after Ray started.
-        check_tower(config.model_settings(), TEXT)
+    for model in served_models(config):
+        if model.config.text_replica_count:
+            # The replicas run on this machine (a Ray of our own) or were checked here by the user: refused
+            # now, in one line, not as text replicas refusing after Ray started.
+            check_tower(model.config.model_settings(), TEXT)
     if own_session:
         log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
                  os.getpid(), os.getpid())

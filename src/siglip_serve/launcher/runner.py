@@ -204,7 +204,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         timeline.mark(phases.SERVE_START)
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)
-        replicas = plan.model.image.replicas
+        replicas = sum(model.image.replicas for model in plan.models)
         deployed = wait_with_progress(
             lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
             APP_NAME, replicas, stop, began)

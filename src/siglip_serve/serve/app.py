@@ -21,6 +21,7 @@ from siglip_serve.serve.http_app import Probe, Route
 from siglip_serve.serve.ingress_deployment import IngressDeployment
 from siglip_serve.serve.plan import ServicePlan
 from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.served_models import served_models
 from siglip_serve.serve.text_deployment import TextEncoderReplica
 
 log = logging.getLogger("siglip_serve")
@@ -38,24 +39,32 @@ def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bo
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = ()) -> Application:
-    """The application of `plan` (serve/planner.py): the towers' deployments and the ingress, serving the
-    contract's routes and `routes`."""
-    image_size, embed_dim = model_geometry(config.model)
-    model = ModelInfo(config.model, embed_dim, image_size, config.weights_source)
-    towers = plan.model
-    encoder = serve.deployment(**towers.image.deployment.options())(EncoderReplica).bind(config, towers.image)
-    text = (serve.deployment(**towers.text.deployment.options())(TextEncoderReplica).bind(config, towers.text)
-            if towers.text is not None else None)
-    ingress = serve.deployment(IngressDeployment, **plan.ingress.deployment.options())
-    image, front = towers.image, plan.ingress
-    log.info("application: %s on %s, %s encoder replica(s)%s, buckets %s, %s ingress replica(s), %d text replica(s)",
-             config.model, config.backend,
-             image.replicas if image.min_replicas == image.replicas else
-             f"{image.min_replicas}..{image.replicas} autoscaled",
-             f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "", list(config.buckets),
-             front.replicas if front.max_replicas == front.replicas else
-             f"{front.replicas}..{front.max_replicas} autoscaled", towers.text.replicas if towers.text else 0)
-    return ingress.bind(encoder, config, plan, model, text, tuple(routes))
+    """The application of `plan` (serve/planner.py): each model's towers' deployments and the ingress, serving
+    the contract's routes and `routes`."""
+    configs = {model.name: model.config for model in served_models(config)}
+    towers: dict[str, dict[str, Application]] = {}
+    infos: dict[str, ModelInfo] = {}
+    for model in plan.models:
+        own = configs[model.name]
+        image_size, embed_dim = model_geometry(own.model)
+        infos[model.name] = ModelInfo(model.name, embed_dim, image_size, own.weights_source)
+        towers[model.name] = {"image": serve.deployment(**model.image.deployment.options())(EncoderReplica)
+                              .bind(own, model.image)}
+        if model.text is not None:
+            towers[model.name]["text"] = (serve.deployment(**model.text.deployment.options())(TextEncoderReplica)
+                                          .bind(own, model.text))
+        image = model.image
+        log.info("model %s: %s on %s, %s encoder replica(s)%s, buckets %s, %d text replica(s)", model.name,
+                 own.model, own.backend,
+                 image.replicas if image.min_replicas == image.replicas else
+                 f"{image.min_replicas}..{image.replicas} autoscaled",
+                 f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "", list(own.buckets),
+                 model.text.replicas if model.text else 0)
+    front = plan.ingress
+    log.info("ingress: %s replica(s) for %d model(s)", front.replicas if front.max_replicas == front.replicas else
+             f"{front.replicas}..{front.max_replicas} autoscaled", len(plan.models))
+    ingress = serve.deployment(IngressDeployment, **front.deployment.options())
+    return ingress.bind(towers, config, plan, infos, tuple(routes))
 
 
 def text_by_shape(config: ServiceConfig) -> ServiceConfig:
@@ -66,7 +75,8 @@ def text_by_shape(config: ServiceConfig) -> ServiceConfig:
     (`siglip-serve run` decides it by looking, serve/model_checks.py preflight_tokenizer.)"""
     from siglip_serve.models.text import BUNDLED_TOKENIZERS
 
-    if config.text_replicas is not None or config.tokenizer is not None or config.text_replica_count == 0:
+    if (config.text_replicas is not None or config.tokenizer is not None or config.text_replica_count == 0
+            or config.models):  # several models: each entry's text tower as it says (its default on cpu: on)
         return config
     if config.model in BUNDLED_TOKENIZERS:
         return config

@@ -206,6 +206,13 @@ class ServiceConfig(ModelSettings):
                                               "docs/capacity.md): true: in every replica; false: Serve's "
                                               "defaults everywhere; default: in the ingress always, in the "
                                               "towers unless the model runs on the host's cores (backend cpu)")
+    # Several models behind one front door, each on replicas of its own (serve/served_models.py).
+    models: tuple[dict[str, Any], ...] = Field(
+        (), description="several models in one service: each entry `name` (what a request's `model` names) and "
+                        "that model's own settings over the ones above (model, weights, backend, buckets, "
+                        "replicas, text_replicas, ...); empty: the one model above, named by `model`")
+    default_model: str | None = Field(None, description="the model that answers a request naming none (default: "
+                                                        "the first of models)")
     log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
                                                "every replica")

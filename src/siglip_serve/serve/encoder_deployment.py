@@ -15,6 +15,7 @@ import numpy as np
 
 from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
 from siglip_serve.models.device_decode import JpegFiles
+from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.plan import TowerPlan
@@ -49,8 +50,9 @@ class EncoderReplica(TowerReplica):
         self._input_error = EncoderInputError
         super().__init__(config, encoder, EncoderMetrics(tower="image"), start)
         # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
-        held = {name.lower(): os.environ.get(name) for name in plan.visible_devices_env}
-        if VISIBLE_CORES_ENV in plan.visible_devices_env:
+        held: dict[str, str | None] = {registry.SERVED_AS: plan.model}
+        held.update({name.lower(): os.environ.get(name) for name in plan.visible_devices_env})
+        if VISIBLE_CORES_ENV in plan.visible_devices_env or LNC_ENV in os.environ:
             held["neuron_logical_nc_config"] = os.environ.get(LNC_ENV)
         self.publish(held)
         log.info("encoder replica ready: %s", self.info)

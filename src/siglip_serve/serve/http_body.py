@@ -147,16 +147,12 @@ class ClassifyRequest(BaseModel):
 JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest, RerankRequest)
 
 
-def parse_json(body: bytes, schema: type[JsonRequest], served_model: str) -> JsonRequest:
-    """A JSON body as `schema`, its `model` (when given) the served one."""
+def parse_json(body: bytes, schema: type[JsonRequest]) -> JsonRequest:
+    """A JSON body as `schema` (its `model` is the route's to look up: serve/ingress.py `serving`)."""
     try:
-        parsed = schema.model_validate_json(body)
+        return schema.model_validate_json(body)
     except ValidationError as exc:
         raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
-    if parsed.model is not None and parsed.model != served_model:
-        raise ApiError(422, ErrorType.INVALID_REQUEST,
-                       f"model {parsed.model!r} is not served here; this service serves {served_model!r}")
-    return parsed
 
 
 async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:
@@ -202,9 +198,10 @@ class ClassifyInput:
     image_labels: list[str]
     labels: list[str]
     template: str
+    model: str | None = None  # the model asked for (JSON's `model`, a multipart `model` field); None: the default
 
 
-async def read_classify(request: Request, body: bytes, served_model: str) -> ClassifyInput:
+async def read_classify(request: Request, body: bytes) -> ClassifyInput:
     if is_multipart(request):
         files, fields = await multipart_form(request, body)
         if not files:
@@ -212,13 +209,14 @@ async def read_classify(request: Request, body: bytes, served_model: str) -> Cla
         labels = fields.get("labels", [])
         if not labels:
             raise ApiError(422, ErrorType.INVALID_REQUEST, "labels: give one or more `labels` form fields")
+        models = fields.get("model") or []
         return ClassifyInput([data for _, data in files], file_labels(files), labels,
-                             (fields.get("template") or [DEFAULT_TEMPLATE])[-1])
-    parsed = parse_json(body, ClassifyRequest, served_model)
+                             (fields.get("template") or [DEFAULT_TEMPLATE])[-1], models[-1] if models else None)
+    parsed = parse_json(body, ClassifyRequest)
     if isinstance(parsed.input, str):
-        return ClassifyInput([parsed.input], ["input"], parsed.labels, parsed.template)
+        return ClassifyInput([parsed.input], ["input"], parsed.labels, parsed.template, parsed.model)
     return ClassifyInput(list(parsed.input), [f"input[{i}]" for i in range(len(parsed.input))], parsed.labels,
-                         parsed.template)
+                         parsed.template, parsed.model)
 
 
 def file_labels(files: Sequence[tuple[str, bytes]]) -> list[str]:

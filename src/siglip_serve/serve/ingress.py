@@ -1,12 +1,15 @@
 """One ingress replica, composed of its parts (docs/http-api.md is the contract it serves):
 
 - `door` (serve/front_door.py): the API key, each request's place and its one deadline, the drain;
-- `towers` (serve/tower_link.py): a link per tower served (image, text), built by one factory, and their
-  readiness from what their warm replicas published;
-- `images` (serve/image_prep.py): every image checked from its header, then decoded on the fair decode queue;
 - `fetcher` (serve/url_fetch.py): image URLs under `url_fetch_allowlist`, at most `url_fetch_concurrency` at once;
-- `cache` (serve/embedding_cache.py): the embeddings this replica computed, by what was sent (`embedding_cache_mib`);
-- `scheduler` (serve/schedule.py): the one call every route's work goes through.
+- `cache` (serve/embedding_cache.py): the embeddings this replica computed, by what was sent and the model
+  (`embedding_cache_mib`), one for every model;
+- `served`: per model it serves (serve/served_models.py), by the name requests' `model` gives, its parts:
+  - `towers` (serve/tower_link.py): a link per tower (image, text), built by one factory, and their readiness
+    from what their warm replicas published;
+  - `images` (serve/image_prep.py): every image checked from its header, then decoded on the fair decode queue;
+  - `scheduler` (serve/schedule.py): the one call every route's work goes through.
+  `towers`, `images`, `scheduler` and `model` on the ingress itself are the default model's.
 
 The routes (serve/routes.py) are thin functions of this object; serve/http_app.py puts them on a FastAPI app
 behind the front door, and serve/ingress_deployment.py is the Serve deployment that builds both.
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
@@ -35,27 +39,53 @@ from siglip_serve.serve.plan import ServicePlan
 from siglip_serve.serve.replica_grpc import bind_to_node_address
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.schedule import Scheduler
+from siglip_serve.serve.served_models import served_models
 from siglip_serve.serve.tower_link import LiveReplicas, Towers, tower_link
 from siglip_serve.serve.url_fetch import UrlFetcher
 
 log = logging.getLogger("siglip_serve.ingress")
 
 
+@dataclass
+class Served:
+    """One model this ingress serves: its name, config and geometry, its towers' links, its images' checks and
+    the scheduling call over them."""
+
+    name: str
+    config: ServiceConfig
+    model: ModelInfo
+    towers: Towers
+    images: ImagePrep
+    scheduler: Scheduler
+
+    @property
+    def modalities(self) -> list[str]:
+        return list(self.towers)
+
+    @property
+    def text_off_reason(self) -> str | None:
+        """Why this model serves no text (null when it does): the setting, or what the start found."""
+        if "text" in self.towers:
+            return None
+        return self.config.text_off_reason or "text_replicas: 0"
+
+
 class Ingress:
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, plan: ServicePlan, model: ModelInfo,
-                 text_encoder: DeploymentHandle | None = None, replica: tuple[str, str] | None = None,
+    def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], config: ServiceConfig, plan: ServicePlan,
+                 models: Mapping[str, ModelInfo], replica: tuple[str, str] | None = None,
                  live_replicas: LiveReplicas = registry.live_replicas,
                  refusal: Callable[[str, str], str | None] = registry.refusal,
                  endpoints: tuple[Sequence[str], Sequence[str]] = ((), ())) -> None:
-        """`plan`: the service's (serve/planner.py): each tower's replicas, this ingress's limits; `replica`:
-        (application, replica id), read from Serve's replica context when not given; `live_replicas`,
-        `refusal`: how the registry is read (every live replica's record; a tower's last refusal to start);
-        `endpoints`: the metrics' `endpoint` labels of the routes served (serve/http_app.py `endpoint_labels`)."""
+        """`towers`: per served model, its towers' handles ("image", and "text" where it has one); `plan`: the
+        service's (serve/planner.py): each tower's replicas, this ingress's limits; `models`: each model's
+        geometry; `replica`: (application, replica id), read from Serve's replica context when not given;
+        `live_replicas`, `refusal`: how the registry is read (every live replica's record; a tower's last
+        refusal to start); `endpoints`: the metrics' `endpoint` labels of the routes served
+        (serve/http_app.py `endpoint_labels`)."""
         configure_replica_logging(config.log_level)
         bind_to_node_address()
         tracing.configure(config.tracing, "ingress")
         self.config = config
-        self.model = model
         self.metrics = IngressMetrics(*endpoints)
         if replica is None:
             context = serve.get_replica_context()
@@ -64,29 +94,43 @@ class Ingress:
         self._refusal = refusal
         self.plan = plan
         self.door = FrontDoor(config, plan.ingress.limits, self.app_name, self.replica_name)
-        handles = {"image": encoder, "text": text_encoder}
-        towers = plan.model.towers
-        self.towers = Towers({tower: tower_link(handle, config, towers[tower], plan.ingress.replicas)
-                              for tower, handle in handles.items() if handle is not None and tower in towers},
-                             self.app_name, live_replicas)
-        self.images = ImagePrep(config, model.image_size, self.metrics.preprocess_seconds.observe)
         self.fetcher = UrlFetcher(config.url_fetch)
         # Built with the cache off too: the contract's metric names are exported by every ingress.
         self.cache = EmbeddingCache.from_config(config, EmbeddingCacheMetrics())
+        configs = {model.name: model.config for model in served_models(config)}
+        self.served = {model.name: self._serve(model.name, configs[model.name], models[model.name],
+                                               towers[model.name], live_replicas) for model in plan.models}
+        default = self.served[plan.model.name]
+        self.model, self.towers, self.images, self.scheduler = (default.model, default.towers, default.images,
+                                                                default.scheduler)
+
+    def _serve(self, name: str, config: ServiceConfig, model: ModelInfo, handles: Mapping[str, DeploymentHandle],
+               live_replicas: LiveReplicas) -> Served:
+        planned = self.plan.named(name).towers
+        towers = Towers({tower: tower_link(handle, config, planned[tower], self.plan.ingress.replicas)
+                         for tower, handle in handles.items() if tower in planned}, self.app_name, live_replicas)
+        images = ImagePrep(config, model.image_size, self.metrics.preprocess_seconds.observe)
         scopes = {tower: cache_scope(config, tower, model.image_size) for tower in ("image", "text")}
-        rows = ItemRows(self.images, self.fetcher, self.cache, scopes)
-        self.scheduler = Scheduler(config, model, self.metrics, self.door, self.towers, rows)
+        rows = ItemRows(images, self.fetcher, self.cache, scopes)
+        return Served(name, config, model, towers, images,
+                      Scheduler(config, model, self.metrics, self.door, towers, rows))
+
+    def serving(self, name: str | None) -> Served:
+        """The model a request names (None: the default), or 404 naming the ones served."""
+        if name is None:
+            return self.served[self.plan.model.name]
+        if name not in self.served:
+            raise ApiError(404, ErrorType.NOT_FOUND, f"model {name!r} is not served here; this service serves "
+                                                     f"{', '.join(repr(served) for served in self.served)}")
+        return self.served[name]
 
     @property
     def modalities(self) -> list[str]:
-        return list(self.towers)
+        return self.serving(None).modalities
 
     @property
     def text_off_reason(self) -> str | None:
-        """Why this service serves no text (null when it does): the setting, or what the start found."""
-        if "text" in self.towers:
-            return None
-        return self.config.text_off_reason or "text_replicas: 0"
+        return self.serving(None).text_off_reason
 
     def count_error(self, error: ApiError) -> None:
         """Every error answer, counted once by siglip_requests_rejected_total and logged."""
@@ -107,6 +151,9 @@ class Ingress:
         self.cache.publish_size()
         image = self.towers["image"].counts()
         counts = {**image, "towers": {tower: link.counts() for tower, link in self.towers.items()}}
+        if len(self.served) > 1:
+            # The default model alone decides; each other model's own requests wait for its own replicas.
+            counts["models"] = {name: await served.towers.ready() for name, served in self.served.items()}
         if await self.door.drain_marked():
             return ApiError(503, ErrorType.NOT_READY, "server is shutting down", self.door.retry_after()), counts
         if not ready:
@@ -121,21 +168,27 @@ class Ingress:
             return ApiError(503, ErrorType.NOT_READY, ", ".join(short), self.door.retry_after()), counts
         return None, counts
 
-    async def describe(self) -> dict[str, Any]:
-        """/v1/models' entry: the model, the image replicas, the text tower."""
-        replicas = await self.towers.replicas()
-        images = [r for r in replicas if registry.record_tower(r) == "image"]
-        self.towers.observe(replicas)
+    async def describe(self) -> list[dict[str, Any]]:
+        """/v1/models' entries: per model, the default first, its image replicas and its text tower."""
+        return [await self._describe(served) for served in self.served.values()]
+
+    async def _describe(self, served: Served) -> dict[str, Any]:
+        towers = served.towers
+        replicas = await towers.replicas()
+        towers.observe(replicas)
+        images = [r for r in replicas if registry.record_tower(r) == "image" and towers["image"].mine(r)]
         lnc = next((r.get("lnc") or r.get("neuron_logical_nc_config") for r in images
                     if r.get("lnc") or r.get("neuron_logical_nc_config")), None)
-        config = self.config
-        image = self.towers["image"].plan
+        config, model = served.config, served.model
+        image = towers["image"].plan
         return {
-            "id": self.model.name,
+            "id": served.name,
             "object": "model",
             "owned_by": "siglip-serve",
-            "embedding_dim": self.model.embed_dim,
-            "image_size": list(self.model.image_size),
+            "model": config.model,
+            "default": served.name == self.plan.model.name,
+            "embedding_dim": model.embed_dim,
+            "image_size": list(model.image_size),
             "backend": config.backend,
             "weights": config.weights_source,
             "lnc": int(lnc) if lnc is not None else None,
@@ -147,8 +200,8 @@ class Ingress:
             "ingress_replica": self.replica_name,
             "replicas_min_ready": image.min_ready,
             "replicas": images,
-            "modalities": self.modalities,
-            "text_off_reason": self.text_off_reason,
-            "text": self.towers.info("text"),
+            "modalities": served.modalities,
+            "text_off_reason": served.text_off_reason,
+            "text": towers.info("text"),
             "cache": self.cache.stats(),
         }

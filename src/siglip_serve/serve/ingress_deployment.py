@@ -9,7 +9,7 @@ and pickled at import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fastapi import FastAPI
 from ray import serve
@@ -26,10 +26,11 @@ from siglip_serve.serve.routes import ROUTES
 
 @serve.ingress()
 class IngressDeployment:
-    def __init__(self, encoder: DeploymentHandle, config: ServiceConfig, plan: ServicePlan, model: ModelInfo,
-                 text_encoder: DeploymentHandle | None = None, routes: Sequence[Route | Probe] = ()) -> None:
+    def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], config: ServiceConfig, plan: ServicePlan,
+                 models: Mapping[str, ModelInfo], routes: Sequence[Route | Probe] = ()) -> None:
+        """`towers`: per served model, its towers' handles (Serve turns each bound deployment into one)."""
         self.routes = (*ROUTES, *routes)
-        self.ingress = Ingress(encoder, config, plan, model, text_encoder, endpoints=endpoint_labels(self.routes))
+        self.ingress = Ingress(towers, config, plan, models, endpoints=endpoint_labels(self.routes))
         self._busy_cores = BusyCores()
 
     def __serve_build_asgi_app__(self) -> FastAPI:

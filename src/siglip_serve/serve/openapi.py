@@ -13,6 +13,7 @@ here: the raw-image and multipart bodies, and why each error status happens.
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 from typing import Any
 
@@ -67,7 +68,7 @@ _WHY = {
          "signature included), dimensions not served, an image URL not allowed (url_not_allowed) or that "
          "could not be fetched (url_fetch_failed)",
     401: "missing or wrong API key (only when the service has one)",
-    404: "texts, classify or rerank where the service runs no text tower",
+    404: "texts, classify or rerank where the model runs no text tower; a model the service does not serve",
     408: "the body stopped arriving for 10 s before its end (connection closed)",
     413: "body, image, request pixels or text over the configured limit; an image URL's body over the byte "
          "limit (url_too_large)",
@@ -161,8 +162,19 @@ def _schemas() -> dict[str, Any]:
     return dict(definitions.get("$defs", {}))
 
 
-def openapi_document(app: FastAPI) -> dict[str, Any]:
-    """The contract's document for the routes `app` serves.
+def _model_choice(operation: dict[str, Any], path: str, models: list[str]) -> None:
+    """Where a request names its model outside JSON: the raw image route's `?model=`, classify's multipart
+    `model` field; the names this service serves (docs/http-api.md, Several models)."""
+    choice = {"type": "string", "enum": models, "description": "the served model (default: the first)"}
+    if path == "/v1/embeddings/image":
+        operation["parameters"] = [{"name": "model", "in": "query", "required": False, "schema": choice}]
+    form = operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
+    if path == "/v1/classify" and "properties" in form:
+        form["properties"] = {**form["properties"], "model": choice}
+
+
+def openapi_document(app: FastAPI, models: list[str] | None = None) -> dict[str, Any]:
+    """The contract's document for the routes `app` serves; `models`: the names of the models it serves.
 
     FastAPI's document is completed here, path by path, rather than through the route objects: in
     a Serve replica the app answering requests is Serve's wrapper around a frozen copy of ours,
@@ -174,7 +186,9 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         if operation is None:
             continue
         operation["summary"] = doc["summary"]
-        operation.update(doc.get("openapi_extra") or {})
+        operation.update(copy.deepcopy(doc.get("openapi_extra") or {}))
+        if models:
+            _model_choice(operation, path, models)
         operation["responses"] = {str(status): answer for status, answer in doc["responses"].items()}
     components = schema.get("components", {})
     schema["components"] = {**components, "schemas": {**components.get("schemas", {}), **_schemas()},

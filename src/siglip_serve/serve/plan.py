@@ -79,6 +79,7 @@ class TowerPlan(_Data):
     """One tower's deployment (image or text) and what its replicas and the ingress's link read."""
 
     tower: str
+    model: str  # the served model's name (what requests' `model` names), which its replicas publish
     deployment: DeploymentPlan
     ask: ReplicaAsk
     replicas: int  # the most it runs (autoscaled: max_replicas): what the ingress admits and coalesces for
@@ -103,7 +104,8 @@ class IngressPlan(_Data):
 class ModelPlan(_Data):
     """One served model: its towers on its own replicas."""
 
-    name: str
+    name: str  # what requests' `model` names
+    model: str  # the open_clip model it runs
     backend: str
     image: TowerPlan
     text: TowerPlan | None = None
@@ -119,8 +121,11 @@ class ServicePlan(_Data):
 
     @property
     def model(self) -> ModelPlan:
-        """The default model (the first)."""
+        """The default model (the first): it answers requests that name none."""
         return self.models[0]
+
+    def named(self, name: str) -> ModelPlan:
+        return next(model for model in self.models if model.name == name)
 
     def towers(self) -> list[TowerPlan]:
         return [tower for model in self.models for tower in model.towers.values()]

@@ -23,6 +23,7 @@ from siglip_serve.serve.front_door import front_door_limits
 from siglip_serve.serve.ingress_scaling import policy
 from siglip_serve.serve.placement import Plan, declare_hint, plan
 from siglip_serve.serve.plan import DeploymentPlan, IngressPlan, ModelPlan, ReplicaAsk, ServicePlan, TowerPlan
+from siglip_serve.serve.served_models import ServedModel, served_models
 
 # Serve's health check of a tower replica; its timeout stays Serve's default.
 HEALTH_CHECK_PERIOD_S = 10.0
@@ -77,8 +78,8 @@ def visible_devices_env(asks: Plan, ask: ReplicaAsk) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _tower(config: ServiceConfig, asks: Plan, tower: str, name: str, ask: ReplicaAsk, replicas: int, fewest: int,
-           largest_bucket: int, threads: int | None, autoscaling: dict[str, Any] | None) -> TowerPlan:
+def _tower(config: ServiceConfig, asks: Plan, tower: str, model: str, name: str, ask: ReplicaAsk, replicas: int,
+           fewest: int, largest_bucket: int, threads: int | None, autoscaling: dict[str, Any] | None) -> TowerPlan:
     options = ask.actor_options()
     # Nothing read from the model's files: the plan is made in the builder, on the head, which may not see
     # them. The backend's own environment (neuron-native: the artifact's recipe) is set by the replica
@@ -102,7 +103,7 @@ def _tower(config: ServiceConfig, asks: Plan, tower: str, name: str, ask: Replic
         # (graceful_shutdown_wait_loop_s, default 2 s) up to this timeout, then kills it.
         graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
     )
-    return TowerPlan(tower=tower, deployment=deployment, ask=ask, replicas=replicas, min_replicas=fewest,
+    return TowerPlan(tower=tower, model=model, deployment=deployment, ask=ask, replicas=replicas, min_replicas=fewest,
                      min_ready=min(config.min_ready_replicas, replicas, fewest), largest_bucket=largest_bucket,
                      torch_threads=threads, visible_devices_env=visible_devices_env(asks, ask))
 
@@ -131,15 +132,30 @@ def _ingress(config: ServiceConfig, image_replicas: int) -> IngressPlan:
                        max_replicas=scaling.max_replicas if scaling is not None else count, limits=limits)
 
 
-def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = None) -> ServicePlan:
-    """The plan of `config` on a Ray cluster whose totals are `resources` (None: none yet)."""
+def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: str) -> ModelPlan:
+    """One served model's towers; `suffix` names its deployments apart from the other models' ("" for the
+    one model of a config without `models:`, whose deployments keep their plain names)."""
+    config = served.config
     asks = plan(config)
     replicas = image_replicas(config, asks, resources)
     fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
-    image = _tower(config, asks, "image", "Encoder", asks.image, replicas, min(fewest, replicas), config.max_batch_size,
-                   cpu_plan.encoder_torch_threads(config, replicas), _autoscaling(config))
+    image = _tower(config, asks, "image", served.name, f"Encoder{suffix}", asks.image, replicas, min(fewest, replicas),
+                   config.max_batch_size, cpu_plan.encoder_torch_threads(config, replicas), _autoscaling(config))
     texts = config.text_replica_count
-    text = (_tower(config, asks, "text", "TextEncoder", asks.text, texts, texts, config.text_buckets[-1],
-                   cpu_plan.text_torch_threads(config), None) if texts else None)
-    model = ModelPlan(name=config.model, backend=config.backend, image=image, text=text)
-    return ServicePlan(models=(model,), ingress=_ingress(config, replicas))
+    text = (_tower(config, asks, "text", served.name, f"TextEncoder{suffix}", asks.text, texts, texts,
+                   config.text_buckets[-1], cpu_plan.text_torch_threads(config), None) if texts else None)
+    return ModelPlan(name=served.name, model=config.model, backend=config.backend, image=image, text=text)
+
+
+def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = None) -> ServicePlan:
+    """The plan of `config` on a Ray cluster whose totals are `resources` (None: none yet)."""
+    served = served_models(config)
+    several = len(config.models) > 0
+    if several and (auto := [m.name for m in served if m.config.replica_setting == "auto"]):
+        raise ConfigError(f"models {', '.join(auto)}: with several models name each one's replicas (or its "
+                          "autoscaling): `auto` would give every model the whole cluster")
+    models = tuple(_model(model, resources, f"-{model.name}" if several else "") for model in served)
+    # The ingress serves every model: its share of all their image replicas' calls, sized as the default
+    # model's (whose config holds the service's own settings, as every model's does).
+    replicas = sum(model.image.replicas for model in models)
+    return ServicePlan(models=models, ingress=_ingress(served[0].config, replicas))

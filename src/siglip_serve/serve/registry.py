@@ -15,6 +15,8 @@ import ray
 from ray.experimental import internal_kv
 
 _NAMESPACE = "siglip_serve"
+# The key of a replica's served model (the name requests' `model` gives) in its record.
+SERVED_AS = "served_as"
 _PREFIX = "replica/"
 
 

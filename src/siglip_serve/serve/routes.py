@@ -1,12 +1,13 @@
 """The HTTP contract's routes (docs/http-api.md), thin functions of the replica's `Ingress` (serve/ingress.py).
 
 A work route reads its body into items (serve/embed_request.py, serve/http_body.py) and hands them to the one
-scheduling call, `ingress.scheduler.answer(Work(...), deadline, render)` (serve/schedule.py), saying only how to
-answer from the rows. What every route shares is written once: the API key, the capability check, the request's
-place and deadline (serve/http_app.py), the limits, admission per tower (drain, readiness), decoding, encoding
-and the metrics (serve/schedule.py). A new route is a function here and a row in ROUTES (naming the `endpoint`
-labels its `Work` uses: the metrics export those), with its document in serve/openapi.py; one that scores pairs
-(rerank) builds its items, asks `Work(score=True)` and renders `done.scores(...)`, as classify does.
+scheduling call of the model it names, `ingress.serving(model).scheduler.answer(Work(...), deadline, render)`
+(serve/schedule.py), saying only how to answer from the rows. What every route shares is written once: the API key,
+the capability check, the request's place and deadline (serve/http_app.py), the limits, admission per tower (drain,
+readiness), decoding, encoding and the metrics (serve/schedule.py). A new route is a function here and a row in
+ROUTES (naming the `endpoint` labels its `Work` uses: the metrics export those), with its document in
+serve/openapi.py; one that scores pairs (rerank) builds its items, asks `Work(score=True)` and renders
+`done.scores(...)`, as classify does.
 """
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
@@ -49,28 +50,31 @@ from siglip_serve.serve.schedule import SCORE, Scheduled, Work
 
 async def embeddings(ingress: Ingress, request: Request, deadline: float) -> Response:
     parsed = await _read_json(ingress, request, EmbeddingsRequest)
+    served = ingress.serving(parsed.model)
     items = read_items(parsed)
     encoding, read_as = parsed.encoding(), [item.kind for item in items]
 
     def render(done: Scheduled) -> Response:
-        return render_embeddings(done.rows, ingress.model.name, encoding, done.images, done.texts, read_as=read_as)
+        return render_embeddings(done.rows, served.name, encoding, done.images, done.texts, read_as=read_as)
 
     work = Work("embeddings", items, dimensions=parsed.dimensions, cache=parsed.cache)
-    return await ingress.scheduler.answer(work, deadline, render)
+    return await served.scheduler.answer(work, deadline, render)
 
 
 async def embed_v2(ingress: Ingress, request: Request, deadline: float) -> Response:
     """Cohere's v2 embed shape on the same path as /v1/embeddings (serve/embed_request.py)."""
     parsed = await _read_json(ingress, request, CohereEmbedRequest)
+    served = ingress.serving(parsed.model)
     items = read_cohere_items(parsed)
     texts = [str(item.value) for item in items if item.kind == "text"]
     work = Work("v2_embed", items, dimensions=parsed.output_dimension, cache=parsed.cache)
-    return await ingress.scheduler.answer(work, deadline, lambda done: render_cohere(
-        done.rows, ingress.model.name, parsed.embedding_types, texts, done.images))
+    return await served.scheduler.answer(work, deadline, lambda done: render_cohere(
+        done.rows, served.name, parsed.embedding_types, texts, done.images))
 
 
 async def embeddings_image(ingress: Ingress, request: Request, deadline: float) -> Response:
-    """One image as the raw body, or any number as multipart file parts."""
+    """One image as the raw body, or any number as multipart file parts; the model by `?model=` (or the default)."""
+    served = ingress.serving(request.query_params.get("model"))
     multipart = is_multipart(request)
     if not multipart:
         check_image_content_type(request)
@@ -80,14 +84,15 @@ async def embeddings_image(ingress: Ingress, request: Request, deadline: float) 
     else:
         files = await multipart_files(request, body)
         work = Work("multipart", _images([data for _, data in files], file_labels(files)))
-    return await ingress.scheduler.answer(work, deadline, lambda done: render_embeddings(
-        done.rows, ingress.model.name, "float", images=done.images))
+    return await served.scheduler.answer(work, deadline, lambda done: render_embeddings(
+        done.rows, served.name, "float", images=done.images))
 
 
 async def classify(ingress: Ingress, request: Request, deadline: float) -> Response:
     """Zero-shot: every image scored against every label's prompt with SigLIP's sigmoid."""
     body = await read_body(request, ingress.config.max_body_bytes)
-    asked = await read_classify(request, body, ingress.model.name)
+    asked = await read_classify(request, body)
+    served = ingress.serving(asked.model)
     if not asked.images:
         raise ApiError(422, ErrorType.INVALID_REQUEST, "input: at least one image is needed")
     prompts = prompts_of(asked.labels, asked.template)
@@ -101,26 +106,27 @@ async def classify(ingress: Ingress, request: Request, deadline: float) -> Respo
             order = sorted(range(len(prompts)), key=lambda j: -row[j])  # stable: ties keep label order
             data.append({"object": "classification", "index": i,
                          "labels": [{"label": asked.labels[j], "score": float(row[j])} for j in order]})
-        answer = {"object": "list", "data": data, "model": ingress.model.name, "template": asked.template,
+        answer = {"object": "list", "data": data, "model": served.name, "template": asked.template,
                   "usage": {"images": done.images, "texts": done.texts}}
         return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
 
     work = Work("classify", items, score=True, cached_texts=True, texts_called="labels")
-    return await ingress.scheduler.answer(work, deadline, render)
+    return await served.scheduler.answer(work, deadline, render)
 
 
 async def rerank(ingress: Ingress, request: Request, deadline: float) -> Response:
     """Cohere's v2 rerank: documents (texts or images) ordered by SigLIP's probability for the query
     (serve/rerank.py), the query's row scored against every document's as classify scores labels."""
     parsed = await _read_json(ingress, request, RerankRequest)
+    served = ingress.serving(parsed.model)
 
     def render(done: Scheduled) -> Response:
         scores = done.scores(done.rows[:1], done.rows[1:])[0]
-        return render_rerank(parsed, scores, ingress.model.name, done.images, done.texts)
+        return render_rerank(parsed, scores, served.name, done.images, done.texts)
 
     work = Work("rerank", read_rerank_items(parsed), score=True, cache=parsed.cache,
                 texts_called="texts (the query and documents)")
-    return await ingress.scheduler.answer(work, deadline, render)
+    return await served.scheduler.answer(work, deadline, render)
 
 
 def prompts_of(labels: Sequence[str], template: str) -> list[str]:
@@ -134,7 +140,7 @@ def prompts_of(labels: Sequence[str], template: str) -> list[str]:
 
 
 async def _read_json(ingress: Ingress, request: Request, schema: type[JsonRequest]) -> JsonRequest:
-    return parse_json(await read_body(request, ingress.config.max_body_bytes), schema, ingress.model.name)
+    return parse_json(await read_body(request, ingress.config.max_body_bytes), schema)
 
 
 def _images(values: Sequence[bytes | str], labels: Sequence[str]) -> list[Item]:
@@ -146,7 +152,7 @@ def _images(values: Sequence[bytes | str], labels: Sequence[str]) -> list[Item]:
 
 
 async def models(ingress: Ingress, _: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [await ingress.describe()]})
+    return JSONResponse({"object": "list", "data": await ingress.describe()})
 
 
 async def healthz(_: Ingress, __: Request) -> Response:
@@ -161,8 +167,8 @@ async def readyz(ingress: Ingress, _: Request) -> Response:
     return JSONResponse({"status": "ready", **counts})
 
 
-async def openapi(_: Ingress, request: Request) -> Response:
-    return Response(json.dumps(openapi_document(request.app)), media_type="application/json")
+async def openapi(ingress: Ingress, request: Request) -> Response:
+    return Response(json.dumps(openapi_document(request.app, list(ingress.served))), media_type="application/json")
 
 
 async def docs(_: Ingress, request: Request) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.metrics import EncoderMetrics
 from siglip_serve.serve.plan import TowerPlan
@@ -40,7 +41,7 @@ class TextEncoderReplica(TowerReplica):
         encoder = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
         start.mark(BUILD)
         super().__init__(config, encoder, EncoderMetrics(tower="text"), start)
-        self.publish()
+        self.publish({registry.SERVED_AS: plan.model})
         log.info("text encoder replica ready: %s", self.info)
 
     def encode_chunks(self, chunks: list[Any]) -> list[Any]:

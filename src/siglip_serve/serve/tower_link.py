@@ -38,9 +38,14 @@ class TowerLink:
     accepting: bool = False
     info: dict[str, Any] | None = None  # a warm replica's record: its description and warm-up
 
+    def mine(self, record: dict[str, Any]) -> bool:
+        """Whether a replica's record is this tower's, of this model (a record naming no model: any)."""
+        return (registry.record_tower(record) == self.tower
+                and record.get(registry.SERVED_AS, self.plan.model) == self.plan.model)
+
     def observe(self, records: list[dict[str, Any]]) -> bool:
         """Every live replica's record, as the registry has them now: True when enough of this tower's are warm."""
-        mine = [record for record in records if registry.record_tower(record) == self.tower]
+        mine = [record for record in records if self.mine(record)]
         self.live = len(mine)
         ready = self.live >= self.plan.min_ready
         if mine:

@@ -66,15 +66,13 @@ def _autoscaling(config: ServiceConfig) -> dict[str, Any] | None:
 
 
 def visible_devices_env(asks: Plan, ask: ReplicaAsk) -> tuple[str, ...]:
-    """The variables Ray sets to the devices `ask` holds: the backend's own (its record), and
-    NEURON_RT_VISIBLE_CORES wherever replicas hold neuron_cores (Ray's Neuron accelerator manager sets it
-    whatever runs in them: the tests place cpu replicas on declared cores)."""
-    found = []
-    for device in ask.devices:
-        if device == asks.backend.ray_resource and asks.backend.visible_devices_env:
-            found.append(asks.backend.visible_devices_env)
-        elif device == NEURON_CORES:
-            found.append(VISIBLE_CORES_ENV)
+    """The variables that name a replica's devices: its backend's own (the record's; set by Ray where the
+    replica holds that resource, or by the operator in env_vars), and NEURON_RT_VISIBLE_CORES wherever it
+    holds neuron_cores (Ray's Neuron accelerator manager sets it whatever runs there: the tests place cpu
+    replicas on declared cores)."""
+    found = [asks.backend.visible_devices_env] if asks.backend.visible_devices_env else []
+    if NEURON_CORES in ask.devices:
+        found.append(VISIBLE_CORES_ENV)
     return tuple(dict.fromkeys(found))
 
 

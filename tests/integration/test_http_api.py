@@ -174,7 +174,7 @@ def test_json_errors_name_the_item(client: httpx.Client, photo_jpegs: list[bytes
     assert_error(client.post("/v1/embeddings", json={"input": []}), 422, "invalid_request")
     assert_error(client.post("/v1/embeddings", content=b"{not json", headers={"Content-Type": "application/json"}),
                  422, "invalid_request")
-    assert_error(client.post("/v1/embeddings", json={"input": [good], "model": "other"}), 422, "invalid_request")
+    assert_error(client.post("/v1/embeddings", json={"input": [good], "model": "other"}), 404, "not_found")
     assert_error(client.post("/v1/embeddings", content=b""), 400, "empty_body")
 
 

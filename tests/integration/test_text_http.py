@@ -250,7 +250,7 @@ def test_classify_errors(client: httpx.Client, photo_jpegs: list[bytes]) -> None
                                                          "labels": ["cat"]}), 400, "invalid_image")
     assert "input[1]" in bad["message"]
     assert_error(client.post("/v1/classify", json={"input": image, "labels": ["cat"], "model": "other"}),
-                 422, "invalid_request")
+                 404, "not_found")
     assert_error(client.post("/v1/classify", files=[("labels", (None, "cat"))]), 400, "empty_body")
     no_auth = httpx.post(f"{client.base_url}/v1/classify", json={"input": image, "labels": ["cat"]}, timeout=TIMEOUT)
     assert_error(no_auth, 401, "unauthorized")

@@ -132,7 +132,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
 
     from siglip_serve.serve.app import build, plan_on_cluster
     from siglip_serve.serve.cluster_fit import check_cluster_fits
-    from siglip_serve.serve.placement import plan as placement
+    from siglip_serve.serve.placement import auto_device
     from siglip_serve.serve.planner import plan_service
 
     stop = threading.Event()
@@ -155,7 +155,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         # move between the two (the available memory moves as Ray starts). Except where `auto` counts a
         # device nobody declared: Ray detects the host's own (its Neuron and GPU managers), so that plan
         # is made against the Ray once it runs, as on a joined cluster.
-        if neuron_cores or config.replica_setting != "auto" or placement(config).device is None:
+        if neuron_cores or auto_device(config) is None:
             plan = plan_service(config, local_resources(neuron_cores))
             init_args.update(ray_resources(plan))
         init_args["_node_ip_address"] = RAY_HOST

@@ -134,13 +134,13 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
     from siglip_serve.launcher.preflight import free_port
     from siglip_serve.launcher.runner import ray_resources
     from siglip_serve.serve.app import build
-    from siglip_serve.serve.placement import plan as placement
+    from siglip_serve.serve.placement import auto_device
     from siglip_serve.serve.planner import plan_service
 
     use_front_end(front_end, local_only=True)
     port = free_port()
     config = served_config(config)
-    plan = None if config.replica_setting == "auto" and placement(config).device else plan_service(config)
+    plan = None if auto_device(config) else plan_service(config)
     ray_options: dict[str, Any] = {}
     if plan is not None:
         ray_options = ray_resources(plan)

@@ -32,8 +32,7 @@ import ray
 from siglip_serve.core.constants import KUBERAY_ENV, NEURON_CORES
 from siglip_serve.core.poll import poll
 from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.placement import declare_hint
-from siglip_serve.serve.placement import plan as placement
+from siglip_serve.serve.placement import auto_device, declare_hint
 from siglip_serve.serve.plan import ServicePlan
 
 log = logging.getLogger("siglip_serve")
@@ -125,8 +124,8 @@ def planning_resources(config: ServiceConfig, growth: Growth, stop: Callable[[],
     and the cluster grows, once that device's count has registered and held (`settled_count`)."""
     resources = resources or ray.cluster_resources
     have = dict(resources())
-    device = placement(config).device
-    if config.replica_setting == "auto" and device is not None and growth.grows:
+    device = auto_device(config)
+    if device is not None and growth.grows:
         have[device] = settled_count(config.cluster_wait_s, growth, resource=device, resources=resources, stop=stop)
     return have
 

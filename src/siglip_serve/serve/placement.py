@@ -62,3 +62,9 @@ def plan(config: ServiceConfig | ModelSettings) -> Plan:
     text = {resource: image[resource] for resource in record.resources if resource in image}
     return Plan(record, ReplicaAsk(num_cpus=config.encoder_num_cpus, devices=image),
                 ReplicaAsk(num_cpus=config.text_num_cpus, devices=text))
+
+
+def auto_device(config: ServiceConfig) -> str | None:
+    """The device resource `replicas: auto` counts in the Ray cluster (what each image replica holds), or None
+    where the count is named or counts the host's cores: only such a plan needs the cluster's resources."""
+    return plan(config).device if config.replica_setting == "auto" else None

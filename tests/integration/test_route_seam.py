@@ -44,7 +44,7 @@ async def similarity(ingress: Ingress, request: Request, deadline: float) -> Res
     def render(done: Scheduled) -> Response:
         return JSONResponse({"score": float(done.scores(done.rows[:1], done.rows[1:])[0, 0])})
 
-    return await ingress.scheduler.answer(Work("similarity", items, score=True), deadline, render)
+    return await ingress.serving(None).scheduler.answer(Work("similarity", items, score=True), deadline, render)
 
 
 SIMILARITY = Route("POST", "/v1/test-similarity", similarity, needs=(SCORE,))

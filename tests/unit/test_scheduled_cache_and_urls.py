@@ -35,7 +35,8 @@ def _no_drain(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def rows(ingress: Ingress, items: list[Item], cache: bool = True, seconds: float = 30.0) -> np.ndarray:
     """The items' rows through the scheduling call (one event loop per ingress: its batchers are bound to it)."""
-    done = await ingress.scheduler.embed(Work("embeddings", items, cache=cache), time.monotonic() + seconds)
+    work = Work("embeddings", items, cache=cache)
+    done = await ingress.serving(None).scheduler.embed(work, time.monotonic() + seconds)
     return done.rows
 
 
@@ -116,7 +117,8 @@ def _fetching(served: Ingress, answer: Any) -> list[str]:
         asked.append(request.url.path)
         return await answer(request)
 
-    served.scheduler.rows.fetcher = UrlFetcher(served.config.url_fetch, transport=httpx.MockTransport(handler))
+    served.serving(None).scheduler.rows.fetcher = UrlFetcher(served.config.url_fetch,
+                                                             transport=httpx.MockTransport(handler))
     return asked
 
 

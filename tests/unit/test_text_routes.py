@@ -107,13 +107,13 @@ def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = Non
 async def encode_texts(ingress: Ingress, texts: list[str], deadline: float) -> np.ndarray:
     """Texts through the scheduling call, as /v1/embeddings sends them."""
     items = [Item("text", text, f"input[{i}]") for i, text in enumerate(texts)]
-    return (await ingress.scheduler.embed(Work("embeddings", items), deadline)).rows
+    return (await ingress.serving(None).scheduler.embed(Work("embeddings", items), deadline)).rows
 
 
 async def embed_prompts(ingress: Ingress, prompts: list[str], deadline: float) -> np.ndarray:
     """Prompts through the scheduling call, as /v1/classify sends its labels."""
     items = [Item("text", prompt, f"labels[{i}]") for i, prompt in enumerate(prompts)]
-    return (await ingress.scheduler.embed(Work("classify", items, cached_texts=True), deadline)).rows
+    return (await ingress.serving(None).scheduler.embed(Work("classify", items, cached_texts=True), deadline)).rows
 
 
 def soon(seconds: float = 30.0) -> float:
@@ -152,7 +152,7 @@ def test_a_draining_ingress_refuses_texts_as_it_refuses_images() -> None:
     ingress.door.draining = True
     for tower in ("text", "image"):
         async def admit(tower: str = tower) -> None:
-            await ingress.scheduler.admit(tower)
+            await ingress.serving(None).scheduler.admit(tower)
 
         with pytest.raises(ApiError) as error:
             asyncio.run(admit())
@@ -218,7 +218,8 @@ def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
     assert handle.calls == [["cat", "dog"], ["car"], ["bird"]]
     np.testing.assert_array_equal(again[:2], first[::-1])
     np.testing.assert_array_equal(evicted[1], first[0])
-    assert list(ingress.scheduler.prompts.entries) == ["car", "cat", "bird"]  # "dog", least recently used, went first
+    # "dog", least recently used, went first
+    assert list(ingress.serving(None).scheduler.prompts.entries) == ["car", "cat", "bird"]
 
 
 # -- the towers' links ---------------------------------------------------------------------------
@@ -280,7 +281,7 @@ def test_a_loading_text_tower_is_refused_at_once_for_embeddings_and_classify_ali
                  Work("classify", [Item("text", "a photo of cat", "labels[0]")], score=True, cached_texts=True)):
         began = time.monotonic()
         with pytest.raises(ApiError) as error:
-            asyncio.run(ingress.scheduler.embed(work, time.monotonic() + 30))
+            asyncio.run(ingress.serving(None).scheduler.embed(work, time.monotonic() + 30))
         # Before, a text request waited up to its whole deadline for the text replica's description.
         assert time.monotonic() - began < 1.0
         assert (error.value.status, error.value.error_type.value) == (503, "not_ready")
@@ -289,7 +290,7 @@ def test_a_loading_text_tower_is_refused_at_once_for_embeddings_and_classify_ali
 
 def test_classify_scores_with_the_logit_the_text_replica_published() -> None:
     ingress = routes(TextHandle(), records=[IMAGE_RECORD, {**TEXT_RECORD, "logit_scale": 2.0, "logit_bias": 0.5}])
-    done = asyncio.run(ingress.scheduler.embed(
+    done = asyncio.run(ingress.serving(None).scheduler.embed(
         Work("classify", [Item("text", "cat", "labels[0]")], score=True), time.monotonic() + 30))
     assert done.logit == (2.0, 0.5)
     row = done.rows[0].astype(np.float64)
@@ -301,3 +302,47 @@ def test_a_route_needing_a_tower_that_is_off_is_answered_404_before_its_body_is_
         # Not even a body: the capability is checked first (serve/http_app.py), naming why text is off.
         response = client.post("/v1/classify")
     assert response.status_code == 404 and "text_replicas: 0" in response.json()["error"]["message"]
+
+
+def test_an_ingress_of_two_models_reads_the_registry_once_per_probe_and_counts_each_models_own() -> None:
+    config = ServiceConfig.from_args({"ingress_replicas": 1, "replicas": 1, "text_replicas": 0, "models": [
+        {"name": "old", "model": "tiny-siglip"}, {"name": "new", "model": "tiny-siglip2"}]})
+    reads: list[str] = []
+
+    def live(app: str) -> list[dict[str, Any]]:
+        reads.append(app)
+        return [{**IMAGE_RECORD, registry.SERVED_AS: "old"}]  # only the default model's replica is warm
+
+    ingress = Ingress({"old": {"image": HandleOptions()}, "new": {"image": HandleOptions()}},  # type: ignore[dict-item]
+                      config, plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
+                      live_replicas=live, refusal=lambda app, tower: None)
+    status, body = ready_answer(ingress)
+    assert status == 200 and body["models"] == {"old": True, "new": False}
+    assert reads == ["test"]
+    described = asyncio.run(ingress.describe())
+    assert [(m["id"], len(m["replicas"])) for m in described] == [("old", 1), ("new", 0)]
+    assert len(reads) == 2
+
+
+def test_the_check_before_the_body_passes_where_any_model_can_do_the_work() -> None:
+    """Text is off for the default model and on for the other: a text request naming the other is not
+    refused before its body is read; its own scheduling call then serves it, the default's refuses."""
+    config = ServiceConfig.from_args({"ingress_replicas": 1, "replicas": 1, "models": [
+        {"name": "old", "model": "tiny-siglip", "text_replicas": 0},
+        {"name": "new", "model": "tiny-siglip", "text_replicas": 1}]})
+    records = [{**IMAGE_RECORD, registry.SERVED_AS: name} for name in ("old", "new")]
+    ingress = Ingress({"old": {"image": HandleOptions()},  # type: ignore[dict-item]
+                       "new": {"image": HandleOptions(), "text": TextHandle()}},
+                      config, plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
+                      live_replicas=lambda app: [*records, {**TEXT_RECORD, registry.SERVED_AS: "new"}],
+                      refusal=lambda app, tower: None)
+    ingress.require("text")
+    rows = asyncio.run(ingress.serving("new").scheduler.embed(Work("embeddings", [Item("text", "cat", "input")]),
+                                                              time.monotonic() + 30)).rows
+    assert rows.shape == (1, 4)
+    with pytest.raises(ApiError) as refused:
+        ingress.serving(None).scheduler.require("text")
+    assert refused.value.status == 404
+    with pytest.raises(ApiError) as single:
+        routes(None).require("text")  # one model, no text: refused before the body, as before
+    assert single.value.status == 404

@@ -90,7 +90,7 @@ def _endpoint(ingress: Ingress, route: Route | Probe) -> Callable[[Request], Awa
 
     async def endpoint(request: Request) -> Response:
         ingress.door.check_auth(request)
-        ingress.scheduler.require(*work.needs)
+        ingress.require(*work.needs)
         async with ingress.door.deadline(request) as deadline:
             return await work.handler(ingress, request, deadline)
 

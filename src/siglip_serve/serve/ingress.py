@@ -9,7 +9,7 @@
     from what their warm replicas published;
   - `images` (serve/image_prep.py): every image checked from its header, then decoded on the fair decode queue;
   - `scheduler` (serve/schedule.py): the one call every route's work goes through.
-  `towers`, `images`, `scheduler` and `model` on the ingress itself are the default model's.
+  `towers` on the ingress itself is the default model's: it alone decides whether the service is ready.
 
 The routes (serve/routes.py) are thin functions of this object; serve/http_app.py puts them on a FastAPI app
 behind the front door, and serve/ingress_deployment.py is the Serve deployment that builds both.
@@ -40,7 +40,7 @@ from siglip_serve.serve.replica_grpc import bind_to_node_address
 from siglip_serve.serve.replica_logging import configure_replica_logging
 from siglip_serve.serve.schedule import Scheduler
 from siglip_serve.serve.served_models import served_models
-from siglip_serve.serve.tower_link import LiveReplicas, Towers, tower_link
+from siglip_serve.serve.tower_link import LiveReplicas, RegistryLook, Towers, tower_link
 from siglip_serve.serve.url_fetch import UrlFetcher
 
 log = logging.getLogger("siglip_serve.ingress")
@@ -97,18 +97,16 @@ class Ingress:
         self.fetcher = UrlFetcher(config.url_fetch)
         # Built with the cache off too: the contract's metric names are exported by every ingress.
         self.cache = EmbeddingCache.from_config(config, EmbeddingCacheMetrics())
+        self.look = RegistryLook(self.app_name, live_replicas)
         configs = {model.name: model.config for model in served_models(config)}
         self.served = {model.name: self._serve(model.name, configs[model.name], models[model.name],
-                                               towers[model.name], live_replicas) for model in plan.models}
-        default = self.served[plan.model.name]
-        self.model, self.towers, self.images, self.scheduler = (default.model, default.towers, default.images,
-                                                                default.scheduler)
+                                               towers[model.name]) for model in plan.models}
 
-    def _serve(self, name: str, config: ServiceConfig, model: ModelInfo, handles: Mapping[str, DeploymentHandle],
-               live_replicas: LiveReplicas) -> Served:
+    def _serve(self, name: str, config: ServiceConfig, model: ModelInfo,
+               handles: Mapping[str, DeploymentHandle]) -> Served:
         planned = self.plan.named(name).towers
         towers = Towers({tower: tower_link(handle, config, planned[tower], self.plan.ingress.replicas)
-                         for tower, handle in handles.items() if tower in planned}, self.app_name, live_replicas)
+                         for tower, handle in handles.items() if tower in planned}, self.look)
         images = ImagePrep(config, model.image_size, self.metrics.preprocess_seconds.observe)
         scopes = {tower: cache_scope(config, tower, model.image_size) for tower in ("image", "text")}
         rows = ItemRows(images, self.fetcher, self.cache, scopes)
@@ -123,6 +121,17 @@ class Ingress:
             raise ApiError(404, ErrorType.NOT_FOUND, f"model {name!r} is not served here; this service serves "
                                                      f"{', '.join(repr(served) for served in self.served)}")
         return self.served[name]
+
+    def require(self, *needs: str) -> None:
+        """404 before a request's body is read where no model served can do `needs` (a tower's kind of item,
+        `score`); the model the request names is checked again by its own scheduling call."""
+        if not any(all(need in served.scheduler.capabilities for need in needs) for served in self.served.values()):
+            self.serving(None).scheduler.require(*needs)
+
+    @property
+    def towers(self) -> Towers:
+        """The default model's towers: it alone decides whether the service is ready."""
+        return self.serving(None).towers
 
     @property
     def modalities(self) -> list[str]:
@@ -147,13 +156,14 @@ class Ingress:
 
     async def readiness(self) -> tuple[ApiError | None, dict[str, Any]]:
         """(why this replica cannot serve now, or None; the counts of every tower it serves)."""
-        ready = await self.towers.ready()
+        records = await self.look.replicas()  # one read of the registry for every model's towers
+        ready = self.towers.observe(records)
         self.cache.publish_size()
         image = self.towers["image"].counts()
         counts = {**image, "towers": {tower: link.counts() for tower, link in self.towers.items()}}
         if len(self.served) > 1:
             # The default model alone decides; each other model's own requests wait for its own replicas.
-            counts["models"] = {name: await served.towers.ready() for name, served in self.served.items()}
+            counts["models"] = {name: served.towers.observe(records) for name, served in self.served.items()}
         if await self.door.drain_marked():
             return ApiError(503, ErrorType.NOT_READY, "server is shutting down", self.door.retry_after()), counts
         if not ready:
@@ -170,13 +180,13 @@ class Ingress:
 
     async def describe(self) -> list[dict[str, Any]]:
         """/v1/models' entries: per model, the default first, its image replicas and its text tower."""
-        return [await self._describe(served) for served in self.served.values()]
+        records = await self.look.replicas()
+        return [self._describe(served, records) for served in self.served.values()]
 
-    async def _describe(self, served: Served) -> dict[str, Any]:
+    def _describe(self, served: Served, records: list[dict[str, Any]]) -> dict[str, Any]:
         towers = served.towers
-        replicas = await towers.replicas()
-        towers.observe(replicas)
-        images = [r for r in replicas if registry.record_tower(r) == "image" and towers["image"].mine(r)]
+        towers.observe(records)
+        images = [r for r in records if towers["image"].mine(r)]
         lnc = next((r.get("lnc") or r.get("neuron_logical_nc_config") for r in images
                     if r.get("lnc") or r.get("neuron_logical_nc_config")), None)
         config, model = served.config, served.model

@@ -76,15 +76,28 @@ def full_batch_seconds(records: list[dict[str, Any]], largest_bucket: int) -> fl
     return max(known) if known else None
 
 
-class Towers:
-    """Every tower this ingress serves, by name ("image" first), and their readiness."""
+class RegistryLook:
+    """Every live replica's record of one application, read once for all who wait meanwhile: a burst on a
+    fresh ingress must not queue a GCS call per request, nor one per model it serves."""
 
-    def __init__(self, links: dict[str, TowerLink], app_name: str,
-                 live_replicas: LiveReplicas = registry.live_replicas) -> None:
-        self.links = links
+    def __init__(self, app_name: str, live_replicas: LiveReplicas = registry.live_replicas) -> None:
         self.app_name = app_name
         self._live_replicas = live_replicas
         self._look: asyncio.Future[list[dict[str, Any]]] | None = None
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        if self._look is None or self._look.done():
+            self._look = asyncio.ensure_future(asyncio.to_thread(self._live_replicas, self.app_name))
+        return await asyncio.shield(self._look)
+
+
+class Towers:
+    """Every tower of one model this ingress serves, by name ("image" first), and their readiness; `look`
+    reads the registry, shared by every model's towers."""
+
+    def __init__(self, links: dict[str, TowerLink], look: RegistryLook) -> None:
+        self.links = links
+        self.look = look
 
     def __getitem__(self, tower: str) -> TowerLink:
         return self.links[tower]
@@ -103,20 +116,13 @@ class Towers:
         link = self.links.get(tower)
         return link.info if link is not None else None
 
-    async def replicas(self) -> list[dict[str, Any]]:
-        """Every live replica's record, read once for all who wait meanwhile: a burst on a fresh ingress must
-        not queue a GCS call per request."""
-        if self._look is None or self._look.done():
-            self._look = asyncio.ensure_future(asyncio.to_thread(self._live_replicas, self.app_name))
-        return await asyncio.shield(self._look)
-
     def observe(self, records: list[dict[str, Any]]) -> bool:
         """Every link observes the records; whether every tower has its `min_ready` replicas warm in them."""
         return all([link.observe(records) for link in self.links.values()])
 
     async def ready(self) -> bool:
         """Whether every tower has its `min_ready` replicas warm now."""
-        return self.observe(await self.replicas())
+        return self.observe(await self.look.replicas())
 
     async def accepting(self, tower: str) -> bool:
         """Whether `tower` takes requests: once it was ready, for good."""

@@ -200,7 +200,7 @@ def test_bulk_writes_each_hostile_answer_as_a_row_of_its_errors_table(origin: Or
     items = [f"{origin.base}/{shape}" for shape in SHAPES] + ["http://127.0.0.2:70000/a.jpg", f"{origin.base}/ok"]
     block = {"shard": np.zeros(len(items), np.int64), "pos": np.arange(len(items)),
              "item": np.array(items, dtype=object)}
-    out = stages.decode_batch(block, size=(32, 32), limits=ImageLimits(), fast_jpeg=True,
+    out = stages.decode_batch(block, size=(32, 32), limits=ImageLimits(), fast_jpeg=True, model="tiny-siglip",
                               urls=FetchSettings(allowlist=("127.0.0.2/32",)))
     # /ok is fetched, and is no image.
     expected = [kind for _, kind in SHAPES.values()] + ["url_not_allowed", "unsupported_media_type"]

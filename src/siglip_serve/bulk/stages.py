@@ -51,15 +51,15 @@ def _error_type(exc: Rejected) -> str:
     return rejection_type(exc).value
 
 
-_metrics: BulkMetrics | None = None
+_metrics: dict[str, BulkMetrics] = {}
 
 
-def bulk_metrics() -> BulkMetrics:
-    """This worker process's collectors (serve/metrics.py), built once: tasks reuse their worker."""
-    global _metrics
-    if _metrics is None:
-        _metrics = BulkMetrics()
-    return _metrics
+def bulk_metrics(model: str) -> BulkMetrics:
+    """This worker process's collectors (serve/metrics.py) for `model` (the `model` label: the served
+    model's name), built once: tasks reuse their worker."""
+    if model not in _metrics:
+        _metrics[model] = BulkMetrics(model)
+    return _metrics[model]
 
 
 # The service's default: url_fetch_allowlist empty, every URL refused naming it.
@@ -105,12 +105,12 @@ def _read_all(locations: list[str], limits: ImageLimits,
     return data, error_types, messages
 
 
-def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool,
+def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool, model: str,
                  urls: FetchSettings = NO_URLS, record: Record | None = None, embed_dim: int = 0) -> Batch:
     """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] or an error, the `digest`
     of their bytes, and with `record` (the run's, of `embed_dim`-wide vectors) `cached` rows that carry
-    their `embedding` instead of pixels."""
-    metrics = bulk_metrics()
+    their `embedding` instead of pixels; counted under `model`."""
+    metrics = bulk_metrics(model)
     n = len(batch["item"])
     pixels = np.zeros((n, 3, *size), dtype=np.uint8)
     data, error_types, messages = _read_all([str(item) for item in batch["item"]], limits, urls)
@@ -135,7 +135,7 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
         began = time.perf_counter()
         try:
             pixels[i] = preprocess_image(data[i], size, limits, fast_jpeg)  # type: ignore[arg-type]
-            metrics.preprocess_seconds.observe(time.perf_counter() - began)
+            metrics.decoded(time.perf_counter() - began)
         except ImageRejected as exc:
             error_types[i], messages[i] = _error_type(exc), exc.message
     for reason in error_types:
@@ -150,7 +150,7 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
     return {**out, "embedding": embeddings} if record is not None else out
 
 
-def check_texts(batch: Batch, *, max_chars: int) -> Batch:
+def check_texts(batch: Batch, *, max_chars: int, model: str) -> Batch:
     """Rows of (shard, pos, item) where item is a text -> the same rows, a text the API refuses (empty,
     blank, too long: core/texts.py's one check) an error with the contract's type and words."""
     n = len(batch["item"])
@@ -160,7 +160,7 @@ def check_texts(batch: Batch, *, max_chars: int) -> Batch:
             check_text(str(text), max_chars)
         except TextRejected as exc:
             error_types[i], messages[i] = _error_type(exc), exc.message
-            bulk_metrics().rejected.inc(1, tags={"reason": error_types[i]})
+            bulk_metrics(model).rejected.inc(1, tags={"reason": error_types[i]})
     return {**batch, "error_type": np.array(error_types, dtype=object), "message": np.array(messages, dtype=object)}
 
 
@@ -168,12 +168,13 @@ class _Embedder:
     """What both towers' actors share: rows in, rows with `embedding` out, the failed rows zeros; the
     service's metric names for what they embed and each forward pass."""
 
-    def __init__(self, modality: str, tower: Tower, record: Record | None = None) -> None:
+    def __init__(self, modality: str, tower: Tower, model: str, record: Record | None = None) -> None:
         self.modality = modality
+        self.metrics = bulk_metrics(model)
         self.record = record
         self.encoder = tower
         tower.warmup(iterations=1)
-        self.on_forward = EncoderMetrics(tower=modality).forward
+        self.on_forward = EncoderMetrics(model, tower=modality).forward
         self.embed_dim = tower.embed_dim
         log.info("bulk %s encoder ready: %s", modality, tower.describe())
 
@@ -198,7 +199,7 @@ class _Embedder:
                     self.record.add([str(d) for d in batch["digest"][rows[first]]], computed)
             else:
                 embeddings[rows] = self._embed(self._inputs(batch, rows))
-            bulk_metrics().embedded(self.modality, len(rows))
+            self.metrics.embedded(self.modality, len(rows))
         out = {key: value for key, value in batch.items() if key != "pixels"}
         return {**out, "embedding": embeddings}
 
@@ -206,13 +207,14 @@ class _Embedder:
 class ImageEmbedActor(_Embedder):
     """One image tower on one device (a logical NeuronCore, a GPU, a CPU share): the service's encoder."""
 
-    def __init__(self, settings: ModelSettings, record: Record | None = None, keep_env: Sequence[str] = ()) -> None:
+    def __init__(self, settings: ModelSettings, model: str, record: Record | None = None,
+                 keep_env: Sequence[str] = ()) -> None:
         def build() -> Tower:
             from siglip_serve.models.backends.implementation import create_encoder
 
             return create_encoder(settings)
 
-        super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), record)
+        super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), model, record)
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return np.ascontiguousarray(batch["pixels"][rows])
@@ -221,13 +223,13 @@ class ImageEmbedActor(_Embedder):
 class TextEmbedActor(_Embedder):
     """One text tower: the service's text encoder (tokenizer and buckets included)."""
 
-    def __init__(self, settings: ModelSettings, keep_env: Sequence[str] = ()) -> None:
+    def __init__(self, settings: ModelSettings, model: str, keep_env: Sequence[str] = ()) -> None:
         def build() -> Tower:
             from siglip_serve.models.backends.implementation import create_text_encoder
 
             return create_text_encoder(settings)
 
-        super().__init__("text", start_tower("bulk text encoder", settings, build, keep_env))
+        super().__init__("text", start_tower("bulk text encoder", settings, build, keep_env), model)
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return [str(text) for text in batch["item"][rows]]

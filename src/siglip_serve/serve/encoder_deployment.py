@@ -48,7 +48,7 @@ class EncoderReplica(TowerReplica):
         from siglip_serve.models.encoder import EncoderInputError
 
         self._input_error = EncoderInputError
-        super().__init__(config, encoder, EncoderMetrics(tower="image"), start)
+        super().__init__(config, encoder, EncoderMetrics(plan.model, tower="image"), start)
         # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
         held: dict[str, str | None] = {registry.SERVED_AS: plan.model}
         held.update({name.lower(): os.environ.get(name) for name in plan.visible_devices_env})

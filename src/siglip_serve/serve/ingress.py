@@ -86,7 +86,7 @@ class Ingress:
         bind_to_node_address()
         tracing.configure(config.tracing, "ingress")
         self.config = config
-        self.metrics = IngressMetrics(*endpoints)
+        self.metrics = IngressMetrics(*endpoints, models=[model.name for model in plan.models])
         if replica is None:
             context = serve.get_replica_context()
             replica = (context.app_name, context.replica_id.unique_id)
@@ -107,11 +107,12 @@ class Ingress:
         planned = self.plan.named(name).towers
         towers = Towers({tower: tower_link(handle, config, planned[tower], self.plan.ingress.replicas)
                          for tower, handle in handles.items() if tower in planned}, self.look)
-        images = ImagePrep(config, model.image_size, self.metrics.preprocess_seconds.observe)
+        metrics = self.metrics.of(name)
+        images = ImagePrep(config, model.image_size, metrics.preprocessed)
         scopes = {tower: cache_scope(config, tower, model.image_size) for tower in ("image", "text")}
         rows = ItemRows(images, self.fetcher, self.cache, scopes)
         return Served(name, config, model, towers, images,
-                      Scheduler(config, model, self.metrics, self.door, towers, rows))
+                      Scheduler(config, model, metrics, self.door, towers, rows))
 
     def serving(self, name: str | None) -> Served:
         """The model a request names (None: the default), or 404 naming the ones served."""

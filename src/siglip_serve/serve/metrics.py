@@ -3,7 +3,8 @@
 Collectors are built inside the replica that owns them (ray.serve.metrics needs a running Ray),
 and Ray Serve adds `application`, `deployment` and `replica` tags to each series by itself. Ray
 also attaches its own global labels (`Component`, `NodeAddress`, `SessionName`, `Version`,
-`WorkerId`) to everything it exports, so queries always aggregate with `sum by (...)`.
+`WorkerId`) to everything it exports, so queries always aggregate with `sum by (...)`. What one served
+model did carries its `model` label: the name requests' `model` uses (serve/served_models.py).
 
 The names below are a contract (docs/observability.md, deploy/grafana/siglip-serve.json).
 
@@ -92,18 +93,20 @@ def replica_core_label() -> str:
 
 
 def _images_embedded() -> metrics.Counter:
-    return metrics.Counter(IMAGES_EMBEDDED, tag_keys=("endpoint",),
+    return metrics.Counter(IMAGES_EMBEDDED, tag_keys=("endpoint", "model"),  # type: ignore[arg-type]
                            description="Images answered with an embedding (counted once the response is built; "
                                        "endpoint bulk: written by `siglip-serve embed`).")
 
 
 def _texts_embedded() -> metrics.Counter:
-    return metrics.Counter(TEXTS_EMBEDDED, tag_keys=("endpoint",),
+    return metrics.Counter(TEXTS_EMBEDDED, tag_keys=("endpoint", "model"),  # type: ignore[arg-type]
                            description="Texts answered with an embedding, or classify labels scored (counted per "
                                        "request; endpoint bulk: written by `siglip-serve embed`).")
 
 
 def _rejected() -> metrics.Counter:
+    # No `model`: many refusals come before a request's model is known (auth, the body, an unknown name);
+    # a model's own errors are in siglip_request_seconds by `status`.
     return metrics.Counter(REQUESTS_REJECTED, tag_keys=("reason",),
                            description="Requests answered with an error (or bulk items refused), by the contract's "
                                        "error type (reason).")
@@ -111,16 +114,19 @@ def _rejected() -> metrics.Counter:
 
 def _preprocess_seconds() -> metrics.Histogram:
     return metrics.Histogram(PREPROCESS_SECONDS, boundaries=PREPROCESS_BUCKETS_S,
+                             tag_keys=("model",),
                              description="Decode, validate and resize of one accepted image (ingress or bulk decode).")
 
 
 class IngressMetrics:
     """`endpoints`: the `endpoint` label values of siglip_images_embedded_total and siglip_request_seconds, from
     the route table (serve/http_app.py `endpoint_labels`); `text_endpoints`: those of siglip_texts_embedded_total
-    (text inputs and classify labels). Each series is exported from zero. A request of texts only is observed in
-    siglip_request_seconds as endpoint "text" (serve/schedule.py)."""
+    (text inputs and classify labels); `models`: the served models' names (their `model` label). Each series is
+    exported from zero. A request of texts only is observed in siglip_request_seconds as endpoint "text"
+    (serve/schedule.py)."""
 
-    def __init__(self, endpoints: Sequence[str] = (), text_endpoints: Sequence[str] = ()) -> None:
+    def __init__(self, endpoints: Sequence[str] = (), text_endpoints: Sequence[str] = (),
+                 models: Sequence[str] = ()) -> None:
         self.images_embedded = _images_embedded()
         self.requests_rejected = _rejected()
         self.preprocess_seconds = _preprocess_seconds()
@@ -128,19 +134,46 @@ class IngressMetrics:
             REQUEST_SECONDS,
             description="Embedding request past the body, schema and auth checks: image decoding to response.",
             boundaries=REQUEST_BUCKETS_S,
-            tag_keys=("endpoint", "status"),  # type: ignore[arg-type]  # Ray: tuple[str]
+            tag_keys=("endpoint", "status", "model"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.texts_embedded = _texts_embedded()
 
         for reason in ErrorType:
             start_at_zero(self.requests_rejected, {"reason": reason.value})
-        for endpoint in endpoints:
-            start_at_zero(self.images_embedded, {"endpoint": endpoint})
-        for endpoint in text_endpoints:
-            start_at_zero(self.texts_embedded, {"endpoint": endpoint})
+        for model in models:
+            for endpoint in endpoints:
+                start_at_zero(self.images_embedded, {"endpoint": endpoint, "model": model})
+            for endpoint in text_endpoints:
+                start_at_zero(self.texts_embedded, {"endpoint": endpoint, "model": model})
 
     def rejected(self, reason: str) -> None:
         self.requests_rejected.inc(1, tags={"reason": reason})
+
+    def of(self, model: str) -> ModelMetrics:
+        """What one served model's requests record, under its `model` label."""
+        return ModelMetrics(self, model)
+
+
+class ModelMetrics:
+    """One served model's share of the ingress's collectors: each observation tagged with its `model`."""
+
+    def __init__(self, metrics: IngressMetrics, model: str) -> None:
+        self.model = model
+        self._metrics = metrics
+
+    def embedded(self, endpoint: str, images: int, texts: int) -> None:
+        tags = {"endpoint": endpoint, "model": self.model}
+        if images:
+            self._metrics.images_embedded.inc(images, tags=tags)
+        if texts:
+            self._metrics.texts_embedded.inc(texts, tags=tags)
+
+    def request(self, seconds: float, endpoint: str, status: str) -> None:
+        self._metrics.request_seconds.observe(seconds, tags={"endpoint": endpoint, "status": status,
+                                                             "model": self.model})
+
+    def preprocessed(self, seconds: float) -> None:
+        self._metrics.preprocess_seconds.observe(seconds, tags={"model": self.model})
 
 
 def _cache_hits() -> metrics.Counter:
@@ -183,11 +216,13 @@ class EmbeddingCacheMetrics:
 
 class BulkMetrics:
     """`siglip-serve embed`'s share of the service's names (docs/batch.md): items embedded and refused and
-    each decode, tagged endpoint "bulk"; its encoder actors' forward passes use EncoderMetrics."""
+    each decode, tagged endpoint "bulk" and `model` (the served model's name it embeds as); its encoder
+    actors' forward passes use EncoderMetrics."""
 
     ENDPOINT = "bulk"
 
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
+        self.model = model
         self.images_embedded = _images_embedded()
         self.texts_embedded = _texts_embedded()
         self.rejected = _rejected()
@@ -200,49 +235,54 @@ class BulkMetrics:
 
     def embedded(self, modality: str, count: int) -> None:
         counter = self.texts_embedded if modality == "text" else self.images_embedded
-        counter.inc(count, tags={"endpoint": self.ENDPOINT})
+        counter.inc(count, tags={"endpoint": self.ENDPOINT, "model": self.model})
+
+    def decoded(self, seconds: float) -> None:
+        self.preprocess_seconds.observe(seconds, tags={"model": self.model})
 
 
 class EncoderMetrics:
-    """A replica's forward passes; `tower` is "image" (the Encoder) or "text" (the TextEncoder)."""
+    """A replica's forward passes; `tower` is "image" (the Encoder) or "text" (the TextEncoder), `model` the
+    served model's name."""
 
-    def __init__(self, tower: str = "image") -> None:
+    def __init__(self, model: str, tower: str = "image") -> None:
         core = replica_core_label()
         self.tower = tower
         self.forward_seconds = metrics.Histogram(
             FORWARD_SECONDS,
             description="One forward pass, by tower (image or text); bucket = the batch size run.",
             boundaries=FORWARD_BUCKETS_S,
-            tag_keys=("bucket", "neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
+            tag_keys=("bucket", "neuron_core", "tower", "model"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.batch_fill = metrics.Histogram(
             BATCH_FILL_RATIO,
             description="Real inputs (images or texts) divided by the batch size of each forward pass.",
             boundaries=FILL_BUCKETS,
-            tag_keys=("neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
+            tag_keys=("neuron_core", "tower", "model"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.queue_seconds = metrics.Histogram(
             BATCH_QUEUE_SECONDS,
             description="How long a call's inputs waited in the replica's batch queue before their forward pass began.",
             boundaries=REQUEST_BUCKETS_S,
-            tag_keys=("neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
+            tag_keys=("neuron_core", "tower", "model"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.queued_inputs = metrics.Gauge(
             BATCH_QUEUED_INPUTS,
             description="Inputs (images or texts) left waiting in the replica's batch queue as a batch starts.",
-            tag_keys=("neuron_core", "tower"),  # type: ignore[arg-type]  # Ray: tuple[str]
+            tag_keys=("neuron_core", "tower", "model"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.images = metrics.Counter(
             ENCODER_IMAGES,
             description="Images run through this replica's model (per-replica throughput).",
-            tag_keys=("neuron_core",),
+            tag_keys=("neuron_core", "model"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
-        self.forward_seconds.set_default_tags({"neuron_core": core, "tower": tower})
-        self.batch_fill.set_default_tags({"neuron_core": core, "tower": tower})
-        self.queue_seconds.set_default_tags({"neuron_core": core, "tower": tower})
-        self.queued_inputs.set_default_tags({"neuron_core": core, "tower": tower})
+        own = {"neuron_core": core, "tower": tower, "model": model}
+        for collector in (self.forward_seconds, self.batch_fill, self.queue_seconds, self.queued_inputs):
+            # A copy each: in a replica, Serve adds its own tags to the mapping it is given, in place
+            # (ray/serve/metrics.py, _add_serve_metric_default_tags), and refuses them given back.
+            collector.set_default_tags(dict(own))
         self.queued_inputs.set(0)
-        self.images.set_default_tags({"neuron_core": core})
+        self.images.set_default_tags({"neuron_core": core, "model": model})
         if tower == "image":
             start_at_zero(self.images)
 

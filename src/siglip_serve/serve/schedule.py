@@ -42,7 +42,7 @@ from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions
 from siglip_serve.serve.errors import ApiError, ErrorType, rejection_error
 from siglip_serve.serve.front_door import FrontDoor
 from siglip_serve.serve.item_rows import ItemRows
-from siglip_serve.serve.metrics import IngressMetrics
+from siglip_serve.serve.metrics import ModelMetrics
 from siglip_serve.serve.tower_link import Towers
 
 # What a route can ask of the service: a tower per kind of item, and `score` (SigLIP's sigmoid, whose logit
@@ -134,7 +134,7 @@ class Scheduler:
 
     config: ServiceConfig
     model: ModelInfo
-    metrics: IngressMetrics
+    metrics: ModelMetrics  # this model's share of the ingress's collectors
     door: FrontDoor
     towers: Towers
     rows: ItemRows
@@ -175,10 +175,7 @@ class Scheduler:
             done = await self.embed(work, deadline)
             with tracing.span("render", rows=len(done.rows)):
                 response = render(done)
-            if done.images:
-                self.metrics.images_embedded.inc(done.images, tags={"endpoint": work.endpoint})
-            if done.texts:
-                self.metrics.texts_embedded.inc(done.texts, tags={"endpoint": work.endpoint})
+            self.metrics.embedded(work.endpoint, done.images, done.texts)
             return response
 
         texts_only = all(item.kind == "text" for item in work.items)
@@ -262,8 +259,7 @@ class Scheduler:
             status = "500"
             raise
         finally:
-            self.metrics.request_seconds.observe(time.perf_counter() - began,
-                                                 tags={"endpoint": endpoint, "status": status})
+            self.metrics.request(time.perf_counter() - began, endpoint, status)
             tracing.annotate(**{"http.response.status_code": int(status), "siglip.endpoint": endpoint})
 
 

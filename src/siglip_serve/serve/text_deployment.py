@@ -40,7 +40,7 @@ class TextEncoderReplica(TowerReplica):
 
         encoder = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
         start.mark(BUILD)
-        super().__init__(config, encoder, EncoderMetrics(tower="text"), start)
+        super().__init__(config, encoder, EncoderMetrics(plan.model, tower="text"), start)
         self.publish({registry.SERVED_AS: plan.model})
         log.info("text encoder replica ready: %s", self.info)
 

@@ -75,3 +75,16 @@ def _entry(index: int, entry: dict[str, Any], shared: dict[str, Any], taken: lis
     except ValidationError as exc:
         raise ConfigError(f"{where} ({name}): {describe_validation(exc.errors(), 'config')}") from None
     return ServedModel(name=name, config=config)
+
+
+def served_model(config: ServiceConfig, name: str | None) -> ServedModel:
+    """The model `name` of `config` (None: its default); ConfigError naming the served ones."""
+    served = served_models(config)
+    if name is None:
+        return served[0]
+    found = [model for model in served if model.name == name]
+    if not found:
+        raise ConfigError(f"model {name!r} is not served by this config; it serves "
+                          f"{', '.join(repr(model.name) for model in served)}")
+    return found[0]
+

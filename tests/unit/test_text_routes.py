@@ -24,7 +24,7 @@ from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve import registry
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embed_request import Item
-from siglip_serve.serve.errors import ApiError
+from siglip_serve.serve.errors import ApiError, ErrorType
 from siglip_serve.serve.http_app import http_app
 from siglip_serve.serve.ingress import Ingress
 from siglip_serve.serve.planner import plan_service
@@ -346,3 +346,24 @@ def test_the_check_before_the_body_passes_where_any_model_can_do_the_work() -> N
     with pytest.raises(ApiError) as single:
         routes(None).require("text")  # one model, no text: refused before the body, as before
     assert single.value.status == 404
+
+
+def test_a_model_still_loading_answers_503_for_its_own_requests_only() -> None:
+    """The other model's replicas have not warmed up: its requests are 503 not_ready, the default's are
+    served, and /readyz, which the default model alone decides, stays 200 naming which model is ready."""
+    config = ServiceConfig.from_args({"ingress_replicas": 1, "replicas": 1, "models": [
+        {"name": "old", "model": "tiny-siglip", "text_replicas": 1},
+        {"name": "new", "model": "tiny-siglip", "text_replicas": 1}]})
+    warm = [{**IMAGE_RECORD, registry.SERVED_AS: "old"}, {**TEXT_RECORD, registry.SERVED_AS: "old"}]
+    ingress = Ingress({"old": {"image": HandleOptions(), "text": TextHandle()},  # type: ignore[dict-item]
+                       "new": {"image": HandleOptions(), "text": TextHandle()}},
+                      config, plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
+                      live_replicas=lambda app: warm, refusal=lambda app, tower: None)
+    status, body = ready_answer(ingress)
+    assert status == 200 and body["models"] == {"old": True, "new": False}
+    work = Work("embeddings", [Item("text", "cat", "input")])
+    assert asyncio.run(ingress.serving("old").scheduler.embed(work, time.monotonic() + 30)).rows.shape == (1, 4)
+    with pytest.raises(ApiError) as loading:
+        asyncio.run(ingress.serving("new").scheduler.embed(work, time.monotonic() + 30))
+    assert (loading.value.status, loading.value.error_type) == (503, ErrorType.NOT_READY)
+    assert "still loading" in loading.value.message

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.placement import plan
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.placement import plan
 from tests.helpers import REPO
 
 
@@ -76,7 +76,7 @@ def test_shipped_serve_configs_validate(path: Path) -> None:
 
 
 def test_api_key_comes_from_args_then_file_then_environment(tmp_path) -> None:
-    from siglip_serve.serve.config import API_KEY_ENV, ConfigError
+    from siglip_serve.serve.plan.config import API_KEY_ENV, ConfigError
 
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
@@ -102,7 +102,7 @@ def test_decode_limits_reach_the_image_limits() -> None:
 def test_a_checkpoint_only_the_workers_mount_is_parsed_on_the_head_and_refused_where_it_is_read() -> None:
     # The Serve config is validated on the Ray head too, which need not mount the workers' volumes.
     from siglip_serve.models.loading import ModelLoadError
-    from siglip_serve.serve.model_checks import preflight_weights
+    from siglip_serve.serve.plan.model_checks import preflight_weights
 
     config = ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "checkpoint": "/nonexistent/model.pt"})
     with pytest.raises(ModelLoadError, match="checkpoint file not found: /nonexistent/model.pt"):

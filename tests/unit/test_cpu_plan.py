@@ -1,4 +1,4 @@
-"""The CPU plan (serve/cpu_plan.py): how many encoder replicas `auto` runs and how many torch threads
+"""The CPU plan (serve/plan/cpu_plan.py): how many encoder replicas `auto` runs and how many torch threads
 each gets. The machine (cores, memory) is set through the two functions that read it; the model
 sizes are open_clip's own, counted on the meta device."""
 
@@ -11,9 +11,9 @@ import torch
 
 from siglip_serve.models.loading import ParameterCounts, load_clip, parameter_counts
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve import cpu_plan
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan import cpu_plan
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
 
 GiB = 2**30
 
@@ -144,7 +144,7 @@ def test_the_plan_decides_the_ingress_count(machine) -> None:
 
 def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -> None:
     from siglip_serve.models.text import TextEncoder
-    from siglip_serve.serve.text_deployment import TextEncoderReplica
+    from siglip_serve.serve.towers.text_deployment import TextEncoderReplica
 
     machine(cores=16, available_bytes=64 * GiB)
     assert cpu_plan.text_torch_threads(ServiceConfig(model="tiny-siglip")) == 1  # text_num_cpus 0.5

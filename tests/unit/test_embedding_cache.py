@@ -1,4 +1,4 @@
-"""The embedding cache (serve/embedding_cache.py): what its key holds, LRU by bytes, single flight that a
+"""The embedding cache (serve/ingress/embedding_cache.py): what its key holds, LRU by bytes, single flight that a
 failed or cancelled first caller cannot poison or hang, the per-request bypass, and its counts."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from siglip_serve.serve import embedding_cache as cache_module
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embedding_cache import (
+from siglip_serve.serve.ingress import embedding_cache as cache_module
+from siglip_serve.serve.ingress.embedding_cache import (
     ENTRY_OVERHEAD_BYTES,
     CacheEvents,
     CacheKey,
@@ -21,6 +20,7 @@ from siglip_serve.serve.embedding_cache import (
     cache_key,
     cache_scope,
 )
+from siglip_serve.serve.plan.config import ServiceConfig
 
 DIM = 16
 ENTRY = DIM * 4 + ENTRY_OVERHEAD_BYTES  # what one float32 vector of DIM costs
@@ -236,7 +236,7 @@ def test_every_part_of_the_scope_changes_the_key(tmp_path: Path, monkeypatch: py
 
 
 def test_the_metrics_collectors_take_the_caches_events() -> None:
-    from siglip_serve.serve.metrics import CACHE_METRIC_NAMES, EmbeddingCacheMetrics
+    from siglip_serve.serve.shared.metrics import CACHE_METRIC_NAMES, EmbeddingCacheMetrics
 
     collectors = EmbeddingCacheMetrics()  # Ray's metric objects record without a cluster (nothing exported)
     assert isinstance(collectors, CacheEvents)

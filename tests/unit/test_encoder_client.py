@@ -1,4 +1,4 @@
-"""The ingress's encoder calls (serve/encoder_client.py): coalesced past the in-flight window, each chunk
+"""The ingress's encoder calls (serve/ingress/tower_client.py): coalesced past the in-flight window, each chunk
 answered on its own, a dead replica retried once."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from ray.exceptions import RayActorError
 from ray.serve._private.handle_options import DynamicHandleOptions
 
 from siglip_serve.core.errors import DeadlineExceeded
-from siglip_serve.serve.encoder_client import EncoderClient, calls_in_flight, worth_coalescing
-from siglip_serve.serve.errors import ApiError
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.tower_client import EncoderClient, worth_coalescing
+from siglip_serve.serve.plan.planner import calls_in_flight
 from tests.helpers import ServeResponse as Response
 
 

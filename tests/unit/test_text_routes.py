@@ -1,7 +1,7 @@
-"""The ingress's text path (serve/schedule.py's one scheduling call, on serve/ingress.py's parts) follows the image
-path: 503 while draining, a dead text replica retried once, the request's own deadline, the replica call
-cancelled when the client leaves; and the classify prompt cache. Each tower's link (serve/tower_link.py) is built
-by one factory and read from what its warm replicas published: the text client is tuned for coalescing like the
+"""The ingress's text path (serve/ingress/schedule.py's one scheduling call, on serve/ingress/ingress.py's parts)
+follows the image path: 503 while draining, a dead text replica retried once, the request's own deadline, the replica
+call cancelled when the client leaves; and the classify prompt cache. Each tower's link (serve/ingress/tower_link.py) is
+built by one factory and read from what its warm replicas published: the text client is tuned for coalescing like the
 image one, /readyz counts every tower it serves, and a tower that still loads is refused at once, for classify as
 for embeddings. The registry and the handles are stand-ins; Serve's routing and a real replica's record are tested
 in tests/integration/test_text_http.py and test_route_seam.py."""
@@ -21,15 +21,15 @@ from ray.exceptions import RayActorError
 from ray.serve._private.handle_options import DynamicHandleOptions
 
 from siglip_serve.models.model_info import ModelInfo
-from siglip_serve.serve import registry
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embed_request import Item
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.http_app import http_app
-from siglip_serve.serve.ingress import Ingress
-from siglip_serve.serve.planner import plan_service
-from siglip_serve.serve.routes import ROUTES, readyz
-from siglip_serve.serve.schedule import Work
+from siglip_serve.serve.http.embed_request import Item
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.http_app import http_app
+from siglip_serve.serve.ingress.ingress import Ingress
+from siglip_serve.serve.ingress.routes import ROUTES, readyz
+from siglip_serve.serve.ingress.schedule import Work
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.shared import registry
 from tests.helpers import ServeResponse as Response
 
 MODEL = ModelInfo("tiny-siglip", 4, (64, 64), "random")
@@ -85,7 +85,7 @@ class TextHandle(HandleOptions):
                 for chunk in chunks]
 
 
-# What a warm replica of each tower publishes in the registry (serve/tower_replica.py `publish`), in part.
+# What a warm replica of each tower publishes in the registry (serve/towers/tower_replica.py `publish`), in part.
 IMAGE_RECORD = {"tower": "image", "replica_id": "image-1", "warmup_seconds": {"8": 0.002}}
 TEXT_RECORD = {"tower": "text", "replica_id": "text-1", "warmup_seconds": {"32": 0.003}, "context_length": 16,
                "logit_scale": 10.0, "logit_bias": -10.0}
@@ -299,7 +299,7 @@ def test_classify_scores_with_the_logit_the_text_replica_published() -> None:
 
 def test_a_route_needing_a_tower_that_is_off_is_answered_404_before_its_body_is_read() -> None:
     with TestClient(http_app(routes(None), ROUTES), raise_server_exceptions=False) as client:
-        # Not even a body: the capability is checked first (serve/http_app.py), naming why text is off.
+        # Not even a body: the capability is checked first (serve/ingress/http_app.py), naming why text is off.
         response = client.post("/v1/classify")
     assert response.status_code == 404 and "text_replicas: 0" in response.json()["error"]["message"]
 

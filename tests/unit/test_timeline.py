@@ -1,5 +1,5 @@
 """`siglip-serve run --timings`: the service's phases (launcher/timeline.py) and each tower replica's, marked in the
-replica (serve/start_marks.py) and published in its registry record. The replicas are built here as Serve builds
+replica (serve/towers/start_marks.py) and published in its registry record. The replicas are built here as Serve builds
 them, without Ray; the printed timeline of a real start is checked in tests/integration/test_cli.py."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 
 from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.timeline import Timeline, format_timeline
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.start_marks import BUILD, IMPORTS, REGISTRATION, START_KEY, WARMUP, WORKER, StartMarks
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.towers.start_marks import BUILD, IMPORTS, REGISTRATION, START_KEY, WARMUP, WORKER, StartMarks
 
 
 def test_phases_take_the_time_since_the_mark_before_and_end_at_seconds_from_the_origin() -> None:
@@ -80,9 +80,9 @@ def test_marks_count_from_the_process_start_and_end_in_the_record() -> None:
 
 @pytest.mark.parametrize("tower", ["image", "text"])
 def test_each_tower_replica_publishes_its_start_phase_by_phase(tower: str) -> None:
-    from siglip_serve.serve.encoder_deployment import EncoderReplica
-    from siglip_serve.serve.planner import plan_service
-    from siglip_serve.serve.text_deployment import TextEncoderReplica
+    from siglip_serve.serve.plan.planner import plan_service
+    from siglip_serve.serve.towers.image_deployment import EncoderReplica
+    from siglip_serve.serve.towers.text_deployment import TextEncoderReplica
 
     config = ServiceConfig(model="tiny-siglip", random_weights=True, buckets=(1, 4), text_buckets=(2, 8))
     before = torch.get_num_threads()

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 def _embed(args: argparse.Namespace) -> int:
     from siglip_serve.bulk.job import JobSpec, Modality, run_job
     from siglip_serve.models.backends.implementation import check_backend_available
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     config = ServiceConfig.from_args({**model_values(args), **settings_values(args.set), "log_level": args.log_level})
     if not args.address:

@@ -78,8 +78,8 @@ def test_a_handle_built_without_the_mode_calls_by_reference() -> None:
     # gRPC itself (integration: tests/integration/test_http_api.py reads its log line).
     from ray.serve.handle import DeploymentHandle
 
-    from siglip_serve.serve.ingress.tower_client import EncoderClient
+    from siglip_serve.serve.ingress.tower_client import TowerClient
 
     handle: DeploymentHandle = DeploymentHandle("Encoder", "siglip")
-    client = EncoderClient(handle, replicas=1, ingress_replicas=1, max_images=8, retry_after_s=1, max_in_flight=2)
+    client = TowerClient(handle, replicas=1, ingress_replicas=1, max_images=8, retry_after_s=1, max_in_flight=2)
     assert client.transport == "Ray actor tasks"

@@ -81,14 +81,14 @@ def test_marks_count_from_the_process_start_and_end_in_the_record() -> None:
 @pytest.mark.parametrize("tower", ["image", "text"])
 def test_each_tower_replica_publishes_its_start_phase_by_phase(tower: str) -> None:
     from siglip_serve.serve.plan.planner import plan_service
-    from siglip_serve.serve.towers.image_deployment import EncoderReplica
-    from siglip_serve.serve.towers.text_deployment import TextEncoderReplica
+    from siglip_serve.serve.towers.image_deployment import ImageReplica
+    from siglip_serve.serve.towers.text_deployment import TextReplica
 
     config = ServiceConfig(model="tiny-siglip", random_weights=True, buckets=(1, 4), text_buckets=(2, 8))
     before = torch.get_num_threads()
     try:
         towers = plan_service(config.model_copy(update={"replicas": 1, "text_replicas": 1})).model.towers
-        replica = (EncoderReplica if tower == "image" else TextEncoderReplica)(config, towers[tower])
+        replica = (ImageReplica if tower == "image" else TextReplica)(config, towers[tower])
     finally:
         torch.set_num_threads(before)
     start = replica.info[START_KEY]

@@ -33,7 +33,7 @@ from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.http.url_errors import UrlRejected
 from siglip_serve.serve.ingress.url_fetch import UrlFetcher
 from siglip_serve.serve.plan.config import FetchSettings
-from siglip_serve.serve.shared.metrics import BulkMetrics, EncoderMetrics
+from siglip_serve.serve.shared.metrics import BulkMetrics, TowerMetrics
 from siglip_serve.serve.towers.replica_start import start_tower
 
 if TYPE_CHECKING:  # torch: in the actors only
@@ -175,7 +175,7 @@ class _Embedder:
         self.record = record
         self.encoder = tower
         tower.warmup(iterations=1)
-        self.on_forward = EncoderMetrics(tower=modality).forward
+        self.on_forward = TowerMetrics(tower=modality).forward
         self.embed_dim = tower.embed_dim
         log.info("bulk %s encoder ready: %s", modality, tower.describe())
 

@@ -21,8 +21,8 @@ from siglip_serve.serve.plan.planner import plan_service
 from siglip_serve.serve.plan.served_models import served_models
 from siglip_serve.serve.plan.service_plan import ServicePlan
 from siglip_serve.serve.shared import tracing
-from siglip_serve.serve.towers.image_deployment import EncoderReplica
-from siglip_serve.serve.towers.text_deployment import TextEncoderReplica
+from siglip_serve.serve.towers.image_deployment import ImageReplica
+from siglip_serve.serve.towers.text_deployment import TextReplica
 
 log = logging.getLogger("siglip_serve")
 
@@ -48,10 +48,10 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
         own = configs[model.name]
         image_size, embed_dim = model_geometry(own.model)
         infos[model.name] = ModelInfo(model.name, embed_dim, image_size, own.weights_source)
-        towers[model.name] = {"image": serve.deployment(**model.image.deployment.options())(EncoderReplica)
+        towers[model.name] = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica)
                               .bind(own, model.image)}
         if model.text is not None:
-            towers[model.name]["text"] = (serve.deployment(**model.text.deployment.options())(TextEncoderReplica)
+            towers[model.name]["text"] = (serve.deployment(**model.text.deployment.options())(TextReplica)
                                           .bind(own, model.text))
         image = model.image
         log.info("model %s: %s on %s, %s encoder replica(s)%s, buckets %s, %d text replica(s)", model.name,

@@ -4,7 +4,7 @@ Every call through a Serve handle costs host CPU on both sides whatever it carri
 tracing hooks, Ray's task submission and reply, the replica's request wrapper): measured on
 tiny-siglip, about 4 ms of CPU per single-image call, against ~1.5 ms to decode the image. Where the
 model is that fast (a full batch in less than the CPU its calls would cost one by one, read from the
-replicas' warm-up), the ingress keeps only a few calls in flight per encoder replica; while they run,
+replicas' warm-up), the ingress keeps only a few calls in flight per tower replica; while they run,
 chunks queue here, and when one returns, what queued meanwhile (up to the largest bucket's images,
 shared fairly when several calls are free) goes out as one call. At low load a chunk still goes out
 alone and at once. Behind a slow model every chunk goes at once, as before: held back here, it would
@@ -34,7 +34,7 @@ from siglip_serve.serve.shared.tracing import Carrier
 
 log = logging.getLogger("siglip_serve.ingress")
 
-# Host CPU one encoder call costs on both sides, whatever it carries (tiny-siglip on the dev VM).
+# Host CPU one tower call costs on both sides, whatever it carries (tiny-siglip on the dev VM).
 CALL_CPU_SECONDS = 0.004
 
 
@@ -47,7 +47,7 @@ def worth_coalescing(full_batch_seconds: float, max_images: int) -> bool:
     return full_batch_seconds < CALL_CPU_SECONDS * max_images
 
 
-class EncoderClient:
+class TowerClient:
     """Sends each request's chunks at once (up to `max_in_flight` calls) until `tune` learns the model
     is fast enough for coalescing to pay; then at most `calls_in_flight` calls, the rest coalesced."""
 
@@ -97,7 +97,7 @@ class EncoderClient:
         return np.concatenate(await group) if len(chunks) > 1 else (await group)[0]
 
     async def _call(self, chunks: list[Any], deadlines: list[float], traces: list[Carrier | None]) -> list[Any]:
-        """One encoder call for `chunks`; one result (array or exception) per chunk."""
+        """One tower call for `chunks`; one result (array or exception) per chunk."""
         traced = [traces] if any(traces) else []  # nothing more to send when tracing is off
         for attempt in (1, 2):
             response = cast(DeploymentResponse, self.handle.embed_chunks.remote(chunks, deadlines, *traced))

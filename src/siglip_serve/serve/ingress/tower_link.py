@@ -16,7 +16,7 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from siglip_serve.serve.ingress.tower_client import EncoderClient
+from siglip_serve.serve.ingress.tower_client import TowerClient
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
@@ -30,7 +30,7 @@ class TowerLink:
     """The ingress's side of one tower (not models/tower.py's Tower, which is the model itself)."""
 
     tower: str
-    client: EncoderClient
+    client: TowerClient
     plan: TowerPlan
     live: int = 0
     # Once `min_ready` replicas were warm: requests are accepted from then on; a replica that restarts
@@ -62,7 +62,7 @@ class TowerLink:
 
 def tower_link(handle: DeploymentHandle, config: ServiceConfig, plan: TowerPlan, ingress_replicas: int) -> TowerLink:
     """The link to a tower's deployment, sized from its plan and the ingress replicas sharing it."""
-    client = EncoderClient(handle, plan.replicas, ingress_replicas, plan.largest_bucket, config.retry_after_s,
+    client = TowerClient(handle, plan.replicas, ingress_replicas, plan.largest_bucket, config.retry_after_s,
                            max_in_flight=plan.replicas * plan.deployment.max_ongoing_requests,
                            model_on_host_cores=config.model_on_host_cores, tower=plan.tower,
                            grpc=config.tower_calls_by_grpc)

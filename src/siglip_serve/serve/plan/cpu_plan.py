@@ -73,7 +73,7 @@ def auto_cpu_replicas(config: ServiceConfig, cluster_cpus: float | None = None) 
     return replicas
 
 
-def encoder_torch_threads(config: ServiceConfig, replicas: int) -> int | None:
+def image_torch_threads(config: ServiceConfig, replicas: int) -> int | None:
     """Torch threads of each CPU encoder replica: as configured, else this machine's usable cores split
     across the replicas (two replicas on two cores: one each, not two each fighting over both).
     None for one replica: it takes every core of the machine it runs on (models/backends/cpu.py)."""
@@ -99,15 +99,15 @@ INGRESS_CORES = 2
 RESERVED_CORES = 2
 
 
-def encoder_host_cores(config: ServiceConfig, replicas: int) -> int:
+def image_host_cores(config: ServiceConfig, replicas: int) -> int:
     """Host cores the encoder replicas keep busy: their torch threads on cpu, one each elsewhere (the
     Python that feeds a GPU or NeuronCore)."""
     if not config.model_on_host_cores:
         return replicas
-    return replicas * (encoder_torch_threads(config, replicas) or usable_cpus())
+    return replicas * (image_torch_threads(config, replicas) or usable_cpus())
 
 
-def ingress_replicas_for(config: ServiceConfig, encoder_replicas: int) -> int:
+def ingress_replicas_for(config: ServiceConfig, image_replicas: int) -> int:
     """`ingress_replicas` as a count: as given, or for 'auto' one per INGRESS_CORES of this host's
     usable cores left by the encoders and RESERVED_CORES, at least one. On a CPU host the encoders
     take the cores, so auto stays at 1; on an accelerator host it grows with the host (16 cores, one
@@ -117,5 +117,5 @@ def ingress_replicas_for(config: ServiceConfig, encoder_replicas: int) -> int:
         return config.ingress_autoscaling.min_replicas
     if config.ingress_replicas != "auto":
         return config.ingress_replicas
-    spare = usable_cpus() - encoder_host_cores(config, encoder_replicas) - RESERVED_CORES
+    spare = usable_cpus() - image_host_cores(config, image_replicas) - RESERVED_CORES
     return max(1, spare // INGRESS_CORES)

@@ -185,7 +185,7 @@ def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: s
     replicas = image_replicas(config, asks, resources)
     fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
     image = _tower(config, asks, "image", served.name, f"Encoder{suffix}", asks.image, replicas, min(fewest, replicas),
-                   config.max_batch_size, cpu_plan.encoder_torch_threads(config, replicas), _autoscaling(config))
+                   config.max_batch_size, cpu_plan.image_torch_threads(config, replicas), _autoscaling(config))
     texts = config.text_replica_count
     text = (_tower(config, asks, "text", served.name, f"TextEncoder{suffix}", asks.text, texts, texts,
                    config.text_buckets[-1], cpu_plan.text_torch_threads(config), None) if texts else None)

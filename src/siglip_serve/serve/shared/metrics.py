@@ -183,7 +183,7 @@ class EmbeddingCacheMetrics:
 
 class BulkMetrics:
     """`siglip-serve embed`'s share of the service's names (docs/batch.md): items embedded and refused and
-    each decode, tagged endpoint "bulk"; its encoder actors' forward passes use EncoderMetrics."""
+    each decode, tagged endpoint "bulk"; its encoder actors' forward passes use TowerMetrics."""
 
     ENDPOINT = "bulk"
 
@@ -203,7 +203,7 @@ class BulkMetrics:
         counter.inc(count, tags={"endpoint": self.ENDPOINT})
 
 
-class EncoderMetrics:
+class TowerMetrics:
     """A replica's forward passes; `tower` is "image" (the Encoder) or "text" (the TextEncoder)."""
 
     def __init__(self, tower: str = "image") -> None:

@@ -18,7 +18,7 @@ from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
-from siglip_serve.serve.shared.metrics import EncoderMetrics
+from siglip_serve.serve.shared.metrics import TowerMetrics
 from siglip_serve.serve.shared.replica_logging import configure_replica_logging
 from siglip_serve.serve.towers.replica_start import start_tower
 from siglip_serve.serve.towers.start_marks import BUILD, StartMarks
@@ -27,7 +27,7 @@ from siglip_serve.serve.towers.tower_replica import TowerReplica, refusal_record
 log = logging.getLogger("siglip_serve.encoder")
 
 
-class EncoderReplica(TowerReplica):
+class ImageReplica(TowerReplica):
     """The image tower; published (serve/shared/registry.py) once warm with the cores it sees."""
 
     def __init__(self, config: ServiceConfig, plan: TowerPlan) -> None:
@@ -43,12 +43,12 @@ class EncoderReplica(TowerReplica):
             start.imported(settings.backend)
             return create_encoder(settings)
 
-        encoder = start_tower("image encoder replica", settings, build, config.env_vars, refusal_recorder("image"))
+        tower = start_tower("image encoder replica", settings, build, config.env_vars, refusal_recorder("image"))
         start.mark(BUILD)
         from siglip_serve.models.encoder import EncoderInputError
 
         self._input_error = EncoderInputError
-        super().__init__(config, encoder, EncoderMetrics(tower="image"), start)
+        super().__init__(config, tower, TowerMetrics(tower="image"), start)
         # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
         held: dict[str, str | None] = {registry.SERVED_AS: plan.model}
         held.update({name.lower(): os.environ.get(name) for name in plan.visible_devices_env})
@@ -61,7 +61,7 @@ class EncoderReplica(TowerReplica):
         if isinstance(chunk, JpegFiles):
             return None  # checked as it is decoded on the device
         try:
-            self.encoder.check_input(chunk)
+            self.tower.check_input(chunk)
         except self._input_error as exc:
             return exc
         return None
@@ -70,22 +70,22 @@ class EncoderReplica(TowerReplica):
         """One forward pass over the chunks (JPEG files decoded on the model's device first): each
         chunk's embeddings, or the decode error that chunk alone failed with."""
         if not any(isinstance(chunk, JpegFiles) for chunk in chunks):
-            embeddings = self.encoder.encode(np.concatenate(chunks), self.metrics.forward)
+            embeddings = self.tower.encode(np.concatenate(chunks), self.metrics.forward)
             return split_rows(embeddings, [len(chunk) for chunk in chunks])
         import torch
 
         from siglip_serve.models.device_decode import DeviceDecodeError, decode_resize
         from siglip_serve.models.image_errors import CorruptImage
 
-        device = self.encoder.device
+        device = self.tower.device
         pixels: list[Any] = []
         for chunk in chunks:
             try:
-                pixels.append(decode_resize(chunk.files, self.encoder.image_size, device)
+                pixels.append(decode_resize(chunk.files, self.tower.image_size, device)
                               if isinstance(chunk, JpegFiles) else torch.from_numpy(chunk).to(device))
             except DeviceDecodeError:
                 pixels.append(CorruptImage("image data is truncated or corrupt"))
         good = [p for p in pixels if not isinstance(p, Exception)]
-        embeddings = self.encoder.encode(torch.cat(good), self.metrics.forward) if good else None
+        embeddings = self.tower.encode(torch.cat(good), self.metrics.forward) if good else None
         parts = iter(split_rows(embeddings, [len(p) for p in good]) if good else [])
         return [p if isinstance(p, Exception) else next(parts) for p in pixels]

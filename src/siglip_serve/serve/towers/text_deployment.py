@@ -13,7 +13,7 @@ from typing import Any
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
-from siglip_serve.serve.shared.metrics import EncoderMetrics
+from siglip_serve.serve.shared.metrics import TowerMetrics
 from siglip_serve.serve.shared.replica_logging import configure_replica_logging
 from siglip_serve.serve.towers.replica_start import start_tower
 from siglip_serve.serve.towers.start_marks import BUILD, StartMarks
@@ -22,7 +22,7 @@ from siglip_serve.serve.towers.tower_replica import TowerReplica, refusal_record
 log = logging.getLogger("siglip_serve.text")
 
 
-class TextEncoderReplica(TowerReplica):
+class TextReplica(TowerReplica):
     """The text tower and its tokenizer; its published record (context length, buckets, tokenizer, the
     zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
@@ -38,12 +38,12 @@ class TextEncoderReplica(TowerReplica):
             start.imported(settings.backend)
             return create_text_encoder(settings)
 
-        encoder = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
+        tower = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
         start.mark(BUILD)
-        super().__init__(config, encoder, EncoderMetrics(tower="text"), start)
+        super().__init__(config, tower, TowerMetrics(tower="text"), start)
         self.publish({registry.SERVED_AS: plan.model})
         log.info("text encoder replica ready: %s", self.info)
 
     def encode_chunks(self, chunks: list[Any]) -> list[Any]:
-        embeddings = self.encoder.encode([text for chunk in chunks for text in chunk], self.metrics.forward)
+        embeddings = self.tower.encode([text for chunk in chunks for text in chunk], self.metrics.forward)
         return split_rows(embeddings, [len(chunk) for chunk in chunks])

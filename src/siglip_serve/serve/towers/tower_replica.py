@@ -30,7 +30,7 @@ from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.batcher import Batcher
-from siglip_serve.serve.shared.metrics import EncoderMetrics
+from siglip_serve.serve.shared.metrics import TowerMetrics
 from siglip_serve.serve.shared.replica_grpc import bind_to_node_address
 from siglip_serve.serve.towers.start_marks import REGISTRATION, START_KEY, StartMarks
 
@@ -42,22 +42,22 @@ WARMUP_ITERATIONS = 2
 class TowerReplica:
     """What both towers' replicas share; a tower says how it checks a chunk and encodes a batch."""
 
-    def __init__(self, config: ServiceConfig, encoder: Any, metrics: EncoderMetrics,
+    def __init__(self, config: ServiceConfig, tower: Any, metrics: TowerMetrics,
                  start: StartMarks | None = None) -> None:
         """`start`: the phases of this replica's start so far (serve/towers/start_marks.py), published with its
         record."""
         self.config = config
-        self.encoder = encoder
+        self.tower = tower
         self.metrics = metrics
         self.start = StartMarks() if start is None else start
         bind_to_node_address()
-        tracing.configure(config.tracing, f"{encoder.tower}-encoder")
-        warm = self.encoder.warmup(iterations=WARMUP_ITERATIONS, on_bucket=self.start.warmed)
+        tracing.configure(config.tracing, f"{tower.tower}-encoder")
+        warm = self.tower.warmup(iterations=WARMUP_ITERATIONS, on_bucket=self.start.warmed)
         self.warmup_seconds = {str(b): round(s, 6) for b, s in warm.items()}
         # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
         # teams of asyncio.to_thread's rotating workers spin on the same cores after their pass.
         self.forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-        self.batcher = Batcher(self._embed_batch, self.encoder.max_batch_size, len, config.batch_wait_timeout_s,
+        self.batcher = Batcher(self._embed_batch, self.tower.max_batch_size, len, config.batch_wait_timeout_s,
                                on_batch=metrics.batch_started)
 
     # -- what a tower says -------------------------------------------------------------------
@@ -76,9 +76,9 @@ class TowerReplica:
         """This warm replica's record (its tower, placement, warm-up, the tower's description and `extra`),
         written to the registry so that the ingress counts it; the record. Outside a Serve replica (a test
         building the class) it is only returned."""
-        self.info: dict[str, Any] = {"tower": self.encoder.tower, **(extra or {}), "host": socket.gethostname(),
+        self.info: dict[str, Any] = {"tower": self.tower.tower, **(extra or {}), "host": socket.gethostname(),
                                      "pid": os.getpid(), "warmup_seconds": self.warmup_seconds,
-                                     **self.encoder.describe()}
+                                     **self.tower.describe()}
         try:
             context = serve.get_replica_context()
         except RayServeException:
@@ -127,8 +127,8 @@ class TowerReplica:
             if trace:
                 tracing.record("queue", trace[0], trace[1], began)
         size = sum(len(chunk) for chunk in chunks)
-        bucket = next((b for b in self.encoder.buckets if b >= size), self.encoder.max_batch_size)
-        with tracing.span("batch", links=[trace[0] for trace in traces if trace], tower=self.encoder.tower,
+        bucket = next((b for b in self.tower.buckets if b >= size), self.tower.max_batch_size)
+        with tracing.span("batch", links=[trace[0] for trace in traces if trace], tower=self.tower.tower,
                           size=size, bucket=bucket):
             return await self._run_batch(chunks, deadlines)
 

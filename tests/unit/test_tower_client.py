@@ -13,7 +13,7 @@ from ray.serve._private.handle_options import DynamicHandleOptions
 
 from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.serve.http.errors import ApiError
-from siglip_serve.serve.ingress.tower_client import EncoderClient, worth_coalescing
+from siglip_serve.serve.ingress.tower_client import TowerClient, worth_coalescing
 from siglip_serve.serve.plan.planner import calls_in_flight
 from tests.helpers import ServeResponse as Response
 
@@ -54,9 +54,9 @@ def images(*values: int) -> np.ndarray:
     return np.array([np.full((3, 2, 2), v, dtype=np.uint8) for v in values])
 
 
-def client(replica: Replica, max_images: int = 8, full_batch_seconds: float = 0.003) -> EncoderClient:
+def client(replica: Replica, max_images: int = 8, full_batch_seconds: float = 0.003) -> TowerClient:
     """One replica; the model as fast as tiny-siglip (a full batch in 3 ms): coalescing, two calls in flight."""
-    encoder = EncoderClient(replica, replicas=1, ingress_replicas=1, max_images=max_images,  # type: ignore[arg-type]
+    encoder = TowerClient(replica, replicas=1, ingress_replicas=1, max_images=max_images,  # type: ignore[arg-type]
                             retry_after_s=1, max_in_flight=16)
     encoder.tune(full_batch_seconds)
     return encoder
@@ -84,13 +84,13 @@ def test_behind_a_slow_model_or_before_tuning_each_request_goes_at_once() -> Non
     for tuned in (None, 1.7):
         replica = Replica(seconds=0.1)
 
-        async def main(encoder: EncoderClient) -> list[np.ndarray]:
+        async def main(encoder: TowerClient) -> list[np.ndarray]:
             first = asyncio.ensure_future(encoder.embed(images(1), 1.0))
             await asyncio.sleep(0.01)
             rest = [asyncio.ensure_future(encoder.embed(images(v), 1.0)) for v in (2, 3, 4)]
             return await asyncio.wait_for(asyncio.gather(first, *rest), 2)
 
-        encoder = client(replica, full_batch_seconds=tuned) if tuned else EncoderClient(
+        encoder = client(replica, full_batch_seconds=tuned) if tuned else TowerClient(
             replica, replicas=1, ingress_replicas=1, max_images=8, retry_after_s=1, max_in_flight=16)  # type: ignore[arg-type]
         assert [r.ravel().tolist() for r in asyncio.run(main(encoder))] == [[1.0], [2.0], [3.0], [4.0]]
         assert replica.calls == [[1], [1], [1], [1]]  # with slots free, each its own call

@@ -46,6 +46,8 @@ def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> N
         ({"ingress_replicas": 0}, "ingress_replicas"),
         ({"ingress_replicas": "many"}, "ingress_replicas"),
         ({"device_jpeg_decode": True, "backend": "neuron"}, "device_jpeg_decode needs backend cuda"),
+        # classify's labels have no cache of their own: the message names the one that keeps them
+        ({"classify_cache_size": 4096}, "classify_cache_size is not a setting: .* size it with embedding_cache_mib"),
     ],
 )
 def test_bad_config_is_refused_with_the_key_named(args: dict, needle: str) -> None:

@@ -6,8 +6,8 @@ allowlist, its bound on fetches at once), all at once and within the request's d
 is then what the client could have sent inline. Each image's file bytes (base64 and data URIs undone) are then
 looked up in the embedding cache (serve/ingress/embedding_cache.py), keyed by those bytes and the image tower's scope;
 only the images it neither holds nor is computing already are decoded (serve/ingress/image_prep.py) and encoded, each
-distinct one once. Texts: the same lookup by their text and the text tower's scope, then classify's prompt
-cache in front where the route asks for it.
+distinct one once. Texts: the same lookup by their text and the text tower's scope, classify's labels (their
+prompts) and rerank's query and documents as any other text: one cache for every embedding.
 
 With `embedding_cache_mib: 0` nothing is hashed: the items go straight to decoding and encoding, as before the
 cache. A request's `"cache": false` is computed the same way, and counted as bypassed.

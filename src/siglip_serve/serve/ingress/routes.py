@@ -110,7 +110,7 @@ async def classify(ingress: Ingress, request: Request, deadline: float) -> Respo
                   "usage": {"images": done.images, "texts": done.texts}}
         return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
 
-    work = Work("classify", items, score=True, cached_texts=True, texts_called="labels")
+    work = Work("classify", items, score=True, texts_called="labels")
     return await served.scheduler.answer(work, deadline, render)
 
 

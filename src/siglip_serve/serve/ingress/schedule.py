@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -57,7 +56,6 @@ class Work:
     endpoint: str  # the `endpoint` label of the metrics
     items: Sequence[Item]
     score: bool = False  # the answer scores pairs (`Scheduled.scores`): needs the text tower's logit scale, bias
-    cached_texts: bool = False  # texts answered from the ingress's prompt cache where they are in it
     texts_called: str = "texts"  # what the too-many-texts message calls the texts (classify: "labels")
     dimensions: int | None = None  # cut every row to this many (serve/http/embedding_output.py), checked first
     cache: bool = True  # false: the embedding cache is neither read nor filled (the request's "cache": false)
@@ -102,32 +100,6 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConf
             raise rejection_error(exc, label) from None
 
 
-class PromptCache:
-    """The last `size` texts' embeddings (classify's prompts), least recently used first out."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.entries: OrderedDict[str, np.ndarray] = OrderedDict()
-
-    async def embed(self, texts: Sequence[str], encode: Callable[[list[str]], Awaitable[np.ndarray]]) -> np.ndarray:
-        """Cached texts from the cache, the rest encoded once (`encode`) and cached."""
-        found: dict[str, np.ndarray] = {}
-        for text in texts:
-            if text in self.entries:
-                self.entries.move_to_end(text)
-                found[text] = self.entries[text]
-        # Snapshot before the await: a concurrent request may evict entries meanwhile.
-        missing = [t for t in dict.fromkeys(texts) if t not in found]
-        if missing:
-            for text, row in zip(missing, await encode(missing), strict=True):
-                found[text] = row
-                if self.size:
-                    self.entries[text] = row
-            while len(self.entries) > self.size:
-                self.entries.popitem(last=False)
-        return np.stack([found[t] for t in texts])
-
-
 @dataclass
 class Scheduler:
     """The call, on the ingress's parts (serve/ingress/ingress.py)."""
@@ -138,10 +110,6 @@ class Scheduler:
     door: FrontDoor
     towers: Towers
     rows: ItemRows
-    prompts: PromptCache = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.prompts = PromptCache(self.config.classify_cache_size)
 
     # -- what the service can do -------------------------------------------------------------
 
@@ -201,7 +169,7 @@ class Scheduler:
             await self.admit(tower)
         logit = self._logit() if work.score else None
         tasks = [asyncio.ensure_future(self._images([work.items[i] for i in images], deadline, work.cache)),
-                 asyncio.ensure_future(self._texts(text_values, deadline, work.cached_texts, work.cache))]
+                 asyncio.ensure_future(self._texts(text_values, deadline, work.cache))]
         try:
             parts = await asyncio.gather(*tasks)
         except BaseException:
@@ -236,13 +204,10 @@ class Scheduler:
             return None
         return await self.rows.image_rows(items, deadline, partial(self.encode, deadline=deadline), use_cache)
 
-    async def _texts(self, texts: list[str], deadline: float, prompts: bool, use_cache: bool) -> np.ndarray | None:
+    async def _texts(self, texts: list[str], deadline: float, use_cache: bool) -> np.ndarray | None:
         if not texts:
             return None
-        encode = partial(self.encode, deadline=deadline)
-        if prompts:
-            return await self.prompts.embed(texts, lambda missing: self.rows.text_rows(missing, encode, use_cache))
-        return await self.rows.text_rows(texts, encode, use_cache)
+        return await self.rows.text_rows(texts, partial(self.encode, deadline=deadline), use_cache)
 
     async def _timed(self, endpoint: str, work: Awaitable[Response], deadline: float) -> Response:
         """Await a route's work and observe siglip_request_seconds with the status it ended in."""

@@ -186,8 +186,6 @@ class ServiceConfig(ModelSettings):
     # below the model's size is refused unless the operator accepts that here.
     allow_dimension_truncation: bool = Field(False, description="honour `dimensions` below the model's size by "
                                              "truncating and re-normalising (lossy); off: such requests get 400")
-    classify_cache_size: int = Field(4096, ge=0, description="classify prompts whose text embeddings each ingress "
-                                                             "keeps, least recently used out first; 0: no cache")
     # Off by default: a URL names a place the server goes to, on its own network (serve/ingress/url_fetch.py).
     url_fetch_allowlist: tuple[str, ...] = Field((), description="image URLs are fetched only from these: host "
                                                  "names, *.domains (every name under one), CIDRs (which also allow "
@@ -243,6 +241,16 @@ class ServiceConfig(ModelSettings):
     def _parse_allowlist(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         Allowlist.parse(value)  # raises ValueError naming the entry that is none of the forms
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_classify_cache(cls, data: Any) -> Any:
+        # Said plainly, not as pydantic's "extra inputs are not permitted": classify's labels have no cache of
+        # their own.
+        if isinstance(data, Mapping) and "classify_cache_size" in data:
+            raise ValueError("classify_cache_size is not a setting: classify's labels are kept in the embedding "
+                             "cache with every other text and image; size it with embedding_cache_mib")
+        return data
 
     @model_validator(mode="after")
     def _check_serving(self) -> ServiceConfig:

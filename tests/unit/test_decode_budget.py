@@ -201,7 +201,7 @@ def test_running_decodes_stay_within_the_byte_budget() -> None:
         requests = [object() for _ in range(4)]
         await asyncio.gather(*(queue.run(requests[i % 4], lambda: work(100), 100) for i in range(20)),
                              queue.run(object(), lambda: work(500), 500))  # over budget alone: runs alone
-        assert queue.running == 0 and queue.running_bytes == 0
+        assert queue.running == 0 and queue.slots.held_cost == 0
 
     asyncio.run(scenario())
     assert running["peak"] <= 500

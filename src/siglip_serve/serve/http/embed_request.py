@@ -42,8 +42,6 @@ URLSAFE_TO_STD = str.maketrans("-_", "+/")
 _URL = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.\-]*://")
 # Characters that decode to at least SIGNATURE_BYTES bytes.
 _HEAD_CHARS = -(-SIGNATURE_BYTES // 3) * 4
-RULE = ("without `modality` or typed items, an item is an image when it is a data URI, or bare base64 "
-        "(whitespace allowed) that decodes to a JPEG, PNG, WebP, GIF, BMP or TIFF signature; anything else is text")
 
 
 # The OpenAPI document marks image strings with this format (serve/http/openapi.py): JSON Schema cannot say

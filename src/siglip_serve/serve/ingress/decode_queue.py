@@ -35,10 +35,6 @@ class FairDecodeQueue:
     def running(self) -> int:
         return self.slots.held
 
-    @property
-    def running_bytes(self) -> int:
-        return self.slots.held_cost
-
     def waiting(self) -> int:
         return self.slots.waiting()
 

@@ -147,15 +147,6 @@ class EmbeddingCache:
         """Hold `vector` under `key` (evicting the least recently used past max_bytes); the read-only copy."""
         return self._store(key, _frozen(vector)) if self.enabled else _frozen(vector)
 
-    async def get_or_compute(self, key: CacheKey, compute: Callable[[], Awaitable[np.ndarray]],
-                             bypass: bool = False) -> np.ndarray:
-        """One item: its cached vector, the running computation's, or `compute()`'s."""
-        async def one(_: list[int]) -> list[np.ndarray]:
-            return [await compute()]
-
-        (vector,) = await self.get_many([key], one, bypass)
-        return vector
-
     async def get_many(self, keys: Sequence[CacheKey], compute: Compute, bypass: bool = False) -> list[np.ndarray]:
         """A vector per key, in order. `compute(indices)` is called (at most once per round) for the keys
         neither cached nor being computed by another caller, each distinct key once (its first index);

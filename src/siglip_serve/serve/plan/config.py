@@ -65,7 +65,7 @@ class Autoscaling(Scaling):
     docs/operations.md for the target's argument; min_replicas is also /readyz's ceiling, and the
     ingress admits for max_replicas."""
 
-    # Default: the calls one replica is meant to hold (serve/ingress/tower_client.py CALLS_IN_FLIGHT_*): one
+    # Default: the calls one replica is meant to hold (serve/plan/planner.py CALLS_IN_FLIGHT_*): one
     # running and (on an accelerator) one gathering; more than that is a call waiting behind a batch.
     target_ongoing_requests: float | None = Field(None, gt=0, description="encoder calls per replica Serve "
                                                   "scales towards (default: 1 on cpu, 2 on an accelerator)")

@@ -1,4 +1,4 @@
-"""Several models in one service (serve/served_models.py): tiny-siglip and the SigLIP 2 tiny architecture behind
+"""Several models in one service (serve/plan/served_models.py): tiny-siglip and the SigLIP 2 tiny architecture behind
 one front door on one port, each on replicas of its own, chosen by the request's `model`; the real application
 under the session's Ray."""
 

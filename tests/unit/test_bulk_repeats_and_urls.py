@@ -18,7 +18,7 @@ import pytest
 from siglip_serve.bulk import stages
 from siglip_serve.bulk.repeats import RunRecord, digest
 from siglip_serve.models.preprocess import ImageLimits
-from siglip_serve.serve.url_fetch import FetchSettings
+from siglip_serve.serve.plan.config import FetchSettings
 
 SIZE = (32, 32)
 DIM = 8

@@ -1,5 +1,5 @@
 """`siglip-serve embed --service-config FILE --served-model NAME`: the bulk job gets the config the service builds
-that model with (serve/served_models.py), from the same Serve YAML `serve deploy` takes."""
+that model with (serve/plan/served_models.py), from the same Serve YAML `serve deploy` takes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import yaml
 
 from siglip_serve.bulk.cli import _served, build_parser
 from siglip_serve.core.errors import UserError
-from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.served_models import served_models
 from siglip_serve.serve.serve_yaml import BUILDER, service_args
-from siglip_serve.serve.served_models import served_models
 
 ARGS = {"backend": "cpu", "buckets": [1, 2], "max_image_pixels": 1000000, "default_model": "old",
         "models": [{"name": "old", "model": "tiny-siglip"},

@@ -9,9 +9,9 @@ import pytest
 
 from siglip_serve.core import texts
 from siglip_serve.core.texts import TextRejected
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.errors import REJECTIONS, ApiError
-from siglip_serve.serve.schedule import check_texts
+from siglip_serve.serve.http.errors import REJECTIONS, ApiError
+from siglip_serve.serve.ingress.schedule import check_texts
+from siglip_serve.serve.plan.config import ServiceConfig
 
 MAX_CHARS = 10
 TEXTS = ["", " ", "\n\t \u00a0", "a cat", " a cat ", "x" * MAX_CHARS, "x" * (MAX_CHARS + 1), " " * (MAX_CHARS + 1)]

@@ -1,4 +1,4 @@
-"""Images by URL against an origin that means harm (serve/url_fetch.py): compression bombs, cookies, answers
+"""Images by URL against an origin that means harm (serve/ingress/url_fetch.py): compression bombs, cookies, answers
 that are not what HTTP promises, and a client that queues hundreds of slow URLs.
 
 The origin is a socket server on 127.0.0.2 that writes whatever bytes a test asks for; nothing goes anywhere
@@ -29,9 +29,10 @@ import uvloop
 
 from siglip_serve.bulk import stages
 from siglip_serve.models.preprocess import ImageLimits
-from siglip_serve.serve.embed_request import fetch_url_items, image_item
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher
+from siglip_serve.serve.http.embed_request import image_item
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.url_fetch import UrlFetcher, fetch_url_items
+from siglip_serve.serve.plan.config import FetchSettings
 
 IMAGE = b"\x89PNG not really" * 100
 GIB = 1024
@@ -230,8 +231,10 @@ def test_no_cookie_or_other_state_passes_from_one_fetch_to_another(origin: Origi
 PEAK_SCRIPT = """
 import asyncio, json, sys
 import psutil
-from siglip_serve.serve.errors import rejection_error
-from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher, UrlRejected
+from siglip_serve.serve.http.errors import rejection_error
+from siglip_serve.serve.http.url_errors import UrlRejected
+from siglip_serve.serve.ingress.url_fetch import UrlFetcher
+from siglip_serve.serve.plan.config import FetchSettings
 
 def high_water_mark():
     for line in open("/proc/self/status"):

@@ -12,7 +12,7 @@ from siglip_serve.core.errors import UserError
 from siglip_serve.models.cli_args import add_model_arguments, model_values
 
 if TYPE_CHECKING:  # the config module is imported where a command runs, not at the parser's
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def _embed(args: argparse.Namespace) -> int:
     from siglip_serve.bulk.job import JobSpec, Modality, run_job
     from siglip_serve.models.backends.implementation import check_backend_available
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     overrides = {**settings_values(args.set), "log_level": args.log_level}
     served_as = None
@@ -106,12 +106,12 @@ def _embed(args: argparse.Namespace) -> int:
 
 def _served(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[ServiceConfig, str]:
     """The config of the model the service serves as `--served-model` (its settings over the service's, as
-    the service builds it: serve/served_models.py), with `overrides` on top, and its served name."""
+    the service builds it: serve/plan/served_models.py), with `overrides` on top, and its served name."""
     import yaml
 
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.served_models import served_model
     from siglip_serve.serve.serve_yaml import service_args
-    from siglip_serve.serve.served_models import served_model
 
     if flags := sorted(model_values(args)):
         raise UserError(f"--service-config gives the model; drop {', '.join('--' + f.replace('_', '-') for f in flags)}"

@@ -29,9 +29,9 @@ from siglip_serve.bulk.repeats import DEFAULT_MIB, start_record
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import BulkResult, Machine, SteadyState
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
-from siglip_serve.serve import placement
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embedding_output import encode_rows
+from siglip_serve.serve.http.embedding_output import encode_rows
+from siglip_serve.serve.plan import placement
+from siglip_serve.serve.plan.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -56,7 +56,7 @@ class JobSpec:
     decode_workers: int | None = None  # None: the cores the encoders leave, at least one
     address: str | None = None  # join this Ray cluster instead of starting a local one
     metrics_port: int | None = None  # the local Ray's Prometheus endpoint (the service's metric names)
-    encoding: str = "float"  # float32, or the API's int8 / uint8 / binary / ubinary (serve/embedding_output.py)
+    encoding: str = "float"  # float32, or the API's int8 / uint8 / binary / ubinary (serve/http/embedding_output.py)
     repeat_cache_mib: float = DEFAULT_MIB  # images: the run's record of embedded files (bulk/repeats.py); 0: off
     served_as: str | None = None  # the service's name of the model (metrics' `model` label); None: its model
 
@@ -92,7 +92,7 @@ class Plan:
 
 
 def plan_workers(config: ServiceConfig, spec: JobSpec, cluster: Mapping[str, float]) -> Plan:
-    """One encoder per device the Ray cluster declares (the backend's resource, serve/placement.py: GPUs;
+    """One encoder per device the Ray cluster declares (the backend's resource, serve/plan/placement.py: GPUs;
     logical NeuronCores, which Ray pins each actor to through NEURON_RT_VISIBLE_CORES), one where the
     model runs on the host's cores; each asks what a served image replica asks. The decoders take the
     CPUs left."""
@@ -237,7 +237,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
         actor, buckets = TextEmbedActor, settings.text_buckets
         constructor = {"settings": settings, "model": model, "keep_env": list(config.env_vars)}
     # Nothing from the model's files: with --address this driver runs on the head. Each actor sets its
-    # backend's environment itself, on its node, before it imports torch (serve/replica_start.py).
+    # backend's environment itself, on its node, before it imports torch (serve/towers/replica_start.py).
     env = {**extra_backends_env(), **config.env_vars}
     options = {**plan.encoder_options, **({"runtime_env": {"env_vars": env}} if env else {})}
     # A call carries whole blocks (the encoder splits them into its buckets): a Ray Data task costs

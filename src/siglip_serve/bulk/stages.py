@@ -3,10 +3,10 @@
 Both take and give Ray Data's numpy batches (a dict of equal-length columns). Every row keeps its
 `shard` and `pos` so the driver can put a shard back together in input order whatever order rows
 come back in. A row that cannot be read or decoded carries its `error_type` and `message` (the HTTP
-contract's types and words, serve/errors.py) and zero pixels; the embed stage skips it, so one bad
+contract's types and words, serve/http/errors.py) and zero pixels; the embed stage skips it, so one bad
 file costs only its own row.
 
-An http(s) item is fetched (serve/url_fetch.py, under the config's url_fetch_allowlist, the service's
+An http(s) item is fetched (serve/ingress/url_fetch.py, under the config's url_fetch_allowlist, the service's
 rules and error types; a block's URLs at once, up to url_fetch_concurrency); any other item is a path or
 a pyarrow.fs URI. Each row carries the `digest` of its bytes: a file this run already embedded is
 passed on with its vector (`cached`, `embedding`) instead of pixels, and repeats inside a block or an
@@ -30,9 +30,11 @@ from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve.metrics import BulkMetrics, EncoderMetrics
-from siglip_serve.serve.replica_start import start_tower
-from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher, UrlRejected
+from siglip_serve.serve.http.url_errors import UrlRejected
+from siglip_serve.serve.ingress.url_fetch import UrlFetcher
+from siglip_serve.serve.plan.config import FetchSettings
+from siglip_serve.serve.shared.metrics import BulkMetrics, TowerMetrics
+from siglip_serve.serve.towers.replica_start import start_tower
 
 if TYPE_CHECKING:  # torch: in the actors only
     from siglip_serve.models.tower import Tower
@@ -46,7 +48,7 @@ UNREADABLE = "unreadable"
 
 
 def _error_type(exc: Rejected) -> str:
-    from siglip_serve.serve.errors import rejection_type  # the contract's reason for this rejection
+    from siglip_serve.serve.http.errors import rejection_type  # the contract's reason for this rejection
 
     return rejection_type(exc).value
 
@@ -55,7 +57,7 @@ _metrics: dict[str, BulkMetrics] = {}
 
 
 def bulk_metrics(model: str) -> BulkMetrics:
-    """This worker process's collectors (serve/metrics.py) for `model` (the `model` label: the served
+    """This worker process's collectors (serve/shared/metrics.py) for `model` (the `model` label: the served
     model's name), built once: tasks reuse their worker."""
     if model not in _metrics:
         _metrics[model] = BulkMetrics(model)
@@ -174,7 +176,7 @@ class _Embedder:
         self.record = record
         self.encoder = tower
         tower.warmup(iterations=1)
-        self.on_forward = EncoderMetrics(model, tower=modality).forward
+        self.on_forward = TowerMetrics(model, tower=modality).forward
         self.embed_dim = tower.embed_dim
         log.info("bulk %s encoder ready: %s", modality, tower.describe())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from siglip_serve.serve.config import ConfigError
+from siglip_serve.serve.plan.config import ConfigError
 
 # The application builder of the service, as a Serve config names it (import_path).
 BUILDER = "siglip_serve.serve.app:build_app"

@@ -19,17 +19,18 @@ from import_cycles import ROOT, graph  # a sibling script, not a package
 
 # What each package may import besides itself, lowest first. "" is siglip_serve itself (its __main__
 # dispatches to every command). core holds the backends' records (core/backends.py), so anything may ask
-# one. models and its sub-packages import each other as their rows say: models.backends builds the towers
-# of models; models' accuracy command builds them, and ModelSettings imports a backend's options model.
+# one. models holds what every backend builds on (settings, loading, towers); models.neuron the Neuron SDK's
+# side; models.backends builds models' towers on each device. A backend's options model reaches ModelSettings
+# through its record's import string, loaded by core (core/backends.py `load`), so models imports no backend.
 # serve's rooms (serve/__init__.py says what each holds): the HTTP contract lowest; what the ingress and the
 # towers share (the metrics label rejections by the contract's error types); the plan; then the towers and
 # the ingress side by side, neither importing the other; serve itself (app.py) composes them.
 SERVE_ROOMS = frozenset({"serve.http", "serve.shared", "serve.plan", "serve.towers", "serve.ingress"})
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "core": frozenset(),
+    "models": frozenset({"core"}),
     "models.neuron": frozenset({"core", "models"}),
     "models.backends": frozenset({"core", "models", "models.neuron"}),
-    "models": frozenset({"core", "models.backends"}),
     "kernels": frozenset({"core", "models", "models.neuron"}),
     "serve.http": frozenset({"core", "models"}),
     "serve.shared": frozenset({"core", "serve.http"}),

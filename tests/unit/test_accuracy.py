@@ -10,7 +10,7 @@ import pytest
 
 from siglip_serve.__main__ import main as siglip_serve
 from siglip_serve.core.cli import SettingsError
-from siglip_serve.models.accuracy import compare_embeddings, parse_spec
+from siglip_serve.measure.accuracy import compare_embeddings, parse_spec
 
 
 @pytest.fixture(scope="module")

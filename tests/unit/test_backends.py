@@ -22,11 +22,12 @@ from siglip_serve.core.backends import (
     BackendRecord,
     backend_record,
     extra_backends_env,
+    load,
     registered,
 )
 from siglip_serve.core.constants import EXTRA_BACKENDS_ENV
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.backends import cuda, load
+from siglip_serve.models.backends import cuda
 from siglip_serve.models.backends.implementation import (
     Implementation,
     create_encoder,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from siglip_serve.models.accuracy import run_accuracy
+from siglip_serve.measure.accuracy import run_accuracy
 from siglip_serve.models.backends.implementation import create_text_encoder
 from siglip_serve.models.neuron.manifest import ArtifactError, read_manifest
 from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact, main

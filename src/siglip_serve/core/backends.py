@@ -16,6 +16,7 @@ EXTRA_BACKENDS_ENV (`extra_backends_env`), which each process reads when it meet
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -169,3 +170,15 @@ def backend_record(name: str) -> BackendRecord:
 def extra_backends_env() -> dict[str, str]:
     """What every process of an app needs to find the backends registered here (none: {})."""
     return {EXTRA_BACKENDS_ENV: json.dumps([r.as_dict() for r in _EXTRA.values()])} if _EXTRA else {}
+
+
+# What a record's relative "module:attribute" is relative to: the backends' package (one leading dot), or,
+# with two, models. A name, not an import: core imports nothing above it.
+RECORD_PACKAGE = "siglip_serve.models.backends"
+
+
+def load(spec: str) -> Any:
+    """A record's "module:attribute", imported: a module written with a leading dot is one of the backends'
+    package (RECORD_PACKAGE; with two, of models), as the built-in records write theirs."""
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module, package=RECORD_PACKAGE), attribute)

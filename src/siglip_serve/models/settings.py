@@ -10,8 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from siglip_serve.core.backends import BACKENDS, backend_record
-from siglip_serve.models.backends import load
+from siglip_serve.core.backends import BACKENDS, backend_record, load
 
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"

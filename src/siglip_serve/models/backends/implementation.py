@@ -10,9 +10,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from siglip_serve.core.backends import IMAGE, TEXT, BackendRecord, backend_record, extra_backends_env, names
+from siglip_serve.core.backends import IMAGE, TEXT, BackendRecord, backend_record, extra_backends_env, load, names
 from siglip_serve.core.errors import BackendUnavailable
-from siglip_serve.models.backends import load
 
 if TYPE_CHECKING:  # torch: in the processes that build a tower
     from siglip_serve.models.encoder import Encoder

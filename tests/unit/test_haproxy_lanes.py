@@ -35,14 +35,15 @@ INTERACTIVE_KEY = "key-of-search"
 
 
 class _Recording(BaseHTTPRequestHandler):
-    """Works on each request for a while and records the order requests reached it in."""
+    """Holds /first while the others queue behind it, answers the rest quickly, and records the order requests
+    reached it in."""
 
     protocol_version = "HTTP/1.1"
     seen: list[str] = []
 
     def do_GET(self) -> None:
         type(self).seen.append(self.path)
-        time.sleep(0.3)
+        time.sleep(1.5 if self.path == "/first" else 0.02)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()

@@ -199,8 +199,7 @@ def _request_span(request: Request) -> contextlib.AbstractContextManager[Any]:
     return tracing.span("http.request", parent=tracing.extract(dict(request.headers)),
                         attributes={"http.request.method": request.method, "http.route": request.url.path,
                                     "siglip.request_id": request_id(request),
-                                    "siglip.tenant": lanes.current().tenant,
-                                    "siglip.lane": lanes.current().lane.name.lower()})
+                                    "siglip.tenant": lanes.current().tenant})
 
 
 def request_id(request: Request) -> str | None:

@@ -30,6 +30,8 @@ IMAGES_EMBEDDED = "siglip_images_embedded_total"
 REQUESTS_REJECTED = "siglip_requests_rejected_total"
 PREPROCESS_SECONDS = "siglip_preprocess_seconds"
 REQUEST_SECONDS = "siglip_request_seconds"
+# The same requests by lane and tenant (serve/lanes.py): the tenant's name, never its key.
+TENANT_REQUEST_SECONDS = "siglip_tenant_request_seconds"
 FORWARD_SECONDS = "siglip_encoder_forward_seconds"
 BATCH_FILL_RATIO = "siglip_batch_fill_ratio"
 ENCODER_IMAGES = "siglip_encoder_images_total"
@@ -44,7 +46,7 @@ CACHE_EVICTIONS = "siglip_embedding_cache_evictions_total"
 CACHE_BYTES = "siglip_embedding_cache_bytes"
 CACHE_METRIC_NAMES = (CACHE_HITS, CACHE_MISSES, CACHE_EVICTIONS, CACHE_BYTES)
 METRIC_NAMES = (
-    IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS,
+    IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS, TENANT_REQUEST_SECONDS,
     FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES, TEXTS_EMBEDDED,
     BATCH_QUEUE_SECONDS, BATCH_QUEUED_INPUTS, *CACHE_METRIC_NAMES,
 )
@@ -129,6 +131,13 @@ class IngressMetrics:
             description="Embedding request past the body, schema and auth checks: image decoding to response.",
             boundaries=REQUEST_BUCKETS_S,
             tag_keys=("endpoint", "status"),  # type: ignore[arg-type]  # Ray: tuple[str]
+        )
+        self.tenant_request_seconds = metrics.Histogram(
+            TENANT_REQUEST_SECONDS,
+            description="siglip_request_seconds by the request's lane (interactive, default, bulk) and tenant "
+                        "(its API key's name in api_keys_file; default without one).",
+            boundaries=REQUEST_BUCKETS_S,
+            tag_keys=("lane", "tenant", "status"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
         self.texts_embedded = _texts_embedded()
 

@@ -21,6 +21,7 @@ The request's place, deadline and API key are the front door's (serve/front_door
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,7 +36,7 @@ from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.model_info import ModelInfo
-from siglip_serve.serve import tracing
+from siglip_serve.serve import lanes, tracing
 from siglip_serve.serve.config import ServiceConfig
 from siglip_serve.serve.embed_request import Item
 from siglip_serve.serve.embedding_output import check_dimensions, cut_dimensions
@@ -44,6 +45,9 @@ from siglip_serve.serve.front_door import FrontDoor
 from siglip_serve.serve.item_rows import ItemRows
 from siglip_serve.serve.metrics import IngressMetrics
 from siglip_serve.serve.tower_link import Towers
+
+# One line per request with `access_log` on, naming its tenant (never the key) and lane.
+access_log = logging.getLogger("siglip_serve.access")
 
 # What a route can ask of the service: a tower per kind of item, and `score` (SigLIP's sigmoid, whose logit
 # scale and bias the text tower publishes).
@@ -262,9 +266,16 @@ class Scheduler:
             status = "500"
             raise
         finally:
-            self.metrics.request_seconds.observe(time.perf_counter() - began,
-                                                 tags={"endpoint": endpoint, "status": status})
-            tracing.annotate(**{"http.response.status_code": int(status), "siglip.endpoint": endpoint})
+            seconds = time.perf_counter() - began
+            self.metrics.request_seconds.observe(seconds, tags={"endpoint": endpoint, "status": status})
+            ticket = lanes.current()
+            lane = ticket.lane.name.lower()
+            self.metrics.tenant_request_seconds.observe(seconds, tags={"lane": lane, "tenant": ticket.tenant,
+                                                                       "status": status})
+            if self.config.access_log:  # Serve's own access line cannot carry the tenant: ours beside it
+                access_log.info("%s %s %.1fms tenant=%s lane=%s", endpoint, status, seconds * 1e3, ticket.tenant, lane)
+            tracing.annotate(**{"http.response.status_code": int(status), "siglip.endpoint": endpoint,
+                                "siglip.tenant": ticket.tenant, "siglip.lane": lane})
 
 
 def _in_order(count: int, width: int, *parts: tuple[list[int], np.ndarray | None]) -> np.ndarray:

@@ -78,6 +78,16 @@ def test_marks_count_from_the_process_start_and_end_in_the_record() -> None:
                                                   abs=0.01)
 
 
+def test_the_first_answer_is_marked_once_after_the_start() -> None:
+    marks = StartMarks(process_started=psutil.Process().create_time())
+    marks.mark(WORKER)
+    assert "first_answer_at" not in marks.record()
+    assert marks.answered() is True
+    first = marks.record()["first_answer_at"]
+    assert marks.answered() is False
+    assert marks.record()["first_answer_at"] == first >= marks.record()["ready_at"]
+
+
 @pytest.mark.parametrize("tower", ["image", "text"])
 def test_each_tower_replica_publishes_its_start_phase_by_phase(tower: str) -> None:
     from siglip_serve.serve.encoder_deployment import EncoderReplica

@@ -33,6 +33,7 @@ class StartMarks:
         self.process_started = psutil.Process().create_time() if process_started is None else process_started
         self._last = self.process_started
         self.phases: list[tuple[str, float]] = []
+        self.first_answer_at: float | None = None
 
     @classmethod
     def at_constructor(cls) -> StartMarks:
@@ -58,8 +59,20 @@ class StartMarks:
         self.phases.append((phase, max(0.0, now - self._last)))
         self._last = now
 
+    def answered(self) -> bool:
+        """A batch of this replica was answered now: True the first time (the record then gains
+        `first_answer_at`), False after. A replica added by autoscaling is worth its start only from here."""
+        if self.first_answer_at is not None:
+            return False
+        self.first_answer_at = time.time()
+        return True
+
     def record(self) -> dict[str, Any]:
-        """What the replica publishes: when its process started and each phase's seconds, in order."""
-        return {"process_started": round(self.process_started, 3),
-                "phases": [[phase, round(seconds, 3)] for phase, seconds in self.phases],
-                "ready_at": round(self._last, 3)}
+        """What the replica publishes: when its process started, each phase's seconds, in order, when it was
+        warm and, once it has answered, when it first did."""
+        record: dict[str, Any] = {"process_started": round(self.process_started, 3),
+                                  "phases": [[phase, round(seconds, 3)] for phase, seconds in self.phases],
+                                  "ready_at": round(self._last, 3)}
+        if self.first_answer_at is not None:
+            record["first_answer_at"] = round(self.first_answer_at, 3)
+        return record

@@ -98,6 +98,17 @@ class TowerReplica:
         self.info[START_KEY] = self.start.record()
         return self.info
 
+    def _first_answer(self) -> None:
+        """Publish when this replica first answered (once): from its process's creation to here is what a
+        replica added by autoscaling costs before it takes load."""
+        if getattr(self, "replica_actor_name", None) is None:
+            return  # outside a Serve replica: nothing was published
+        self.info[START_KEY] = self.start.record()
+        try:
+            registry.register_replica(self.app_name, self.replica_actor_name, self.info)
+        except Exception:  # broad on purpose: a figure for operators, never worth the batch's answers
+            log.warning("could not publish this replica's first answer", exc_info=True)
+
     def __del__(self) -> None:
         try:
             registry.unregister_replica(self.app_name, self.replica_actor_name)
@@ -158,6 +169,8 @@ class TowerReplica:
                                                      [chunks[i] for i in runnable])
             for i, result in zip(runnable, outcome, strict=True):
                 results[i] = result
+            if self.start.answered():
+                await loop.run_in_executor(None, self._first_answer)
         return results
 
 

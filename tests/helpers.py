@@ -130,20 +130,20 @@ class TowerHandle:
         return np.random.default_rng(zlib.crc32(data)).standard_normal(4).astype(np.float32)
 
 
-# What a warm replica of each tower publishes in the registry (serve/tower_replica.py `publish`), in part.
+# What a warm replica of each tower publishes in the registry (serve/towers/tower_replica.py `publish`), in part.
 STAND_IN_RECORDS = [{"tower": "image", "replica_id": "image-1", "warmup_seconds": {"8": 0.002}},
                     {"tower": "text", "replica_id": "text-1", "warmup_seconds": {"32": 0.003}, "context_length": 16,
                      "logit_scale": 10.0, "logit_bias": -10.0}]
 
 
 def stand_in_ingress(image: TowerHandle, text: TowerHandle | None, **args: Any) -> Any:
-    """An ingress (serve/ingress.py) of tiny-siglip's geometry with stand-in tower handles, its registry holding
+    """An ingress (serve/ingress/ingress.py) of tiny-siglip's geometry with stand-in tower handles, its registry holding
     one warm replica per tower (no Ray: the caller keeps registry.is_draining from asking one). Its batchers bind
     to the first event loop that uses them: one asyncio.run (or one TestClient) per ingress."""
     from siglip_serve.models.model_info import ModelInfo
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.ingress import Ingress
-    from siglip_serve.serve.planner import plan_service
+    from siglip_serve.serve.ingress.ingress import Ingress
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.planner import plan_service
 
     config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1, "replicas": 1,
                                       "text_replicas": 1 if text else 0, **args})
@@ -161,7 +161,7 @@ DEPLOYED: list[str] = []
 
 def deploy(name: str, route_prefix: str, wait: bool = True, routes: tuple[Any, ...] = (), **args: object) -> None:
     """Build the real application from Serve-YAML-style args and run it under `route_prefix`, with `routes`
-    (serve/http_app.py's Route or Probe) beside the contract's.
+    (serve/ingress/http_app.py's Route or Probe) beside the contract's.
 
     One encoder replica and no text replica unless a test asks (`replicas=2`, `text_replicas=1`):
     each costs a process on a small shared cluster."""

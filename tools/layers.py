@@ -21,21 +21,32 @@ from import_cycles import ROOT, graph  # a sibling script, not a package
 # dispatches to every command). core holds the backends' records (core/backends.py), so anything may ask
 # one. models and its sub-packages import each other as their rows say: models.backends builds the towers
 # of models; models' accuracy command builds them, and ModelSettings imports a backend's options model.
+# serve's rooms (serve/__init__.py says what each holds): the HTTP contract lowest; what the ingress and the
+# towers share (the metrics label rejections by the contract's error types); the plan; then the towers and
+# the ingress side by side, neither importing the other; serve itself (app.py) composes them.
+SERVE_ROOMS = frozenset({"serve.http", "serve.shared", "serve.plan", "serve.towers", "serve.ingress"})
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "models.neuron": frozenset({"core", "models"}),
     "models.backends": frozenset({"core", "models", "models.neuron"}),
     "models": frozenset({"core", "models.backends"}),
     "kernels": frozenset({"core", "models", "models.neuron"}),
-    "serve": frozenset({"core", "models", "models.backends"}),
-    "launcher": frozenset({"core", "models", "models.backends", "models.neuron", "serve"}),
+    "serve.http": frozenset({"core", "models"}),
+    "serve.shared": frozenset({"core", "serve.http"}),
+    "serve.plan": frozenset({"core", "models", "serve.shared"}),
+    "serve.towers": frozenset({"core", "models", "models.backends", "serve.shared", "serve.plan"}),
+    "serve.ingress": frozenset({"core", "models", "serve.http", "serve.shared", "serve.plan"}),
+    "serve": frozenset({"core", "models", "models.backends"}) | SERVE_ROOMS,
+    "launcher": frozenset({"core", "models", "models.backends", "models.neuron", "serve", "serve.plan",
+                           "serve.shared"}),
     # bench's command line reuses `run`'s front-end option.
-    "measure": frozenset({"core", "models", "models.backends", "serve", "launcher"}),
+    "measure": frozenset({"core", "models", "models.backends", "serve", "serve.plan", "launcher"}),
     "loadtest": frozenset({"core", "measure"}),
-    # A bulk job's summary is a measure result (BulkResult).
-    "bulk": frozenset({"core", "models", "models.backends", "serve", "measure"}),
+    # A bulk job's summary is a measure result (BulkResult); its stages are the service's own: URL fetches,
+    # the embedding cache, a tower replica's start, the contract's error types.
+    "bulk": frozenset({"core", "models", "models.backends", "serve", "measure"}) | SERVE_ROOMS,
     "": frozenset({"core", "models", "models.neuron", "models.backends", "kernels", "serve", "launcher", "measure",
-                   "loadtest", "bulk"}),
+                   "loadtest", "bulk"}) | SERVE_ROOMS,
 }
 
 

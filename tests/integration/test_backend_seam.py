@@ -77,8 +77,8 @@ def seam_app(serve_cluster) -> Iterator[str]:
 
 
 def test_the_plan_asks_ray_for_the_records_resource() -> None:
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.placement import plan
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.placement import plan
 
     with registered(RECORD):
         asks = plan(ServiceConfig(model="tiny-siglip", backend=NAME, encoder_num_cpus=0.25, text_num_cpus=0.5))

@@ -74,7 +74,7 @@ def test_not_ready_until_every_replica_has_warmed_up(serve_cluster: ServeCluster
     # main_app holds all 4 declared neuron_cores, so this app's encoder replica cannot be placed:
     # its ingress is up but no encoder has loaded its model.
     # A short request timeout: Serve gives the never-placed replica that long (graceful_shutdown_timeout_s,
-    # serve/tower_replica.py) when the module deletes the app; the default 30 s is only waiting.
+    # serve/towers/tower_replica.py) when the module deletes the app; the default 30 s is only waiting.
     deploy("unready", "/unready", wait=False, replicas=1, neuron_cores_per_replica=1, request_timeout_s=2)
     url = serve_cluster.base_url + "/unready"
     try:

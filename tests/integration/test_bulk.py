@@ -46,7 +46,7 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
         main_app: str, serve_cluster: ServeCluster, photo_jpegs: list[bytes], tmp_path: Path) -> None:
     from siglip_serve.bulk.job import JobSpec, run_job
     from siglip_serve.measure.results import BulkResult
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     photos = []
     for i, data in enumerate(photo_jpegs):
@@ -101,7 +101,7 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
 
 def test_texts_in_a_table_column_equal_the_served_text_embeddings(main_app: str, tmp_path: Path) -> None:
     from siglip_serve.bulk.job import JobSpec, run_job
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     texts = ["a photo of a cat", "a rocket", "x" * 1001, "", "   "]
     (tmp_path / "texts.csv").write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
@@ -127,7 +127,7 @@ def test_texts_in_a_table_column_equal_the_served_text_embeddings(main_app: str,
 
 def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path) -> None:
     from siglip_serve.bulk.job import JobSpec, run_job
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     rng = np.random.default_rng(0)
     folder = tmp_path / "in"
@@ -173,7 +173,7 @@ def test_urls_and_repeated_files_in_a_run_on_ray(serve_cluster, photo_jpegs: lis
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from siglip_serve.bulk.job import JobSpec, run_job
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:

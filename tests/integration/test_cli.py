@@ -68,7 +68,7 @@ def test_bad_option_value_stops_before_ray(tmp_path: Path) -> None:
 
 
 def test_run_refuses_at_once_what_the_ray_it_starts_can_never_hold() -> None:
-    """The Ray `run` starts is this host's alone (serve/cluster_fit.py): 2 encoders of one neuron_core each
+    """The Ray `run` starts is this host's alone (serve/plan/cluster_fit.py): 2 encoders of one neuron_core each
     on the 1 core it declares could never both run, and no node will join to place the second."""
     began = time.monotonic()
     out = subprocess.run([str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(free_port()),
@@ -84,7 +84,7 @@ def test_run_refuses_at_once_what_the_ray_it_starts_can_never_hold() -> None:
 
 
 def test_run_answers_503_while_starting_serves_then_sigint_leaves_no_ray_process(photo_jpegs: list[bytes]) -> None:
-    """Run with the defaults, whose CPU plan (serve/cpu_plan.py) gives a small model one replica
+    """Run with the defaults, whose CPU plan (serve/plan/cpu_plan.py) gives a small model one replica
     per usable core, one torch thread each. From its first seconds /readyz answers 503 not_ready (the
     start-up placeholder) while progress is logged; then it serves, Serve's port is not shared, Ray's own
     CLI reaches this cluster as the log says; `--timings` prints the start's timeline, the service's phases and

@@ -25,8 +25,8 @@ import pytest
 
 from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
-from siglip_serve.serve.errors import ErrorType
-from siglip_serve.serve.metrics import METRIC_NAMES
+from siglip_serve.serve.http.errors import ErrorType
+from siglip_serve.serve.shared.metrics import METRIC_NAMES
 from tests.helpers import REPO as ROOT
 from tests.helpers import ServeCluster, deploy
 from tests.integration.prometheus_server import SHIPPED_CONFIG, PrometheusServer, ensure_installed, scrape_config_for

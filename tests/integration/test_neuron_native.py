@@ -308,8 +308,8 @@ def test_the_serving_check_refuses_a_shell_lnc_other_than_the_artifacts(
 
 def test_replicas_get_the_artifacts_environment_and_one_core(artifact: Path) -> None:
     from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.planner import plan_service
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.planner import plan_service
 
     config = ServiceConfig(model="tiny-siglip", backend="neuron-native", artifact_dir=artifact, buckets=(1, 2),
                            env_vars={"NEURON_RT_LOG_LEVEL": "WARNING"}, replicas=2)

@@ -27,9 +27,9 @@ from pydantic import BaseModel, ValidationError
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from siglip_serve.serve.embed_request import IMAGE_FORMAT, CohereEmbedRequest, EmbeddingsRequest
-from siglip_serve.serve.http_body import IMAGE_MEDIA_TYPES, ClassifyRequest
-from siglip_serve.serve.rerank import RerankRequest
+from siglip_serve.serve.http.embed_request import IMAGE_FORMAT, CohereEmbedRequest, EmbeddingsRequest
+from siglip_serve.serve.http.http_body import IMAGE_MEDIA_TYPES, ClassifyRequest
+from siglip_serve.serve.http.rerank import RerankRequest
 from tests.helpers import AUTH
 
 PIL_FORMATS = {"image/jpeg": "JPEG", "image/png": "PNG", "image/webp": "WEBP", "image/gif": "GIF",

@@ -1,4 +1,4 @@
-"""A route written only in this file, on the one scheduling call (serve/schedule.py), registered on the real
+"""A route written only in this file, on the one scheduling call (serve/ingress/schedule.py), registered on the real
 application (tiny-siglip, the session's local Ray) through `build_app_with_routes(args, routes)`: it gets the API key,
 its place among the requests the ingress works on, the request's deadline, the drain and the metrics without
 writing any of them, and it scores pairs as /v1/classify does (what /v1/rerank will be)."""
@@ -19,11 +19,11 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from siglip_serve.core.poll import poll
-from siglip_serve.serve import registry
-from siglip_serve.serve.embed_request import Item
-from siglip_serve.serve.http_app import Route
-from siglip_serve.serve.ingress import Ingress
-from siglip_serve.serve.schedule import SCORE, Scheduled, Work
+from siglip_serve.serve.http.embed_request import Item
+from siglip_serve.serve.ingress.http_app import Route
+from siglip_serve.serve.ingress.ingress import Ingress
+from siglip_serve.serve.ingress.schedule import SCORE, Scheduled, Work
+from siglip_serve.serve.shared import registry
 from tests.helpers import API_KEY, AUTH, ServeCluster, assert_error, deploy
 
 # The route travels to the ingress replica pickled by value: this test module is not importable there.

@@ -29,7 +29,7 @@ import pytest
 
 from siglip_serve.launcher import cli
 from siglip_serve.launcher.preflight import free_port
-from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan.config import ServiceConfig
 from tests.helpers import REPO as ROOT
 from tests.helpers import read_unit, streamed_png, unit_command, unit_environment, wait_until_ready
 from tests.real_haproxy import burst_on_a_stopped_haproxy

@@ -79,8 +79,8 @@ def test_a_listener_sharing_its_port_still_blocks_the_check() -> None:
 def _weights_check_seconds(monkeypatch: pytest.MonkeyPatch, **env: str) -> tuple[str, float]:
     """The weights preflight in this process (imports already paid): its message and how long it took."""
     from siglip_serve.models.loading import ModelLoadError, open_clip_module
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.model_checks import preflight_weights
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.model_checks import preflight_weights
 
     open_clip_module()  # pays open_clip's and timm's imports before the clock starts
     for key, value in env.items():
@@ -171,8 +171,8 @@ def test_builder_refuses_an_app_the_cluster_cannot_hold_once_without_retry(serve
 def test_unreachable_weights_are_refused_in_seconds_where_they_are_read_not_by_the_builder(
         serve_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     from siglip_serve.serve.app import build_app
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.replica_start import ReplicaRefused, start_tower
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.towers.replica_start import ReplicaRefused, start_tower
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     args = {"model": "ViT-B-16-SigLIP", "pretrained": "webli", "replicas": 1, "text_replicas": 0}

@@ -13,7 +13,7 @@ import pytest
 from siglip_serve.models.backends.implementation import create_text_encoder
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import TextEncoder
-from siglip_serve.serve.schedule import zero_shot
+from siglip_serve.serve.ingress.schedule import zero_shot
 from tests.helpers import (
     API_KEY,
     AUTH,
@@ -331,7 +331,7 @@ def test_an_air_gapped_checkpoint_serves_images_and_says_why_text_is_off(
 def test_a_draining_ingress_answers_texts_503_as_it_answers_images(forced_app: str, photo_jpegs: list[bytes]) -> None:
     """What `siglip-serve run` does on SIGTERM (the drain mark), on this module's own app: texts are
     refused like images, not accepted while images get 503. Last of the tests that use forced_app."""
-    from siglip_serve.serve import registry
+    from siglip_serve.serve.shared import registry
 
     registry.set_draining("forced")
     try:

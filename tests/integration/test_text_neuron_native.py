@@ -70,10 +70,10 @@ def test_an_image_only_artifact_is_refused_by_the_text_replica_naming_its_node(
     import socket
 
     from siglip_serve.models.backends.neuron_native import RUNTIME_ENV
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.planner import plan_service
-    from siglip_serve.serve.replica_start import ReplicaRefused
-    from siglip_serve.serve.text_deployment import TextEncoderReplica
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.planner import plan_service
+    from siglip_serve.serve.towers.replica_start import ReplicaRefused
+    from siglip_serve.serve.towers.text_deployment import TextReplica
 
     artifact, _ = compile_tiny(tmp_path, monkeypatch)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "backend": "neuron-native", "buckets": [1, 2],
@@ -84,7 +84,7 @@ def test_an_image_only_artifact_is_refused_by_the_text_replica_naming_its_node(
     as_replica(artifact, monkeypatch)  # what the replica sets on itself, restored after this test
     monkeypatch.setenv(RUNTIME_ENV, "tests.doubles.torchneuron_runtime:RecordingRuntime")
     with pytest.raises(ReplicaRefused, match="siglip-serve compile --backend neuron-native --text") as err:
-        TextEncoderReplica(config, plan_service(config).model.text)  # type: ignore[arg-type]
+        TextReplica(config, plan_service(config).model.text)  # type: ignore[arg-type]
     assert str(err.value).startswith(f"text encoder replica on node {socket.gethostname()}")
     assert "\n" not in str(err.value)
 

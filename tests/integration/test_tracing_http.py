@@ -1,5 +1,5 @@
 """Tracing against the real app (tiny-siglip under the test Ray): every stage's span, one trace from the
-ingress process to the encoder replica's, the batch linked to each request in it (serve/tracing.py). The
+ingress process to the encoder replica's, the batch linked to each request in it (serve/shared/tracing.py). The
 app's processes write their spans as JSON lines (SIGLIP_TRACES_FILE, handed to them by the builder)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from siglip_serve.core.poll import poll
-from siglip_serve.serve.schedule import zero_shot
+from siglip_serve.serve.ingress.schedule import zero_shot
 from tests.helpers import API_KEY, AUTH, FileServer, ServeCluster, assert_error, cosine, deploy, jpeg_bytes
 
 APP = "wire"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
 
 BASE = {"model": "tiny-siglip", "random_weights": True, "backend": "cpu"}
 
@@ -36,7 +36,7 @@ INGRESS = {"min_replicas": 1, "max_replicas": 4, "target_busy_cores": 1.5}
 def test_ingress_autoscaling_gives_serve_our_policy_and_plans_for_its_floor() -> None:
     from ray.serve.config import AutoscalingConfig
 
-    from siglip_serve.serve.ingress_scaling import BusyCoresPolicy
+    from siglip_serve.serve.plan.ingress_scaling import BusyCoresPolicy
 
     config = ServiceConfig.from_args({**BASE, "ingress_autoscaling": INGRESS})
     planned = plan_service(config).ingress
@@ -80,7 +80,7 @@ def _context(busy: dict[str, float] | None, current: int) -> object:
 ])
 def test_the_ingress_policy_asks_for_the_replicas_that_put_each_at_the_target(
         busy: dict[str, float] | None, current: int, desired: float) -> None:
-    from siglip_serve.serve.ingress_scaling import BusyCoresPolicy
+    from siglip_serve.serve.plan.ingress_scaling import BusyCoresPolicy
 
     wanted, state = BusyCoresPolicy(target_busy_cores=1.5)(_context(busy, current))
     assert wanted == pytest.approx(desired) and state == {}
@@ -89,7 +89,7 @@ def test_the_ingress_policy_asks_for_the_replicas_that_put_each_at_the_target(
 def test_busy_cores_start_counting_at_the_first_read() -> None:
     import time
 
-    from siglip_serve.serve.ingress_scaling import BusyCores
+    from siglip_serve.serve.plan.ingress_scaling import BusyCores
 
     meter = BusyCores()
     assert meter.read() == 0.0  # the replica's start is not load

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from siglip_serve.core.backends import BackendRecord, registered
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 
 
 class EchoOptions(BaseModel):

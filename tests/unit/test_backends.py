@@ -1,5 +1,5 @@
 """The backend record, the registry and the placement plan: callers ask a record, never a name; one
-runner per backend serves both towers; one function places every replica (serve/placement.py)."""
+runner per backend serves both towers; one function places every replica (serve/plan/placement.py)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ from siglip_serve.models.backends.implementation import (
     implementation,
 )
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve.cluster_fit import check_cluster_fits
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.placement import plan
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.planner import plan_service
 from tests.helpers import SRC
 
 # The places outside models/backends/ that may still compare a backend's name with a literal, each
@@ -104,7 +104,8 @@ def test_asking_records_imports_no_torch_and_a_registered_backend_travels_in_the
     assert json.loads(env[EXTRA_BACKENDS_ENV])[0]["name"] == "elsewhere"
     assert extra_backends_env() == {}  # unregistered: nothing travels
     code = ("import sys; from siglip_serve.core.backends import backend_record; "
-            "from siglip_serve.serve.placement import plan; from siglip_serve.serve.config import ServiceConfig; "
+            "from siglip_serve.serve.plan.placement import plan; "
+            "from siglip_serve.serve.plan.config import ServiceConfig; "
             "r = backend_record('elsewhere'); p = plan(ServiceConfig(model='tiny-siglip', backend='elsewhere')); "
             "print(r.per_replica, r.towers, p.image.actor_options(), p.text.actor_options(), "
             "sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")

@@ -1,4 +1,4 @@
-"""The replicas' batcher (serve/batcher.py): batches form when the model is free, every caller is answered."""
+"""The replicas' batcher (serve/shared/batcher.py): batches form when the model is free, every caller is answered."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from siglip_serve.serve.batcher import Batcher
+from siglip_serve.serve.shared.batcher import Batcher
 
 
 class Model:
@@ -174,7 +174,7 @@ def test_a_failing_on_batch_hook_does_not_strand_the_batch() -> None:
 
 
 def test_with_concurrency_batches_overlap_and_the_queue_forms_the_next_one_when_a_slot_frees() -> None:
-    """The ingress's use (serve/encoder_client.py): two calls in flight, no wait; the rest coalesce."""
+    """The ingress's use (serve/ingress/tower_client.py): two calls in flight, no wait; the rest coalesce."""
     model = Model(seconds=0.1)
 
     async def main() -> list[Any]:

@@ -69,7 +69,7 @@ def test_a_shard_is_written_in_the_apis_encodings(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     from siglip_serve.bulk.job import ShardAssembler
-    from siglip_serve.serve.embedding_output import encode_rows
+    from siglip_serve.serve.http.embedding_output import encode_rows
 
     rows = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from siglip_serve.bulk.job import JobSpec, PlanError, plan_workers
-from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan.config import ServiceConfig
 
 SPEC = JobSpec(source="in", output="out")
 

@@ -18,7 +18,7 @@ import pytest
 from siglip_serve.bulk import stages
 from siglip_serve.bulk.repeats import RunRecord, digest
 from siglip_serve.models.preprocess import ImageLimits
-from siglip_serve.serve.url_fetch import FetchSettings
+from siglip_serve.serve.plan.config import FetchSettings
 
 SIZE = (32, 32)
 DIM = 8
@@ -101,7 +101,7 @@ def test_urls_in_a_list_are_fetched_under_the_allowlist_with_the_services_error_
     local.write_bytes(photo_jpegs[0])
     items = [f"{allowed.base}/b.jpg", f"{other.base}/a.jpg", f"{allowed.base}/redirect-nowhere", str(local),
              f"{allowed.base.replace('http', 'HTTP', 1)}/b.jpg"]
-    out = stages.decode_batch(block(items), size=SIZE, limits=ImageLimits(), fast_jpeg=True,
+    out = stages.decode_batch(block(items), size=SIZE, limits=ImageLimits(), fast_jpeg=True, model="tiny-siglip",
                               urls=FetchSettings(allowlist=("127.0.0.2/32",)))
     assert list(out["error_type"]) == ["", "url_not_allowed", "url_fetch_failed", "", ""]
     assert "loopback" in out["message"][1] and out["message"][2] == "the server answered HTTP 404"
@@ -111,7 +111,8 @@ def test_urls_in_a_list_are_fetched_under_the_allowlist_with_the_services_error_
     # A batch's URLs are fetched at once: the order they arrive in is not fixed.
     assert sorted(allowed.hits) == ["/b.jpg", "/b.jpg", "/redirect-nowhere"]
     # Off by default: the service's answer, naming the setting, and nothing is fetched.
-    off = stages.decode_batch(block([f"{allowed.base}/b.jpg"]), size=SIZE, limits=ImageLimits(), fast_jpeg=True)
+    off = stages.decode_batch(block([f"{allowed.base}/b.jpg"]), size=SIZE, limits=ImageLimits(), fast_jpeg=True,
+                              model="tiny-siglip")
     assert off["error_type"][0] == "url_not_allowed" and "url_fetch_allowlist is empty" in off["message"][0]
     assert len(allowed.hits) == 3
 
@@ -152,7 +153,7 @@ def test_a_file_the_run_already_embedded_is_neither_decoded_nor_embedded_again(
     earlier = np.arange(DIM, dtype=np.float32)
     record.add([digest(photo_jpegs[1])], earlier[None])  # b's bytes: embedded by an earlier block of the run
     decoded = stages.decode_batch(block([str(p) for p in paths]), size=SIZE, limits=ImageLimits(), fast_jpeg=True,
-                                  record=record, embed_dim=DIM)
+                                  model="tiny-siglip", record=record, embed_dim=DIM)
     # One decode per distinct new file: a once (not its copy), c once (not again), b never.
     assert decodes == [photo_jpegs[0], photo_jpegs[2]]
     assert list(decoded["cached"]) == [False, False, True, False, False]
@@ -160,7 +161,7 @@ def test_a_file_the_run_already_embedded_is_neither_decoded_nor_embedded_again(
     assert np.array_equal(decoded["pixels"][1], decoded["pixels"][0])
 
     tower = FakeTower()
-    embedder = Embedder("image", tower, record)  # type: ignore[arg-type]
+    embedder = Embedder("image", tower, "tiny-siglip", record)  # type: ignore[arg-type]
     out = embedder(decoded)
     assert tower.given == [2]  # a and c through the model, once each
     rows = out["embedding"]
@@ -169,7 +170,7 @@ def test_a_file_the_run_already_embedded_is_neither_decoded_nor_embedded_again(
     assert np.array_equal(rows[2], earlier)
     # What it computed is in the record for the rest of the run: a later block skips a and c too.
     later = stages.decode_batch(block([str(paths[1]), str(paths[4])]), size=SIZE, limits=ImageLimits(),
-                                fast_jpeg=True, record=record, embed_dim=DIM)
+                                fast_jpeg=True, model="tiny-siglip", record=record, embed_dim=DIM)
     assert list(later["cached"]) == [True, True] and len(decodes) == 2
     assert np.array_equal(later["embedding"][0], rows[0]) and np.array_equal(later["embedding"][1], rows[3])
     assert embedder(later)["embedding"].tolist() == later["embedding"].tolist() and tower.given == [2]
@@ -180,10 +181,10 @@ def test_without_a_record_repeats_in_one_block_are_still_decoded_and_embedded_on
     path = tmp_path / "a.jpg"
     path.write_bytes(photo_jpegs[0])
     decoded = stages.decode_batch(block([str(path), str(path), str(tmp_path / "gone.jpg")]), size=SIZE,
-                                  limits=ImageLimits(), fast_jpeg=True)
+                                  limits=ImageLimits(), fast_jpeg=True, model="tiny-siglip")
     assert "embedding" not in decoded and len(decodes) == 1 and list(decoded["error_type"]) == ["", "", "unreadable"]
     tower = FakeTower()
-    out = Embedder("image", tower)(decoded)  # type: ignore[arg-type]
+    out = Embedder("image", tower, "tiny-siglip")(decoded)  # type: ignore[arg-type]
     assert tower.given == [1] and np.array_equal(out["embedding"][0], out["embedding"][1])
     assert not out["embedding"][2].any()
 

@@ -17,7 +17,7 @@ from siglip_serve.models.cli_args import BACKEND_OPTIONS, MODEL_OPTIONS
 from siglip_serve.models.neuron import cli as compile_cli
 from siglip_serve.models.neuron import trace as neuron_compile
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan.config import ServiceConfig
 
 
 def model_flags(parser: argparse.ArgumentParser) -> set[str]:

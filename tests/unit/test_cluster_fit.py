@@ -1,4 +1,4 @@
-"""The cluster check's decisions (serve/cluster_fit.py): which cluster grows, refused or warned, and how
+"""The cluster check's decisions (serve/plan/cluster_fit.py): which cluster grows, refused or warned, and how
 `replicas: auto` waits for NeuronCores that have not registered yet. The cluster is a resources function
 here; tests/integration/test_multinode.py deploys on a real one before its workers join."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from siglip_serve.launcher.runner import run_growth
-from siglip_serve.serve import cluster_fit
-from siglip_serve.serve.cluster_fit import (
+from siglip_serve.serve.plan import cluster_fit
+from siglip_serve.serve.plan.cluster_fit import (
     FIXED,
     Growth,
     check_cluster_fits,
@@ -21,8 +21,8 @@ from siglip_serve.serve.cluster_fit import (
     planning_resources,
     settled_count,
 )
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
 
 # As the KubeRay manifest's application: one encoder per logical core, the ingress beside them.
 NEURON = {"model": "tiny-siglip", "backend": "neuron", "replicas": 8, "ingress_replicas": 2,

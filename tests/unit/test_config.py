@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.placement import plan
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.placement import plan
 from tests.helpers import REPO
 
 
@@ -46,6 +46,8 @@ def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> N
         ({"ingress_replicas": 0}, "ingress_replicas"),
         ({"ingress_replicas": "many"}, "ingress_replicas"),
         ({"device_jpeg_decode": True, "backend": "neuron"}, "device_jpeg_decode needs backend cuda"),
+        # classify's labels have no cache of their own: the message names the one that keeps them
+        ({"classify_cache_size": 4096}, "classify_cache_size is not a setting: .* size it with embedding_cache_mib"),
     ],
 )
 def test_bad_config_is_refused_with_the_key_named(args: dict, needle: str) -> None:
@@ -76,7 +78,7 @@ def test_shipped_serve_configs_validate(path: Path) -> None:
 
 
 def test_api_key_comes_from_args_then_file_then_environment(tmp_path) -> None:
-    from siglip_serve.serve.config import API_KEY_ENV, ConfigError
+    from siglip_serve.serve.plan.config import API_KEY_ENV, ConfigError
 
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
@@ -102,7 +104,7 @@ def test_decode_limits_reach_the_image_limits() -> None:
 def test_a_checkpoint_only_the_workers_mount_is_parsed_on_the_head_and_refused_where_it_is_read() -> None:
     # The Serve config is validated on the Ray head too, which need not mount the workers' volumes.
     from siglip_serve.models.loading import ModelLoadError
-    from siglip_serve.serve.model_checks import preflight_weights
+    from siglip_serve.serve.plan.model_checks import preflight_weights
 
     config = ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "checkpoint": "/nonexistent/model.pt"})
     with pytest.raises(ModelLoadError, match="checkpoint file not found: /nonexistent/model.pt"):

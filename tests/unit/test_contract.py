@@ -1,5 +1,5 @@
-"""The contract as types: the OpenAPI document's bodies are the pydantic models' schemas (serve/openapi.py), the
-error body is one model (serve/errors.py), and the metrics' endpoint labels come from the route table."""
+"""The contract as types: the OpenAPI document's bodies are the pydantic models' schemas (serve/http/openapi.py), the
+error body is one model (serve/http/errors.py), and the metrics' endpoint labels come from the route table."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 import jsonschema
 from fastapi import FastAPI, Request, Response
 
-from siglip_serve.serve.embed_request import IMAGE_FORMAT
-from siglip_serve.serve.errors import ApiError, ErrorType, error_response
-from siglip_serve.serve.http_app import Probe, endpoint_labels
-from siglip_serve.serve.openapi import openapi_document
-from siglip_serve.serve.routes import ROUTES
+from siglip_serve.serve.http.embed_request import IMAGE_FORMAT
+from siglip_serve.serve.http.errors import ApiError, ErrorType, error_response
+from siglip_serve.serve.http.openapi import openapi_document
+from siglip_serve.serve.ingress.http_app import Probe, endpoint_labels
+from siglip_serve.serve.ingress.routes import ROUTES
 
 
 def document() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The CPU plan (serve/cpu_plan.py): how many encoder replicas `auto` runs and how many torch threads
+"""The CPU plan (serve/plan/cpu_plan.py): how many encoder replicas `auto` runs and how many torch threads
 each gets. The machine (cores, memory) is set through the two functions that read it; the model
 sizes are open_clip's own, counted on the meta device."""
 
@@ -11,9 +11,9 @@ import torch
 
 from siglip_serve.models.loading import ParameterCounts, load_clip, parameter_counts
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve import cpu_plan
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan import cpu_plan
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
 
 GiB = 2**30
 
@@ -50,21 +50,21 @@ def test_small_model_gets_a_replica_per_core_with_one_thread(machine) -> None:
     machine(cores=8, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip"})
     assert plan_service(config).model.image.replicas == 8
-    assert cpu_plan.encoder_torch_threads(config, 8) == 1
+    assert cpu_plan.image_torch_threads(config, 8) == 1
 
 
 def test_named_threads_set_the_replicas_per_core(machine) -> None:
     machine(cores=8, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "torch_threads": 2})
     assert plan_service(config).model.image.replicas == 4
-    assert cpu_plan.encoder_torch_threads(config, 4) == 2
+    assert cpu_plan.image_torch_threads(config, 4) == 2
 
 
 def test_large_model_keeps_one_replica_with_every_core(machine) -> None:
     machine(cores=8, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "ViT-SO400M-14-SigLIP-384", "random_weights": True})
     assert plan_service(config).model.image.replicas == 1
-    assert cpu_plan.encoder_torch_threads(config, 1) is None  # the replica takes its machine's cores
+    assert cpu_plan.image_torch_threads(config, 1) is None  # the replica takes its machine's cores
 
 
 def test_memory_caps_the_replicas_and_the_cores_are_split_among_those(machine, monkeypatch) -> None:
@@ -74,7 +74,7 @@ def test_memory_caps_the_replicas_and_the_cores_are_split_among_those(machine, m
     machine(cores=8, available_bytes=int(3.5 * need / cpu_plan.MEMORY_SHARE))
     config = ServiceConfig.from_args({"model": "tiny-siglip"})
     assert plan_service(config).model.image.replicas == 3
-    assert cpu_plan.encoder_torch_threads(config, 3) == 2
+    assert cpu_plan.image_torch_threads(config, 3) == 2
     machine(cores=8, available_bytes=need // 10)
     assert plan_service(config).model.image.replicas == 1  # never none
 
@@ -82,10 +82,10 @@ def test_memory_caps_the_replicas_and_the_cores_are_split_among_those(machine, m
 def test_a_named_replica_count_splits_the_cores_without_oversubscribing(machine) -> None:
     machine(cores=2, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "replicas": 2})
-    assert cpu_plan.encoder_torch_threads(config, 2) == 1
-    assert cpu_plan.encoder_torch_threads(config, 4) == 1  # more replicas than cores: still one thread
-    assert cpu_plan.encoder_torch_threads(ServiceConfig.from_args({"replicas": 1}), 1) is None
-    assert cpu_plan.encoder_torch_threads(ServiceConfig.from_args({"backend": "cuda", "replicas": 2}), 2) is None
+    assert cpu_plan.image_torch_threads(config, 2) == 1
+    assert cpu_plan.image_torch_threads(config, 4) == 1  # more replicas than cores: still one thread
+    assert cpu_plan.image_torch_threads(ServiceConfig.from_args({"replicas": 1}), 1) is None
+    assert cpu_plan.image_torch_threads(ServiceConfig.from_args({"backend": "cuda", "replicas": 2}), 2) is None
 
 
 def test_the_plan_decides_the_count_before_ray_except_a_devices_auto(machine) -> None:
@@ -144,7 +144,7 @@ def test_the_plan_decides_the_ingress_count(machine) -> None:
 
 def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -> None:
     from siglip_serve.models.text import TextEncoder
-    from siglip_serve.serve.text_deployment import TextEncoderReplica
+    from siglip_serve.serve.towers.text_deployment import TextReplica
 
     machine(cores=16, available_bytes=64 * GiB)
     assert cpu_plan.text_torch_threads(ServiceConfig(model="tiny-siglip")) == 1  # text_num_cpus 0.5
@@ -157,7 +157,7 @@ def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -
         config = ServiceConfig(model="tiny-siglip", random_weights=True, text_num_cpus=2)
         text = plan_service(config).model.text
         assert text is not None and text.torch_threads == 2
-        replica = TextEncoderReplica(config, text)
-        assert isinstance(replica.encoder, TextEncoder) and replica.encoder.runner.threads == 2
+        replica = TextReplica(config, text)
+        assert isinstance(replica.tower, TextEncoder) and replica.tower.runner.threads == 2
     finally:
         torch.set_num_threads(before)

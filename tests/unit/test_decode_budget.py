@@ -22,8 +22,8 @@ import pytest
 from PIL import Image
 
 from siglip_serve.models.preprocess import ImageLimits, ImageRejected, preprocess_image, probe_image, resize_to_array
-from siglip_serve.serve.decode_queue import FairDecodeQueue
-from siglip_serve.serve.errors import rejection_error
+from siglip_serve.serve.http.errors import rejection_error
+from siglip_serve.serve.ingress.decode_queue import FairDecodeQueue
 from tests.helpers import REPO as ROOT
 from tests.helpers import png_file, streamed_png
 
@@ -49,7 +49,7 @@ PEAK_SCRIPT = """
 import json, sys, time
 import psutil
 from siglip_serve.models.preprocess import ImageLimits, ImageRejected, preprocess_image
-from siglip_serve.serve.errors import rejection_error
+from siglip_serve.serve.http.errors import rejection_error
 
 def high_water_mark():
     # VmHWM belongs to this process image; ru_maxrss would carry the forking parent's peak across exec.
@@ -201,7 +201,7 @@ def test_running_decodes_stay_within_the_byte_budget() -> None:
         requests = [object() for _ in range(4)]
         await asyncio.gather(*(queue.run(requests[i % 4], lambda: work(100), 100) for i in range(20)),
                              queue.run(object(), lambda: work(500), 500))  # over budget alone: runs alone
-        assert queue.running == 0 and queue.running_bytes == 0
+        assert queue.running == 0 and queue.slots.held_cost == 0
 
     asyncio.run(scenario())
     assert running["peak"] <= 500

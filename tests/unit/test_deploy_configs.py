@@ -9,9 +9,9 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.placement import plan
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.planner import plan_service
 from tests.helpers import REPO
 
 DEPLOY = REPO / "deploy"

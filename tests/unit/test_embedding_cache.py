@@ -1,19 +1,18 @@
-"""The embedding cache (serve/embedding_cache.py): what its key holds, LRU by bytes, single flight that a
+"""The embedding cache (serve/ingress/embedding_cache.py): what its key holds, LRU by bytes, single flight that a
 failed or cancelled first caller cannot poison or hang, the per-request bypass, and its counts."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from siglip_serve.serve import embedding_cache as cache_module
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embedding_cache import (
+from siglip_serve.serve.ingress import embedding_cache as cache_module
+from siglip_serve.serve.ingress.embedding_cache import (
     ENTRY_OVERHEAD_BYTES,
     CacheEvents,
     CacheKey,
@@ -21,6 +20,7 @@ from siglip_serve.serve.embedding_cache import (
     cache_key,
     cache_scope,
 )
+from siglip_serve.serve.plan.config import ServiceConfig
 
 DIM = 16
 ENTRY = DIM * 4 + ENTRY_OVERHEAD_BYTES  # what one float32 vector of DIM costs
@@ -32,6 +32,16 @@ def vec(seed: int) -> np.ndarray:
 
 def key(name: str, tower: str = "image") -> CacheKey:
     return cache_key(b"scope", tower, name.encode())
+
+
+async def get_or_compute(cache: EmbeddingCache, key: CacheKey,
+                         compute: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
+    """One item through `get_many`: its cached vector, the running computation's, or `compute()`'s."""
+    async def one(_: list[int]) -> list[np.ndarray]:
+        return [await compute()]
+
+    (vector,) = await cache.get_many([key], one)
+    return vector
 
 
 class Events:
@@ -131,8 +141,8 @@ def test_a_second_caller_waits_for_the_first_computation_of_the_same_item() -> N
             await release.wait()
             return vec(5)
 
-        first = asyncio.ensure_future(cache.get_or_compute(key("i5"), slow))
-        second = asyncio.ensure_future(cache.get_or_compute(key("i5"), slow))
+        first = asyncio.ensure_future(get_or_compute(cache, key("i5"), slow))
+        second = asyncio.ensure_future(get_or_compute(cache, key("i5"), slow))
         await asyncio.sleep(0.01)
         assert cache.stats()["in_flight"] == 1
         release.set()
@@ -159,9 +169,9 @@ def test_a_first_caller_that_fails_or_is_cancelled_neither_poisons_nor_hangs_the
         async def waiter_compute() -> np.ndarray:
             return vec(9)
 
-        leader = asyncio.ensure_future(cache.get_or_compute(key("i9"), leader_compute))
+        leader = asyncio.ensure_future(get_or_compute(cache, key("i9"), leader_compute))
         await started.wait()
-        waiter = asyncio.ensure_future(cache.get_or_compute(key("i9"), waiter_compute))
+        waiter = asyncio.ensure_future(get_or_compute(cache, key("i9"), waiter_compute))
         await asyncio.sleep(0.01)
         if how == "is cancelled":
             leader.cancel()
@@ -171,7 +181,7 @@ def test_a_first_caller_that_fails_or_is_cancelled_neither_poisons_nor_hangs_the
             await leader
         assert cache.stats()["in_flight"] == 0 and cache.stats()["entries"] == 1
         # The next caller is answered from the cache.
-        assert (await cache.get_or_compute(key("i9"), waiter_compute)).tobytes() == vec(9).tobytes()
+        assert (await get_or_compute(cache, key("i9"), waiter_compute)).tobytes() == vec(9).tobytes()
 
     asyncio.run(main())
 
@@ -185,9 +195,9 @@ def test_a_waiter_that_is_cancelled_does_not_cancel_the_computation_the_others_w
             await release.wait()
             return vec(4)
 
-        leader = asyncio.ensure_future(cache.get_or_compute(key("i4"), slow))
-        gone = asyncio.ensure_future(cache.get_or_compute(key("i4"), slow))
-        stays = asyncio.ensure_future(cache.get_or_compute(key("i4"), slow))
+        leader = asyncio.ensure_future(get_or_compute(cache, key("i4"), slow))
+        gone = asyncio.ensure_future(get_or_compute(cache, key("i4"), slow))
+        stays = asyncio.ensure_future(get_or_compute(cache, key("i4"), slow))
         await asyncio.sleep(0.01)
         gone.cancel()
         release.set()
@@ -236,7 +246,7 @@ def test_every_part_of_the_scope_changes_the_key(tmp_path: Path, monkeypatch: py
 
 
 def test_the_metrics_collectors_take_the_caches_events() -> None:
-    from siglip_serve.serve.metrics import CACHE_METRIC_NAMES, EmbeddingCacheMetrics
+    from siglip_serve.serve.shared.metrics import CACHE_METRIC_NAMES, EmbeddingCacheMetrics
 
     collectors = EmbeddingCacheMetrics()  # Ray's metric objects record without a cluster (nothing exported)
     assert isinstance(collectors, CacheEvents)

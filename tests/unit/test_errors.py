@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from siglip_serve.serve.errors import ApiError, ErrorType, install_error_handlers
+from siglip_serve.serve.http.errors import ApiError, ErrorType, install_error_handlers
 
 
 class Body(BaseModel):
@@ -66,7 +66,7 @@ def test_schema_mismatch_and_unknown_routes_use_the_contract() -> None:
 
 def test_every_image_error_of_models_has_one_answer_in_the_table() -> None:
     from siglip_serve.models import image_errors
-    from siglip_serve.serve.errors import REJECTIONS
+    from siglip_serve.serve.http.errors import REJECTIONS
 
     raised = {cls for cls in vars(image_errors).values()
               if isinstance(cls, type) and issubclass(cls, image_errors.ImageRejected)} - {image_errors.ImageRejected}
@@ -92,10 +92,10 @@ def test_an_image_error_reaching_the_handler_is_answered_from_the_table() -> Non
 
 
 def test_every_rejection_of_every_family_has_one_answer_in_the_one_table() -> None:
-    """Images, texts and URLs: one base, one table, one adapter (serve/errors.py)."""
+    """Images, texts and URLs: one base, one table, one adapter (serve/http/errors.py)."""
     from siglip_serve.core.errors import Rejected
     from siglip_serve.core.texts import EmptyText
-    from siglip_serve.serve.errors import REJECTIONS, rejection_error
+    from siglip_serve.serve.http.errors import REJECTIONS, rejection_error
 
     def leaves(cls: type[Rejected]) -> set[type[Rejected]]:
         below = cls.__subclasses__()

@@ -1,5 +1,5 @@
 """The front door's parts on their own: the limits HAProxy and the ingress share (core/front_door.py), the
-ingress's places and deadline (serve/front_door.py), and the body that stops arriving. The running
+ingress's places and deadline (serve/ingress/front_door.py), and the body that stops arriving. The running
 front end (HAProxy's queue, its 503s, the stamp) is tested on the real service in
 tests/integration/test_front_door.py."""
 
@@ -20,11 +20,11 @@ from siglip_serve.core.front_door import (
     waited_seconds,
     write_limits,
 )
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.front_door import Deadline, RequestSlots, front_door_limits, ingress_max_ongoing
-from siglip_serve.serve.http_body import read_body
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.http.http_body import read_body
+from siglip_serve.serve.ingress.front_door import Deadline, RequestSlots
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.planner import front_door_limits, ingress_max_ongoing, plan_service
 
 
 @pytest.mark.parametrize("app", ["siglip", "main", "My App#2/x", "front"])

@@ -19,7 +19,7 @@ import pytest
 from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 from siglip_serve.launcher.preflight import free_port
-from siglip_serve.serve.errors import ErrorType
+from siglip_serve.serve.http.errors import ErrorType
 from tests.real_haproxy import running_haproxy
 
 # The lines of Ray 2.60's template (ray/serve/_private/haproxy_templates.py) that the rewrite touches.

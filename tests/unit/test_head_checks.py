@@ -49,7 +49,7 @@ def test_the_builder_reads_no_artifact_no_weights_and_no_hub(args: dict[str, obj
 def test_the_builder_leaves_text_off_by_default_where_only_a_worker_could_find_the_tokenizer(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from siglip_serve.serve.app import text_by_shape
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     config = text_by_shape(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True}))
     assert config.text_replica_count == 0 and "text_replicas: 1" in (config.text_off_reason or "")
@@ -62,8 +62,8 @@ def test_the_builder_leaves_text_off_by_default_where_only_a_worker_could_find_t
 def test_the_replica_modules_import_no_torch() -> None:
     """A replica's module is imported before its constructor runs, and the constructor sets the backend's
     environment (TorchNeuron reads it when torch is imported): no torch before then."""
-    code = ("import sys\nimport siglip_serve.serve.encoder_deployment, siglip_serve.serve.text_deployment, "
-            "siglip_serve.bulk.stages, siglip_serve.serve.replica_start\nprint('torch' in sys.modules)")
+    code = ("import sys\nimport siglip_serve.serve.towers.image_deployment, siglip_serve.serve.towers.text_deployment, "
+            "siglip_serve.bulk.stages, siglip_serve.serve.towers.replica_start\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)
     assert out.stdout.strip() == "False", out.stderr
@@ -90,7 +90,7 @@ def test_a_neuron_native_replica_sets_the_artifacts_environment_itself_keeping_t
 
 
 def test_a_replica_that_cannot_start_refuses_in_one_line_naming_its_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    from siglip_serve.serve import replica_start
+    from siglip_serve.serve.towers import replica_start
 
     monkeypatch.setattr(replica_start.socket, "gethostname", lambda: "worker-7")
     seen: list[str] = []

@@ -16,17 +16,17 @@ from tests.helpers import REPO
 
 HEAVY = ("torch", "open_clip", "timm", "transformers")
 # The ingress shares nothing with the tower replicas' code but the plan and the errors both sides know.
-REPLICAS = ("siglip_serve.serve.tower_replica", "siglip_serve.serve.encoder_deployment",
-            "siglip_serve.serve.text_deployment")
+REPLICAS = ("siglip_serve.serve.towers.tower_replica", "siglip_serve.serve.towers.image_deployment",
+            "siglip_serve.serve.towers.text_deployment")
 
 _INGRESS = """
 import base64, json, sys
 import numpy as np
 from fastapi.testclient import TestClient
-import siglip_serve.serve.ingress_deployment  # what Serve imports in an ingress replica
-from siglip_serve.serve import registry
-from siglip_serve.serve.http_app import http_app
-from siglip_serve.serve.routes import ROUTES
+import siglip_serve.serve.ingress.ingress_deployment  # what Serve imports in an ingress replica
+from siglip_serve.serve.shared import registry
+from siglip_serve.serve.ingress.http_app import http_app
+from siglip_serve.serve.ingress.routes import ROUTES
 from tests.helpers import TowerHandle, jpeg_bytes, stand_in_ingress
 
 registry.is_draining = lambda app: False  # no Ray here

@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 import yaml
 
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.placement import plan
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.planner import plan_service
 from tests.helpers import REPO
 
 MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"
@@ -127,7 +127,7 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
 def test_the_first_deploy_on_the_bare_head_is_not_refused(manifest: dict) -> None:
     """KubeRay submits serveConfigV2 once the head pod is ready, before any worker registers: the builder's
     cluster check on the head alone (num-cpus 0, no neuron_cores) must deploy, not refuse (B1 of issue 35)."""
-    from siglip_serve.serve.cluster_fit import check_cluster_fits, cluster_growth
+    from siglip_serve.serve.plan.cluster_fit import check_cluster_fits, cluster_growth
 
     config = ServiceConfig.from_args(yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"])
     head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]

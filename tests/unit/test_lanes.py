@@ -1,4 +1,4 @@
-"""Lanes in every queue of the ingress and the replicas (serve/lanes.py, core/lanes.py): the order, the ageing that
+"""Lanes in every queue of the ingress and the replicas (core/lanes.py, core/lanes.py): the order, the ageing that
 keeps a lower lane from starving, the tenants' weighted shares, and the lower lane shed first at admission."""
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from siglip_serve.core.lanes import LANE_STEP_S, Lane, demoted, lane_of_priority, queue_share
-from siglip_serve.serve import lanes
-from siglip_serve.serve.batcher import Batcher
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.fair_slots import FairSlots
-from siglip_serve.serve.front_door import RequestSlots
-from siglip_serve.serve.lanes import LaneQueue, Ticket
+from siglip_serve.core import lanes
+from siglip_serve.core.lanes import LANE_STEP_S, Lane, LaneQueue, Ticket, demoted, lane_of_priority, queue_share
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.fair_slots import FairSlots
+from siglip_serve.serve.ingress.front_door import RequestSlots
+from siglip_serve.serve.shared.batcher import Batcher
 
 BULK = Ticket("backfill", Lane.BULK)
 DEFAULT = Ticket("app", Lane.DEFAULT)

@@ -168,6 +168,26 @@ def test_a_circle_inside_one_package_is_refused(tmp_path: Path, capsys: pytest.C
     assert "import cycle between modules: siglip_serve.a.one <-> siglip_serve.a.two" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("back, circle", [
+    # two rooms of one package, no module importing back the module that imports it
+    ("a/y/two.py", "siglip_serve.a.x <-> siglip_serve.a.y"),
+    # a package and one of its rooms: serve.app composes the rooms, a room importing serve's own module
+    ("a/x/three.py", "siglip_serve.a <-> siglip_serve.a.x"),
+])
+def test_a_circle_between_sub_packages_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], back: str,
+                                                  circle: str) -> None:
+    package = _packages(tmp_path, "a", "a/x", "a/y")
+    (package / "a" / "top.py").write_text("from siglip_serve.a.x import one\n")
+    (package / "a" / "x" / "one.py").write_text("from siglip_serve.a.y import two\n")
+    (package / "a" / "x" / "three.py").write_text("")
+    (package / "a" / "y" / "two.py").write_text("")
+    assert checker().main([str(package)]) == 0
+    target = "siglip_serve.a.x.three" if back == "a/y/two.py" else "siglip_serve.a.top"
+    (package / back).write_text(f"import {target}\n")
+    assert checker().main([str(package)]) == 1
+    assert f"import cycle between packages: {circle}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("text", [
     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from siglip_serve.serve import app\n",
     'BUILD = "siglip_serve.serve.app:build_app"\n',

@@ -1,5 +1,5 @@
-"""The service's plan (serve/planner.py, serve/plan.py): made once from a config, as data, and read as it is
-by the application's deployments; `replicas: auto` counts the backend record's own device; `run --print-plan`
+"""The service's plan (serve/plan/planner.py, serve/plan/service_plan.py): made once from a config, as data, and read as
+it is by the application's deployments; `replicas: auto` counts the backend record's own device; `run --print-plan`
 shows it without starting anything."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from siglip_serve.core.backends import BUILTIN, registered
 from siglip_serve.serve import app
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.plan import ServicePlan
-from siglip_serve.serve.planner import plan_service
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.plan.service_plan import ServicePlan
 
 CPU = next(record for record in BUILTIN if record.name == "cpu")
 
@@ -132,3 +132,24 @@ def test_default_model_must_be_served() -> None:
                                               "models": [{"name": "a"}, {"name": "b"}]}))
     with pytest.raises(ConfigError, match="is not a served model"):
         plan_service(ServiceConfig.from_args({"model": "tiny-siglip", "replicas": 1, "default_model": "other"}))
+
+
+def test_two_models_on_one_neuron_node_hold_cores_of_their_own_that_must_fit_it_together() -> None:
+    """Each model's replicas ask Ray for whole `neuron_cores` (Ray hands each actor core ids no other actor
+    holds, and sets NEURON_RT_VISIBLE_CORES to them), and the plan counts every model's cores against the node:
+    two models never share a core, and a node too small for both is refused rather than oversubscribed."""
+    from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
+
+    config = ServiceConfig.from_args({
+        "ingress_replicas": 1, "text_replicas": 0,
+        "models": [{"name": "old", "model": "tiny-siglip", "replicas": 2, "neuron_cores_per_replica": 1},
+                   {"name": "new", "model": "tiny-siglip2", "replicas": 2, "neuron_cores_per_replica": 1}]})
+    plan = plan_service(config)
+    for name, cores in (("old", 1), ("new", 1)):
+        image = plan.named(name).image
+        assert image.deployment.ray_actor_options["resources"] == {"neuron_cores": cores}
+        assert image.visible_devices_env == ("NEURON_RT_VISIBLE_CORES",)  # what each replica publishes
+    assert plan.needs()["neuron_cores"] == 2 + 2
+    check_cluster_fits(plan, total={"CPU": 16.0, "neuron_cores": 4.0})
+    with pytest.raises(ConfigError, match="needs 4 neuron_cores .* declares 3"):
+        check_cluster_fits(plan, total={"CPU": 16.0, "neuron_cores": 3.0})

@@ -1,5 +1,5 @@
-"""Unit tests for models/preprocess.py, the contract's answer to each of its rejections (serve/errors.py's
-table), and the base64/data-URI and Content-Type parsing of serve/http_body.py. All images are generated
+"""Unit tests for models/preprocess.py, the contract's answer to each of its rejections (serve/http/errors.py's
+table), and the base64/data-URI and Content-Type parsing of serve/http/http_body.py. All images are generated
 here (Pillow/numpy/skimage)."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from siglip_serve.models.preprocess import (
     preprocess_image,
     resize_to_array,
 )
-from siglip_serve.serve import http_body
-from siglip_serve.serve.errors import ApiError, rejection_error
-from siglip_serve.serve.http_body import decode_base64_image, media_type_supported
+from siglip_serve.serve.http import http_body
+from siglip_serve.serve.http.errors import ApiError, rejection_error
+from siglip_serve.serve.http.http_body import decode_base64_image, media_type_supported
 
 WHITE, BLACK, RED, GREEN, BLUE = (255, 255, 255), (0, 0, 0), (255, 0, 0), (0, 255, 0), (0, 0, 255)
 

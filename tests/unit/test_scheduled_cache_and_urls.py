@@ -1,6 +1,6 @@
-"""The scheduling call (serve/schedule.py, serve/item_rows.py) with the embedding cache and image URLs, on an
-ingress's real parts (serve/ingress.py) with stand-in tower handles: a repeat (inline or fetched) is answered
-from the cache byte-identical without decoding or a replica call, for both towers; identical items in flight
+"""The scheduling call (serve/ingress/schedule.py, serve/ingress/item_rows.py) with the embedding cache and image URLs,
+on an ingress's real parts (serve/ingress/ingress.py) with stand-in tower handles: a repeat (inline or fetched) is
+answered from the cache byte-identical without decoding or a replica call, for both towers; identical items in flight
 are computed once; `"cache": false` computes again; with the cache off nothing is shared; a URL is fetched
 before decoding and within the request's own deadline; /v1/models shows the cache's counts. Nothing leaves
 the process (httpx's mock transport). The real app, its fetches over loopback and the official clients are in
@@ -17,12 +17,12 @@ import httpx
 import numpy as np
 import pytest
 
-from siglip_serve.serve import registry
-from siglip_serve.serve.embed_request import Item, image_item
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.ingress import Ingress
-from siglip_serve.serve.schedule import Work
-from siglip_serve.serve.url_fetch import UrlFetcher
+from siglip_serve.serve.http.embed_request import Item, image_item
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.ingress import Ingress
+from siglip_serve.serve.ingress.schedule import Work
+from siglip_serve.serve.ingress.url_fetch import UrlFetcher
+from siglip_serve.serve.shared import registry
 from tests.helpers import TowerHandle as Handle
 from tests.helpers import stand_in_ingress as ingress
 

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
-from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan.config import ServiceConfig
 
 
 def replica_envs(config: ServiceConfig) -> dict[str, dict[str, Any]]:
     from ray.serve import Application
 
     from siglip_serve.serve.app import build
-    from siglip_serve.serve.planner import plan_service
+    from siglip_serve.serve.plan.planner import plan_service
 
     ingress = build(config, plan_service(config))._bound_deployment  # the application's root, bound to its towers
     towers = [app._bound_deployment for model in ingress.init_args[0].values() for app in model.values()
@@ -78,8 +78,8 @@ def test_a_handle_built_without_the_mode_calls_by_reference() -> None:
     # gRPC itself (integration: tests/integration/test_http_api.py reads its log line).
     from ray.serve.handle import DeploymentHandle
 
-    from siglip_serve.serve.encoder_client import EncoderClient
+    from siglip_serve.serve.ingress.tower_client import TowerClient
 
     handle: DeploymentHandle = DeploymentHandle("Encoder", "siglip")
-    client = EncoderClient(handle, replicas=1, ingress_replicas=1, max_images=8, retry_after_s=1, max_in_flight=2)
+    client = TowerClient(handle, replicas=1, ingress_replicas=1, max_images=8, retry_after_s=1, max_in_flight=2)
     assert client.transport == "Ray actor tasks"

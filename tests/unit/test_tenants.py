@@ -1,5 +1,5 @@
-"""API keys, each a tenant (serve/tenants.py): the keys file, its reload, the single key still working, and 429 past
-a key's rate."""
+"""API keys, each a tenant (serve/shared/tenants.py): the keys file, its reload, the single key still working,
+and 429 past a key's rate."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from siglip_serve.core.lanes import Lane
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.errors import ApiError, ErrorType
-from siglip_serve.serve.tenants import Rate, Tenants, lane_map, load_keys
+from siglip_serve.serve.http.errors import ApiError, ErrorType
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.shared.tenants import Rate, Tenants, lane_map, load_keys
 
 KEYS = """
 [[keys]]

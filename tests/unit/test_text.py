@@ -12,9 +12,9 @@ from siglip_serve.models.backends.implementation import create_encoder, create_t
 from siglip_serve.models.loading import ModelLoadError, load_embedder, open_clip_module
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, load_text_tower
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.routes import prompts_of
-from siglip_serve.serve.schedule import zero_shot
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.routes import prompts_of
+from siglip_serve.serve.ingress.schedule import zero_shot
 from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, SRC, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
@@ -170,8 +170,8 @@ def test_prompt_template_rules() -> None:
 
 
 def test_text_config_defaults_and_limits() -> None:
-    from siglip_serve.serve.config import ConfigError, ServiceConfig
-    from siglip_serve.serve.placement import plan
+    from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+    from siglip_serve.serve.plan.placement import plan
 
     def text_neuron_cores(config: ServiceConfig) -> float:
         return plan(config).text.devices.get("neuron_cores", 0)
@@ -208,8 +208,8 @@ def test_the_default_turns_text_off_in_seconds_without_a_tokenizer_or_hub(
     start, without the hub client's retries; text asked for is refused at once, naming the fix."""
     import time
 
-    from siglip_serve.serve.config import ServiceConfig
-    from siglip_serve.serve.model_checks import preflight_tokenizer
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.model_checks import preflight_tokenizer
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: connection refused
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -237,9 +237,9 @@ def test_cuda_text_encoder_matches_the_cpu_one(model_name: str, dtype: str, bar:
 
 @pytest.mark.parametrize("backend", ["neuron", "neuron-native"])
 def test_the_cluster_check_counts_the_text_replicas_cores(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from siglip_serve.serve.cluster_fit import check_cluster_fits
-    from siglip_serve.serve.config import ConfigError, ServiceConfig
-    from siglip_serve.serve.planner import plan_service
+    from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
+    from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+    from siglip_serve.serve.plan.planner import plan_service
 
     cluster = {"CPU": 16.0, "neuron_cores": 4.0}
     args = {"model": "tiny-siglip", "backend": backend, "replicas": 4}

@@ -1,10 +1,10 @@
-"""The ingress's text path (serve/schedule.py's one scheduling call, on serve/ingress.py's parts) follows the image
-path: 503 while draining, a dead text replica retried once, the request's own deadline, the replica call
-cancelled when the client leaves; and the classify prompt cache. Each tower's link (serve/tower_link.py) is built
-by one factory and read from what its warm replicas published: the text client is tuned for coalescing like the
-image one, /readyz counts every tower it serves, and a tower that still loads is refused at once, for classify as
-for embeddings. The registry and the handles are stand-ins; Serve's routing and a real replica's record are tested
-in tests/integration/test_text_http.py and test_route_seam.py."""
+"""The ingress's text path (serve/ingress/schedule.py's one scheduling call, on serve/ingress/ingress.py's parts)
+follows the image path: 503 while draining, a dead text replica retried once, the request's own deadline, the replica
+call cancelled when the client leaves; and classify's labels kept in the one embedding cache. Each tower's link
+(serve/ingress/tower_link.py) is built by one factory and read from what its warm replicas published: the text client is
+tuned for coalescing like the image one, /readyz counts every tower it serves, and a tower that still loads is refused
+at once, for classify as for embeddings. The registry and the handles are stand-ins; Serve's routing and a real
+replica's record are tested in tests/integration/test_text_http.py and test_route_seam.py."""
 
 from __future__ import annotations
 
@@ -21,15 +21,16 @@ from ray.exceptions import RayActorError
 from ray.serve._private.handle_options import DynamicHandleOptions
 
 from siglip_serve.models.model_info import ModelInfo
-from siglip_serve.serve import registry
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embed_request import Item
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.http_app import http_app
-from siglip_serve.serve.ingress import Ingress
-from siglip_serve.serve.planner import plan_service
-from siglip_serve.serve.routes import ROUTES, readyz
-from siglip_serve.serve.schedule import Work
+from siglip_serve.serve.http.embed_request import Item
+from siglip_serve.serve.http.errors import ApiError, ErrorType
+from siglip_serve.serve.ingress.embedding_cache import ENTRY_OVERHEAD_BYTES, cache_key
+from siglip_serve.serve.ingress.http_app import http_app
+from siglip_serve.serve.ingress.ingress import Ingress
+from siglip_serve.serve.ingress.routes import ROUTES, readyz
+from siglip_serve.serve.ingress.schedule import Work
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.shared import registry
 from tests.helpers import ServeResponse as Response
 
 MODEL = ModelInfo("tiny-siglip", 4, (64, 64), "random")
@@ -85,7 +86,7 @@ class TextHandle(HandleOptions):
                 for chunk in chunks]
 
 
-# What a warm replica of each tower publishes in the registry (serve/tower_replica.py `publish`), in part.
+# What a warm replica of each tower publishes in the registry (serve/towers/tower_replica.py `publish`), in part.
 IMAGE_RECORD = {"tower": "image", "replica_id": "image-1", "warmup_seconds": {"8": 0.002}}
 TEXT_RECORD = {"tower": "text", "replica_id": "text-1", "warmup_seconds": {"32": 0.003}, "context_length": 16,
                "logit_scale": 10.0, "logit_bias": -10.0}
@@ -113,7 +114,7 @@ async def encode_texts(ingress: Ingress, texts: list[str], deadline: float) -> n
 async def embed_prompts(ingress: Ingress, prompts: list[str], deadline: float) -> np.ndarray:
     """Prompts through the scheduling call, as /v1/classify sends its labels."""
     items = [Item("text", prompt, f"labels[{i}]") for i, prompt in enumerate(prompts)]
-    return (await ingress.serving(None).scheduler.embed(Work("classify", items, cached_texts=True), deadline)).rows
+    return (await ingress.serving(None).scheduler.embed(Work("classify", items), deadline)).rows
 
 
 def soon(seconds: float = 30.0) -> float:
@@ -206,7 +207,8 @@ def test_a_client_that_leaves_cancels_the_text_replicas_call() -> None:
 
 def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
     handle = TextHandle()
-    ingress = routes(handle, classify_cache_size=3)
+    # The embedding cache, room for three of tiny-siglip's text embeddings (4 float32 each) and not four.
+    ingress = routes(handle, embedding_cache_mib=3.5 * (4 * 4 + ENTRY_OVERHEAD_BYTES) / (1024 * 1024))
 
     async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         first = await embed_prompts(ingress, ["cat", "dog"], soon())
@@ -219,7 +221,8 @@ def test_classify_prompts_are_embedded_once_and_the_cache_is_bounded() -> None:
     np.testing.assert_array_equal(again[:2], first[::-1])
     np.testing.assert_array_equal(evicted[1], first[0])
     # "dog", least recently used, went first
-    assert list(ingress.serving(None).scheduler.prompts.entries) == ["car", "cat", "bird"]
+    scope = ingress.serving(None).scheduler.rows.scopes["text"]
+    assert list(ingress.cache._entries) == [cache_key(scope, "text", t) for t in ["car", "cat", "bird"]]
 
 
 # -- the towers' links ---------------------------------------------------------------------------
@@ -278,7 +281,7 @@ def test_readyz_says_why_a_towers_replicas_refused_to_start_on_their_node() -> N
 def test_a_loading_text_tower_is_refused_at_once_for_embeddings_and_classify_alike() -> None:
     ingress = routes(TextHandle(), records=[IMAGE_RECORD])
     for work in (Work("embeddings", [Item("text", "cat", "input")]),
-                 Work("classify", [Item("text", "a photo of cat", "labels[0]")], score=True, cached_texts=True)):
+                 Work("classify", [Item("text", "a photo of cat", "labels[0]")], score=True)):
         began = time.monotonic()
         with pytest.raises(ApiError) as error:
             asyncio.run(ingress.serving(None).scheduler.embed(work, time.monotonic() + 30))
@@ -299,7 +302,7 @@ def test_classify_scores_with_the_logit_the_text_replica_published() -> None:
 
 def test_a_route_needing_a_tower_that_is_off_is_answered_404_before_its_body_is_read() -> None:
     with TestClient(http_app(routes(None), ROUTES), raise_server_exceptions=False) as client:
-        # Not even a body: the capability is checked first (serve/http_app.py), naming why text is off.
+        # Not even a body: the capability is checked first (serve/ingress/http_app.py), naming why text is off.
         response = client.post("/v1/classify")
     assert response.status_code == 404 and "text_replicas: 0" in response.json()["error"]["message"]
 
@@ -346,3 +349,24 @@ def test_the_check_before_the_body_passes_where_any_model_can_do_the_work() -> N
     with pytest.raises(ApiError) as single:
         routes(None).require("text")  # one model, no text: refused before the body, as before
     assert single.value.status == 404
+
+
+def test_a_model_still_loading_answers_503_for_its_own_requests_only() -> None:
+    """The other model's replicas have not warmed up: its requests are 503 not_ready, the default's are
+    served, and /readyz, which the default model alone decides, stays 200 naming which model is ready."""
+    config = ServiceConfig.from_args({"ingress_replicas": 1, "replicas": 1, "models": [
+        {"name": "old", "model": "tiny-siglip", "text_replicas": 1},
+        {"name": "new", "model": "tiny-siglip", "text_replicas": 1}]})
+    warm = [{**IMAGE_RECORD, registry.SERVED_AS: "old"}, {**TEXT_RECORD, registry.SERVED_AS: "old"}]
+    ingress = Ingress({"old": {"image": HandleOptions(), "text": TextHandle()},  # type: ignore[dict-item]
+                       "new": {"image": HandleOptions(), "text": TextHandle()}},
+                      config, plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
+                      live_replicas=lambda app: warm, refusal=lambda app, tower: None)
+    status, body = ready_answer(ingress)
+    assert status == 200 and body["models"] == {"old": True, "new": False}
+    work = Work("embeddings", [Item("text", "cat", "input")])
+    assert asyncio.run(ingress.serving("old").scheduler.embed(work, time.monotonic() + 30)).rows.shape == (1, 4)
+    with pytest.raises(ApiError) as loading:
+        asyncio.run(ingress.serving("new").scheduler.embed(work, time.monotonic() + 30))
+    assert (loading.value.status, loading.value.error_type) == (503, ErrorType.NOT_READY)
+    assert "still loading" in loading.value.message

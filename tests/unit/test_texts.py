@@ -9,9 +9,9 @@ import pytest
 
 from siglip_serve.core import texts
 from siglip_serve.core.texts import TextRejected
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.errors import REJECTIONS, ApiError
-from siglip_serve.serve.schedule import check_texts
+from siglip_serve.serve.http.errors import REJECTIONS, ApiError
+from siglip_serve.serve.ingress.schedule import check_texts
+from siglip_serve.serve.plan.config import ServiceConfig
 
 MAX_CHARS = 10
 TEXTS = ["", " ", "\n\t \u00a0", "a cat", " a cat ", "x" * MAX_CHARS, "x" * (MAX_CHARS + 1), " " * (MAX_CHARS + 1)]
@@ -31,7 +31,7 @@ def test_bulk_refuses_the_texts_the_api_refuses_with_its_type_and_words() -> Non
 
     batch = {"shard": np.zeros(len(TEXTS), np.int64), "pos": np.arange(len(TEXTS)),
              "item": np.array(TEXTS, dtype=object)}
-    rows = bulk_check_texts(batch, max_chars=MAX_CHARS)
+    rows = bulk_check_texts(batch, max_chars=MAX_CHARS, model="tiny-siglip")
     # Before: empty and blank texts went on to the text tower and were embedded.
     assert list(rows["error_type"]) == ["invalid_request"] * 3 + ["", "", "", "text_too_long", "invalid_request"]
     for text, error_type, message in zip(TEXTS, rows["error_type"], rows["message"], strict=True):

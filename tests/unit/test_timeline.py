@@ -1,5 +1,5 @@
 """`siglip-serve run --timings`: the service's phases (launcher/timeline.py) and each tower replica's, marked in the
-replica (serve/start_marks.py) and published in its registry record. The replicas are built here as Serve builds
+replica (serve/towers/start_marks.py) and published in its registry record. The replicas are built here as Serve builds
 them, without Ray; the printed timeline of a real start is checked in tests/integration/test_cli.py."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 
 from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.timeline import Timeline, format_timeline
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.start_marks import BUILD, IMPORTS, REGISTRATION, START_KEY, WARMUP, WORKER, StartMarks
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.towers.start_marks import BUILD, IMPORTS, REGISTRATION, START_KEY, WARMUP, WORKER, StartMarks
 
 
 def test_phases_take_the_time_since_the_mark_before_and_end_at_seconds_from_the_origin() -> None:
@@ -90,15 +90,15 @@ def test_the_first_answer_is_marked_once_after_the_start() -> None:
 
 @pytest.mark.parametrize("tower", ["image", "text"])
 def test_each_tower_replica_publishes_its_start_phase_by_phase(tower: str) -> None:
-    from siglip_serve.serve.encoder_deployment import EncoderReplica
-    from siglip_serve.serve.planner import plan_service
-    from siglip_serve.serve.text_deployment import TextEncoderReplica
+    from siglip_serve.serve.plan.planner import plan_service
+    from siglip_serve.serve.towers.image_deployment import ImageReplica
+    from siglip_serve.serve.towers.text_deployment import TextReplica
 
     config = ServiceConfig(model="tiny-siglip", random_weights=True, buckets=(1, 4), text_buckets=(2, 8))
     before = torch.get_num_threads()
     try:
         towers = plan_service(config.model_copy(update={"replicas": 1, "text_replicas": 1})).model.towers
-        replica = (EncoderReplica if tower == "image" else TextEncoderReplica)(config, towers[tower])
+        replica = (ImageReplica if tower == "image" else TextReplica)(config, towers[tower])
     finally:
         torch.set_num_threads(before)
     start = replica.info[START_KEY]

@@ -1,4 +1,4 @@
-"""serve/tracing.py: off costs nothing and sends nothing; on, spans nest, link and cross processes by W3C
+"""serve/shared/tracing.py: off costs nothing and sends nothing; on, spans nest, link and cross processes by W3C
 trace context, and the OTLP exporter posts them to the endpoint the standard environment names."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from siglip_serve.serve import tracing
+from siglip_serve.serve.shared import tracing
 
 
 @pytest.fixture

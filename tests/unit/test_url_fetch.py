@@ -1,4 +1,4 @@
-"""Images by URL (serve/url_fetch.py): each SSRF rule with a test that sends nothing outside 127.0.0.0/8.
+"""Images by URL (serve/ingress/url_fetch.py): each SSRF rule with a test that sends nothing outside 127.0.0.0/8.
 
 Traffic goes only to HTTP servers bound to 127.0.0.2 (allowed as `127.0.0.2/32`) and 127.0.0.3 (another
 loopback address, never allowed: its server must see no request). Private, link-local (cloud metadata),
@@ -21,20 +21,11 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from siglip_serve.serve.config import ConfigError, ServiceConfig
-from siglip_serve.serve.errors import REJECTIONS, rejection_error
-from siglip_serve.serve.url_allowlist import Allowlist, address_class
-from siglip_serve.serve.url_fetch import (
-    MAX_REDIRECTS,
-    FetchSettings,
-    UrlFetcher,
-    UrlFetchFailed,
-    UrlNotAllowed,
-    UrlRejected,
-    UrlTimeout,
-    UrlTooLarge,
-    pinned,
-)
+from siglip_serve.serve.http.errors import REJECTIONS, rejection_error
+from siglip_serve.serve.http.url_errors import UrlFetchFailed, UrlNotAllowed, UrlRejected, UrlTimeout, UrlTooLarge
+from siglip_serve.serve.ingress.url_fetch import MAX_REDIRECTS, UrlFetcher, pinned
+from siglip_serve.serve.plan.config import ConfigError, FetchSettings, ServiceConfig
+from siglip_serve.serve.plan.url_allowlist import Allowlist, address_class
 
 IMAGE = bytes(range(256)) * 40  # what /cat.jpg serves: the fetch returns bytes, decoding is not its business
 LIMIT = 4096  # max_bytes in the size tests

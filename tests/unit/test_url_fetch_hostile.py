@@ -1,4 +1,4 @@
-"""Images by URL against an origin that means harm (serve/url_fetch.py): compression bombs, cookies, answers
+"""Images by URL against an origin that means harm (serve/ingress/url_fetch.py): compression bombs, cookies, answers
 that are not what HTTP promises, and a client that queues hundreds of slow URLs.
 
 The origin is a socket server on 127.0.0.2 that writes whatever bytes a test asks for; nothing goes anywhere
@@ -29,9 +29,10 @@ import uvloop
 
 from siglip_serve.bulk import stages
 from siglip_serve.models.preprocess import ImageLimits
-from siglip_serve.serve.embed_request import fetch_url_items, image_item
-from siglip_serve.serve.errors import ApiError
-from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher
+from siglip_serve.serve.http.embed_request import image_item
+from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.url_fetch import UrlFetcher, fetch_url_items
+from siglip_serve.serve.plan.config import FetchSettings
 
 IMAGE = b"\x89PNG not really" * 100
 GIB = 1024
@@ -200,7 +201,7 @@ def test_bulk_writes_each_hostile_answer_as_a_row_of_its_errors_table(origin: Or
     items = [f"{origin.base}/{shape}" for shape in SHAPES] + ["http://127.0.0.2:70000/a.jpg", f"{origin.base}/ok"]
     block = {"shard": np.zeros(len(items), np.int64), "pos": np.arange(len(items)),
              "item": np.array(items, dtype=object)}
-    out = stages.decode_batch(block, size=(32, 32), limits=ImageLimits(), fast_jpeg=True,
+    out = stages.decode_batch(block, size=(32, 32), limits=ImageLimits(), fast_jpeg=True, model="tiny-siglip",
                               urls=FetchSettings(allowlist=("127.0.0.2/32",)))
     # /ok is fetched, and is no image.
     expected = [kind for _, kind in SHAPES.values()] + ["url_not_allowed", "unsupported_media_type"]
@@ -230,8 +231,10 @@ def test_no_cookie_or_other_state_passes_from_one_fetch_to_another(origin: Origi
 PEAK_SCRIPT = """
 import asyncio, json, sys
 import psutil
-from siglip_serve.serve.errors import rejection_error
-from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher, UrlRejected
+from siglip_serve.serve.http.errors import rejection_error
+from siglip_serve.serve.http.url_errors import UrlRejected
+from siglip_serve.serve.ingress.url_fetch import UrlFetcher
+from siglip_serve.serve.plan.config import FetchSettings
 
 def high_water_mark():
     for line in open("/proc/self/status"):

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING, Any
 
 from siglip_serve.core.cli import add_log_level, key_value, run_main, settings_values, setup_logging
+from siglip_serve.core.errors import UserError
 from siglip_serve.models.cli_args import add_model_arguments, model_values
+
+if TYPE_CHECKING:  # the config module is imported where a command runs, not at the parser's
+    from siglip_serve.serve.plan.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -43,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "endpoint=bulk; on a cluster, its own metrics endpoint)")
     parser.add_argument("--json", dest="json_out", help="also write the summary here (it is always written to "
                                                         "OUTPUT/_summary.json)")
+    served = parser.add_argument_group("a model of the service", "embed as the service does: its config file "
+                                       "gives the model and every setting (model flags then refused; --set still "
+                                       "applies on top)")
+    served.add_argument("--service-config", metavar="FILE",
+                        help="the service's Serve config (the YAML `serve deploy` takes) or a YAML of its args")
+    served.add_argument("--served-model", metavar="NAME",
+                        help="which of its models: the name requests' `model` uses (default: its default model)")
+    served.add_argument("--app", help="the Serve application of the service, where the file has several")
     add_model_arguments(parser)
     parser.add_argument("--set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                         help="any config field, as in the Serve YAML args (repeatable)")
@@ -58,9 +71,16 @@ def main(argv: list[str] | None = None) -> int:
 def _embed(args: argparse.Namespace) -> int:
     from siglip_serve.bulk.job import JobSpec, Modality, run_job
     from siglip_serve.models.backends.implementation import check_backend_available
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
-    config = ServiceConfig.from_args({**model_values(args), **settings_values(args.set), "log_level": args.log_level})
+    overrides = {**settings_values(args.set), "log_level": args.log_level}
+    served_as = None
+    if args.service_config:
+        config, served_as = _served(args, overrides)
+    else:
+        if args.served_model or args.app:
+            raise UserError("--served-model and --app pick a model of --service-config FILE; give the file")
+        config = ServiceConfig.from_args({**model_values(args), **overrides})
     if not args.address:
         # A local Ray: its actors run on this machine, so a missing SDK or artifact is refused now. With
         # --address (a RayJob) this driver runs on the head, which may see no artifacts: each embed actor
@@ -70,7 +90,8 @@ def _embed(args: argparse.Namespace) -> int:
     spec = JobSpec(source=args.source, output=args.output, modality=modality,
                    column=args.column or ("text" if args.text else "path"), shard_size=args.shard_size,
                    encoders=args.encoders, decode_workers=args.decode_workers, address=args.address,
-                   metrics_port=args.metrics_port, encoding=args.encoding, repeat_cache_mib=args.repeat_cache_mib)
+                   metrics_port=args.metrics_port, encoding=args.encoding, repeat_cache_mib=args.repeat_cache_mib,
+                   served_as=served_as)
     result = run_job(config, spec)
     if args.json_out:
         result.write(args.json_out)
@@ -81,6 +102,28 @@ def _embed(args: argparse.Namespace) -> int:
           f"{result.shards_done_before} already done; {rate} items/s, {cpu} host CPU-ms per item "
           f"over {result.seconds:.1f} s; summary: {args.output}/_summary.json")
     return 0
+
+
+def _served(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[ServiceConfig, str]:
+    """The config of the model the service serves as `--served-model` (its settings over the service's, as
+    the service builds it: serve/plan/served_models.py), with `overrides` on top, and its served name."""
+    import yaml
+
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.served_models import served_model
+    from siglip_serve.serve.serve_yaml import service_args
+
+    if flags := sorted(model_values(args)):
+        raise UserError(f"--service-config gives the model; drop {', '.join('--' + f.replace('_', '-') for f in flags)}"
+                        " (or --set KEY=VALUE to change a setting on purpose)")
+    try:
+        with open(args.service_config, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"cannot read the service config {args.service_config}: {exc}") from None
+    served = served_model(ServiceConfig.from_args(service_args(document, args.app)), args.served_model)
+    own = served.config.model_dump(exclude_unset=True, exclude={"models", "default_model"})
+    return ServiceConfig.from_args({**own, **overrides}), served.name
 
 
 if __name__ == "__main__":

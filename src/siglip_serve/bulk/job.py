@@ -29,9 +29,9 @@ from siglip_serve.bulk.repeats import DEFAULT_MIB, start_record
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import BulkResult, Machine, SteadyState
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
-from siglip_serve.serve import placement
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.embedding_output import encode_rows
+from siglip_serve.serve.http.embedding_output import encode_rows
+from siglip_serve.serve.plan import placement
+from siglip_serve.serve.plan.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -56,8 +56,9 @@ class JobSpec:
     decode_workers: int | None = None  # None: the cores the encoders leave, at least one
     address: str | None = None  # join this Ray cluster instead of starting a local one
     metrics_port: int | None = None  # the local Ray's Prometheus endpoint (the service's metric names)
-    encoding: str = "float"  # float32, or the API's int8 / uint8 / binary / ubinary (serve/embedding_output.py)
+    encoding: str = "float"  # float32, or the API's int8 / uint8 / binary / ubinary (serve/http/embedding_output.py)
     repeat_cache_mib: float = DEFAULT_MIB  # images: the run's record of embedded files (bulk/repeats.py); 0: off
+    served_as: str | None = None  # the service's name of the model (metrics' `model` label); None: its model
 
 
 def weights_id(config: ServiceConfig) -> str:
@@ -91,7 +92,7 @@ class Plan:
 
 
 def plan_workers(config: ServiceConfig, spec: JobSpec, cluster: Mapping[str, float]) -> Plan:
-    """One encoder per device the Ray cluster declares (the backend's resource, serve/placement.py: GPUs;
+    """One encoder per device the Ray cluster declares (the backend's resource, serve/plan/placement.py: GPUs;
     logical NeuronCores, which Ray pins each actor to through NEURON_RT_VISIBLE_CORES), one where the
     model runs on the host's cores; each asks what a served image replica asks. The decoders take the
     CPUs left."""
@@ -206,6 +207,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     from siglip_serve.models.loading import model_geometry
 
     settings = config.model_settings()
+    model = spec.served_as or config.model
     # Nothing is decoded until every encoder has loaded: a model that cannot load fails the job before
     # any work, and decoders do not race ahead of encoders that are still warming up (Ray Data's
     # ActorPoolMapOperator.start blocks on wait_for_min_actors_s; a cluster that cannot place them in
@@ -224,16 +226,18 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
                             compute=ray.data.TaskPoolStrategy(size=plan.decode_workers),
                             fn_kwargs={"size": size, "limits": config.image_limits,
                                        "fast_jpeg": config.fast_jpeg_decode, "urls": config.url_fetch,
-                                       "record": record, "embed_dim": embed_dim})
+                                       "record": record, "embed_dim": embed_dim, "model": model})
         actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor
         buckets = settings.buckets
-        constructor: dict[str, Any] = {"settings": settings, "record": record, "keep_env": list(config.env_vars)}
+        constructor: dict[str, Any] = {"settings": settings, "model": model, "record": record,
+                                       "keep_env": list(config.env_vars)}
     else:
-        ds = ds.map_batches(check_texts, batch_format="numpy", fn_kwargs={"max_chars": config.max_text_chars})
+        ds = ds.map_batches(check_texts, batch_format="numpy",
+                            fn_kwargs={"max_chars": config.max_text_chars, "model": model})
         actor, buckets = TextEmbedActor, settings.text_buckets
-        constructor = {"settings": settings, "keep_env": list(config.env_vars)}
+        constructor = {"settings": settings, "model": model, "keep_env": list(config.env_vars)}
     # Nothing from the model's files: with --address this driver runs on the head. Each actor sets its
-    # backend's environment itself, on its node, before it imports torch (serve/replica_start.py).
+    # backend's environment itself, on its node, before it imports torch (serve/towers/replica_start.py).
     env = {**extra_backends_env(), **config.env_vars}
     options = {**plan.encoder_options, **({"runtime_env": {"env_vars": env}} if env else {})}
     # A call carries whole blocks (the encoder splits them into its buckets): a Ray Data task costs

@@ -7,7 +7,7 @@ block a repeat is decoded once, and within one encoder call it is run through th
 whose first copy is still being decoded or embedded when its own block is read is embedded again:
 nothing waits on another block.
 
-The record is one Ray actor per run (`RunRecord`, an EmbeddingCache of serve/embedding_cache.py
+The record is one Ray actor per run (`RunRecord`, an EmbeddingCache of serve/ingress/embedding_cache.py
 underneath: LRU by bytes, `--repeat-cache-mib`), created by bulk/job.py; the stages talk to it through
 `RecordClient`, or to a `RunRecord` itself in tests. It lives as long as the run: a rerun skips finished
 shards by their names instead (bulk/inputs.py).
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from siglip_serve.serve.embedding_cache import CacheKey, EmbeddingCache
+from siglip_serve.serve.ingress.embedding_cache import CacheKey, EmbeddingCache
 
 MiB = 1024 * 1024
 DEFAULT_MIB = 256.0

@@ -3,10 +3,10 @@
 Both take and give Ray Data's numpy batches (a dict of equal-length columns). Every row keeps its
 `shard` and `pos` so the driver can put a shard back together in input order whatever order rows
 come back in. A row that cannot be read or decoded carries its `error_type` and `message` (the HTTP
-contract's types and words, serve/errors.py) and zero pixels; the embed stage skips it, so one bad
+contract's types and words, serve/http/errors.py) and zero pixels; the embed stage skips it, so one bad
 file costs only its own row.
 
-An http(s) item is fetched (serve/url_fetch.py, under the config's url_fetch_allowlist, the service's
+An http(s) item is fetched (serve/ingress/url_fetch.py, under the config's url_fetch_allowlist, the service's
 rules and error types; a block's URLs at once, up to url_fetch_concurrency); any other item is a path or
 a pyarrow.fs URI. Each row carries the `digest` of its bytes: a file this run already embedded is
 passed on with its vector (`cached`, `embedding`) instead of pixels, and repeats inside a block or an
@@ -30,9 +30,11 @@ from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.serve.metrics import BulkMetrics, EncoderMetrics
-from siglip_serve.serve.replica_start import start_tower
-from siglip_serve.serve.url_fetch import FetchSettings, UrlFetcher, UrlRejected
+from siglip_serve.serve.http.url_errors import UrlRejected
+from siglip_serve.serve.ingress.url_fetch import UrlFetcher
+from siglip_serve.serve.plan.config import FetchSettings
+from siglip_serve.serve.shared.metrics import BulkMetrics, TowerMetrics
+from siglip_serve.serve.towers.replica_start import start_tower
 
 if TYPE_CHECKING:  # torch: in the actors only
     from siglip_serve.models.tower import Tower
@@ -46,20 +48,20 @@ UNREADABLE = "unreadable"
 
 
 def _error_type(exc: Rejected) -> str:
-    from siglip_serve.serve.errors import rejection_type  # the contract's reason for this rejection
+    from siglip_serve.serve.http.errors import rejection_type  # the contract's reason for this rejection
 
     return rejection_type(exc).value
 
 
-_metrics: BulkMetrics | None = None
+_metrics: dict[str, BulkMetrics] = {}
 
 
-def bulk_metrics() -> BulkMetrics:
-    """This worker process's collectors (serve/metrics.py), built once: tasks reuse their worker."""
-    global _metrics
-    if _metrics is None:
-        _metrics = BulkMetrics()
-    return _metrics
+def bulk_metrics(model: str) -> BulkMetrics:
+    """This worker process's collectors (serve/shared/metrics.py) for `model` (the `model` label: the served
+    model's name), built once: tasks reuse their worker."""
+    if model not in _metrics:
+        _metrics[model] = BulkMetrics(model)
+    return _metrics[model]
 
 
 # The service's default: url_fetch_allowlist empty, every URL refused naming it.
@@ -105,12 +107,12 @@ def _read_all(locations: list[str], limits: ImageLimits,
     return data, error_types, messages
 
 
-def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool,
+def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool, model: str,
                  urls: FetchSettings = NO_URLS, record: Record | None = None, embed_dim: int = 0) -> Batch:
     """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] or an error, the `digest`
     of their bytes, and with `record` (the run's, of `embed_dim`-wide vectors) `cached` rows that carry
-    their `embedding` instead of pixels."""
-    metrics = bulk_metrics()
+    their `embedding` instead of pixels; counted under `model`."""
+    metrics = bulk_metrics(model)
     n = len(batch["item"])
     pixels = np.zeros((n, 3, *size), dtype=np.uint8)
     data, error_types, messages = _read_all([str(item) for item in batch["item"]], limits, urls)
@@ -135,7 +137,7 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
         began = time.perf_counter()
         try:
             pixels[i] = preprocess_image(data[i], size, limits, fast_jpeg)  # type: ignore[arg-type]
-            metrics.preprocess_seconds.observe(time.perf_counter() - began)
+            metrics.decoded(time.perf_counter() - began)
         except ImageRejected as exc:
             error_types[i], messages[i] = _error_type(exc), exc.message
     for reason in error_types:
@@ -150,7 +152,7 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
     return {**out, "embedding": embeddings} if record is not None else out
 
 
-def check_texts(batch: Batch, *, max_chars: int) -> Batch:
+def check_texts(batch: Batch, *, max_chars: int, model: str) -> Batch:
     """Rows of (shard, pos, item) where item is a text -> the same rows, a text the API refuses (empty,
     blank, too long: core/texts.py's one check) an error with the contract's type and words."""
     n = len(batch["item"])
@@ -160,7 +162,7 @@ def check_texts(batch: Batch, *, max_chars: int) -> Batch:
             check_text(str(text), max_chars)
         except TextRejected as exc:
             error_types[i], messages[i] = _error_type(exc), exc.message
-            bulk_metrics().rejected.inc(1, tags={"reason": error_types[i]})
+            bulk_metrics(model).rejected.inc(1, tags={"reason": error_types[i]})
     return {**batch, "error_type": np.array(error_types, dtype=object), "message": np.array(messages, dtype=object)}
 
 
@@ -168,12 +170,13 @@ class _Embedder:
     """What both towers' actors share: rows in, rows with `embedding` out, the failed rows zeros; the
     service's metric names for what they embed and each forward pass."""
 
-    def __init__(self, modality: str, tower: Tower, record: Record | None = None) -> None:
+    def __init__(self, modality: str, tower: Tower, model: str, record: Record | None = None) -> None:
         self.modality = modality
+        self.metrics = bulk_metrics(model)
         self.record = record
         self.encoder = tower
         tower.warmup(iterations=1)
-        self.on_forward = EncoderMetrics(tower=modality).forward
+        self.on_forward = TowerMetrics(model, tower=modality).forward
         self.embed_dim = tower.embed_dim
         log.info("bulk %s encoder ready: %s", modality, tower.describe())
 
@@ -198,7 +201,7 @@ class _Embedder:
                     self.record.add([str(d) for d in batch["digest"][rows[first]]], computed)
             else:
                 embeddings[rows] = self._embed(self._inputs(batch, rows))
-            bulk_metrics().embedded(self.modality, len(rows))
+            self.metrics.embedded(self.modality, len(rows))
         out = {key: value for key, value in batch.items() if key != "pixels"}
         return {**out, "embedding": embeddings}
 
@@ -206,13 +209,14 @@ class _Embedder:
 class ImageEmbedActor(_Embedder):
     """One image tower on one device (a logical NeuronCore, a GPU, a CPU share): the service's encoder."""
 
-    def __init__(self, settings: ModelSettings, record: Record | None = None, keep_env: Sequence[str] = ()) -> None:
+    def __init__(self, settings: ModelSettings, model: str, record: Record | None = None,
+                 keep_env: Sequence[str] = ()) -> None:
         def build() -> Tower:
             from siglip_serve.models.backends.implementation import create_encoder
 
             return create_encoder(settings)
 
-        super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), record)
+        super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), model, record)
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return np.ascontiguousarray(batch["pixels"][rows])
@@ -221,13 +225,13 @@ class ImageEmbedActor(_Embedder):
 class TextEmbedActor(_Embedder):
     """One text tower: the service's text encoder (tokenizer and buckets included)."""
 
-    def __init__(self, settings: ModelSettings, keep_env: Sequence[str] = ()) -> None:
+    def __init__(self, settings: ModelSettings, model: str, keep_env: Sequence[str] = ()) -> None:
         def build() -> Tower:
             from siglip_serve.models.backends.implementation import create_text_encoder
 
             return create_text_encoder(settings)
 
-        super().__init__("text", start_tower("bulk text encoder", settings, build, keep_env))
+        super().__init__("text", start_tower("bulk text encoder", settings, build, keep_env), model)
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return [str(text) for text in batch["item"][rows]]

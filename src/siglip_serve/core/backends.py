@@ -74,7 +74,7 @@ class BackendRecord:
     reads_artifact: bool = False
     # A torch-free function: (ModelSettings) -> the environment its replica sets on itself before it
     # imports torch (neuron-native: the artifact's recipe). Called where the replica runs, since only
-    # that node may see the artifact (serve/replica_start.py).
+    # that node may see the artifact (serve/towers/replica_start.py).
     replica_env: str | None = None
     # The ModelSettings fields that are its own (shown beside its results, e.g. accuracy's sides).
     settings: tuple[str, ...] = ()

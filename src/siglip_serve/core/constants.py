@@ -35,7 +35,7 @@ DMA_TRANSPOSE_AS_PE_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
 # KubeRay sets both in every Ray container it creates, head and workers (ray-operator/controllers/ray/
 # common/pod.go setContainerEnvVars, KubeRay v1.7.0); Ray's worker processes, Serve's application
 # builder among them, inherit the raylet's environment. Either one present: the cluster is KubeRay's,
-# whose workers register after the head (and after Serve's config is submitted: serve/cluster_fit.py).
+# whose workers register after the head (and after Serve's config is submitted: serve/plan/cluster_fit.py).
 KUBERAY_ENV = ("RAY_CLUSTER_NAME", "KUBERAY_GEN_RAY_START_CMD")
 
 # Backends registered at run time (core/backends.py `register`, e.g. by a test), as a JSON list
@@ -47,7 +47,7 @@ EXTRA_BACKENDS_ENV = "SIGLIP_SERVE_EXTRA_BACKENDS"
 API_KEY_ENV = "SIGLIP_API_KEY"
 
 # With `tracing: true`, write spans as JSON lines into this file instead of exporting them over OTLP
-# (serve/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
+# (serve/shared/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
 # the standard OTEL_* variables.
 TRACES_FILE_ENV = "SIGLIP_TRACES_FILE"
 

@@ -26,7 +26,7 @@ class BackendUnavailable(UserError, RuntimeError):
 class Rejected(Exception):
     """Base of every rejection of one input (an image, a text, an image URL): what its sender has to do
     differently, in plain words (`message`, safe to answer). The families (models/image_errors.py,
-    core/texts.py, serve/url_fetch.py) know no transport; serve/errors.py's REJECTIONS is the one table of
+    core/texts.py, serve/ingress/url_fetch.py) know no transport; serve/http/errors.py's REJECTIONS is the one table of
     what each means in the HTTP contract, for the service and for bulk's errors table."""
 
     message: str

@@ -3,7 +3,7 @@ ingress replica works on at once and how many may wait for it, and when a reques
 
 HAProxy (launcher/haproxy_front.py) holds the requests an ingress replica is not yet working on in its
 own queue, where waiting costs no Python, and sheds the rest with 503 at once. The limits are the
-application's (serve/front_door.py derives them from its config), so each ingress replica writes them
+application's (serve/ingress/front_door.py derives them from its config), so each ingress replica writes them
 into a file per HAProxy backend; the HAProxy stand-in reads them each time Ray renders its config.
 
 HAProxy stamps each request with the time it had the request's headers (`X-Request-Start: t=<ms since the
@@ -73,7 +73,7 @@ def lane_map_path(directory: str | Path, backend: str) -> Path:
 def write_limits(limits: FrontDoorLimits, app_name: str, directory: str | None = None,
                  lane_map: str | None = None) -> Path | None:
     """Write `limits` for `app_name`'s backend into the limits directory (None: the environment's; unset:
-    nothing), and `lane_map` (serve/tenants.py; None: no keys file, so none). Atomically: HAProxy's stand-in
+    nothing), and `lane_map` (serve/shared/tenants.py; None: no keys file, so none). Atomically: HAProxy's stand-in
     may read them at any moment."""
     directory = directory if directory is not None else os.environ.get(LIMITS_DIR_ENV)
     if not directory:

@@ -2,7 +2,7 @@
 service's /v1/embeddings and /v1/classify and `siglip-serve embed --text` run this one function, so a
 bulk row is refused exactly when the API refuses the same text.
 
-Like models/image_errors.py for images, the rejections know no transport: serve/errors.py's REJECTIONS
+Like models/image_errors.py for images, the rejections know no transport: serve/http/errors.py's REJECTIONS
 says what each is in the HTTP contract (status and type), for the service and for bulk's errors table.
 """
 

@@ -26,7 +26,7 @@ from siglip_serve.models.cli_args import add_model_arguments, model_values
 
 if TYPE_CHECKING:  # imported where used, as everywhere in this module
     from siglip_serve.launcher.timeline import Timeline
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve")
 
@@ -63,7 +63,7 @@ def _run_setting(text: str) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     run = argparse.ArgumentParser(prog="siglip-serve run", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "warm-up per bucket, registration), in seconds")
     run.add_argument("--print-plan", action="store_true",
                      help="print the plan this config gives (every deployment's replicas, Ray resources, threads "
-                          "and limits: serve/plan.py) as JSON on stdout, and exit without starting anything; with "
-                          "--address, planned against that cluster's resources")
+                          "and limits: serve/plan/service_plan.py) as JSON on stdout, and exit without starting "
+                          "anything; with --address, planned against that cluster's resources")
     service = run.add_argument_group("service")
     add_field_arguments(service, ServiceConfig, SERVICE_OPTIONS)
     # Declared so that argparse cannot read it as an abbreviation of --api-key-file (and log the key as
@@ -173,7 +173,7 @@ def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
     the ingress's constructor argument (pickled by Serve), which no process's command line shows."""
     from pydantic import SecretStr
 
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     config = ServiceConfig.from_args(run_settings(args))
     key = config.resolve_api_key(environ)
@@ -188,7 +188,7 @@ def print_plan(args: argparse.Namespace) -> int:
     `run` itself also looks for the tokenizer, which may reach the hub; name text_replicas to settle it."""
     from siglip_serve.launcher.runner import local_resources
     from siglip_serve.serve.app import text_by_shape
-    from siglip_serve.serve.planner import plan_service
+    from siglip_serve.serve.plan.planner import plan_service
 
     config = text_by_shape(service_config(args, os.environ))
     if args.address:
@@ -211,8 +211,8 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
     from siglip_serve.core.backends import TEXT
     from siglip_serve.launcher.runner import run_service
     from siglip_serve.models.backends.implementation import check_backend_available, check_tower
-    from siglip_serve.serve.model_checks import preflight_tokenizer, preflight_weights
-    from siglip_serve.serve.served_models import served_models
+    from siglip_serve.serve.plan.model_checks import preflight_tokenizer, preflight_weights
+    from siglip_serve.serve.plan.served_models import served_models
 
     # Before Ray starts, for every model served: a missing SDK/GPU/artifact or unreachable weights is one line
     # now, not a replica's refusal later. Here, not in the app's builder: this Ray runs on this machine, while
@@ -224,7 +224,7 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
     if placeholder is not None:
         placeholder.set_stage("checking the model weights")
     if config.tracing:
-        from siglip_serve.serve.tracing import check_available
+        from siglip_serve.serve.shared.tracing import check_available
 
         check_available()
     for model in served:

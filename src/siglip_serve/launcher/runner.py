@@ -22,11 +22,11 @@ from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.preflight import RAY_HOST
 from siglip_serve.launcher.startup import Placeholder, replica_progress, wait_with_progress
 from siglip_serve.launcher.timeline import Timeline
-from siglip_serve.serve.config import ServiceConfig
+from siglip_serve.serve.plan.config import ServiceConfig
 
 if TYPE_CHECKING:
-    from siglip_serve.serve.cluster_fit import Growth
-    from siglip_serve.serve.plan import ServicePlan
+    from siglip_serve.serve.plan.cluster_fit import Growth
+    from siglip_serve.serve.plan.service_plan import ServicePlan
 
 log = logging.getLogger("siglip_serve")
 
@@ -55,9 +55,9 @@ def run_growth(config: ServiceConfig, address: str | None) -> Growth:
     """Whether nodes may join the cluster, where the config leaves `cluster_grows` open: the Ray this
     command starts is this host's alone (its node address is 127.0.0.1), so what it cannot hold is refused
     at once; a joined cluster (`--address`) may gain nodes, so what does not fit yet deploys with a warning
-    (serve/cluster_fit.py)."""
+    (serve/plan/cluster_fit.py)."""
     # Not at import: it imports ray, which must see RAY_LOCAL_ONLY_ENV first (run_service).
-    from siglip_serve.serve.cluster_fit import JOINED, LOCAL_RUN, cluster_growth
+    from siglip_serve.serve.plan.cluster_fit import JOINED, LOCAL_RUN, cluster_growth
 
     if config.cluster_grows is not None:
         return cluster_growth(config)
@@ -66,7 +66,7 @@ def run_growth(config: ServiceConfig, address: str | None) -> Growth:
 
 def print_timeline(timeline: Timeline) -> None:
     """The start's timeline on stderr, with every live tower replica's own phases (from the registry)."""
-    from siglip_serve.serve import registry
+    from siglip_serve.serve.shared import registry
 
     try:
         records = registry.live_replicas(APP_NAME)
@@ -81,7 +81,7 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
 
     True when every request finished, False when `timeout_s` ran out first.
     """
-    from siglip_serve.serve import registry
+    from siglip_serve.serve.shared import registry
 
     began = time.time()
     registry.set_draining(app_name)
@@ -131,9 +131,9 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     from ray import serve
 
     from siglip_serve.serve.app import build, plan_on_cluster
-    from siglip_serve.serve.cluster_fit import check_cluster_fits
-    from siglip_serve.serve.placement import auto_device
-    from siglip_serve.serve.planner import plan_service
+    from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
+    from siglip_serve.serve.plan.placement import auto_device
+    from siglip_serve.serve.plan.planner import plan_service
 
     stop = threading.Event()
 
@@ -176,11 +176,11 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     signal.signal(signal.SIGINT, request_stop)
     if config.api_keys_file is not None:
         keys_file = config.api_keys_file
-        # The ingress replicas read the keys file again when its modification time changes (serve/tenants.py):
+        # The ingress replicas read the keys file again when its modification time changes (serve/shared/tenants.py):
         # SIGHUP marks it changed, the usual "reload your configuration" signal of a daemon.
         signal.signal(signal.SIGHUP, lambda *_: os.utime(keys_file))
     try:
-        from siglip_serve.serve import registry
+        from siglip_serve.serve.shared import registry
 
         registry.clear_draining(APP_NAME)  # a joined cluster may keep the mark of an earlier run
         log.info("Ray started in %.0f s", timeline.elapsed())

@@ -112,7 +112,7 @@ def replica_progress(app_name: str, expected: int | None) -> str:
     """'encoder 1/4 warm (3 starting)' from Serve's status and the replicas' warm-up records."""
     from ray import serve
 
-    from siglip_serve.serve import registry
+    from siglip_serve.serve.shared import registry
 
     status = serve.status().applications.get(app_name)
     if status is None:

@@ -1,10 +1,10 @@
 """`siglip-serve run --timings`: where a start's seconds go, phase by phase, without a profiler.
 
 The service marks its own phases as they end (the relay and the interpreter, the checks before Ray, `ray.init`,
-`serve.start`, the deployment until every replica is warm); each tower replica marks its own (serve/start_marks.py)
-and publishes them in the registry record that also makes it count as warm. Once the service is ready, the
-timeline prints both: the service's phases with their seconds and when each ended, then one line per replica
-with its phases and when it was warm, all from the command's start.
+`serve.start`, the deployment until every replica is warm); each tower replica marks its own
+(serve/towers/start_marks.py) and publishes them in the registry record that also makes it count as warm. Once the
+service is ready, the timeline prints both: the service's phases with their seconds and when each ended, then one line
+per replica with its phases and when it was warm, all from the command's start.
 
 The command's start is the creation of its first process (psutil's `create_time`, the wall clock): the relay
 that runs the service in its own session (launcher/session.py), else the service itself. A replica on another
@@ -71,7 +71,7 @@ class Timeline:
 def format_timeline(phases: Sequence[tuple[str, float, float]], origin: float,
                     replicas: Sequence[dict[str, Any]]) -> str:
     """The service's phases as a table (phase, seconds, ended at), then one line per replica record that holds
-    its start's marks (serve/start_marks.py), sorted by when each was warm."""
+    its start's marks (serve/towers/start_marks.py), sorted by when each was warm."""
     width = max([len(phase) for phase, _, _ in phases] + [5])
     lines = ["start timeline (seconds; 'at': from the command's start):",
              f"  {'phase':<{width}}  {'took':>6}  {'at':>6}"]

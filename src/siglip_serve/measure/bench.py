@@ -26,8 +26,8 @@ from siglip_serve.measure.bound import judge
 from siglip_serve.measure.results import BenchResult, EncoderRow, Machine, PreprocessResult
 from siglip_serve.measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
 from siglip_serve.measure.server_cpu import KINDS
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.plan import ServicePlan
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.service_plan import ServicePlan
 
 log = logging.getLogger("siglip_serve.bench")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the tables

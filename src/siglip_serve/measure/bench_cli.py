@@ -14,7 +14,7 @@ log = logging.getLogger("siglip_serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from siglip_serve.serve.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ServiceConfig
 
     bench = argparse.ArgumentParser(prog="siglip-serve bench",
                                     description="bare-encoder, preprocessing and served throughput; table + JSON")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def bench() -> int:
         from siglip_serve.measure.bench import run_bench
-        from siglip_serve.serve.config import ServiceConfig
+        from siglip_serve.serve.plan.config import ServiceConfig
 
         if args.profile:  # refused before anything starts, not after minutes of measuring
             from siglip_serve.measure.profile import ProfileRefused, py_spy

@@ -1,7 +1,7 @@
 """Seed 000's multi-core benchmark: one worker process per logical core, all at once, summed.
 
 Each worker is pinned to device <i> by its backend's visible-devices variable (NEURON_RT_VISIBLE_CORES,
-CUDA_VISIBLE_DEVICES: serve/placement.py) and, for a compiled artifact, NEURON_LOGICAL_NC_CONFIG = its
+CUDA_VISIBLE_DEVICES: serve/plan/placement.py) and, for a compiled artifact, NEURON_LOGICAL_NC_CONFIG = its
 LNC; it loads the bare encoder for one bucket, warms up, waits until every worker is ready, then
 times `iterations` calls of `Encoder.encode` on one batch. Instance throughput is the sum of the
 workers' img/s (the seed's method); the wall-clock figure (all images over the span from the first
@@ -42,7 +42,7 @@ from siglip_serve.models.cli_args import add_model_arguments, model_settings_of,
 from siglip_serve.models.settings import ModelSettings
 
 if TYPE_CHECKING:  # the workers never plan
-    from siglip_serve.serve.placement import Plan
+    from siglip_serve.serve.plan.placement import Plan
 
 log = logging.getLogger("siglip_serve.multicore")
 
@@ -152,11 +152,11 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
                   iterations: int = 50, ready_timeout_s: float = READY_TIMEOUT_S) -> MulticoreResult:
     """Run `cores` pinned workers in parallel on one bucket; per-worker and instance figures.
 
-    Each worker holds one device, pinned as the placement plan says (serve/placement.py); where the model
+    Each worker holds one device, pinned as the placement plan says (serve/plan/placement.py); where the model
     runs on the host's cores, one torch thread. `settings` may be a plain mapping of ModelSettings fields
     (e.g. parsed from YAML)."""
     from siglip_serve.models.backends.implementation import backend_replica_env, compiled_for
-    from siglip_serve.serve.placement import plan
+    from siglip_serve.serve.plan.placement import plan
 
     if cores < 1 or iterations < 1 or warmup < 0:
         raise SettingsError("cores and iterations must be >= 1, warmup >= 0")

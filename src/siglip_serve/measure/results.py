@@ -207,7 +207,7 @@ class BenchResult(Commented):
     served: list[ServedRow] | None = None
     # The HTTP front end of the served part: "haproxy" or "python" (launcher/haproxy_front.py).
     front_end: str | None = None
-    # The served part's encoder replicas and the torch threads each ran (cpu: serve/cpu_plan.py).
+    # The served part's encoder replicas and the torch threads each ran (cpu: serve/plan/cpu_plan.py).
     replicas: int | None = None
     torch_threads: int | None = None
     multicore: MulticoreResult | None = None

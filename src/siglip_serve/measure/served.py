@@ -18,8 +18,8 @@ import numpy as np
 from siglip_serve.measure.corpus import Image, build_bodies, skimage_corpus
 from siglip_serve.measure.results import HostCeiling, ProfileFile, ServedRow
 from siglip_serve.measure.server_cpu import ServerCpu
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.plan import ServicePlan
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.service_plan import ServicePlan
 
 log = logging.getLogger("siglip_serve.bench")
 
@@ -125,7 +125,7 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
     taken out (a second application on the same Ray), at the highest concurrency; with `profile`
     (directory, seconds) a flame graph of each of the service's processes under the highest
     concurrency, recorded after the measured rows (measure/profile.py). `on_plan` gets the plan deployed
-    (serve/planner.py), once made: before its Ray starts, or where `replicas: auto` counts a device the
+    (serve/plan/planner.py), once made: before its Ray starts, or where `replicas: auto` counts a device the
     Ray detects, once it runs."""
     import ray
     from ray import serve
@@ -134,8 +134,8 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
     from siglip_serve.launcher.preflight import free_port
     from siglip_serve.launcher.runner import ray_resources
     from siglip_serve.serve.app import build
-    from siglip_serve.serve.placement import auto_device
-    from siglip_serve.serve.planner import plan_service
+    from siglip_serve.serve.plan.placement import auto_device
+    from siglip_serve.serve.plan.planner import plan_service
 
     use_front_end(front_end, local_only=True)
     port = free_port()

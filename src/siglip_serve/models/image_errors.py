@@ -1,7 +1,7 @@
 """Why an input image cannot be used: one exception class per thing its sender has to do differently.
 
 Raised by models/preprocess.py. They know no transport: whoever serves images decides what each
-means to its clients (serve/errors.py holds the service's table). A message is plain words for the
+means to its clients (serve/http/errors.py holds the service's table). A message is plain words for the
 image's sender, naming the limit where one was crossed, and never an internal exception's text.
 """
 

@@ -1,6 +1,6 @@
 """What the ingress knows of the model: its name, embedding width, image size and weights.
 
-Torch-free on purpose: the ingress (serve/ingress_deployment.py) holds one, and importing torch or
+Torch-free on purpose: the ingress (serve/ingress/ingress_deployment.py) holds one, and importing torch or
 open_clip there would add seconds to every ingress replica's start for a dataclass.
 """
 

@@ -1,6 +1,6 @@
 """Typed settings for building an encoder: which model, which weights, which backend and buckets.
 
-Knows nothing of Ray or HTTP; `siglip_serve.serve.config.ServiceConfig` embeds it.
+Knows nothing of Ray or HTTP; `siglip_serve.serve.plan.config.ServiceConfig` embeds it.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class ModelSettings(BaseModel):
                              "fixed-resolution SigLIP 2 instead, e.g. ViT-SO400M-16-SigLIP2-384")
         if self.checkpoint is not None and self.model in TINY_MODELS:
             raise ValueError(f"{self.model} always runs with random weights; --checkpoint is for real SigLIP models")
-        # Whether `checkpoint` and `tokenizer` exist is checked where they are read (serve/model_checks.py,
+        # Whether `checkpoint` and `tokenizer` exist is checked where they are read (serve/plan/model_checks.py,
         # models/text.py): a Serve config is validated on the Ray head too, which need not mount them.
         return self
 

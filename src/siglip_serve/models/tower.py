@@ -137,7 +137,7 @@ class Tower(ABC):
 
     def warmup(self, iterations: int = 1, on_bucket: Callable[[int], None] | None = None) -> dict[int, float]:
         """Run every bucket `iterations` times; returns the last forward seconds per bucket. `on_bucket(bucket)`
-        is called as each bucket is warm (a replica's start timeline, serve/start_marks.py)."""
+        is called as each bucket is warm (a replica's start timeline, serve/towers/start_marks.py)."""
         seconds: dict[int, float] = {}
         for bucket in self.buckets:
             example = self.example(bucket)

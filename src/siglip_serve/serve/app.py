@@ -13,22 +13,22 @@ from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.loading import ModelInfo, model_geometry
-from siglip_serve.serve import tracing
-from siglip_serve.serve.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
-from siglip_serve.serve.config import ServiceConfig
-from siglip_serve.serve.encoder_deployment import EncoderReplica
-from siglip_serve.serve.http_app import Probe, Route
-from siglip_serve.serve.ingress_deployment import IngressDeployment
-from siglip_serve.serve.plan import ServicePlan
-from siglip_serve.serve.planner import plan_service
-from siglip_serve.serve.served_models import served_models
-from siglip_serve.serve.text_deployment import TextEncoderReplica
+from siglip_serve.serve.ingress.http_app import Probe, Route
+from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
+from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.plan.served_models import served_models
+from siglip_serve.serve.plan.service_plan import ServicePlan
+from siglip_serve.serve.shared import tracing
+from siglip_serve.serve.towers.image_deployment import ImageReplica
+from siglip_serve.serve.towers.text_deployment import TextReplica
 
 log = logging.getLogger("siglip_serve")
 
 
 def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bool] = lambda: False) -> ServicePlan:
-    """The plan against the running Ray cluster, checked to fit it (serve/cluster_fit.py): where the cluster
+    """The plan against the running Ray cluster, checked to fit it (serve/plan/cluster_fit.py): where the cluster
     grows, `replicas: auto` over a device waits for its count to register and hold, up to `cluster_wait_s`
     or until `stop()`."""
     resources = planning_resources(config, growth, stop)
@@ -39,7 +39,7 @@ def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bo
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = ()) -> Application:
-    """The application of `plan` (serve/planner.py): each model's towers' deployments and the ingress, serving
+    """The application of `plan` (serve/plan/planner.py): each model's towers' deployments and the ingress, serving
     the contract's routes and `routes`."""
     configs = {model.name: model.config for model in served_models(config)}
     towers: dict[str, dict[str, Application]] = {}
@@ -48,10 +48,10 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
         own = configs[model.name]
         image_size, embed_dim = model_geometry(own.model)
         infos[model.name] = ModelInfo(model.name, embed_dim, image_size, own.weights_source)
-        towers[model.name] = {"image": serve.deployment(**model.image.deployment.options())(EncoderReplica)
+        towers[model.name] = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica)
                               .bind(own, model.image)}
         if model.text is not None:
-            towers[model.name]["text"] = (serve.deployment(**model.text.deployment.options())(TextEncoderReplica)
+            towers[model.name]["text"] = (serve.deployment(**model.text.deployment.options())(TextReplica)
                                           .bind(own, model.text))
         image = model.image
         log.info("model %s: %s on %s, %s encoder replica(s)%s, buckets %s, %d text replica(s)", model.name,
@@ -72,7 +72,7 @@ def text_by_shape(config: ServiceConfig) -> ServiceConfig:
     `tokenizer: DIR`), or with a tokenizer bundled in the package (the tiny models): as configured, and
     each text replica loads the tokenizer where it runs. Else off, saying how to turn it on: whether the
     workers hold the model's tokenizer or reach the hub is not something the head can see.
-    (`siglip-serve run` decides it by looking, serve/model_checks.py preflight_tokenizer.)"""
+    (`siglip-serve run` decides it by looking, serve/plan/model_checks.py preflight_tokenizer.)"""
     from siglip_serve.models.text import BUNDLED_TOKENIZERS
 
     if (config.text_replicas is not None or config.tokenizer is not None or config.text_replica_count == 0
@@ -80,7 +80,7 @@ def text_by_shape(config: ServiceConfig) -> ServiceConfig:
         return config
     if config.model in BUNDLED_TOKENIZERS:
         return config
-    from siglip_serve.serve.model_checks import text_off
+    from siglip_serve.serve.plan.model_checks import text_off
 
     return text_off(config, "a Serve deploy does not look for the tokenizer from the head; set text_replicas: 1 "
                             "(each text replica loads it where it runs)")
@@ -105,15 +105,16 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
 def build_app_with_routes(args: dict[str, Any] | None, routes: Sequence[Route | Probe] = ()) -> Application:
     """The application of `args` (the YAML `args:` mapping) with `routes`, more routes beside the
-    contract's (serve/routes.py), each on the same front door and scheduling call (a test's, say).
+    contract's (serve/ingress/routes.py), each on the same front door and scheduling call (a test's, say).
 
     It runs where Serve runs it: on the head, which under KubeRay mounts no artifacts, holds no weights'
     cache and may have no route to the hub. So it checks the configuration's shape only, once, before any
     replica starts: the config, the text tower's default (`text_by_shape`), and its plan against the cluster
     (where nodes join later, it warns and deploys instead, and waits for the devices `replicas: auto`
-    counts: serve/cluster_fit.py). The artifact, the weights, the tokenizer, an SDK or a
+    counts: serve/plan/cluster_fit.py). The artifact, the weights, the tokenizer, an SDK or a
     GPU are checked by each replica on its own node, which refuses in one line naming the node and the
-    fix (serve/replica_start.py). `siglip-serve run` checks them before it starts its own Ray (launcher/cli.py)."""
+    fix (serve/towers/replica_start.py). `siglip-serve run` checks them before it starts its own Ray
+    (launcher/cli.py)."""
     try:
         config = text_by_shape(ServiceConfig.from_args(args))
         if config.tracing:

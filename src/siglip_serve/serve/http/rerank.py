@@ -1,0 +1,94 @@
+"""/v1/rerank (and /v2/rerank, Cohere's path): order documents by SigLIP's probability that each goes with the query.
+
+The shape is Cohere's v2 rerank (docs.cohere.com/v2/reference/rerank; the `cohere` SDK's `V2RerankResponse`,
+cohere-ai/cohere-python src/cohere/v2/types/v2rerank_response.py): `model`, `query`, `documents`, `top_n`,
+and `return_documents` as the SDK had it before July 2025 (each result then carries `document`). A document or
+the query is a text (a string, as Cohere's) or a typed item as /v1/embeddings has them (`{"type": "text"}`,
+`{"type": "image"}`, `{"type": "image_url"}`, an image's value base64, a data URI or an http(s) URL). The score is
+classify's: sigmoid(logit_scale * cos(query, document) + logit_bias) with the text tower's published scale and
+bias (serve/ingress/schedule.py `Scheduled.scores`). Results are sorted by score, highest first; equal scores keep the
+documents' order (as Infinity's and vLLM's stable sorts; TEI reverses ties). Nothing here knows Ray.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import numpy as np
+import orjson
+from fastapi import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from siglip_serve.serve.http.embed_request import (
+    CACHE_TEXT,
+    NON_EMPTY,
+    ImageItem,
+    ImageUrlItem,
+    Item,
+    ModelName,
+    Priority,
+    TextItem,
+    TypedItem,
+    image_item,
+)
+from siglip_serve.serve.http.errors import ApiError, ErrorType
+
+
+class RerankRequest(BaseModel):
+    """Cohere's v2 rerank request; its other fields (`max_tokens_per_doc`...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: ModelName = None
+    query: Annotated[str, Field(description="a text")] | TypedItem
+    documents: list[Annotated[str, Field(description="a text (as Cohere's documents)")] | TypedItem] = Field(
+        description="texts and images count against max_texts_per_request / max_images_per_request, the query "
+                    "included", json_schema_extra=NON_EMPTY)
+    # Cohere's minimum is 1; more than there are documents returns them all (Cohere, Infinity, vLLM).
+    top_n: int | None = Field(None, ge=1, description="at most this many results; default all")
+    return_documents: bool = Field(False, description="each result carries its document: {text} or {image} as sent")
+    cache: bool = Field(True, description=CACHE_TEXT)
+    priority: Priority = None
+
+
+def _item(value: str | TypedItem, label: str) -> Item:
+    if isinstance(value, str):
+        return Item("text", value, label)  # Cohere's documents and query are texts
+    if isinstance(value, TextItem):
+        return Item("text", value.text, label)
+    return image_item(value.image if isinstance(value, ImageItem) else value.image_url.url, label)
+
+
+def read_rerank_items(request: RerankRequest) -> list[Item]:
+    """The query's item first, then every document's in order; 422 without documents."""
+    if not request.documents:
+        raise ApiError(422, ErrorType.INVALID_REQUEST, "documents: at least one document is needed")
+    return [_item(request.query, "query"),
+            *(_item(document, f"documents[{i}]") for i, document in enumerate(request.documents))]
+
+
+def _document(value: str | TypedItem) -> dict[str, Any]:
+    """A document as a result echoes it: Cohere's `{"text": ...}`, or the image as it was sent."""
+    if isinstance(value, str):
+        return {"text": value}
+    if isinstance(value, TextItem):
+        return {"text": value.text}
+    if isinstance(value, ImageUrlItem):
+        return {"image": value.image_url.url}
+    return {"image": value.image}
+
+
+def render_rerank(request: RerankRequest, scores: np.ndarray, model: str, images: int, texts: int) -> Response:
+    """`scores`: each document's probability, in the documents' order."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep the documents' order
+    results = []
+    for i in order[:request.top_n]:
+        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if request.return_documents:
+            result["document"] = _document(request.documents[i])
+        results.append(result)
+    body = {"id": uuid.uuid4().hex, "results": results, "model": model,
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"images": images}},
+            "usage": {"images": images, "texts": texts}}
+    return Response(orjson.dumps(body), media_type="application/json")

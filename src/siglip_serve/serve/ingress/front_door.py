@@ -1,0 +1,196 @@
+"""An ingress replica's front door: who may ask (the API key: its tenant and lane, serve/shared/tenants.py), how many
+requests it works on at once, how many may wait and in which order (lane, then tenant: core/lanes.py), each
+request's deadline from the moment the front end had it (core/front_door.py has what HAProxy shares), and the
+drain. Every route passes it before its body is read (serve/ingress/http_app.py).
+
+Under HAProxy (the default front end of `siglip-serve run`) no more than `max_ongoing_requests` reach a
+replica at once and the waiting ones sit in HAProxy's queue, bounded there; under Serve's own proxy they
+reach the replica, and `RequestSlots` bounds them here the same way. Either way a request beyond
+ongoing + queued gets 503 at once (the lower lanes sooner: core/lanes.py SHED_SHARE), and one that waits past
+its deadline gets 504 then, not later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Request
+
+from siglip_serve.core import lanes
+from siglip_serve.core.front_door import REQUEST_START_HEADER, FrontDoorLimits, waited_seconds, write_limits
+from siglip_serve.core.lanes import PRIORITY_HEADER, Ticket, demoted, parse_priority, queue_share
+from siglip_serve.serve.http.errors import ApiError, ErrorType
+from siglip_serve.serve.ingress.fair_slots import FairSlots
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.shared import registry, tracing
+from siglip_serve.serve.shared.tenants import Tenants, lane_map, load_keys
+
+log = logging.getLogger("siglip_serve.ingress")
+
+# How often an ingress replica looks for the drain mark that `siglip-serve run` sets on SIGTERM.
+DRAIN_POLL_S = 0.25
+
+
+class Deadline:
+    """A request's deadline in time.monotonic(), begun when the front end stamped it (or now, unstamped)."""
+
+    _skew_reported = False
+
+    def __init__(self, stamp: str | None, timeout_s: float) -> None:
+        waited = waited_seconds(stamp, time.time(), timeout_s)
+        if waited is None:
+            if not Deadline._skew_reported:
+                Deadline._skew_reported = True
+                log.warning("X-Request-Start %s is more than %g s old: the front end's clock disagrees with this "
+                            "node's (keep the nodes' clocks synchronised); such stamps are ignored", stamp,
+                            timeout_s)
+            waited = 0.0
+        self.waited_s = waited
+        self.at = time.monotonic() + timeout_s - waited
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+
+class RequestSlots:
+    """At most `ongoing` requests at work, waiters served in lane and tenant order (core/lanes.py); a lane's
+    newcomer is refused at once while its lane's share of `queued` waits (core/lanes.py SHED_SHARE: bulk
+    first). A waiter gives up at its deadline (the request's own timeout)."""
+
+    def __init__(self, ongoing: int, queued: int, retry_after_s: int) -> None:
+        self.ongoing = ongoing
+        self.queued = queued
+        self.retry_after_s = retry_after_s
+        self._slots = FairSlots(ongoing)
+        self.working = 0
+
+    @property
+    def waiting(self) -> int:
+        return self._slots.waiting()
+
+    @asynccontextmanager
+    async def place(self, ticket: Ticket | None = None) -> AsyncIterator[None]:
+        ticket = ticket if ticket is not None else lanes.current()
+        if self._slots.held >= self.ongoing and self.waiting >= queue_share(ticket.lane, self.queued):
+            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later",
+                           {"Retry-After": str(self.retry_after_s)})
+        request = object()  # each request its own flow: first come, first served within its tenant
+        await self._slots.acquire(request, ticket=ticket)
+        self.working += 1
+        try:
+            yield
+        finally:
+            self.working -= 1
+            self._slots.release(request)
+
+
+class FrontDoor:
+    """What every request of one ingress replica passes before its body is read: the API key, its place among
+    the requests the replica works on (`RequestSlots`) and its one deadline; and whether the replica drains."""
+
+    def __init__(self, config: ServiceConfig, limits: FrontDoorLimits, app_name: str, replica_name: str,
+                 ingress_replicas: int = 1) -> None:
+        """`limits`: the plan's (serve/plan/service_plan.py IngressPlan); `ingress_replicas`: how many share each
+        key's rate."""
+        self.config = config
+        self.app_name = app_name
+        self.replica_name = replica_name
+        share = 1.0 / max(1, ingress_replicas)
+        self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), share)
+        self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s)
+        # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
+        write_limits(limits, app_name, lane_map=lane_map(load_keys(config.api_keys_file))
+                     if config.api_keys_file else None)
+        self.draining = False
+        self.requests_in_handler = 0
+        self._drain_watch: asyncio.Task[None] | None = None
+
+    def retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.config.retry_after_s)}
+
+    def check_auth(self, request: Request) -> Ticket:
+        """The request's tenant and lane (its key's, moved down by X-Priority): 401 without a right key, 429
+        past its rate, 422 for an X-Priority that is not an integer."""
+        ticket = self.tenants.ticket(request.headers.get("authorization", ""))
+        try:
+            asked = parse_priority(request.headers.get(PRIORITY_HEADER))
+        except ValueError:
+            raise ApiError(422, ErrorType.INVALID_REQUEST, "X-Priority must be an integer (lower is earlier)") from None
+        ticket.lane = demoted(ticket.lane, asked)
+        return ticket
+
+    @asynccontextmanager
+    async def deadline(self, request: Request) -> AsyncIterator[float]:
+        """The request's place among those this replica works on, and its one deadline (begun when the
+        front end had it: X-Request-Start); yields the deadline as time.monotonic(). 503 at once when
+        every place is taken and `max_queued_requests` wait; 504 when the deadline passes, waiting for a
+        place included. With tracing on, the request's span (continuing the client's `traceparent`)
+        is open meanwhile."""
+        self.watch_for_drain()
+        timeout = self.config.request_timeout_s
+        deadline = Deadline(request.headers.get(REQUEST_START_HEADER), timeout)
+        self.requests_in_handler += 1
+        try:
+            with _request_span(request):
+                async with asyncio.timeout(deadline.remaining()), self.slots.place(lanes.current()):
+                    yield deadline.at
+        except TimeoutError:
+            raise ApiError(504, ErrorType.DEADLINE_EXCEEDED, f"request did not finish within {timeout:g} s") from None
+        finally:
+            self.requests_in_handler -= 1
+
+    def check_open(self) -> None:
+        """503 while the replica drains: no new work is taken."""
+        if self.draining:
+            raise ApiError(503, ErrorType.NOT_READY, "server is shutting down; retry", self.retry_after())
+
+    async def drain_marked(self) -> bool:
+        """Whether the drain has begun, asking the registry now (a probe must not wait for the next poll)."""
+        self.watch_for_drain()
+        if not self.draining and await asyncio.to_thread(registry.is_draining, self.app_name):
+            self.draining = True
+        return self.draining
+
+    def watch_for_drain(self) -> None:
+        if self._drain_watch is None:
+            self._drain_watch = asyncio.get_running_loop().create_task(self._drain_loop())
+
+    async def _drain_loop(self) -> None:
+        while True:
+            try:
+                if await asyncio.to_thread(registry.is_draining, self.app_name):
+                    self.draining = True
+                    await asyncio.to_thread(registry.publish_in_flight, self.app_name, self.replica_name,
+                                            self.requests_in_handler, time.time())
+            except Exception:  # the GCS briefly unreachable: try again next period
+                log.debug("drain poll failed", exc_info=True)
+            await asyncio.sleep(DRAIN_POLL_S)
+
+
+def _request_span(request: Request) -> contextlib.AbstractContextManager[Any]:
+    if not tracing.enabled():  # before the attributes below are computed
+        return tracing.span("http.request")
+    return tracing.span("http.request", parent=tracing.extract(dict(request.headers)),
+                        attributes={"http.request.method": request.method, "http.route": request.url.path,
+                                    "siglip.request_id": request_id(request),
+                                    "siglip.tenant": lanes.current().tenant})
+
+
+def request_id(request: Request) -> str | None:
+    """The id Serve logs the request under (its access log and replica logs), or the client's X-Request-Id."""
+    given = request.headers.get("x-request-id")
+    if given:
+        return given
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        return _get_serve_request_context().request_id or None
+    except Exception:  # broad on purpose: a private API that may move; the id is an attribute, not a need
+        return None

@@ -1,0 +1,42 @@
+"""The ingress's Serve deployment: one `Ingress` (serve/ingress/ingress.py) per replica, and its HTTP app built from the
+contract's routes (serve/ingress/routes.py) and any the application adds (serve/app.py `build(..., routes=...)`).
+
+`@serve.ingress()` without an app: Serve calls `__serve_build_asgi_app__` on the replica once the constructor ran
+and serves what it returns (ray/serve/api.py `ingress`, ray/serve/_private/replica.py
+`_initialize_asgi_callable`), so the app and its handlers belong to this replica's objects, with no app frozen
+and pickled at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from siglip_serve.models.model_info import ModelInfo
+from siglip_serve.serve.ingress.http_app import Probe, Route, endpoint_labels, http_app
+from siglip_serve.serve.ingress.ingress import Ingress
+from siglip_serve.serve.ingress.routes import ROUTES
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.ingress_scaling import BUSY_CORES, BusyCores
+from siglip_serve.serve.plan.service_plan import ServicePlan
+
+
+@serve.ingress()
+class IngressDeployment:
+    def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], config: ServiceConfig, plan: ServicePlan,
+                 models: Mapping[str, ModelInfo], routes: Sequence[Route | Probe] = ()) -> None:
+        """`towers`: per served model, its towers' handles (Serve turns each bound deployment into one)."""
+        self.routes = (*ROUTES, *routes)
+        self.ingress = Ingress(towers, config, plan, models, endpoints=endpoint_labels(self.routes))
+        self._busy_cores = BusyCores()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return http_app(self.ingress, self.routes)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's controller gets for `ingress_autoscaling` (serve/plan/ingress_scaling.py); Serve calls
+        this only on an autoscaled deployment."""
+        return {BUSY_CORES: self._busy_cores.read()}

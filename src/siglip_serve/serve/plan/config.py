@@ -1,0 +1,401 @@
+"""The service's one typed config, filled from the Serve YAML `args:` or the CLI, checked at start."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from siglip_serve.core.backends import TEXT, BackendRecord, backend_record
+from siglip_serve.core.cli import LogLevel
+from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
+from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
+from siglip_serve.core.errors import UserError, describe_validation
+from siglip_serve.models.cli_args import model_settings_of
+from siglip_serve.models.preprocess import ImageLimits
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.serve.plan.service_plan import image_devices
+from siglip_serve.serve.plan.url_allowlist import Allowlist
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """What serve/ingress/url_fetch.py's UrlFetcher needs, picklable (bulk passes it to its decode tasks);
+    ServiceConfig.url_fetch builds it."""
+
+    allowlist: tuple[str, ...] = ()
+    max_bytes: int = 20 * 1024 * 1024
+    concurrency: int = 16
+    timeout_s: float = 10.0
+
+
+class ConfigError(UserError, ValueError):
+    """The config does not validate; the message lists every problem."""
+
+
+class Scaling(BaseModel):
+    """What Serve's autoscaler takes for any deployment (ray/serve/config.py AutoscalingConfig, Ray 2.60),
+    passed through as its `autoscaling_config`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(1, ge=1, description="replicas kept running")
+    max_replicas: int = Field(..., ge=1, description="replicas Serve may scale to")
+    upscale_delay_s: float = Field(30.0, ge=0, description="seconds above target before a replica is added")
+    downscale_delay_s: float = Field(600.0, ge=0, description="seconds below target before one is removed")
+    look_back_period_s: float = Field(30.0, gt=0, description="seconds Serve averages the load over")
+    # Still how often a handle (the ingress) and a replica push their counts in Ray 2.60
+    # (serve/_private/router.py, replica.py).
+    metrics_interval_s: float = Field(10.0, gt=0, description="seconds between pushes of the load to Serve's "
+                                                              "controller")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> Scaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class Autoscaling(Scaling):
+    """The encoder's: Serve's request-based policy on the encoder calls each replica holds. See
+    docs/operations.md for the target's argument; min_replicas is also /readyz's ceiling, and the
+    ingress admits for max_replicas."""
+
+    # Default: the calls one replica is meant to hold (serve/plan/planner.py CALLS_IN_FLIGHT_*): one
+    # running and (on an accelerator) one gathering; more than that is a call waiting behind a batch.
+    target_ongoing_requests: float | None = Field(None, gt=0, description="encoder calls per replica Serve "
+                                                  "scales towards (default: 1 on cpu, 2 on an accelerator)")
+
+
+class IngressAutoscaling(Scaling):
+    """The ingress's: on the host cores each ingress replica keeps busy (serve/plan/ingress_scaling.py), since
+    what limits an ingress is its CPU (HTTP, JSON, decoding), not the requests it holds: those also
+    pile up behind a busy device, where more ingress replicas would not help."""
+
+    # One ingress process saturates near two cores (serve/plan/cpu_plan.py INGRESS_CORES): its event loop
+    # holds the GIL at one while decode threads run beside it. Scaling out at one leaves it headroom.
+    target_busy_cores: float = Field(1.0, gt=0, description="host cores each ingress replica may keep busy "
+                                                            "before Serve adds one")
+
+
+class ServiceConfig(ModelSettings):
+    """Model settings plus how the service runs them. Field names are the YAML `args:` keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # On cpu one replica per core beat one replica with a thread per core for small models (serve/plan/cpu_plan.py).
+    replicas: int | Literal["auto"] | None = Field(
+        None, description="encoder replicas, or 'auto': one per device of the kind each replica holds that the "
+                          "Ray cluster declares (a logical NeuronCore on neuron, a GPU on cuda), less the text "
+                          "replicas'; on cpu one per core for an image tower up to 150 M parameters (one with "
+                          "every core above), as many as memory holds (default: auto on cpu, else 1)")
+    neuron_cores_per_replica: int | None = Field(
+        None, ge=0, le=1, description="logical NeuronCores each encoder replica asks Ray for (default: 1 on the "
+                                      "neuron backends, else 0)")
+    encoder_num_cpus: float = Field(1.0, ge=0, description="CPUs each encoder replica asks Ray for")
+    # One ingress process carries about two cores of decoding and HTTP (serve/plan/cpu_plan.py).
+    ingress_replicas: int | Literal["auto"] = Field(
+        "auto", description="HTTP ingress replicas, or 'auto': one per two of this host's cores that the encoder "
+                            "replicas and Ray's own processes leave free (at least 1)")
+    # On neuron a replica is one logical NeuronCore, so a node's count is fixed: scaling adds replicas
+    # that stay pending until Ray's autoscaler adds a node (deploy/kuberay/rayservice.yaml).
+    autoscaling: Autoscaling | None = Field(None, description="scale the encoder replicas with load between "
+                                            "min_replicas and max_replicas (replicas must be unset)")
+    ingress_autoscaling: IngressAutoscaling | None = Field(None, description="scale the ingress replicas with "
+                                                           "their CPU between min_replicas and max_replicas "
+                                                           "(ingress_replicas must be unset)")
+    # KubeRay submits the Serve config once the head pod is ready, before its workers register: a check
+    # against that cluster would refuse what the workers will hold (serve/plan/cluster_fit.py).
+    cluster_grows: bool | None = Field(
+        None, description="whether Ray nodes join after the application deploys (KubeRay's workers, Ray's "
+                          "autoscaler, a later `ray start --address`): what does not fit yet is then deployed "
+                          "with a warning, for Serve to place as nodes join, not refused (default: true under "
+                          "KubeRay, seen from its RAY_CLUSTER_NAME, and for `siglip-serve run --address`; else "
+                          "false)")
+    cluster_wait_s: float = Field(
+        600.0, ge=0, description="where the cluster grows, how long `replicas: auto` on neuron waits for the "
+                                 "neuron_cores to register and stop changing before it counts them (none by "
+                                 "then: refused)")
+    ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs each ingress replica asks Ray for")
+    # Pillow releases the GIL, so decode threads run in parallel.
+    decode_threads: int = Field(4, ge=1, le=64, description="threads per ingress replica that decode and resize")
+
+    batch_wait_timeout_s: float = Field(0.005, ge=0, le=10,
+                                        description="seconds the batcher waits to fill a batch")
+    # Enough to keep this ingress's share of the encoders' calls full twice over (one set running, the next
+    # gathering) plus its decode threads (serve/ingress/front_door.py); HAProxy sends each replica no more at once.
+    ingress_max_ongoing_requests: int | Literal["auto"] = Field(
+        "auto", description="requests each ingress replica works on at once (reading, decoding, encoding), or "
+                            "'auto': twice the images its share of the encoder calls carries, plus decode_threads")
+    # Waiting costs a connection, not memory: under HAProxy they wait in HAProxy's queue (docs/operations.md).
+    max_queued_requests: int = Field(256, ge=1, description="requests that may wait for each ingress replica "
+                                                            "beyond those it works on; past it: 503 at once")
+    # Time queued in HAProxy before the ingress, reading the body, decoding, queueing and encoding all
+    # count; past it the remaining work is dropped.
+    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the front end "
+                                                             "has its headers; past it: 504")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds of a 503")
+    min_ready_replicas: int = Field(1, ge=1, description="/readyz answers 200 while at least this many encoder "
+                                                         "replicas are warm (capped at replicas)")
+    # On SIGTERM /readyz turns 503 and new requests get 503 before Serve and Ray stop.
+    drain_timeout_s: float = Field(30.0, ge=0, description="seconds accepted requests get to finish on SIGTERM")
+
+    # A deliberate, documented difference from open_clip (cosine >= 0.9999 kept).
+    fast_jpeg_decode: bool = Field(True, description="decode large JPEGs at a reduced DCT scale (>= 2x the model's "
+                                                     "input), then resize; false gives open_clip's exact pixels")
+    # nvJPEG on the GPU instead of the ingress's cores (models/device_decode.py); cpu allows it for tests.
+    device_jpeg_decode: bool = Field(False, description="cuda: decode 8-bit RGB/grey JPEGs in the encoder replica on "
+                                                        "the GPU (nvJPEG); every limit is still checked in the ingress")
+    # The image limits' defaults are ImageLimits' (models/preprocess.py): one source for both.
+    max_body_bytes: int = Field(ImageLimits.max_bytes, ge=1024, description="largest request body")
+    max_image_pixels: int = Field(ImageLimits.max_pixels, ge=1, description="most pixels of one image, from its "
+                                                                            "header")
+    # A 1 x 39,000,000 PNG is 76 KB.
+    max_image_side: int = Field(ImageLimits.max_side, ge=1, description="longest side of one image, from its header")
+    max_request_pixels: int = Field(160_000_000, ge=1, description="pixels of all images of one request together, "
+                                                                   "from their headers, before any is decoded")
+    # Header-declared cost; see serve/ingress/decode_queue.py.
+    decode_memory_budget_bytes: int = Field(1024 * MiB, ge=MiB, description="bytes the decodes running at once in "
+                                                                            "one ingress may hold; past it a decode "
+                                                                            "waits its turn")
+    max_images_per_request: int = Field(64, ge=1, description="images in one request")
+    # A key in args shows in the Serve config; `siglip-serve run` refuses it on its command line.
+    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in the Serve "
+                                                        f"config: prefer api_key_file or the {API_KEY_ENV} "
+                                                        "environment variable; not on run's command line)")
+    api_key_file: str | None = Field(None, description="require the key on this file's first line")
+    # Several keys, each a tenant with its lane, weight and rate (serve/shared/tenants.py); read again when it changes.
+    api_keys_file: str | None = Field(None, description="a TOML file of API keys, each a tenant (name, key or "
+                                                        "sha256, lane, weight, rate_per_s): docs/http-api.md")
+    # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
+    # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or
+    # neuron needs a GPU / NeuronCore of its own (and on neuron an artifact compiled with --text).
+    text_replicas: int | None = Field(None, ge=0, description="text tower replicas; 0 turns the text routes off "
+                                                              "(default: on cpu 1 when the tokenizer is found - "
+                                                              "local, or the hub answers at start - else 0; 0 on "
+                                                              "cuda and neuron)")
+    # Set at start, not by users: why the default turned text off (shown by /v1/models and the text routes).
+    text_off_reason: str | None = Field(None, description="set at start when the default turned text off")
+    text_num_cpus: float = Field(0.5, ge=0, description="CPUs each text replica asks Ray for")
+    max_texts_per_request: int = Field(64, ge=1, description="texts (or classify labels) in one request, checked "
+                                                             "before tokenizing")
+    max_text_chars: int = Field(1000, ge=1, description="characters in one text, checked before tokenizing")
+    # A fixed label set is embedded once, not per request.
+    # SigLIP is not trained for truncation (Matryoshka): a shorter vector loses accuracy, so `dimensions`
+    # below the model's size is refused unless the operator accepts that here.
+    allow_dimension_truncation: bool = Field(False, description="honour `dimensions` below the model's size by "
+                                             "truncating and re-normalising (lossy); off: such requests get 400")
+    # Off by default: a URL names a place the server goes to, on its own network (serve/ingress/url_fetch.py).
+    url_fetch_allowlist: tuple[str, ...] = Field((), description="image URLs are fetched only from these: host "
+                                                 "names, *.domains (every name under one), CIDRs (which also allow "
+                                                 "internal addresses, e.g. 10.0.0.0/8) or * (any name whose addresses "
+                                                 "are public); empty: every URL is refused (400 url_not_allowed)")
+    url_fetch_concurrency: int = Field(16, ge=1, le=1024, description="URL fetches each ingress replica runs at "
+                                                                      "once; more wait, taking turns round-robin "
+                                                                      "across requests, within their deadline; a "
+                                                                      "quarter of them only start a request's first "
+                                                                      "URL")
+    url_fetch_timeout_s: float = Field(10.0, gt=0, description="seconds one URL's fetch may take once its turn "
+                                                               "comes (resolving, connecting, every redirect, the "
+                                                               "whole body), within the request's deadline, which "
+                                                               "alone bounds the wait for a turn; past either: 504 "
+                                                               "url_timeout")
+    # Per ingress replica, in its memory; hits answer without decoding or a forward pass
+    # (serve/ingress/embedding_cache.py).
+    embedding_cache_mib: float = Field(0, ge=0, description="MiB of embeddings each ingress replica keeps, keyed by "
+                                                            "the bytes (or text) sent and the model, weights and "
+                                                            "preprocessing, least recently used out first; 0: no "
+                                                            "cache")
+    # Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
+    env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
+                                                                       "replica (Ray runtime_env), e.g. "
+                                                                       "NEURON_LOGICAL_NC_CONFIG on trn2")
+    throughput_optimized: bool | None = Field(None, description="Ray Serve's throughput-optimized mode (gRPC between "
+                                              "replicas, user code on the replica's own event loop; "
+                                              "docs/capacity.md): true: in every replica; false: Serve's "
+                                              "defaults everywhere; default: in the ingress always, in the "
+                                              "towers unless the model runs on the host's cores (backend cpu)")
+    # Several models behind one front door, each on replicas of its own (serve/plan/served_models.py).
+    models: tuple[dict[str, Any], ...] = Field(
+        (), description="several models in one service: each entry `name` (what a request's `model` names) and "
+                        "that model's own settings over the ones above (model, weights, backend, buckets, "
+                        "replicas, text_replicas, ...); empty: the one model above, named by `model`")
+    default_model: str | None = Field(None, description="the model that answers a request naming none (default: "
+                                                        "the first of models)")
+    log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
+    access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
+                                               "every replica")
+    tracing: bool = Field(False, description="OpenTelemetry spans per request stage, exported over OTLP/HTTP to "
+                                             "OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)")
+
+    @field_validator("url_fetch_allowlist", mode="before")
+    @classmethod
+    def _split_allowlist(cls, value: object) -> object:
+        if isinstance(value, str):  # `--set url_fetch_allowlist=a.example.com,10.0.0.0/8`
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("url_fetch_allowlist")
+    @classmethod
+    def _parse_allowlist(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        Allowlist.parse(value)  # raises ValueError naming the entry that is none of the forms
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_classify_cache(cls, data: Any) -> Any:
+        # Said plainly, not as pydantic's "extra inputs are not permitted": classify's labels have no cache of
+        # their own.
+        if isinstance(data, Mapping) and "classify_cache_size" in data:
+            raise ValueError("classify_cache_size is not a setting: classify's labels are kept in the embedding "
+                             "cache with every other text and image; size it with embedding_cache_mib")
+        return data
+
+    @model_validator(mode="after")
+    def _check_serving(self) -> ServiceConfig:
+        if isinstance(self.replicas, int) and self.replicas < 1:
+            raise ValueError("replicas must be at least 1 (or 'auto')")
+        if isinstance(self.ingress_replicas, int) and self.ingress_replicas < 1:
+            raise ValueError("ingress_replicas must be at least 1 (or 'auto')")
+        if isinstance(self.ingress_max_ongoing_requests, int) and self.ingress_max_ongoing_requests < 1:
+            raise ValueError("ingress_max_ongoing_requests must be at least 1 (or 'auto')")
+        if self.autoscaling is not None and self.replicas is not None:
+            raise ValueError(f"replicas: {self.replicas} and autoscaling contradict; with autoscaling the encoder "
+                             "count is autoscaling.min_replicas..max_replicas (leave replicas unset)")
+        if self.ingress_autoscaling is not None and self.ingress_replicas != "auto":
+            raise ValueError(f"ingress_replicas: {self.ingress_replicas} and ingress_autoscaling contradict; with "
+                             "ingress_autoscaling the count is its min_replicas..max_replicas (leave "
+                             "ingress_replicas unset)")
+        if self.device_jpeg_decode and not self.backend_record.device_decode:
+            raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
+        # `auto` counts the device the image replicas hold, or the host's cores the model runs on.
+        holds = image_devices(self.backend_record.resources, self.neuron_cores_per_replica)
+        if self.replica_setting == "auto" and not holds and not self.model_on_host_cores:
+            raise ValueError(f"replicas: auto counts the device each image replica holds (or cores on cpu); on "
+                             f"{self.backend} replicas hold none: set neuron_cores_per_replica: 1, or name a count")
+        return self
+
+    @property
+    def replica_setting(self) -> int | Literal["auto"]:
+        """`replicas` as given, else the most autoscaling allows, else the backend's default."""
+        if self.replicas is not None:
+            return self.replicas
+        if self.autoscaling is not None:
+            return self.autoscaling.max_replicas
+        return "auto" if self.model_on_host_cores else 1
+
+    @property
+    def backend_record(self) -> BackendRecord:
+        return backend_record(self.backend)
+
+    @property
+    def text_replica_count(self) -> int:
+        """As set; else one where the text tower runs on the host's cores, none where it would hold a
+        device of its own (a GPU, a NeuronCore: opt in), none where the backend builds no text tower."""
+        if self.text_replicas is not None:
+            return self.text_replicas
+        record = self.backend_record
+        return 1 if record.host_cores and record.builds(TEXT) else 0
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels,
+                           max_side=self.max_image_side)
+
+    @property
+    def url_fetch(self) -> FetchSettings:
+        """What serve/ingress/url_fetch.py's UrlFetcher takes: the allowlist, the image byte limit, the bounds."""
+        return FetchSettings(allowlist=self.url_fetch_allowlist, max_bytes=self.max_body_bytes,
+                             concurrency=self.url_fetch_concurrency, timeout_s=self.url_fetch_timeout_s)
+
+    @property
+    def embedding_cache_bytes(self) -> int:
+        return int(self.embedding_cache_mib * MiB)
+
+    @model_validator(mode="after")
+    def _keys_file(self) -> ServiceConfig:
+        if self.api_keys_file is not None:
+            if self.api_key is not None or self.api_key_file is not None:
+                raise ValueError("give api_keys_file or the single key (api_key, api_key_file), not both")
+            from siglip_serve.serve.shared.tenants import (
+                load_keys,  # the ingress's; checked here so a bad file stops the start
+            )
+
+            load_keys(self.api_keys_file)
+        return self
+
+    def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
+        """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY (none
+        with `api_keys_file`: serve/shared/tenants.py has the keys)."""
+        if self.api_keys_file is not None:
+            return None
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            try:
+                with open(self.api_key_file, encoding="utf-8") as handle:
+                    key = handle.readline().strip()
+            except OSError as exc:
+                raise ConfigError(f"api_key_file: cannot read {self.api_key_file}: {exc.strerror}") from None
+            if not key:
+                raise ConfigError(f"api_key_file: {self.api_key_file} is empty")
+            return key
+        return environ.get(API_KEY_ENV) or None
+
+    def model_settings(self) -> ModelSettings:
+        return model_settings_of(self)
+
+    @property
+    def model_on_host_cores(self) -> bool:
+        """Whether the encoders' forward passes share the host's cores with the serving path (cpu)."""
+        return self.backend_record.host_cores
+
+    @property
+    def serve_throughput_mode(self) -> bool:
+        """Serve's throughput mode in the tower replicas: as set, else on where the model is not on the host's
+        cores. On cpu it cost ViT-B-16 about 15 % of its images per second and doubled its p99 (docs/capacity.md):
+        the tower replicas took more CPU per image on the cores their forward passes need."""
+        if self.throughput_optimized is not None:
+            return self.throughput_optimized
+        return not self.model_on_host_cores
+
+    @property
+    def ingress_throughput_mode(self) -> bool:
+        """Serve's throughput mode in the ingress (and, under `siglip-serve run`, the Ray it starts): as set,
+        else on for every backend. The ingress does the host's per-request work (HTTP, JSON, decoding),
+        where the mode saves most; measured per deployment in README, Benchmarks, "Serve's mode per
+        deployment" (2026-11-26)."""
+        return self.throughput_optimized is not False
+
+    @property
+    def tower_calls_by_grpc(self) -> bool:
+        """Whether the ingress calls the towers over Serve's gRPC (else Ray actor tasks): wherever the ingress
+        runs the mode. Every replica serves gRPC whatever its mode (ray/serve/_private/replica.py starts its
+        inter-deployment server unconditionally); on cpu, gRPC calls to towers outside the mode measured
+        level with actor tasks (README, Benchmarks, "Serve's mode per deployment")."""
+        return self.ingress_throughput_mode
+
+    def serve_mode_env(self) -> dict[str, str]:
+        """What the ingress replicas (and a Ray `siglip-serve run` starts) get in their runtime_env for Serve's
+        mode."""
+        return dict(SERVE_THROUGHPUT_ENV) if self.ingress_throughput_mode else {}
+
+    def tower_mode_env(self) -> dict[str, str]:
+        """What every tower replica (image and text) gets in its runtime_env for Serve's mode: the mode's
+        variables where it is on there; where the Ray itself runs the mode (`siglip-serve run`) but the towers
+        do not, RAY_SERVE_THROUGHPUT_OPTIMIZED=0, since a replica inherits the Ray's environment."""
+        if self.serve_throughput_mode:
+            return dict(SERVE_THROUGHPUT_ENV)
+        return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"} if self.ingress_throughput_mode else {}
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:
+        """Validate Serve YAML `args:` (or CLI options); raise ConfigError naming every bad key."""
+        try:
+            return cls.model_validate(args or {})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid siglip-serve config: {describe_validation(exc.errors(), 'config')}") from None

@@ -1,0 +1,206 @@
+"""A configuration becomes the service's plan (serve/plan/service_plan.py) here, once: every count, thread, limit and
+Serve option, from the config, the backend's record (through serve/plan/placement.py, what one replica asks
+Ray for) and, where a count depends on it, the Ray cluster's resources.
+
+`replicas: auto` counts the device the image replicas hold (the record's `ray_resource`: neuron_cores,
+GPU, a registered backend's own), less what the text replicas hold of it; where the replicas hold no
+device and the model runs on the host's cores (cpu), the host's cores and memory (serve/plan/cpu_plan.py).
+Without a cluster (`resources` None: `siglip-serve run` before it starts its own Ray, sized from this
+plan; `--print-plan`) a device count must be named, or declared (`--neuron-cores`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from siglip_serve.core.backends import extra_backends_env
+from siglip_serve.core.constants import NEURON_CORES, VISIBLE_CORES_ENV
+from siglip_serve.core.front_door import FrontDoorLimits
+from siglip_serve.serve.plan import cpu_plan
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.ingress_scaling import policy
+from siglip_serve.serve.plan.placement import Plan, declare_hint, plan
+from siglip_serve.serve.plan.served_models import ServedModel, served_models
+from siglip_serve.serve.plan.service_plan import (
+    DeploymentPlan,
+    IngressPlan,
+    ModelPlan,
+    ReplicaAsk,
+    ServicePlan,
+    TowerPlan,
+)
+from siglip_serve.serve.shared import tracing
+
+# Serve's health check of a tower replica; its timeout stays Serve's default.
+HEALTH_CHECK_PERIOD_S = 10.0
+
+# On an accelerator one call runs on each replica while the next waits in its batch queue, so the
+# device never waits for the round trip to the ingress between batches. On cpu the model runs on the
+# host's own cores: a replica that waits gives its core back to the ingress, and the fewer, larger
+# calls cost less CPU per image (tiny-siglip, c=32, alternating: 6.2 vs 7.0-8.5 ms per image).
+CALLS_IN_FLIGHT_PER_REPLICA = 2
+CALLS_IN_FLIGHT_PER_CPU_REPLICA = 1
+# Fewer than this and a burst of multi-image requests would leave decode threads idle.
+MIN_ONGOING_REQUESTS = 8
+
+
+def calls_per_replica(model_on_host_cores: bool) -> int:
+    return CALLS_IN_FLIGHT_PER_CPU_REPLICA if model_on_host_cores else CALLS_IN_FLIGHT_PER_REPLICA
+
+
+def calls_in_flight(replicas: int, ingress_replicas: int, model_on_host_cores: bool = False) -> int:
+    """This ingress's share of the calls the encoder replicas should have in flight (HAProxy spreads
+    requests evenly over the ingress replicas: `balance leastconn`, Ray Serve 2.60's
+    RAY_SERVE_HAPROXY_BALANCE_ALGORITHM), at least one call per replica's worth."""
+    per_replica = calls_per_replica(model_on_host_cores)
+    wanted = per_replica * max(replicas, 1)
+    return max(per_replica, math.ceil(wanted / max(ingress_replicas, 1)))
+
+
+def ingress_max_ongoing(config: ServiceConfig, replicas: int, ingress_replicas: int) -> int:
+    """Requests one of `ingress_replicas` works on at once: as set, or twice the images its share of the
+    calls in flight to `replicas` image replicas carries (one set running, the next gathering while it runs:
+    serve/ingress/tower_client.py) plus one per decode thread, so single-image requests keep every encoder busy."""
+    if config.ingress_max_ongoing_requests != "auto":
+        return config.ingress_max_ongoing_requests
+    calls = calls_in_flight(replicas, ingress_replicas, config.model_on_host_cores)
+    return max(MIN_ONGOING_REQUESTS, 2 * calls * config.max_batch_size + config.decode_threads)
+
+
+def front_door_limits(config: ServiceConfig, replicas: int, ingress_replicas: int) -> FrontDoorLimits:
+    """Each ingress replica's limits (serve/plan/planner.py puts them in the plan)."""
+    return FrontDoorLimits(max_ongoing_requests=ingress_max_ongoing(config, replicas, ingress_replicas),
+                           max_queued_requests=config.max_queued_requests,
+                           request_timeout_s=config.request_timeout_s, retry_after_s=config.retry_after_s)
+
+
+def max_ongoing(largest_bucket: int) -> int:
+    """Calls one tower replica takes at once: one batch runs while the next gathers, a full batch of
+    single-item calls queued behind it."""
+    return 2 * largest_bucket
+
+
+def image_replicas(config: ServiceConfig, asks: Plan, resources: Mapping[str, float] | None) -> int:
+    """The image tower's count: as named, the most autoscaling allows, or `auto` counted (module doc)."""
+    setting = config.replica_setting
+    if setting != "auto":
+        return setting
+    device = asks.device
+    if device is None:
+        return cpu_plan.auto_cpu_replicas(config, None if resources is None else resources.get("CPU"))
+    if resources is None:
+        raise ConfigError(f"replicas: auto counts the {device} a Ray cluster declares, and there is none yet; "
+                          f"name replicas: N (siglip-serve run: --neuron-cores N declares its Ray's NeuronCores)")
+    have = float(resources.get(device, 0))
+    count = asks.image_replicas_on(have, config.text_replica_count)
+    if count < 1:
+        raise ConfigError(f"replicas: auto found {have:g} {device} in the Ray cluster, too few for one image "
+                          f"replica beside {config.text_replica_count} text replica(s); start Ray with "
+                          f"{declare_hint(device)} (trn2.3xlarge LNC=2 -> 4 neuron_cores, LNC=1 -> 8)")
+    return count
+
+
+def _autoscaling(config: ServiceConfig) -> dict[str, Any] | None:
+    """Serve's `autoscaling_config` for the image tower, or None for a fixed count."""
+    if config.autoscaling is None:
+        return None
+    options = config.autoscaling.model_dump()
+    if options["target_ongoing_requests"] is None:
+        options["target_ongoing_requests"] = calls_per_replica(config.model_on_host_cores)
+    return options
+
+
+def visible_devices_env(asks: Plan, ask: ReplicaAsk) -> tuple[str, ...]:
+    """The variables that name a replica's devices: its backend's own (the record's; set by Ray where the
+    replica holds that resource, or by the operator in env_vars), and NEURON_RT_VISIBLE_CORES wherever it
+    holds neuron_cores (Ray's Neuron accelerator manager sets it whatever runs there: the tests place cpu
+    replicas on declared cores)."""
+    found = [asks.backend.visible_devices_env] if asks.backend.visible_devices_env else []
+    if NEURON_CORES in ask.devices:
+        found.append(VISIBLE_CORES_ENV)
+    return tuple(dict.fromkeys(found))
+
+
+def _tower(config: ServiceConfig, asks: Plan, tower: str, model: str, name: str, ask: ReplicaAsk, replicas: int,
+           fewest: int, largest_bucket: int, threads: int | None, autoscaling: dict[str, Any] | None) -> TowerPlan:
+    options = ask.actor_options()
+    # Nothing read from the model's files: the plan is made in the builder, on the head, which may not see
+    # them. The backend's own environment (neuron-native: the artifact's recipe) is set by the replica
+    # itself, before it imports torch (serve/towers/replica_start.py); a config env_var that contradicts it is
+    # refused there, naming both.
+    env_vars = {**extra_backends_env(), **config.tower_mode_env(), **tracing.replica_env(config.tracing),
+                **config.env_vars}
+    if env_vars:
+        options["runtime_env"] = {"env_vars": env_vars}
+    deployment = DeploymentPlan(
+        name=name,
+        # Serve takes either a count or an autoscaling_config (ray/serve/api.py deployment()).
+        num_replicas=None if autoscaling else replicas,
+        autoscaling_config=autoscaling,
+        ray_actor_options=options,
+        # No max_queued_requests: what waits is bounded in the ingress, by the requests it works on
+        # (serve/ingress/front_door.py) and the calls its clients keep in flight (serve/ingress/tower_client.py).
+        max_ongoing_requests=max_ongoing(largest_bucket),
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        # Scale-in drains too: Serve stops routing to the replica, waits while it still has calls
+        # (graceful_shutdown_wait_loop_s, default 2 s) up to this timeout, then kills it.
+        graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
+    )
+    return TowerPlan(tower=tower, model=model, deployment=deployment, ask=ask, replicas=replicas, min_replicas=fewest,
+                     min_ready=min(config.min_ready_replicas, replicas, fewest), largest_bucket=largest_bucket,
+                     torch_threads=threads, visible_devices_env=visible_devices_env(asks, ask))
+
+
+def _ingress(config: ServiceConfig, image_replicas: int) -> IngressPlan:
+    count = cpu_plan.ingress_replicas_for(config, image_replicas)
+    scaling = config.ingress_autoscaling
+    limits = front_door_limits(config, image_replicas, count)
+    options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
+    # Where to find a backend registered at run time too: the ingress asks its record (host cores or not).
+    if env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing), **extra_backends_env()}:
+        options["runtime_env"] = {"env_vars": env}
+    autoscaling = None
+    if scaling is not None:
+        autoscaling = {**scaling.model_dump(exclude={"target_busy_cores"}), "policy": policy(scaling.target_busy_cores)}
+    # Every request the ingress may hold reaches its handler, whose places (serve/ingress/front_door.py) say 503 in
+    # the contract's JSON; past those, Serve's proxy holds as many again, then answers its own 503. Not
+    # fewer: under HAProxy a replica counts each arriving request as queued until it takes a slot
+    # (ray/serve/_private/replica.py, _track_queued_request), so a small bound here would refuse part of a
+    # burst HAProxy already bounded.
+    held = limits.max_ongoing_requests + limits.max_queued_requests
+    deployment = DeploymentPlan(name="Ingress", num_replicas=None if autoscaling else count,
+                                autoscaling_config=autoscaling, ray_actor_options=options,
+                                max_ongoing_requests=held, max_queued_requests=held)
+    return IngressPlan(deployment=deployment, ask=ReplicaAsk(num_cpus=config.ingress_num_cpus), replicas=count,
+                       max_replicas=scaling.max_replicas if scaling is not None else count, limits=limits)
+
+
+def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: str) -> ModelPlan:
+    """One served model's towers; `suffix` names its deployments apart from the other models' ("" for the
+    one model of a config without `models:`, whose deployments keep their plain names)."""
+    config = served.config
+    asks = plan(config)
+    replicas = image_replicas(config, asks, resources)
+    fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
+    image = _tower(config, asks, "image", served.name, f"Encoder{suffix}", asks.image, replicas, min(fewest, replicas),
+                   config.max_batch_size, cpu_plan.image_torch_threads(config, replicas), _autoscaling(config))
+    texts = config.text_replica_count
+    text = (_tower(config, asks, "text", served.name, f"TextEncoder{suffix}", asks.text, texts, texts,
+                   config.text_buckets[-1], cpu_plan.text_torch_threads(config), None) if texts else None)
+    return ModelPlan(name=served.name, model=config.model, backend=config.backend, image=image, text=text)
+
+
+def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = None) -> ServicePlan:
+    """The plan of `config` on a Ray cluster whose totals are `resources` (None: none yet)."""
+    served = served_models(config)
+    several = len(config.models) > 0
+    if several and (auto := [m.name for m in served if m.config.replica_setting == "auto"]):
+        raise ConfigError(f"models {', '.join(auto)}: with several models name each one's replicas (or its "
+                          "autoscaling): `auto` would give every model the whole cluster")
+    models = tuple(_model(model, resources, f"-{model.name}" if several else "") for model in served)
+    # The ingress serves every model: its share of all their image replicas' calls, sized as the default
+    # model's (whose config holds the service's own settings, as every model's does).
+    replicas = sum(model.image.replicas for model in models)
+    return ServicePlan(models=models, ingress=_ingress(served[0].config, replicas))

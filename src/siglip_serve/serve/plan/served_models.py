@@ -1,0 +1,90 @@
+"""The models one service serves, by the name a request's `model` gives: the config's `models:` entries, or
+the one model of a config without them (named by its `model`).
+
+An entry is `name` and that model's own settings over the service's (the top-level ones): what to load and
+how (model, weights, backend, buckets, artifact, tokenizer) and its share of the cluster (replicas,
+autoscaling, text_replicas, CPUs and NeuronCores per replica, env_vars). Every entry becomes a full
+ServiceConfig, validated as one, so a model is configured exactly as a service of its own would be; the
+front door, the ingress, its limits and the cache stay the service's. Worked out once, at start, by the
+planner (serve/plan/planner.py), which names each model's deployments after it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from siglip_serve.core.errors import describe_validation
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+
+# What an entry may set: the model itself and its towers' placement. Everything else is the service's.
+PER_MODEL: frozenset[str] = frozenset(ModelSettings.model_fields) | {
+    "replicas", "neuron_cores_per_replica", "encoder_num_cpus", "autoscaling", "text_replicas", "text_num_cpus",
+    "env_vars", "min_ready_replicas", "batch_wait_timeout_s", "device_jpeg_decode", "fast_jpeg_decode",
+    "allow_dimension_truncation",
+}
+# A name goes into deployment names, URLs' query strings and metric labels as it is.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+class ServedModel(BaseModel):
+    """One model of the service: the name requests use, and its whole config."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    config: ServiceConfig
+
+
+def served_models(config: ServiceConfig) -> tuple[ServedModel, ...]:
+    """Every model `config` serves, the default first; ConfigError naming the entry and key at fault."""
+    if not config.models:
+        if config.default_model not in (None, config.model):
+            raise ConfigError(f"default_model {config.default_model!r} is not a served model; this service serves "
+                              f"{config.model!r} (several models: list them under models:)")
+        return (ServedModel(name=config.model, config=config),)
+    shared = config.model_dump(exclude_unset=True, exclude={"models", "default_model"})
+    served: list[ServedModel] = []
+    for index, entry in enumerate(config.models):
+        served.append(_entry(index, entry, shared, [model.name for model in served]))
+    names = [model.name for model in served]
+    default = config.default_model or names[0]
+    if default not in names:
+        raise ConfigError(f"default_model {default!r} is none of the models: {', '.join(names)}")
+    return tuple(sorted(served, key=lambda model: model.name != default))
+
+
+def _entry(index: int, entry: dict[str, Any], shared: dict[str, Any], taken: list[str]) -> ServedModel:
+    where = f"models[{index}]"
+    name = entry.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ConfigError(f"{where}.name: give each model a name of letters, digits, '.', '_' or '-' (at most 63), "
+                          f"the name requests' `model` uses; got {name!r}")
+    if name in taken:
+        raise ConfigError(f"{where}.name: {name!r} is named twice")
+    unknown = sorted(set(entry) - PER_MODEL - {"name"})
+    if unknown:
+        raise ConfigError(f"{where} ({name}): {', '.join(unknown)} belong to the service, not one model; set them "
+                          f"beside models:, or per model only {', '.join(sorted(PER_MODEL))}")
+    own = {key: value for key, value in entry.items() if key != "name"}
+    try:
+        config = ServiceConfig.model_validate({**shared, **own})
+    except ValidationError as exc:
+        raise ConfigError(f"{where} ({name}): {describe_validation(exc.errors(), 'config')}") from None
+    return ServedModel(name=name, config=config)
+
+
+def served_model(config: ServiceConfig, name: str | None) -> ServedModel:
+    """The model `name` of `config` (None: its default); ConfigError naming the served ones."""
+    served = served_models(config)
+    if name is None:
+        return served[0]
+    found = [model for model in served if model.name == name]
+    if not found:
+        raise ConfigError(f"model {name!r} is not served by this config; it serves "
+                          f"{', '.join(repr(model.name) for model in served)}")
+    return found[0]
+

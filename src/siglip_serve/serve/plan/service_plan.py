@@ -1,0 +1,151 @@
+"""The service's plan: what a configuration becomes once, before anything is built, as data.
+
+serve/plan/planner.py makes it (`plan_service`); the application (serve/app.py), the cluster check
+(serve/plan/cluster_fit.py), the replicas, the ingress's front door and tower links, `siglip-serve run` (its
+Ray's size) and the benchmarks read its fields, and `siglip-serve run --print-plan` shows it as JSON.
+Each deployment's part is named as Serve names it (Ray Serve's `DeploymentSchema`, ray/serve/schema.py):
+a count or an autoscaling config, `ray_actor_options` (resources and runtime_env), `max_ongoing_requests`,
+graceful timeouts; beside it what Serve does not take: torch threads, readiness floors, the front door's
+limits. Models are a list, one per served model (one today). Torch-free: the ingress reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from siglip_serve.core.constants import NEURON_CORES
+from siglip_serve.core.front_door import FrontDoorLimits
+
+GPU = "GPU"
+
+
+def image_devices(backend_resources: Mapping[str, float], neuron_cores_per_replica: int | None) -> dict[str, float]:
+    """The device resources one image replica holds: its backend's (the record's resources), with
+    `neuron_cores_per_replica`, where set, as its NeuronCores on any backend (the tests place cpu
+    replicas on a cluster's declared cores that way; 0 holds none)."""
+    devices = dict(backend_resources)
+    if neuron_cores_per_replica is not None:
+        devices[NEURON_CORES] = neuron_cores_per_replica
+    return {name: amount for name, amount in devices.items() if amount}
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplicaAsk(_Data):
+    """What one replica (or bulk actor) asks Ray for: CPUs and its backend's device resources."""
+
+    num_cpus: float
+    devices: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def device(self) -> str | None:
+        """The device resource it holds (what `replicas: auto` counts), or None on CPUs alone."""
+        return next(iter(self.devices), None)
+
+    def actor_options(self) -> dict[str, Any]:
+        # Ray takes GPUs as num_gpus and refuses "GPU" or "CPU" inside `resources`
+        # (ray/_common/ray_option_utils.py, _validate_resources).
+        options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if GPU in self.devices:
+            options["num_gpus"] = self.devices[GPU]
+        if others := {k: v for k, v in self.devices.items() if k != GPU}:
+            options["resources"] = others
+        return options
+
+
+class DeploymentPlan(_Data):
+    """What `serve.deployment` takes for one deployment: a count or `autoscaling_config`, never both."""
+
+    name: str
+    num_replicas: int | None = None
+    autoscaling_config: dict[str, Any] | None = None
+    ray_actor_options: dict[str, Any]
+    max_ongoing_requests: int
+    max_queued_requests: int | None = None
+    graceful_shutdown_timeout_s: float | None = None
+    health_check_period_s: float | None = None
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments of `serve.deployment`; what is unset stays Serve's default."""
+        return self.model_dump(exclude_none=True)
+
+
+class TowerPlan(_Data):
+    """One tower's deployment (image or text) and what its replicas and the ingress's link read."""
+
+    tower: str
+    model: str  # the served model's name (what requests' `model` names), which its replicas publish
+    deployment: DeploymentPlan
+    ask: ReplicaAsk
+    replicas: int  # the most it runs (autoscaled: max_replicas): what the ingress admits and coalesces for
+    min_replicas: int  # the fewest (a fixed count: all of them)
+    min_ready: int  # warm replicas that make it ready (/readyz)
+    largest_bucket: int
+    torch_threads: int | None  # each replica's (None: the backend's own default)
+    # The variables Ray sets to the devices a replica holds (NEURON_RT_VISIBLE_CORES, CUDA_VISIBLE_DEVICES).
+    visible_devices_env: tuple[str, ...] = ()
+
+
+class IngressPlan(_Data):
+    deployment: DeploymentPlan
+    ask: ReplicaAsk
+    # A fixed count, or the autoscaling floor: what each ingress plans its share of the tower calls for
+    # (scaled out, the towers get more calls than they need, never fewer).
+    replicas: int
+    max_replicas: int
+    limits: FrontDoorLimits  # per ingress replica (serve/ingress/front_door.py, HAProxy's maxconn and queue)
+
+
+class ModelPlan(_Data):
+    """One served model: its towers on its own replicas."""
+
+    name: str  # what requests' `model` names
+    model: str  # the open_clip model it runs
+    backend: str
+    image: TowerPlan
+    text: TowerPlan | None = None
+
+    @property
+    def towers(self) -> dict[str, TowerPlan]:
+        return {"image": self.image, **({"text": self.text} if self.text is not None else {})}
+
+
+class ServicePlan(_Data):
+    models: tuple[ModelPlan, ...]
+    ingress: IngressPlan
+
+    @property
+    def model(self) -> ModelPlan:
+        """The default model (the first): it answers requests that name none."""
+        return self.models[0]
+
+    def named(self, name: str) -> ModelPlan:
+        return next(model for model in self.models if model.name == name)
+
+    def towers(self) -> list[TowerPlan]:
+        return [tower for model in self.models for tower in model.towers.values()]
+
+    def needs(self, most: bool = False) -> dict[str, float]:
+        """CPUs and device resources every replica together asks Ray for: at the fewest each deployment runs
+        (a fixed count: all), or with `most` at the most autoscaling may add."""
+        total: dict[str, float] = {}
+
+        def add(ask: ReplicaAsk, count: int) -> None:
+            total["CPU"] = total.get("CPU", 0.0) + count * ask.num_cpus
+            for device, amount in ask.devices.items():
+                total[device] = total.get(device, 0.0) + count * amount
+
+        for tower in self.towers():
+            add(tower.ask, tower.replicas if most else tower.min_replicas)
+        add(self.ingress.ask, self.ingress.max_replicas if most else self.ingress.replicas)
+        return total
+
+    def shortfalls(self, have: Mapping[str, float], most: bool = False) -> dict[str, tuple[float, float]]:
+        """Resource -> (asked, declared) for each the cluster's totals `have` cannot hold."""
+        return {name: (asked, have.get(name, 0.0)) for name, asked in self.needs(most).items()
+                if asked > have.get(name, 0.0) + 1e-9}

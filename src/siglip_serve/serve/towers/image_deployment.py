@@ -1,0 +1,91 @@
+"""The image tower's replica: one per logical NeuronCore (or per configured CPU/GPU worker), as the plan says.
+
+Requests arrive as uint8 chunks of at most the largest bucket's images (or JPEG files, decoded on
+the device); serve/towers/tower_replica.py gathers chunks from many requests into one forward pass of the
+model's buckets, as for the text tower.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
+from siglip_serve.models.device_decode import JpegFiles
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.service_plan import TowerPlan
+from siglip_serve.serve.shared import registry
+from siglip_serve.serve.shared.metrics import TowerMetrics
+from siglip_serve.serve.shared.replica_logging import configure_replica_logging
+from siglip_serve.serve.towers.replica_start import start_tower
+from siglip_serve.serve.towers.start_marks import BUILD, StartMarks
+from siglip_serve.serve.towers.tower_replica import TowerReplica, refusal_recorder, split_rows
+
+log = logging.getLogger("siglip_serve.encoder")
+
+
+class ImageReplica(TowerReplica):
+    """The image tower; published (serve/shared/registry.py) once warm with the cores it sees."""
+
+    def __init__(self, config: ServiceConfig, plan: TowerPlan) -> None:
+        start = StartMarks.at_constructor()
+        configure_replica_logging(config.log_level)
+        settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})
+
+        def build() -> Any:
+            # Imported here, not at module level: the ingress imports this module too, and torch would add
+            # seconds to its start; and the backend's environment must be set before torch is imported.
+            from siglip_serve.models.backends.implementation import create_encoder
+
+            start.imported(settings.backend)
+            return create_encoder(settings)
+
+        tower = start_tower("image encoder replica", settings, build, config.env_vars, refusal_recorder("image"))
+        start.mark(BUILD)
+        from siglip_serve.models.encoder import EncoderInputError
+
+        self._input_error = EncoderInputError
+        super().__init__(config, tower, TowerMetrics(plan.model, tower="image"), start)
+        # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
+        held: dict[str, str | None] = {registry.SERVED_AS: plan.model}
+        held.update({name.lower(): os.environ.get(name) for name in plan.visible_devices_env})
+        if VISIBLE_CORES_ENV in plan.visible_devices_env or LNC_ENV in os.environ:
+            held["neuron_logical_nc_config"] = os.environ.get(LNC_ENV)
+        self.publish(held)
+        log.info("encoder replica ready: %s", self.info)
+
+    def refusal(self, chunk: Any) -> Exception | None:
+        if isinstance(chunk, JpegFiles):
+            return None  # checked as it is decoded on the device
+        try:
+            self.tower.check_input(chunk)
+        except self._input_error as exc:
+            return exc
+        return None
+
+    def encode_chunks(self, chunks: list[Any]) -> list[Any]:
+        """One forward pass over the chunks (JPEG files decoded on the model's device first): each
+        chunk's embeddings, or the decode error that chunk alone failed with."""
+        if not any(isinstance(chunk, JpegFiles) for chunk in chunks):
+            embeddings = self.tower.encode(np.concatenate(chunks), self.metrics.forward)
+            return split_rows(embeddings, [len(chunk) for chunk in chunks])
+        import torch
+
+        from siglip_serve.models.device_decode import DeviceDecodeError, decode_resize
+        from siglip_serve.models.image_errors import CorruptImage
+
+        device = self.tower.device
+        pixels: list[Any] = []
+        for chunk in chunks:
+            try:
+                pixels.append(decode_resize(chunk.files, self.tower.image_size, device)
+                              if isinstance(chunk, JpegFiles) else torch.from_numpy(chunk).to(device))
+            except DeviceDecodeError:
+                pixels.append(CorruptImage("image data is truncated or corrupt"))
+        good = [p for p in pixels if not isinstance(p, Exception)]
+        embeddings = self.tower.encode(torch.cat(good), self.metrics.forward) if good else None
+        parts = iter(split_rows(embeddings, [len(p) for p in good]) if good else [])
+        return [p if isinstance(p, Exception) else next(parts) for p in pixels]

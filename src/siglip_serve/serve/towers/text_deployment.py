@@ -1,0 +1,49 @@
+"""The text tower's replica: SigLIP's text tower in replicas of its own (serve/towers/tower_replica.py).
+
+Texts are cheap next to images, and a separate deployment gives them a separate Serve queue: a burst
+of images never delays a text, and a burst of texts never delays an image. The ingress checks every
+text (empty, too long, too many) before it gets here; tokenizing happens here, per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.service_plan import TowerPlan
+from siglip_serve.serve.shared import registry
+from siglip_serve.serve.shared.metrics import TowerMetrics
+from siglip_serve.serve.shared.replica_logging import configure_replica_logging
+from siglip_serve.serve.towers.replica_start import start_tower
+from siglip_serve.serve.towers.start_marks import BUILD, StartMarks
+from siglip_serve.serve.towers.tower_replica import TowerReplica, refusal_recorder, split_rows
+
+log = logging.getLogger("siglip_serve.text")
+
+
+class TextReplica(TowerReplica):
+    """The text tower and its tokenizer; its published record (context length, buckets, tokenizer, the
+    zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
+
+    def __init__(self, config: ServiceConfig, plan: TowerPlan) -> None:
+        start = StartMarks.at_constructor()
+        configure_replica_logging(config.log_level)
+        settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})
+
+        def build() -> Any:
+            # torch: in the replica only, after the backend's environment is set (serve/towers/replica_start.py).
+            from siglip_serve.models.backends.implementation import create_text_encoder
+
+            start.imported(settings.backend)
+            return create_text_encoder(settings)
+
+        tower = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
+        start.mark(BUILD)
+        super().__init__(config, tower, TowerMetrics(plan.model, tower="text"), start)
+        self.publish({registry.SERVED_AS: plan.model})
+        log.info("text encoder replica ready: %s", self.info)
+
+    def encode_chunks(self, chunks: list[Any]) -> list[Any]:
+        embeddings = self.tower.encode([text for chunk in chunks for text in chunk], self.metrics.forward)
+        return split_rows(embeddings, [len(chunk) for chunk in chunks])

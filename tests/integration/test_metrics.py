@@ -39,6 +39,8 @@ APP = "metrics"
 ROUTE = "/metrics-app"
 KEY = "metrics-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# The key's own lane (interactive), then the default and the bulk lane, as X-Priority moves a request down.
+LANE_PRIORITIES: list[dict[str, str]] = [{}, {"X-Priority": "1"}, {"X-Priority": "2"}]
 MAX_IMAGES = 4
 LOAD_SECONDS = 6.0
 LOAD_THREADS = 4
@@ -186,12 +188,15 @@ def test_neuron_monitor_config_collects_what_the_dashboard_reads() -> None:
 # -- the integration: app + load + Prometheus ---------------------------------------------------
 
 @pytest.fixture(scope="module")
-def metrics_app(serve_cluster: ServeCluster) -> Iterator[str]:
-    """tiny-siglip, 2 CPU encoder replicas (the test cluster's neuron_cores belong to main_app)."""
+def metrics_app(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """tiny-siglip, 2 CPU encoder replicas (the test cluster's neuron_cores belong to main_app); its one key a
+    tenant of the interactive lane, so the load can travel in every lane (LANE_PRIORITIES)."""
     from ray import serve
 
+    keys = tmp_path_factory.mktemp("keys") / "keys.toml"
+    keys.write_text(f'[[keys]]\nname = "metrics"\nkey = "{KEY}"\nlane = "interactive"\n')
     deploy(APP, ROUTE, replicas=2, neuron_cores_per_replica=0, encoder_num_cpus=0.5, torch_threads=1,
-           batch_wait_timeout_s=0.01, max_images_per_request=MAX_IMAGES, api_key=KEY)
+           batch_wait_timeout_s=0.01, max_images_per_request=MAX_IMAGES, api_keys_file=str(keys))
     try:
         yield serve_cluster.base_url + ROUTE
     finally:
@@ -287,7 +292,9 @@ def traffic(serve_cluster: ServeCluster, metrics_app: str, prometheus: Prometheu
     stop_at = time.monotonic() + LOAD_SECONDS
 
     def load(worker: int) -> None:
-        with httpx.Client(base_url=metrics_app, headers=AUTH, timeout=60) as client:
+        # Each worker in a lane of its own (the key's, then moved down by X-Priority), so every lane's panel has data.
+        lane = LANE_PRIORITIES[worker % len(LANE_PRIORITIES)]
+        with httpx.Client(base_url=metrics_app, headers={**AUTH, **lane}, timeout=60) as client:
             i = worker
             while time.monotonic() < stop_at:
                 endpoint, send, images = kinds[i % len(kinds)]

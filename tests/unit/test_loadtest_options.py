@@ -4,6 +4,7 @@ what Locust's side parses from the command line it is handed, and each flag mean
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,18 @@ def test_each_flag_means_one_thing() -> None:
     assert parse_duration("90") == parse_duration("1m30s") == 90.0 and parse_duration("2.5") == 2.5
     with pytest.raises(argparse.ArgumentTypeError):
         parse_duration("soon")
+
+
+def test_a_load_test_is_a_backfill_and_the_mixed_scenario_adds_interactive_users(tmp_path: Path) -> None:
+    args = cli.build_parser().parse_args([])
+    assert args.priority == 2  # the bulk lane (core/lanes.py)
+    assert locust_side(locust_arguments(args)).priority == 2
+    command = cli.locust_command(args, tmp_path)
+    assert command[-1] == "SiglipUser" and "InteractiveUser" not in command
+    mixed = cli.build_parser().parse_args(["--users", "32", "--interactive-users", "2"])
+    command = cli.locust_command(mixed, tmp_path)
+    assert command[-2:] == ["SiglipUser", "InteractiveUser"]
+    assert command[command.index("--users") + 1] == "34"
+    table = cli.format_lanes({"interactive": {"users": 2, "requests_per_second": 50.0, "images_per_second": 50.0,
+                                              "p50_ms": 20, "p99_ms": 40, "failures": 0}})
+    assert "interactive" in table and "40" in table

@@ -65,18 +65,35 @@ def limits_path(directory: str | Path, backend: str) -> Path:
     return Path(directory) / f"{backend}.json"
 
 
-def write_limits(limits: FrontDoorLimits, app_name: str, directory: str | None = None) -> Path | None:
+def lane_map_path(directory: str | Path, backend: str) -> Path:
+    """HAProxy's map of each API key's sha256 to its default lane (core/lanes.py), beside the limits."""
+    return Path(directory) / f"{backend}.lanes.map"
+
+
+def write_limits(limits: FrontDoorLimits, app_name: str, directory: str | None = None,
+                 lane_map: str | None = None) -> Path | None:
     """Write `limits` for `app_name`'s backend into the limits directory (None: the environment's; unset:
-    nothing). Atomically: HAProxy's stand-in may read it at any moment."""
+    nothing), and `lane_map` (serve/shared/tenants.py; None: no keys file, so none). Atomically: HAProxy's stand-in
+    may read them at any moment."""
     directory = directory if directory is not None else os.environ.get(LIMITS_DIR_ENV)
     if not directory:
         return None
-    path = limits_path(directory, haproxy_backend_name(app_name))
+    backend = haproxy_backend_name(app_name)
+    path = limits_path(directory, backend)
     path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
-    scratch.write_text(limits.to_json())
-    scratch.replace(path)
+    maps = lane_map_path(directory, backend)
+    if lane_map is not None:
+        _write_atomically(maps, lane_map)
+    else:
+        maps.unlink(missing_ok=True)
+    _write_atomically(path, limits.to_json())
     return path
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_text(text)
+    scratch.replace(path)
 
 
 def read_limits(directory: str | Path, backend: str) -> FrontDoorLimits | None:

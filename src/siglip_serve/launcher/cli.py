@@ -160,6 +160,8 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
                 **option_values(args, SERVICE_OPTIONS)}
     if args.api_key_file:  # the replicas' working directory is not ours
         settings["api_key_file"] = os.path.abspath(args.api_key_file)
+    if settings.get("api_keys_file"):
+        settings["api_keys_file"] = os.path.abspath(settings["api_keys_file"])
     return settings
 
 

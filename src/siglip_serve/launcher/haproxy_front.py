@@ -58,8 +58,10 @@ from siglip_serve.core.front_door import (
     LIMITS_DIR_ENV,
     REQUEST_START_HEADER,
     FrontDoorLimits,
+    lane_map_path,
     read_limits,
 )
+from siglip_serve.core.lanes import LANE_STEP_S, PRIORITY_HEADER, Lane, queue_share
 
 ENABLE_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
@@ -164,9 +166,36 @@ def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
              # No server at all: not ready (the defaults' page), before the queue's 503 could say overloaded.
              f"    http-request return status 503 errorfile {error_dir / '503.http'} if {{ nbsrv() eq 0 }}",
              f"    http-request return status 503 errorfile {page} if !{_PROBE} "
-             f"{{ avg_queue() ge {limits.max_queued_requests} }}"]
+             f"{{ avg_queue() ge {limits.max_queued_requests} }}",
+             *_lane_rules(limits, page, lane_map_path(limits_dir, words[1]))]
     lines = [_with_maxconn(line, limits) for line in body.split("\n")]
     return header + "\n" + "\n".join(rules) + "\n" + "\n".join(lines)
+
+
+_LANE = "txn.siglip_lane"
+
+
+def _lane_rules(limits: FrontDoorLimits, page: Path, lane_map: Path) -> list[str]:
+    """The request's lane (core/lanes.py) as the ingress reckons it before the body: its key's default lane
+    (the map the ingress wrote from the keys file: sha256 of the bearer token -> lane; default without one),
+    moved down, never up, by X-Priority. Then its place in the queue: the lane's offset to its arrival
+    (`set-priority-offset`, milliseconds: HAProxy's manual, "http-request set-priority-offset"), and a lower
+    lane refused once the queue holds its share (the rule before sheds every lane at the whole bound)."""
+    step_ms = round(LANE_STEP_S * 1000)
+    header = f"req.hdr({PRIORITY_HEADER})"
+    rules = [f"    http-request set-var({_LANE}) int({int(Lane.DEFAULT)})"]
+    if lane_map.is_file():
+        rules.append(f"    http-request set-var({_LANE}) http_auth_bearer,sha2(256),hex,lower,"
+                     f"map_str_int({lane_map},{int(Lane.DEFAULT)})")
+    for lane in (Lane.DEFAULT, Lane.BULK):
+        asks = f"{{ {header} -m int {'ge' if lane == Lane.BULK else 'eq'} {int(lane)} }}"
+        rules.append(f"    http-request set-var({_LANE}) int({int(lane)}) if {asks} "
+                     f"{{ var({_LANE}) -m int lt {int(lane)} }}")
+    rules.append(f"    http-request set-priority-offset var({_LANE}),mul({step_ms})")
+    for lane in (Lane.DEFAULT, Lane.BULK):
+        rules.append(f"    http-request return status 503 errorfile {page} if !{_PROBE} {{ var({_LANE}) -m int eq "
+                     f"{int(lane)} }} {{ avg_queue() ge {queue_share(lane, limits.max_queued_requests)} }}")
+    return rules
 
 
 def _with_maxconn(line: str, limits: FrontDoorLimits) -> str:

@@ -174,6 +174,11 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     # After ray.init: Ray's core worker installs a SIGTERM handler that aborts the process.
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    if config.api_keys_file is not None:
+        keys_file = config.api_keys_file
+        # The ingress replicas read the keys file again when its modification time changes (serve/shared/tenants.py):
+        # SIGHUP marks it changed, the usual "reload your configuration" signal of a daemon.
+        signal.signal(signal.SIGHUP, lambda *_: os.utime(keys_file))
     try:
         from siglip_serve.serve.shared import registry
 

@@ -12,6 +12,7 @@ was breached, 2 the test could not run.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -118,7 +119,9 @@ def locust_command(args: argparse.Namespace, out: Path) -> list[str]:
            "--exit-code-on-error", "0",
            "--results-json", str(out / "results.json"), *locust_arguments(args)]
     if not args.step_users:
-        cmd += ["--users", str(args.users)]
+        cmd += ["--users", str(args.users + args.interactive_users)]
+    # The user classes: the backfill's, and the interactive users' only in the mixed scenario (a fixed count).
+    cmd += ["SiglipUser", *(["InteractiveUser"] if args.interactive_users else [])]
     if args.run_time:
         cmd += ["--run-time", f"{int(args.run_time)}s"]
     if args.processes:
@@ -152,6 +155,16 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     settings["api_key"] = bool(args.api_key)
     settings["shape"] = "step" if args.step_users else "constant"
     return settings
+
+
+def format_lanes(lanes: dict[str, dict[str, Any]]) -> str:
+    """The mixed scenario's table: each lane's users, p50/p99 and throughput."""
+    lines = [f"{'lane':<14} {'users':>5} {'req/s':>8} {'img/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'fail':>6}"]
+    for lane, row in lanes.items():
+        lines.append(f"{lane:<14} {row['users']:>5} {row['requests_per_second']:>8.1f} "
+                     f"{row['images_per_second']:>8.1f} {row['p50_ms'] or 0:>8.0f} {row['p99_ms'] or 0:>8.0f} "
+                     f"{row['failures']:>6}")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
         summary.exit_code = EXIT_ERROR
     summary.write(out / "summary.json")
     print(format_summary(summary))
+    if (lanes := out / "lanes.json").exists():
+        print(format_lanes(json.loads(lanes.read_text())))
     print(f"summary: {out / 'summary.json'}   report: {out / 'locust.html'}")
     return summary.exit_code
 

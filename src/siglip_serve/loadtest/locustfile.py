@@ -17,9 +17,11 @@ from locust import FastHttpUser, constant, events, task  # isort: skip
 from locust import runners  # isort: skip
 from locust.runners import MasterRunner, WorkerRunner  # isort: skip
 
+import json
 import logging
 import random
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -73,6 +75,7 @@ def _init(environment: Any, **_kw: Any) -> None:
     if options is None:  # Locust used as a library without our parser
         return
     name = request_name(options.endpoint, options.images_per_request)
+    InteractiveUser.fixed_count = options.interactive_users  # beside them, the backfill takes the other users
     if not isinstance(environment.runner, WorkerRunner):
         Setup.recorder = Recorder(environment, name, METHOD, options.images_per_request,
                                   progress_every_s=options.progress_every)
@@ -139,10 +142,35 @@ def _quitting(environment: Any, **_kw: Any) -> None:
         Setup.recorder.write(options.results_json)
     if Setup.recorder is not None and options is not None and options.csv_prefix:
         rewrite_final_csv(environment, options.csv_prefix)
+    if Setup.recorder is not None and options is not None and options.results_json and options.interactive_users:
+        _write_lanes(environment, Path(options.results_json).with_name("lanes.json"))
+
+
+def _write_lanes(environment: Any, path: Path) -> None:
+    """Each lane's requests, failures, p50/p99 and throughput (the mixed scenario), from Locust's own stats."""
+    options = environment.parsed_options
+    label = request_name(options.endpoint, options.images_per_request)
+    lanes = {}
+    for lane, name in (("interactive", f"{label} {INTERACTIVE}"), (f"priority {options.priority}", label)):
+        entry = environment.stats.get(name, METHOD)
+        ok = entry.num_requests - entry.num_failures
+        users = options.interactive_users if lane == INTERACTIVE else options.num_users - options.interactive_users
+        lanes[lane] = {"users": users,
+                       "requests": entry.num_requests, "failures": entry.num_failures,
+                       "p50_ms": entry.get_response_time_percentile(0.5),
+                       "p99_ms": entry.get_response_time_percentile(0.99),
+                       "requests_per_second": entry.total_rps,
+                       "images_per_second": entry.total_rps * options.images_per_request * ok
+                       / max(entry.num_requests, 1)}
+    path.write_text(json.dumps(lanes, indent=2))
+
+
+INTERACTIVE = "interactive"
 
 
 class SiglipUser(FastHttpUser):
-    """A closed-loop client: posts the next body as soon as the previous answer is checked."""
+    """A closed-loop client: posts the next body as soon as the previous answer is checked, in the lane
+    --priority asks for (bulk by default)."""
 
     wait_time = constant(0)
     network_timeout = 120.0
@@ -156,6 +184,7 @@ class SiglipUser(FastHttpUser):
             return
         options = self.environment.parsed_options
         self.request_label = request_name(options.endpoint, options.images_per_request)
+        self.priority = options.priority
         self.encoding = options.encoding_format if options.endpoint == "json" else "float"
         # Users start at different bodies so concurrent requests carry different images.
         self.next_body = random.randrange(len(Setup.bodies))
@@ -166,7 +195,7 @@ class SiglipUser(FastHttpUser):
         self.next_body = (self.next_body + 1) % len(Setup.bodies)
         request_id = uuid.uuid4().hex
         headers = {**Setup.headers, "Content-Type": body.content_type, "X-Request-ID": request_id,
-                   "Accept": "application/json"}
+                   "Accept": "application/json", "X-Priority": str(self.priority)}
         with self.client.request(METHOD, body.path, name=self.request_label, data=body.data,  # type: ignore[arg-type]  # bytes work
                                  headers=headers,
                                  catch_response=True) as response:
@@ -182,3 +211,13 @@ class SiglipUser(FastHttpUser):
                 response.success()
             else:
                 response.failure(reason)
+
+
+class InteractiveUser(SiglipUser):
+    """The mixed scenario's interactive users (--interactive-users): X-Priority 0, counted under their own name.
+    `siglip-serve loadtest` picks this class only with --interactive-users (loadtest/cli.py)."""
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.request_label = f"{self.request_label} {INTERACTIVE}"
+        self.priority = 0

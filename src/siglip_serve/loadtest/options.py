@@ -59,6 +59,11 @@ OPTIONS: tuple[Option, ...] = (
                                               "client to parse)", ("float", "base64")),
     Option("--expect-dim", int, 0, "expected embedding dimension (0: read from GET /v1/models)"),
     Option("--progress-every", float, 5.0, "seconds between progress lines"),
+    # A load test is a backfill: it must not push real users' queries aside (docs/http-api.md, Lanes).
+    Option("--priority", int, 2, "X-Priority of the users' requests: 2 and above the bulk lane (default 2), "
+                                 "1 default, 0 interactive (moves down from the key's lane, never up)"),
+    Option("--interactive-users", int, 0, "mixed scenario: this many more users at X-Priority 0 beside the "
+                                          "others (a backfill); each lane's p50/p99 and throughput in lanes.json"),
     # The step shape (loadtest/stepshape.py): it finds the saturation point.
     Option("--step-users", int, 0, "users added each step; turns the step shape on (0: constant load)"),
     Option("--step-time", parse_duration, 30.0, "seconds per step"),

@@ -52,6 +52,12 @@ _URL_TEXT = "an http(s) URL the service fetches where url_fetch_allowlist allows
 ImageString = Annotated[str, Field(description=f"{_IMAGE_TEXT}, or {_URL_TEXT}",
                                    json_schema_extra={"format": IMAGE_FORMAT})]
 ModelName = Annotated[str | None, Field(description="optional; must name the served model")]
+# vLLM's and Cohere's `priority` (lower is earlier); here it can only move the request down from its key's
+# lane (core/lanes.py), so Cohere's default of 0 changes nothing.
+Priority = Annotated[int | None, Field(ge=0, le=999, description=(
+    "lower is handled earlier, as vLLM's and Cohere's: 0 the interactive lane, 1 the default lane, 2 and above "
+    "the bulk lane; the request's lane is the later of this and its API key's (a request can only move itself "
+    "down); also the X-Priority header"))]
 CACHE_TEXT = "false: neither read nor fill the embedding cache (embedding_cache_mib) for this request"
 # For the document only: an empty list is refused by the reading functions, with a message naming the field.
 NON_EMPTY: dict[str, Any] = {"minItems": 1}
@@ -106,6 +112,7 @@ class EmbeddingsRequest(BaseModel):
                                                             "truncation")
     # Named in the request rather than inferred, so a client can skip serve/ingress/embedding_cache.py for one call.
     cache: bool = Field(True, description=CACHE_TEXT)
+    priority: Priority = None
 
     def encoding(self) -> Encoding:
         """`encoding_format`, or `embedding_types` as its alias; float when neither is given."""
@@ -223,6 +230,7 @@ class CohereEmbedRequest(BaseModel):
         None, description="accepted; no effect on SigLIP")
     embedding_types: list[Encoding] = Field(default_factory=_float_only, min_length=1)
     output_dimension: int | None = Field(None, ge=1)
+    priority: Priority = None
     # NONE (an error instead) and START are refused: the tokens are counted only in the replica.
     truncate: Literal["END"] | None = Field(None, description="texts are cut at the end, as open_clip")
     cache: bool = Field(True, description=CACHE_TEXT)

@@ -52,6 +52,7 @@ class ErrorType(str, Enum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     NOT_READY = "not_ready"
     OVERLOADED = "overloaded"
+    RATE_LIMITED = "rate_limited"
     REPLICA_UNAVAILABLE = "replica_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     REQUEST_TIMEOUT = "request_timeout"

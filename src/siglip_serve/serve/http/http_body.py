@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from siglip_serve.core import lanes
 from siglip_serve.core.front_door import CLIENT_SEND_TIMEOUT_S
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
@@ -32,6 +33,7 @@ from siglip_serve.serve.http.embed_request import (
     EmbeddingsRequest,
     ImageString,
     ModelName,
+    Priority,
 )
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.http.errors import ApiError, ErrorType, describe_validation, error_response, rejection_error
@@ -142,6 +144,7 @@ class ClassifyRequest(BaseModel):
     labels: list[str] = Field(min_length=1, description="distinct labels")
     template: str = Field(DEFAULT_TEMPLATE, description="with exactly one {}, e.g. 'a photo of {}'")
     model: ModelName = None
+    priority: Priority = None
 
 
 JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest, RerankRequest)
@@ -150,9 +153,11 @@ JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, Clas
 def parse_json(body: bytes, schema: type[JsonRequest]) -> JsonRequest:
     """A JSON body as `schema` (its `model` is the route's to look up: serve/ingress/ingress.py `serving`)."""
     try:
-        return schema.model_validate_json(body)
+        parsed = schema.model_validate_json(body)
     except ValidationError as exc:
         raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
+    lanes.demote(parsed.priority)  # the body's priority, from here on (core/lanes.py)
+    return parsed
 
 
 async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:

@@ -75,6 +75,7 @@ _WHY = {
     415: "content type, or data, that is not an image (SVG, PDF, text)",
     422: "JSON that does not match the request schema, too many images or texts, an empty or blank text, "
          "a typed item against modality",
+    429: "the API key is past its request rate (rate_limited; Retry-After says when to retry)",
     431: "more than 100 headers, or more than 64 KiB of them",
     500: "unexpected server error (the message never echoes its cause)",
     503: "not ready yet, shutting down, at capacity, or a replica lost (Retry-After says when to retry)",
@@ -86,7 +87,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         out[status] = {"description": _WHY[status], "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
-        if status == 503:
+        if status in (429, 503):
             out[status]["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
     return out
 
@@ -99,7 +100,12 @@ def _body(model: type[BaseModel], **more: dict[str, Any]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {**_json(model), **more}}}
 
 
-_EMBED_ERRORS = (400, 401, 404, 408, 413, 415, 422, 431, 500, 503, 504)
+_EMBED_ERRORS = (400, 401, 404, 408, 413, 415, 422, 429, 431, 500, 503, 504)
+# The request's priority where the body has no field for it, or for HAProxy's queue (docs/http-api.md, Lanes).
+_PRIORITY_HEADER = {"name": "X-Priority", "in": "header", "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 999},
+                    "description": "lower is handled earlier: 0 interactive, 1 default, 2 and above bulk; moves the "
+                                   "request down from its API key's lane, never up"}
 
 ROUTES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/embeddings"): {
@@ -167,7 +173,8 @@ def _model_choice(operation: dict[str, Any], path: str, models: list[str]) -> No
     `model` field; the names this service serves (docs/http-api.md, Several models)."""
     choice = {"type": "string", "enum": models, "description": "the served model (default: the first)"}
     if path == "/v1/embeddings/image":
-        operation["parameters"] = [{"name": "model", "in": "query", "required": False, "schema": choice}]
+        operation["parameters"] = [*operation.get("parameters", []),
+                                   {"name": "model", "in": "query", "required": False, "schema": choice}]
     form = operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
     if path == "/v1/classify" and "properties" in form:
         form["properties"] = {**form["properties"], "model": choice}
@@ -187,6 +194,8 @@ def openapi_document(app: FastAPI, models: list[str] | None = None) -> dict[str,
             continue
         operation["summary"] = doc["summary"]
         operation.update(copy.deepcopy(doc.get("openapi_extra") or {}))
+        if method == "POST":
+            operation["parameters"] = [*operation.get("parameters", []), dict(_PRIORITY_HEADER)]
         if models:
             _model_choice(operation, path, models)
         operation["responses"] = {str(status): answer for status, answer in doc["responses"].items()}

@@ -27,6 +27,7 @@ from siglip_serve.serve.http.embed_request import (
     ImageUrlItem,
     Item,
     ModelName,
+    Priority,
     TextItem,
     TypedItem,
     image_item,
@@ -35,7 +36,7 @@ from siglip_serve.serve.http.errors import ApiError, ErrorType
 
 
 class RerankRequest(BaseModel):
-    """Cohere's v2 rerank request; its other fields (`max_tokens_per_doc`, `priority`...) are ignored."""
+    """Cohere's v2 rerank request; its other fields (`max_tokens_per_doc`...) are ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -48,6 +49,7 @@ class RerankRequest(BaseModel):
     top_n: int | None = Field(None, ge=1, description="at most this many results; default all")
     return_documents: bool = Field(False, description="each result carries its document: {text} or {image} as sent")
     cache: bool = Field(True, description=CACHE_TEXT)
+    priority: Priority = None
 
 
 def _item(value: str | TypedItem, label: str) -> Item:

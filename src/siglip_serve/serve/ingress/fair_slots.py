@@ -3,8 +3,9 @@ fetches (serve/ingress/url_fetch.py) both take turns through one FairSlots.
 
 A first-come-first-served semaphore lets one request of many slow items hold every slot while another
 client's single item waits behind all of them. Here each request has its own queue and a freed slot goes
-to the head of the request whose turn it is, round-robin across requests; so a new request waits for one
-slot to come free, not for everything queued before it. With a `budget`, a holder also takes its `cost`
+to the head of the request whose turn it is (core/lanes.py `LaneQueue`: the higher lane first, with ageing;
+within a lane the tenants by weight; within a tenant round-robin across its requests); so a new request waits
+for one slot to come free, not for everything queued before it. With a `budget`, a holder also takes its `cost`
 (a decode's header-declared bytes) and a slot is given only while the holders' costs stay within it; one
 that would not fit alone still gets a slot, but only when nothing else holds one. With a `reserve`, the
 last `reserve` free slots go only to requests that hold none: round-robin alone bounds a newcomer's wait
@@ -17,10 +18,12 @@ is skipped and takes nothing.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+
+from siglip_serve.core import lanes
+from siglip_serve.core.lanes import LaneQueue, Ticket
 
 
 @dataclass
@@ -28,6 +31,7 @@ class _Waiter:
     request: object
     cost: int
     granted: asyncio.Future[None]
+    ticket: Ticket
 
 
 class FairSlots:
@@ -41,15 +45,21 @@ class FairSlots:
         self.held = 0
         self.held_cost = 0
         self._held_by: dict[object, int] = {}
-        self._by_request: OrderedDict[object, deque[_Waiter]] = OrderedDict()
+        self._queue: LaneQueue[_Waiter] = LaneQueue(dead=lambda waiter: waiter.granted.done())
 
     def waiting(self) -> int:
-        return sum(len(waiters) for waiters in self._by_request.values())
+        return sum(1 for waiter in self._queue if not waiter.granted.done())
 
-    async def acquire(self, request: object, cost: int = 0) -> None:
-        """Returns holding a slot (with `cost`), once `request`'s turn comes and its cost fits; release() it."""
-        waiter = _Waiter(request, max(int(cost), 0), asyncio.get_running_loop().create_future())
-        self._by_request.setdefault(request, deque()).append(waiter)
+    def waiting_in(self, lane: lanes.Lane) -> int:
+        """Waiters of `lane`'s requests (cancelled ones not yet dropped excluded)."""
+        return sum(1 for waiter in self._queue if not waiter.granted.done() and waiter.ticket.lane == lane)
+
+    async def acquire(self, request: object, cost: int = 0, ticket: Ticket | None = None) -> None:
+        """Returns holding a slot (with `cost`), once `request`'s turn comes and its cost fits; release() it.
+        `ticket`: the request's tenant and lane (None: the running request's, core/lanes.py)."""
+        ticket = ticket if ticket is not None else lanes.current()
+        waiter = _Waiter(request, max(int(cost), 0), asyncio.get_running_loop().create_future(), ticket)
+        self._queue.push(waiter, ticket, flow=request)
         self._grant()
         try:
             await waiter.granted
@@ -66,37 +76,26 @@ class FairSlots:
         self._grant()
 
     @asynccontextmanager
-    async def slot(self, request: object, cost: int = 0) -> AsyncIterator[None]:
-        await self.acquire(request, cost)
+    async def slot(self, request: object, cost: int = 0, ticket: Ticket | None = None) -> AsyncIterator[None]:
+        await self.acquire(request, cost, ticket)
         try:
             yield
         finally:
             self.release(request, cost)
 
-    def _next(self) -> _Waiter | None:
-        """The head waiter of the first request, in turn order, that may take a free slot now."""
-        open_to_holders = self.slots - self.held > self.reserve
-        for request, waiters in list(self._by_request.items()):
-            while waiters and waiters[0].granted.done():  # cancelled while waiting
-                waiters.popleft()
-            if not waiters:
-                del self._by_request[request]
-            elif open_to_holders or request not in self._held_by:
-                return waiters[0]
-        return None
-
     def _grant(self) -> None:
         while self.held < self.slots:
-            waiter = self._next()
+            open_to_holders = self.slots - self.held > self.reserve
+
+            def eligible(waiter: _Waiter, open_to_holders: bool = open_to_holders) -> bool:
+                return open_to_holders or waiter.request not in self._held_by
+
+            waiter = self._queue.peek(eligible)
             if waiter is None:
                 return
             if self.budget is not None and self.held and self.held_cost + waiter.cost > self.budget:
                 return  # wait for holders to free their cost; the turn stays with this waiter
-            waiters = self._by_request[waiter.request]
-            waiters.popleft()
-            self._by_request.move_to_end(waiter.request)
-            if not waiters:
-                del self._by_request[waiter.request]
+            self._queue.pop(eligible)
             self.held += 1
             self.held_cost += waiter.cost
             self._held_by[waiter.request] = self._held_by.get(waiter.request, 0) + 1

@@ -1,18 +1,19 @@
-"""An ingress replica's front door: who may ask (the API key), how many requests it works on at once, how many
-may wait, each request's deadline from the moment the front end had it (core/front_door.py has what HAProxy
-shares), and the drain. Every route passes it before its body is read (serve/ingress/http_app.py).
+"""An ingress replica's front door: who may ask (the API key: its tenant and lane, serve/shared/tenants.py), how many
+requests it works on at once, how many may wait and in which order (lane, then tenant: core/lanes.py), each
+request's deadline from the moment the front end had it (core/front_door.py has what HAProxy shares), and the
+drain. Every route passes it before its body is read (serve/ingress/http_app.py).
 
 Under HAProxy (the default front end of `siglip-serve run`) no more than `max_ongoing_requests` reach a
 replica at once and the waiting ones sit in HAProxy's queue, bounded there; under Serve's own proxy they
 reach the replica, and `RequestSlots` bounds them here the same way. Either way a request beyond
-ongoing + queued gets 503 at once, and one that waits past its deadline gets 504 then, not later.
+ongoing + queued gets 503 at once (the lower lanes sooner: core/lanes.py SHED_SHARE), and one that waits past
+its deadline gets 504 then, not later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import time
@@ -22,10 +23,14 @@ from typing import Any
 
 from fastapi import Request
 
+from siglip_serve.core import lanes
 from siglip_serve.core.front_door import REQUEST_START_HEADER, FrontDoorLimits, waited_seconds, write_limits
+from siglip_serve.core.lanes import PRIORITY_HEADER, Ticket, demoted, parse_priority, queue_share
 from siglip_serve.serve.http.errors import ApiError, ErrorType
+from siglip_serve.serve.ingress.fair_slots import FairSlots
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.shared import registry, tracing
+from siglip_serve.serve.shared.tenants import Tenants, lane_map, load_keys
 
 log = logging.getLogger("siglip_serve.ingress")
 
@@ -55,51 +60,54 @@ class Deadline:
 
 
 class RequestSlots:
-    """At most `ongoing` requests at work, at most `queued` waiting for a place (first come, first served);
-    one more is refused at once. A waiter gives up at its deadline (the request's own timeout)."""
+    """At most `ongoing` requests at work, waiters served in lane and tenant order (core/lanes.py); a lane's
+    newcomer is refused at once while its lane's share of `queued` waits (core/lanes.py SHED_SHARE: bulk
+    first). A waiter gives up at its deadline (the request's own timeout)."""
 
     def __init__(self, ongoing: int, queued: int, retry_after_s: int) -> None:
         self.ongoing = ongoing
         self.queued = queued
         self.retry_after_s = retry_after_s
-        self._places = asyncio.Semaphore(ongoing)
+        self._slots = FairSlots(ongoing)
         self.working = 0
-        self.waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        return self._slots.waiting()
 
     @asynccontextmanager
-    async def place(self) -> AsyncIterator[None]:
-        if self._places.locked():
-            if self.waiting >= self.queued:
-                raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later",
-                               {"Retry-After": str(self.retry_after_s)})
-            self.waiting += 1
-            try:
-                await self._places.acquire()
-            finally:
-                self.waiting -= 1
-        else:
-            await self._places.acquire()
+    async def place(self, ticket: Ticket | None = None) -> AsyncIterator[None]:
+        ticket = ticket if ticket is not None else lanes.current()
+        if self._slots.held >= self.ongoing and self.waiting >= queue_share(ticket.lane, self.queued):
+            raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later",
+                           {"Retry-After": str(self.retry_after_s)})
+        request = object()  # each request its own flow: first come, first served within its tenant
+        await self._slots.acquire(request, ticket=ticket)
         self.working += 1
         try:
             yield
         finally:
             self.working -= 1
-            self._places.release()
+            self._slots.release(request)
 
 
 class FrontDoor:
     """What every request of one ingress replica passes before its body is read: the API key, its place among
     the requests the replica works on (`RequestSlots`) and its one deadline; and whether the replica drains."""
 
-    def __init__(self, config: ServiceConfig, limits: FrontDoorLimits, app_name: str, replica_name: str) -> None:
-        """`limits`: the plan's (serve/plan/service_plan.py IngressPlan)."""
+    def __init__(self, config: ServiceConfig, limits: FrontDoorLimits, app_name: str, replica_name: str,
+                 ingress_replicas: int = 1) -> None:
+        """`limits`: the plan's (serve/plan/service_plan.py IngressPlan); `ingress_replicas`: how many share each
+        key's rate."""
         self.config = config
         self.app_name = app_name
         self.replica_name = replica_name
-        self.api_key = config.resolve_api_key(os.environ)
+        share = 1.0 / max(1, ingress_replicas)
+        self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), share)
         self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s)
         # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
-        write_limits(limits, app_name)
+        write_limits(limits, app_name, lane_map=lane_map(load_keys(config.api_keys_file))
+                     if config.api_keys_file else None)
         self.draining = False
         self.requests_in_handler = 0
         self._drain_watch: asyncio.Task[None] | None = None
@@ -107,14 +115,16 @@ class FrontDoor:
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.config.retry_after_s)}
 
-    def check_auth(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise ApiError(401, ErrorType.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer ...)",
-                           {"WWW-Authenticate": "Bearer"})
+    def check_auth(self, request: Request) -> Ticket:
+        """The request's tenant and lane (its key's, moved down by X-Priority): 401 without a right key, 429
+        past its rate, 422 for an X-Priority that is not an integer."""
+        ticket = self.tenants.ticket(request.headers.get("authorization", ""))
+        try:
+            asked = parse_priority(request.headers.get(PRIORITY_HEADER))
+        except ValueError:
+            raise ApiError(422, ErrorType.INVALID_REQUEST, "X-Priority must be an integer (lower is earlier)") from None
+        ticket.lane = demoted(ticket.lane, asked)
+        return ticket
 
     @asynccontextmanager
     async def deadline(self, request: Request) -> AsyncIterator[float]:
@@ -129,7 +139,7 @@ class FrontDoor:
         self.requests_in_handler += 1
         try:
             with _request_span(request):
-                async with asyncio.timeout(deadline.remaining()), self.slots.place():
+                async with asyncio.timeout(deadline.remaining()), self.slots.place(lanes.current()):
                     yield deadline.at
         except TimeoutError:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED, f"request did not finish within {timeout:g} s") from None
@@ -169,7 +179,8 @@ def _request_span(request: Request) -> contextlib.AbstractContextManager[Any]:
         return tracing.span("http.request")
     return tracing.span("http.request", parent=tracing.extract(dict(request.headers)),
                         attributes={"http.request.method": request.method, "http.route": request.url.path,
-                                    "siglip.request_id": request_id(request)})
+                                    "siglip.request_id": request_id(request),
+                                    "siglip.tenant": lanes.current().tenant})
 
 
 def request_id(request: Request) -> str | None:

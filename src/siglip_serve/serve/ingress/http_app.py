@@ -3,10 +3,11 @@ caller adds: `build(config, routes=...)` in serve/app.py).
 
 A route is a thin function of the replica's `Ingress`; what every route gets without writing it is here: the
 contract's errors for anything raised, counted once (serve/http/errors.py), the header limits, the API key, the
-capabilities it `needs` checked before its body is read (serve/ingress/schedule.py `require`), and, for a `Route`, its
-place among the requests the replica works on and its one deadline (serve/ingress/front_door.py) around the whole
-handler. Its work then goes through the scheduling call (serve/ingress/schedule.py `Scheduler.answer`), which admits
-each tower (drain, readiness), and observes the request metric.
+capabilities it `needs` checked before its body is read (serve/ingress/schedule.py `require`), its tenant and lane
+(core/lanes.py), and, for a `Route`, its place among the requests the replica works on and its one deadline
+(serve/ingress/front_door.py) around the whole handler. Its work then goes through the scheduling call
+(serve/ingress/schedule.py `Scheduler.answer`), which admits each tower (drain, readiness), and observes the request
+metric.
 
 The app is built per replica (Serve calls `__serve_build_asgi_app__` once the deployment's constructor ran:
 ray/serve/_private/replica.py `_initialize_asgi_callable`), so the handlers close over the replica's objects.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request, Response
 
+from siglip_serve.core import lanes
 from siglip_serve.serve.http.errors import install_error_handlers
 from siglip_serve.serve.http.http_body import HeaderLimits
 from siglip_serve.serve.http.openapi import install_openapi
@@ -89,7 +91,8 @@ def _endpoint(ingress: Ingress, route: Route | Probe) -> Callable[[Request], Awa
     work = route
 
     async def endpoint(request: Request) -> Response:
-        ingress.door.check_auth(request)
+        # The request's tenant and lane, for every queue it waits in from here on (core/lanes.py).
+        lanes.enter(ingress.door.check_auth(request))
         ingress.require(*work.needs)
         async with ingress.door.deadline(request) as deadline:
             return await work.handler(ingress, request, deadline)

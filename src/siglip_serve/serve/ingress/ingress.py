@@ -93,7 +93,7 @@ class Ingress:
         self.app_name, self.replica_name = replica
         self._refusal = refusal
         self.plan = plan
-        self.door = FrontDoor(config, plan.ingress.limits, self.app_name, self.replica_name)
+        self.door = FrontDoor(config, plan.ingress.limits, self.app_name, self.replica_name, plan.ingress.replicas)
         self.fetcher = UrlFetcher(config.url_fetch)
         # Built with the cache off too: the contract's metric names are exported by every ingress.
         self.cache = EmbeddingCache.from_config(config, EmbeddingCacheMetrics())

@@ -21,6 +21,7 @@ The request's place, deadline and API key are the front door's (serve/ingress/fr
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from functools import partial
 import numpy as np
 from fastapi import Response
 
+from siglip_serve.core import lanes
 from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.device_decode import JpegFiles
@@ -43,6 +45,9 @@ from siglip_serve.serve.ingress.tower_link import Towers
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.shared import tracing
 from siglip_serve.serve.shared.metrics import ModelMetrics
+
+# One line per request with `access_log` on, naming its tenant (never the key) and lane.
+access_log = logging.getLogger("siglip_serve.access")
 
 # What a route can ask of the service: a tower per kind of item, and `score` (SigLIP's sigmoid, whose logit
 # scale and bias the text tower publishes).
@@ -224,8 +229,15 @@ class Scheduler:
             status = "500"
             raise
         finally:
-            self.metrics.request(time.perf_counter() - began, endpoint, status)
-            tracing.annotate(**{"http.response.status_code": int(status), "siglip.endpoint": endpoint})
+            seconds = time.perf_counter() - began
+            self.metrics.request(seconds, endpoint, status)
+            ticket = lanes.current()
+            lane = ticket.lane.name.lower()
+            self.metrics.tenant_request(seconds, lane, ticket.tenant, status)
+            if self.config.access_log:  # Serve's own access line cannot carry the tenant: ours beside it
+                access_log.info("%s %s %.1fms tenant=%s lane=%s", endpoint, status, seconds * 1e3, ticket.tenant, lane)
+            tracing.annotate(**{"http.response.status_code": int(status), "siglip.endpoint": endpoint,
+                                "siglip.tenant": ticket.tenant, "siglip.lane": lane})
 
 
 def _in_order(count: int, width: int, *parts: tuple[list[int], np.ndarray | None]) -> np.ndarray:

@@ -12,7 +12,9 @@ miss the replica's next batch.
 
 Each chunk keeps its own answer: the replica returns one result per chunk (its embeddings, or the
 error only it failed with, e.g. its deadline passed in the queue), a dead replica is retried once
-for the whole call, and a caller that leaves drops only its own chunk.
+for the whole call, and a caller that leaves drops only its own chunk. Chunks queue here in their requests'
+lane order (serve/shared/batcher.py), and each call carries its chunks' tickets (lane, tenant, weight) so the
+replica's own batch queue orders them the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import numpy as np
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
+from siglip_serve.core import lanes
+from siglip_serve.core.lanes import Ticket
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.plan.planner import calls_in_flight
@@ -36,6 +40,7 @@ log = logging.getLogger("siglip_serve.ingress")
 
 # Host CPU one tower call costs on both sides, whatever it carries (tiny-siglip on the dev VM).
 CALL_CPU_SECONDS = 0.004
+_PLAIN = (int(Ticket().lane), Ticket().tenant, Ticket().weight)
 
 
 def worth_coalescing(full_batch_seconds: float, max_images: int) -> bool:
@@ -90,17 +95,24 @@ class TowerClient:
         `trace`: the request's span for the replica (serve/shared/tracing.py), None when tracing is off."""
         step = self.calls.max_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
-        group = asyncio.gather(*(self.calls.submit(chunk, deadline, trace) for chunk in chunks))
+        ticket = lanes.current()
+        group = asyncio.gather(*(self.calls.submit(chunk, deadline, (trace, ticket), ticket) for chunk in chunks))
         # Retrieved even when the caller is cancelled (client gone, request deadline), so a chunk's
         # later error is not logged as "exception was never retrieved".
         group.add_done_callback(lambda done: done.cancelled() or done.exception())
         return np.concatenate(await group) if len(chunks) > 1 else (await group)[0]
 
-    async def _call(self, chunks: list[Any], deadlines: list[float], traces: list[Carrier | None]) -> list[Any]:
-        """One tower call for `chunks`; one result (array or exception) per chunk."""
+    async def _call(self, chunks: list[Any], deadlines: list[float],
+                    carried: list[tuple[Carrier | None, Ticket]]) -> list[Any]:
+        """One tower call for `chunks`; one result (array or exception) per chunk. `carried`: each chunk's
+        trace and ticket."""
+        traces = [trace for trace, _ in carried]
         traced = [traces] if any(traces) else []  # nothing more to send when tracing is off
+        # Sent only where some chunk is not the default ticket: the replica orders by them (core/lanes.py).
+        tickets = [(int(t.lane), t.tenant, t.weight) for _, t in carried]
+        sent = {"tickets": tickets} if any(t != _PLAIN for t in tickets) else {}
         for attempt in (1, 2):
-            response = cast(DeploymentResponse, self.handle.embed_chunks.remote(chunks, deadlines, *traced))
+            response = cast(DeploymentResponse, self.handle.embed_chunks.remote(chunks, deadlines, *traced, **sent))
             try:
                 return cast(list[Any], await response)
             except asyncio.CancelledError:

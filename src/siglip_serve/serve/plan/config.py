@@ -168,6 +168,9 @@ class ServiceConfig(ModelSettings):
                                                         f"config: prefer api_key_file or the {API_KEY_ENV} "
                                                         "environment variable; not on run's command line)")
     api_key_file: str | None = Field(None, description="require the key on this file's first line")
+    # Several keys, each a tenant with its lane, weight and rate (serve/shared/tenants.py); read again when it changes.
+    api_keys_file: str | None = Field(None, description="a TOML file of API keys, each a tenant (name, key or "
+                                                        "sha256, lane, weight, rate_per_s): docs/http-api.md")
     # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
     # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or
     # neuron needs a GPU / NeuronCore of its own (and on neuron an artifact compiled with --text).
@@ -313,8 +316,23 @@ class ServiceConfig(ModelSettings):
     def embedding_cache_bytes(self) -> int:
         return int(self.embedding_cache_mib * MiB)
 
+    @model_validator(mode="after")
+    def _keys_file(self) -> ServiceConfig:
+        if self.api_keys_file is not None:
+            if self.api_key is not None or self.api_key_file is not None:
+                raise ValueError("give api_keys_file or the single key (api_key, api_key_file), not both")
+            from siglip_serve.serve.shared.tenants import (
+                load_keys,  # the ingress's; checked here so a bad file stops the start
+            )
+
+            load_keys(self.api_keys_file)
+        return self
+
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
-        """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY."""
+        """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY (none
+        with `api_keys_file`: serve/shared/tenants.py has the keys)."""
+        if self.api_keys_file is not None:
+            return None
         if self.api_key is not None:
             return self.api_key.get_secret_value()
         if self.api_key_file is not None:

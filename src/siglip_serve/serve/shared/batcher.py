@@ -15,18 +15,24 @@ cancels in the replica, best effort (`DeploymentResponse.cancel`, ray/serve/hand
 The same queue coalesces the ingress's encoder calls (serve/ingress/tower_client.py), with `concurrency` batches
 in flight at once and no wait: at low load each request's chunk goes out alone at once; past
 `concurrency` calls in flight, what queued meanwhile goes out as one call when one returns.
+
+Inputs wait in lane order (core/lanes.py `LaneQueue`): a batch takes the higher lane's inputs first, with
+ageing, and within a lane the tenants' inputs in weighted turns; each input's ticket is its caller's
+request's (or the lane the ingress sent with a replica's call).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from siglip_serve.core import lanes
+from siglip_serve.core.lanes import LaneQueue, Ticket
 
 log = logging.getLogger("siglip_serve.batcher")
 
@@ -61,7 +67,7 @@ class Batcher:
         # Called as each batch starts: the seconds each of its inputs waited, and what still waits.
         self.on_batch = on_batch
         self.concurrency = concurrency
-        self._queue: collections.deque[_Waiter] = collections.deque()
+        self._queue: LaneQueue[_Waiter] = LaneQueue(dead=lambda waiter: waiter.future.done())
         self._arrived = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -71,9 +77,9 @@ class Batcher:
         """Inputs (by size) waiting, not yet in a running batch."""
         return sum(w.size for w in self._queue if not w.future.done())
 
-    async def submit(self, item: Any, deadline: float, trace: Any = None) -> Any:
+    async def submit(self, item: Any, deadline: float, trace: Any = None, ticket: Ticket | None = None) -> Any:
         """Queue `item` and return its result (or raise its error) once its batch has run; `trace` goes
-        with it to the batch (tracing)."""
+        with it to the batch (tracing); `ticket`: its tenant and lane (None: the running request's)."""
         size = self.size_of(item)
         if size > self.max_size:
             raise ValueError(f"{size} inputs in one call; a batch holds at most {self.max_size}")
@@ -81,7 +87,7 @@ class Batcher:
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._serve_forever())
         waiter = _Waiter(item, deadline, size, loop.create_future(), trace)
-        self._queue.append(waiter)
+        self._queue.push(waiter, ticket if ticket is not None else lanes.current())
         self._arrived.set()
         # A caller that goes away (cancelled) leaves its waiter done: the next batch skips it.
         return await waiter.future
@@ -134,11 +140,11 @@ class Batcher:
 
     def _fits_next(self, size: int) -> bool:
         """False when the input at the head of the queue would not fit: waiting cannot fill the batch."""
-        head = next((w for w in self._queue if not w.future.done()), None)
+        head = self._queue.peek()
         return head is None or size + head.size <= self.max_size
 
     def _take(self, batch: list[_Waiter], size: int, free_slots: int = 1) -> int:
-        """Move queued inputs into `batch` in arrival order while they fit; returns the batch's size.
+        """Move queued inputs into `batch` in lane order while they fit; returns the batch's size.
 
         With other slots free too, the batch takes only its share of the queue: eight requests that
         arrive together at an ingress with two encoder replicas idle leave as two calls of four, not
@@ -146,14 +152,11 @@ class Batcher:
         limit = self.max_size
         if free_slots > 1:
             limit = min(limit, max(1, math.ceil((size + self.queued) / free_slots)))
-        while self._queue:
-            head = self._queue[0]
-            if head.future.done():
-                self._queue.popleft()
-                continue
+        while (head := self._queue.peek()) is not None:
             if size + head.size > self.max_size or (batch and size + head.size > limit):
                 break
-            batch.append(self._queue.popleft())
+            self._queue.pop()
+            batch.append(head)
             size += head.size
         return size
 
@@ -202,7 +205,6 @@ class Batcher:
                 w.future.set_result(result)
 
     def _cancel_queued(self) -> None:
-        while self._queue:
-            w = self._queue.popleft()
+        for w in self._queue.drain():
             if not w.future.done():
                 w.future.cancel()

@@ -31,6 +31,8 @@ IMAGES_EMBEDDED = "siglip_images_embedded_total"
 REQUESTS_REJECTED = "siglip_requests_rejected_total"
 PREPROCESS_SECONDS = "siglip_preprocess_seconds"
 REQUEST_SECONDS = "siglip_request_seconds"
+# The same requests by lane and tenant (core/lanes.py): the tenant's name, never its key.
+TENANT_REQUEST_SECONDS = "siglip_tenant_request_seconds"
 FORWARD_SECONDS = "siglip_encoder_forward_seconds"
 BATCH_FILL_RATIO = "siglip_batch_fill_ratio"
 ENCODER_IMAGES = "siglip_encoder_images_total"
@@ -45,7 +47,7 @@ CACHE_EVICTIONS = "siglip_embedding_cache_evictions_total"
 CACHE_BYTES = "siglip_embedding_cache_bytes"
 CACHE_METRIC_NAMES = (CACHE_HITS, CACHE_MISSES, CACHE_EVICTIONS, CACHE_BYTES)
 METRIC_NAMES = (
-    IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS,
+    IMAGES_EMBEDDED, REQUESTS_REJECTED, PREPROCESS_SECONDS, REQUEST_SECONDS, TENANT_REQUEST_SECONDS,
     FORWARD_SECONDS, BATCH_FILL_RATIO, ENCODER_IMAGES, TEXTS_EMBEDDED,
     BATCH_QUEUE_SECONDS, BATCH_QUEUED_INPUTS, *CACHE_METRIC_NAMES,
 )
@@ -136,6 +138,13 @@ class IngressMetrics:
             boundaries=REQUEST_BUCKETS_S,
             tag_keys=("endpoint", "status", "model"),  # type: ignore[arg-type]  # Ray: tuple[str]
         )
+        self.tenant_request_seconds = metrics.Histogram(
+            TENANT_REQUEST_SECONDS,
+            description="siglip_request_seconds by the request's lane (interactive, default, bulk) and tenant "
+                        "(its API key's name in api_keys_file; default without one).",
+            boundaries=REQUEST_BUCKETS_S,
+            tag_keys=("lane", "tenant", "status"),  # type: ignore[arg-type]  # Ray: tuple[str]
+        )
         self.texts_embedded = _texts_embedded()
 
         for reason in ErrorType:
@@ -174,6 +183,10 @@ class ModelMetrics:
 
     def preprocessed(self, seconds: float) -> None:
         self._metrics.preprocess_seconds.observe(seconds, tags={"model": self.model})
+
+    def tenant_request(self, seconds: float, lane: str, tenant: str, status: str) -> None:
+        """The request's seconds by its lane and tenant (the tenant's name, never its key)."""
+        self._metrics.tenant_request_seconds.observe(seconds, tags={"lane": lane, "tenant": tenant, "status": status})
 
 
 def _cache_hits() -> metrics.Counter:

@@ -27,6 +27,7 @@ from ray import serve
 from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import DeadlineExceeded
+from siglip_serve.core.lanes import Lane, Ticket
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.batcher import Batcher
@@ -115,14 +116,19 @@ class TowerReplica:
             pass
 
     async def embed_chunks(self, chunks: list[Any], deadlines: list[float],
-                           traces: list[tracing.Carrier | None] | None = None) -> list[Any]:
+                           traces: list[tracing.Carrier | None] | None = None,
+                           tickets: list[tuple[int, str, float]] | None = None) -> list[Any]:
         """Several callers' chunks in one call: one result per chunk, its float32 [n, D] or the
-        exception it alone failed with; each joins the batch queue on its own. `traces`: each chunk's
-        request span (serve/shared/tracing.py), when tracing is on."""
+        exception it alone failed with; each joins the batch queue on its own, in its lane's order. `traces`:
+        each chunk's request span (serve/shared/tracing.py), when tracing is on; `tickets`: each chunk's (lane,
+        tenant, weight) (core/lanes.py), absent when all are the default."""
         queued: list[Any] = [None] * len(chunks) if traces is None or not tracing.enabled() else [
             (tracing.extract(carrier), time.time_ns()) for carrier in traces]
-        results = await asyncio.gather(*(self.batcher.submit(chunk, deadline, trace)
-                                         for chunk, deadline, trace in zip(chunks, deadlines, queued, strict=True)),
+        ordered: list[Ticket | None] = ([None] * len(chunks) if tickets is None else
+                                        [Ticket(tenant, Lane(lane), weight) for lane, tenant, weight in tickets])
+        results = await asyncio.gather(*(self.batcher.submit(chunk, deadline, trace, ticket)
+                                         for chunk, deadline, trace, ticket
+                                         in zip(chunks, deadlines, queued, ordered, strict=True)),
                                        return_exceptions=True)
         # A cancellation (the replica stopping) is no answer to pickle back; the call as a whole fails.
         for result in results:

@@ -1,0 +1,129 @@
+"""HAProxy's queue in lane order (launcher/haproxy_front.py `_lane_rules`, core/lanes.py): the real binary, one
+request at work at a time, the order in which queued requests reach the ingress, and the lower lane shed first."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from siglip_serve.core.front_door import FrontDoorLimits, write_limits
+from siglip_serve.launcher.haproxy_front import error_pages, rewrite_config
+from siglip_serve.launcher.preflight import free_port
+from tests.real_haproxy import running_haproxy
+
+LIVE = """global
+    maxconn 1000
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 10s
+    timeout server 10s
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    default_backend http-siglip
+backend http-siglip
+    server SERVE_REPLICA_siglip-Ingress-1 127.0.0.1:{ingress}
+"""
+INTERACTIVE_KEY = "key-of-search"
+
+
+class _Recording(BaseHTTPRequestHandler):
+    """Holds /first while the others queue behind it, answers the rest quickly, and records the order requests
+    reached it in."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.path)
+        time.sleep(1.5 if self.path == "/first" else 0.02)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def front_end(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[int]:
+    """HAProxy with 1 request at work and `queued` (the test's param, default 10) waiting; one key in the
+    lane map (interactive)."""
+    queued = getattr(request, "param", 10)
+    _Recording.seen = []
+    ingress = ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    ingress.daemon_threads = True
+    threading.Thread(target=ingress.serve_forever, daemon=True).start()
+    digest = hashlib.sha256(INTERACTIVE_KEY.encode()).hexdigest()
+    write_limits(FrontDoorLimits(1, queued, 10.0, 1), "siglip", str(tmp_path / "limits"), lane_map=f"{digest} 0\n")
+    (tmp_path / "errors").mkdir()
+    for status, page in error_pages().items():
+        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
+    port = free_port()
+    config = rewrite_config(LIVE.format(port=port, ingress=ingress.server_address[1]), 10, True,
+                            tmp_path / "errors", tmp_path / "limits")
+    try:
+        with running_haproxy(config, tmp_path, port):
+            yield port
+    finally:
+        ingress.shutdown()
+        ingress.server_close()
+
+
+def _send(port: int, path: str, headers: dict[str, str], answers: dict[str, int]) -> threading.Thread:
+    def ask() -> None:
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{lines}Connection: close\r\n\r\n".encode())
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        answers[path] = int(reply.split()[1])
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    time.sleep(0.05)  # each joins the queue after the one before
+    return thread
+
+
+def test_the_queue_serves_a_higher_lane_first_and_the_key_names_the_default_lane(front_end: int) -> None:
+    answers: dict[str, int] = {}
+    bearer = {"Authorization": f"Bearer {INTERACTIVE_KEY}"}
+    threads = [_send(front_end, "/first", {}, answers),
+               _send(front_end, "/bulk-1", {"X-Priority": "2"}, answers),
+               _send(front_end, "/bulk-2", {"X-Priority": "7"}, answers),
+               _send(front_end, "/default", {}, answers),
+               # The interactive key, moved down by its own header: bulk, behind the default request.
+               _send(front_end, "/key-demoted", {**bearer, "X-Priority": "2"}, answers),
+               _send(front_end, "/interactive-key", bearer, answers),
+               # A header cannot move a request up: the default lane.
+               _send(front_end, "/asks-up", {"X-Priority": "0"}, answers)]
+    for thread in threads:
+        thread.join()
+    assert set(answers.values()) == {200}
+    assert _Recording.seen == ["/first", "/interactive-key", "/default", "/asks-up", "/bulk-1", "/bulk-2",
+                               "/key-demoted"]
+
+
+@pytest.mark.parametrize("front_end", [4], indirect=True)
+def test_the_bulk_lane_is_shed_first(front_end: int) -> None:
+    """4 may wait: bulk is refused from 2 waiting, default from 3, interactive at 4."""
+    answers: dict[str, int] = {}
+    threads = [_send(front_end, "/first", {}, answers),
+               _send(front_end, "/bulk-1", {"X-Priority": "2"}, answers),
+               _send(front_end, "/bulk-2", {"X-Priority": "2"}, answers),
+               _send(front_end, "/bulk-3", {"X-Priority": "2"}, answers),
+               _send(front_end, "/default", {}, answers),
+               _send(front_end, "/default-2", {}, answers),
+               _send(front_end, "/interactive", {"Authorization": f"Bearer {INTERACTIVE_KEY}"}, answers)]
+    for thread in threads:
+        thread.join()
+    assert answers == {"/first": 200, "/bulk-1": 200, "/bulk-2": 200, "/bulk-3": 503, "/default": 200,
+                       "/default-2": 503, "/interactive": 200}

@@ -12,7 +12,7 @@ import httpx
 import ray
 from ray import serve
 
-from siglip_serve.serve import registry
+from siglip_serve.serve.shared import registry
 from tests.helpers import deploy
 
 log = logging.getLogger(__name__)

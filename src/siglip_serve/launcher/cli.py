@@ -176,6 +176,9 @@ def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
     from siglip_serve.serve.plan.config import ServiceConfig
 
     config = ServiceConfig.from_args(run_settings(args))
+    # `run` deploys one application and is restarted whole to change it: `model_apps` (for `serve deploy`'s
+    # YAML, where models change in place) would leave the front application's towers undeployed.
+    config = config.model_copy(update={"model_apps": False})
     key = config.resolve_api_key(environ)
     if args.address and key is not None and config.api_key is None and config.api_key_file is None:
         config = config.model_copy(update={"api_key": SecretStr(key)})

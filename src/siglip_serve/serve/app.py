@@ -16,10 +16,10 @@ from siglip_serve.models.loading import ModelInfo, model_geometry
 from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
 from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.planner import plan_service
 from siglip_serve.serve.plan.served_models import served_models
-from siglip_serve.serve.plan.service_plan import ServicePlan
+from siglip_serve.serve.plan.service_plan import ModelPlan, ServicePlan
 from siglip_serve.serve.shared import tracing
 from siglip_serve.serve.towers.image_deployment import ImageReplica
 from siglip_serve.serve.towers.text_deployment import TextReplica
@@ -38,9 +38,18 @@ def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bo
     return plan
 
 
+def _towers(own: ServiceConfig, model: ModelPlan) -> dict[str, Application]:
+    """One model's towers' deployments, bound: "image", and "text" where it has one."""
+    towers = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica).bind(own, model.image)}
+    if model.text is not None:
+        towers["text"] = serve.deployment(**model.text.deployment.options())(TextReplica).bind(own, model.text)
+    return towers
+
+
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = ()) -> Application:
     """The application of `plan` (serve/plan/planner.py): each model's towers' deployments and the ingress, serving
-    the contract's routes and `routes`."""
+    the contract's routes and `routes`; under `model_apps` the ingress alone (each model's towers are
+    `build_model_app`'s)."""
     configs = {model.name: model.config for model in served_models(config)}
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
@@ -48,11 +57,8 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
         own = configs[model.name]
         image_size, embed_dim = model_geometry(own.model)
         infos[model.name] = ModelInfo(model.name, embed_dim, image_size, own.weights_source)
-        towers[model.name] = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica)
-                              .bind(own, model.image)}
-        if model.text is not None:
-            towers[model.name]["text"] = (serve.deployment(**model.text.deployment.options())(TextReplica)
-                                          .bind(own, model.text))
+        if not config.model_apps:
+            towers[model.name] = _towers(own, model)
         image = model.image
         log.info("model %s: %s on %s, %s encoder replica(s)%s, buckets %s, %d text replica(s)", model.name,
                  own.model, own.backend,
@@ -101,6 +107,30 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     `args:` mapping. Serve calls a builder with exactly one parameter and refuses any other signature
     (ray/serve/_private/api.py, call_user_app_builder_with_args_if_necessary)."""
     return build_app_with_routes(args)
+
+
+def build_model_app(args: dict[str, Any] | None = None) -> Application:
+    """Serve's builder of one model's own application under `model_apps` (`import_path:
+    siglip_serve.serve.app:build_model_app`, `route_prefix: null`): `args` the service's settings with that model's
+    one `models:` entry (serve/plan/served_models.py `model_app_args`). Its image tower is the application's
+    ingress, its text tower bound to it; nothing of another model is in its args, so Serve's code version of
+    its deployments (ray/serve/_private/deploy_utils.py get_app_code_version) stays as models come and go."""
+    try:
+        config = text_by_shape(ServiceConfig.from_args(args))
+        if len(config.models) != 1 or config.model_apps:
+            raise ConfigError("build_model_app builds one model: its args hold exactly one models: entry and no "
+                              "model_apps (the front application's args hold those)")
+        plan = plan_on_cluster(config, cluster_growth(config)) if ray.is_initialized() else plan_service(config)
+        model, own = plan.model, served_models(config)[0].config
+        log.info("model %s: its own application, %d image and %d text replica(s)", model.name,
+                 model.image.replicas, model.text.replicas if model.text else 0)
+        text = () if model.text is None else (
+            serve.deployment(**model.text.deployment.options())(TextReplica).bind(own, model.text),)
+        return serve.deployment(**model.image.deployment.options())(ImageReplica).bind(own, model.image,
+                                                                                       companions=text)
+    except UserError as exc:
+        log.error("%s", exc)
+        raise AppRefused(str(exc)) from None
 
 
 def build_app_with_routes(args: dict[str, Any] | None, routes: Sequence[Route | Probe] = ()) -> Application:

@@ -6,10 +6,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from siglip_serve.serve.plan.config import ConfigError
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.served_models import model_app_args, model_app_name
 
 # The application builder of the service, as a Serve config names it (import_path).
 BUILDER = "siglip_serve.serve.app:build_app"
+# The builder of one model's own application under `model_apps`.
+MODEL_BUILDER = "siglip_serve.serve.app:build_model_app"
+
+
+def model_apps_config(name: str, route_prefix: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The Serve config (`serve deploy`'s YAML, as a mapping) of the service `args` with each model in an
+    application of its own: the front application `name` at `route_prefix` (the ingress, every arg, `model_apps:
+    true`), then per model `name-MODEL` (serve/plan/served_models.py `model_app_name`), not on HTTP, whose args
+    are that model's alone (`model_app_args`)."""
+    front = {**args, "model_apps": True}
+    ServiceConfig.from_args(front)  # refused here, naming the key, rather than by Serve's builder
+    apps: list[dict[str, Any]] = [{"name": name, "route_prefix": route_prefix, "import_path": BUILDER, "args": front}]
+    for entry in front.get("models") or ():
+        model = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(model, str):
+            raise ConfigError("each models: entry needs its name")
+        apps.append({"name": model_app_name(name, model), "route_prefix": None, "import_path": MODEL_BUILDER,
+                     "args": model_app_args(front, model)})
+    return {"applications": apps}
 
 
 def service_args(document: Any, app: str | None = None) -> dict[str, Any]:

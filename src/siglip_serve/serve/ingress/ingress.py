@@ -10,6 +10,8 @@ once; - `cache` (serve/ingress/embedding_cache.py): the embeddings this replica 
   - `images` (serve/ingress/image_prep.py): every image checked from its header, then decoded on the fair decode queue;
   - `scheduler` (serve/ingress/schedule.py): the one call every route's work goes through.
   `towers` on the ingress itself is the default model's: it alone decides whether the service is ready.
+  Under `model_apps` each model's towers are another Serve application's (serve/plan/served_models.py
+  `model_app_name`): the ingress reaches them by name and reads that application's registry records.
 
 The routes (serve/ingress/routes.py) are thin functions of this object; serve/ingress/http_app.py puts them on a FastAPI
 app behind the front door, and serve/ingress/ingress_deployment.py is the Serve deployment that builds both.
@@ -36,7 +38,7 @@ from siglip_serve.serve.ingress.schedule import Scheduler
 from siglip_serve.serve.ingress.tower_link import LiveReplicas, RegistryLook, Towers, tower_link
 from siglip_serve.serve.ingress.url_fetch import UrlFetcher
 from siglip_serve.serve.plan.config import ServiceConfig
-from siglip_serve.serve.plan.served_models import served_models
+from siglip_serve.serve.plan.served_models import model_app_name, served_models
 from siglip_serve.serve.plan.service_plan import ServicePlan
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.metrics import EmbeddingCacheMetrics, IngressMetrics
@@ -76,7 +78,8 @@ class Ingress:
                  live_replicas: LiveReplicas = registry.live_replicas,
                  refusal: Callable[[str, str], str | None] = registry.refusal,
                  endpoints: tuple[Sequence[str], Sequence[str]] = ((), ())) -> None:
-        """`towers`: per served model, its towers' handles ("image", and "text" where it has one); `plan`: the
+        """`towers`: per served model, its towers' handles ("image", and "text" where it has one; none under
+        `model_apps`, whose models' applications are found by name); `plan`: the
         service's (serve/plan/planner.py): each tower's replicas, this ingress's limits; `models`: each model's
         geometry; `replica`: (application, replica id), read from Serve's replica context when not given;
         `live_replicas`, `refusal`: how the registry is read (every live replica's record; a tower's last
@@ -100,13 +103,20 @@ class Ingress:
         self.look = RegistryLook(self.app_name, live_replicas)
         configs = {model.name: model.config for model in served_models(config)}
         self.served = {model.name: self._serve(model.name, configs[model.name], models[model.name],
-                                               towers[model.name]) for model in plan.models}
+                                               towers.get(model.name), live_replicas) for model in plan.models}
 
     def _serve(self, name: str, config: ServiceConfig, model: ModelInfo,
-               handles: Mapping[str, DeploymentHandle]) -> Served:
+               handles: Mapping[str, DeploymentHandle] | None, live_replicas: LiveReplicas) -> Served:
         planned = self.plan.named(name).towers
+        look = self.look
+        if handles is None:  # `model_apps`: the towers are the model's own application's, found by name
+            app = model_app_name(self.app_name, name)
+            # No existence check: the model's application may be deployed in the same `serve deploy` as this
+            # replica; its calls wait for its replicas as any handle's do.
+            handles = {tower: DeploymentHandle(plan.deployment.name, app) for tower, plan in planned.items()}
+            look = RegistryLook(app, live_replicas)
         towers = Towers({tower: tower_link(handle, config, planned[tower], self.plan.ingress.replicas)
-                         for tower, handle in handles.items() if tower in planned}, self.look)
+                         for tower, handle in handles.items() if tower in planned}, look)
         metrics = self.metrics.of(name)
         images = ImagePrep(config, model.image_size, metrics.preprocessed)
         scopes = {tower: cache_scope(config, tower, model.image_size) for tower in ("image", "text")}
@@ -157,14 +167,15 @@ class Ingress:
 
     async def readiness(self) -> tuple[ApiError | None, dict[str, Any]]:
         """(why this replica cannot serve now, or None; the counts of every tower it serves)."""
-        records = await self.look.replicas()  # one read of the registry for every model's towers
-        ready = self.towers.observe(records)
+        records = await self._records()  # one read of the registry per application for every model's towers
+        ready = self.towers.observe(records[self.towers.look.app_name])
         self.cache.publish_size()
         image = self.towers["image"].counts()
         counts = {**image, "towers": {tower: link.counts() for tower, link in self.towers.items()}}
         if len(self.served) > 1:
             # The default model alone decides; each other model's own requests wait for its own replicas.
-            counts["models"] = {name: served.towers.observe(records) for name, served in self.served.items()}
+            counts["models"] = {name: served.towers.observe(records[served.towers.look.app_name])
+                                for name, served in self.served.items()}
         if await self.door.drain_marked():
             return ApiError(503, ErrorType.NOT_READY, "server is shutting down", self.door.retry_after()), counts
         if not ready:
@@ -172,7 +183,7 @@ class Ingress:
             for tower, link in self.towers.items():
                 if link.live < link.plan.min_ready:
                     # A replica that refused to start on its node left its line (serve/towers/replica_start.py).
-                    refused = await asyncio.to_thread(self._refusal, self.app_name, tower)
+                    refused = await asyncio.to_thread(self._refusal, self.towers.look.app_name, tower)
                     short.append(f"{link.live} of {link.plan.replicas} "
                                  f"{'text encoder' if tower == 'text' else 'encoder'} replicas ready; "
                                  f"{link.plan.min_ready} needed" + (f" ({refused})" if refused else ""))
@@ -181,8 +192,14 @@ class Ingress:
 
     async def describe(self) -> list[dict[str, Any]]:
         """/v1/models' entries: per model, the default first, its image replicas and its text tower."""
-        records = await self.look.replicas()
-        return [self._describe(served, records) for served in self.served.values()]
+        records = await self._records()
+        return [self._describe(served, records[served.towers.look.app_name]) for served in self.served.values()]
+
+    async def _records(self) -> dict[str, list[dict[str, Any]]]:
+        """Every live replica's record, by application: each application's read once, all at once."""
+        looks = {served.towers.look.app_name: served.towers.look for served in self.served.values()}
+        found = await asyncio.gather(*(look.replicas() for look in looks.values()))
+        return dict(zip(looks, found, strict=True))
 
     def _describe(self, served: Served, records: list[dict[str, Any]]) -> dict[str, Any]:
         towers = served.towers

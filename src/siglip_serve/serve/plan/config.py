@@ -226,6 +226,14 @@ class ServiceConfig(ModelSettings):
                         "replicas, text_replicas, ...); empty: the one model above, named by `model`")
     default_model: str | None = Field(None, description="the model that answers a request naming none (default: "
                                                         "the first of models)")
+    # Serve gives every deployment of an application one code version, hashed from the application's args
+    # (ray/serve/_private/deploy_utils.py get_app_code_version), so a tower inside the front application
+    # restarts whenever the set of models changes; in an application of its own it does not.
+    model_apps: bool = Field(False, description="several models: each model's towers run in a Serve application "
+                                                "of their own, named <this application>-<model name> "
+                                                "(siglip_serve.serve.app:build_model_app), and this application "
+                                                "holds the ingress alone, so models can be added and removed "
+                                                "without restarting the others (docs/operations.md)")
     log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
                                                "every replica")
@@ -270,6 +278,8 @@ class ServiceConfig(ModelSettings):
             raise ValueError(f"ingress_replicas: {self.ingress_replicas} and ingress_autoscaling contradict; with "
                              "ingress_autoscaling the count is its min_replicas..max_replicas (leave "
                              "ingress_replicas unset)")
+        if self.model_apps and not self.models:
+            raise ValueError("model_apps: true needs models: (each model's towers in an application of its own)")
         if self.device_jpeg_decode and not self.backend_record.device_decode:
             raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
         # `auto` counts the device the image replicas hold, or the host's cores the model runs on.

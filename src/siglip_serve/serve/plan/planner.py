@@ -153,7 +153,14 @@ def _tower(config: ServiceConfig, asks: Plan, tower: str, model: str, name: str,
                      torch_threads=threads, visible_devices_env=visible_devices_env(asks, ask))
 
 
-def _ingress(config: ServiceConfig, image_replicas: int) -> IngressPlan:
+# Under `model_apps` adding or removing a model changes the front application's args, and so restarts every
+# ingress replica (ray/serve/_private/version.py DeploymentVersion.requires_actor_restart). With a surge Serve
+# starts each replacement before it stops the replica it replaces (ray/serve/_private/deployment_state.py
+# _surge_replicas_to_start), so a single ingress replica is never gone while the towers stay.
+INGRESS_SURGE_PERCENT = 100
+
+
+def _ingress(config: ServiceConfig, image_replicas: int, surge: bool = False) -> IngressPlan:
     count = cpu_plan.ingress_replicas_for(config, image_replicas)
     scaling = config.ingress_autoscaling
     limits = front_door_limits(config, image_replicas, count)
@@ -172,7 +179,8 @@ def _ingress(config: ServiceConfig, image_replicas: int) -> IngressPlan:
     held = limits.max_ongoing_requests + limits.max_queued_requests
     deployment = DeploymentPlan(name="Ingress", num_replicas=None if autoscaling else count,
                                 autoscaling_config=autoscaling, ray_actor_options=options,
-                                max_ongoing_requests=held, max_queued_requests=held)
+                                max_ongoing_requests=held, max_queued_requests=held,
+                                max_surge_percent=INGRESS_SURGE_PERCENT if surge else None)
     return IngressPlan(deployment=deployment, ask=ReplicaAsk(num_cpus=config.ingress_num_cpus), replicas=count,
                        max_replicas=scaling.max_replicas if scaling is not None else count, limits=limits)
 
@@ -203,4 +211,4 @@ def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = 
     # The ingress serves every model: its share of all their image replicas' calls, sized as the default
     # model's (whose config holds the service's own settings, as every model's does).
     replicas = sum(model.image.replicas for model in models)
-    return ServicePlan(models=models, ingress=_ingress(served[0].config, replicas))
+    return ServicePlan(models=models, ingress=_ingress(served[0].config, replicas, config.model_apps))

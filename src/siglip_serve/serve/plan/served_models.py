@@ -28,6 +28,29 @@ PER_MODEL: frozenset[str] = frozenset(ModelSettings.model_fields) | {
 }
 # A name goes into deployment names, URLs' query strings and metric labels as it is.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+# What the ingress alone reads. Left out of a model's own application (`model_apps`), so changing one of them
+# rolls the ingress only: the towers' code version is their application's args' hash.
+FRONT_ONLY: frozenset[str] = frozenset({
+    "models", "default_model", "model_apps", "api_key", "api_key_file", "url_fetch_allowlist",
+    "url_fetch_concurrency", "url_fetch_timeout_s", "embedding_cache_mib", "max_body_bytes", "max_image_pixels",
+    "max_image_side", "max_request_pixels", "max_images_per_request", "max_texts_per_request", "max_text_chars",
+    "decode_memory_budget_bytes", "decode_threads", "max_queued_requests", "retry_after_s", "drain_timeout_s",
+    "ingress_replicas", "ingress_autoscaling", "ingress_num_cpus", "ingress_max_ongoing_requests", "access_log",
+})
+
+
+def model_app_name(front: str, name: str) -> str:
+    """The Serve application of model `name`'s towers under `model_apps`, beside the front application `front`."""
+    return f"{front}-{name}"
+
+
+def model_app_args(args: dict[str, Any], name: str) -> dict[str, Any]:
+    """The `args:` of model `name`'s own application, from the front application's: the settings its towers
+    read and its one `models:` entry, nothing another model or the ingress sets."""
+    entries = [entry for entry in args.get("models") or () if isinstance(entry, dict) and entry.get("name") == name]
+    if len(entries) != 1:
+        raise ConfigError(f"model {name!r} is not among models: (or named twice)")
+    return {**{key: value for key, value in args.items() if key not in FRONT_ONLY}, "models": [dict(entries[0])]}
 
 
 class ServedModel(BaseModel):
@@ -46,7 +69,7 @@ def served_models(config: ServiceConfig) -> tuple[ServedModel, ...]:
             raise ConfigError(f"default_model {config.default_model!r} is not a served model; this service serves "
                               f"{config.model!r} (several models: list them under models:)")
         return (ServedModel(name=config.model, config=config),)
-    shared = config.model_dump(exclude_unset=True, exclude={"models", "default_model"})
+    shared = config.model_dump(exclude_unset=True, exclude={"models", "default_model", "model_apps"})
     served: list[ServedModel] = []
     for index, entry in enumerate(config.models):
         served.append(_entry(index, entry, shared, [model.name for model in served]))

@@ -69,6 +69,7 @@ class DeploymentPlan(_Data):
     max_queued_requests: int | None = None
     graceful_shutdown_timeout_s: float | None = None
     health_check_period_s: float | None = None
+    max_surge_percent: int | None = None
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments of `serve.deployment`; what is unset stays Serve's default."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,9 @@ log = logging.getLogger("siglip_serve.encoder")
 class ImageReplica(TowerReplica):
     """The image tower; published (serve/shared/registry.py) once warm with the cores it sees."""
 
-    def __init__(self, config: ServiceConfig, plan: TowerPlan) -> None:
+    def __init__(self, config: ServiceConfig, plan: TowerPlan, companions: Sequence[Any] = ()) -> None:
+        """`companions`: the model's other towers' handles where this tower is its own application's ingress
+        (serve/app.py `build_model_app`): bound here only so that Serve deploys them in that application."""
         start = StartMarks.at_constructor()
         configure_replica_logging(config.log_level)
         settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})

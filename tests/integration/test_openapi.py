@@ -27,9 +27,12 @@ from pydantic import BaseModel, ValidationError
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from siglip_serve.serve.http.embed_request import IMAGE_FORMAT, CohereEmbedRequest, EmbeddingsRequest
-from siglip_serve.serve.http.http_body import IMAGE_MEDIA_TYPES, ClassifyRequest
-from siglip_serve.serve.http.rerank import RerankRequest
+from siglip_serve.serve.http.embed_request import IMAGE_FORMAT
+from siglip_serve.serve.http.http_body import IMAGE_MEDIA_TYPES
+from siglip_serve.serve.ingress.endpoints.classify import ClassifyRequest
+from siglip_serve.serve.ingress.endpoints.cohere_embed import CohereEmbedRequest
+from siglip_serve.serve.ingress.endpoints.embeddings import EmbeddingsRequest
+from siglip_serve.serve.ingress.endpoints.rerank import RerankRequest
 from tests.helpers import AUTH
 
 PIL_FORMATS = {"image/jpeg": "JPEG", "image/png": "PNG", "image/webp": "WEBP", "image/gif": "GIF",

@@ -12,8 +12,8 @@ from fastapi import FastAPI, Request, Response
 from siglip_serve.serve.http.embed_request import IMAGE_FORMAT
 from siglip_serve.serve.http.errors import ApiError, ErrorType, error_response
 from siglip_serve.serve.http.openapi import openapi_document
-from siglip_serve.serve.ingress.http_app import Probe, endpoint_labels
-from siglip_serve.serve.ingress.routes import ROUTES
+from siglip_serve.serve.ingress.endpoints import ROUTES
+from siglip_serve.serve.ingress.http_app import Probe, endpoint_labels, operations
 
 
 def document() -> dict[str, Any]:
@@ -24,7 +24,7 @@ def document() -> dict[str, Any]:
 
         app.add_api_route(route.path, endpoint, methods=[route.method], name=route.handler.__name__,
                           include_in_schema=route.in_schema if isinstance(route, Probe) else True)
-    return openapi_document(app)
+    return openapi_document(app, operations(ROUTES))
 
 
 def validator(doc: dict[str, Any], schema: dict[str, Any]) -> jsonschema.Draft202012Validator:

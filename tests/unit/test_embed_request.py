@@ -1,5 +1,5 @@
-"""/v1/embeddings' request (serve/http/embed_request.py) and answer (serve/http/embedding_output.py): how items
-are read, the encoding alias, `dimensions`, and the quantized encodings against numpy."""
+"""/v1/embeddings' request (serve/ingress/endpoints/embeddings.py) and answer (serve/http/embedding_output.py): how
+items are read, the encoding alias, `dimensions`, and the quantized encodings against numpy."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from siglip_serve.serve.http.embed_request import EmbeddingsRequest, looks_like_image, read_items
 from siglip_serve.serve.http.embedding_output import check_dimensions, cut_dimensions, encode_rows
 from siglip_serve.serve.http.errors import ApiError
+from siglip_serve.serve.ingress.endpoints.embeddings import EmbeddingsRequest, looks_like_image, read_items
 
 
 def request(**body: object) -> EmbeddingsRequest:
@@ -137,7 +137,7 @@ def test_quantized_encodings_round_trip_against_numpy() -> None:
 
 
 def test_cohere_shape_reads_into_the_same_items() -> None:
-    from siglip_serve.serve.http.embed_request import CohereEmbedRequest, read_cohere_items
+    from siglip_serve.serve.ingress.endpoints.cohere_embed import CohereEmbedRequest, read_cohere_items
 
     def items(**body: object) -> list[tuple[str, str, str]]:
         return [(i.kind, i.value, i.label) for i in read_cohere_items(CohereEmbedRequest.model_validate(body))]
@@ -160,7 +160,7 @@ def test_cohere_shape_reads_into_the_same_items() -> None:
 
 
 def test_image_urls_are_read_as_url_items_where_an_image_is_expected(photo_jpegs: list[bytes]) -> None:
-    from siglip_serve.serve.http.embed_request import CohereEmbedRequest, read_cohere_items
+    from siglip_serve.serve.ingress.endpoints.cohere_embed import CohereEmbedRequest, read_cohere_items
 
     url = "https://images.example.com/cat.jpg"  # parsed only: nothing here fetches
     data_uri = "data:image/jpeg;base64," + base64.b64encode(photo_jpegs[0]).decode()
@@ -193,7 +193,7 @@ def test_image_urls_are_read_as_url_items_where_an_image_is_expected(photo_jpegs
 
 
 def test_a_request_can_bypass_the_embedding_cache() -> None:
-    from siglip_serve.serve.http.embed_request import CohereEmbedRequest
+    from siglip_serve.serve.ingress.endpoints.cohere_embed import CohereEmbedRequest
 
     assert request(input="x").cache is True and request(input="x", cache=False).cache is False
     assert CohereEmbedRequest.model_validate({"texts": ["a"], "cache": False}).cache is False

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 import siglip_serve.serve.ingress.ingress_deployment  # what Serve imports in an ingress replica
 from siglip_serve.serve.shared import registry
 from siglip_serve.serve.ingress.http_app import http_app
-from siglip_serve.serve.ingress.routes import ROUTES
+from siglip_serve.serve.ingress.endpoints import ROUTES
 from tests.helpers import TowerHandle, jpeg_bytes, stand_in_ingress
 
 registry.is_draining = lambda app: False  # no Ray here

@@ -1,8 +1,8 @@
-"""/v1/rerank and /v2/rerank (serve/http/rerank.py, a thin route on the scheduling call): Cohere's v2 shape read into
-items (texts, typed images, URLs), the results sorted (ties in the documents' order) and cut to `top_n`, the
-documents echoed when asked, scores as classify's (SigLIP's sigmoid with the text tower's logit scale and bias),
-the per-request limits naming the documents, and 404 with text off. On an ingress's real app (serve/ingress/http_app.py)
-with stand-in tower handles; the real app and the official `cohere` client are in
+"""/v1/rerank and /v2/rerank (serve/ingress/endpoints/rerank.py, a thin route on the scheduling call): Cohere's v2
+shape read into items (texts, typed images, URLs), the results sorted (ties in the documents' order) and cut to
+`top_n`, the documents echoed when asked, scores as classify's (SigLIP's sigmoid with the text tower's logit scale
+and bias), the per-request limits naming the documents, and 404 with text off. On an ingress's real app
+(serve/ingress/http_app.py) with stand-in tower handles; the real app and the official `cohere` client are in
 tests/integration/test_urls_cache_rerank.py."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from siglip_serve.serve.http.errors import ApiError
-from siglip_serve.serve.http.rerank import RerankRequest, read_rerank_items, render_rerank
+from siglip_serve.serve.ingress.endpoints import ROUTES
+from siglip_serve.serve.ingress.endpoints.rerank import RerankRequest, read_rerank_items, render_rerank
 from siglip_serve.serve.ingress.http_app import http_app
-from siglip_serve.serve.ingress.routes import ROUTES
 from siglip_serve.serve.shared import registry
 from tests.helpers import STAND_IN_RECORDS, TowerHandle, stand_in_ingress
 

@@ -13,7 +13,7 @@ from siglip_serve.models.loading import ModelLoadError, load_embedder, open_clip
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, load_text_tower
 from siglip_serve.serve.http.errors import ApiError
-from siglip_serve.serve.ingress.routes import prompts_of
+from siglip_serve.serve.ingress.endpoints.classify import prompts_of
 from siglip_serve.serve.ingress.schedule import zero_shot
 from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, SRC, forced_checkpoint, jpeg_bytes, small_tokenizer
 

@@ -24,9 +24,10 @@ from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve.http.embed_request import Item
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.ingress.embedding_cache import ENTRY_OVERHEAD_BYTES, cache_key
+from siglip_serve.serve.ingress.endpoints import ROUTES
+from siglip_serve.serve.ingress.endpoints.probes import readyz
 from siglip_serve.serve.ingress.http_app import http_app
 from siglip_serve.serve.ingress.ingress import Ingress
-from siglip_serve.serve.ingress.routes import ROUTES, readyz
 from siglip_serve.serve.ingress.schedule import Work
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.planner import plan_service

@@ -13,6 +13,7 @@ from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.loading import ModelInfo, model_geometry
+from siglip_serve.serve.ingress.endpoints import ROUTES
 from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
 from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
@@ -70,7 +71,7 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     log.info("ingress: %s replica(s) for %d model(s)", front.replicas if front.max_replicas == front.replicas else
              f"{front.replicas}..{front.max_replicas} autoscaled", len(plan.models))
     ingress = serve.deployment(IngressDeployment, **front.deployment.options())
-    return ingress.bind(towers, config, plan, infos, tuple(routes))
+    return ingress.bind(towers, config, plan, infos, (*ROUTES, *routes))
 
 
 def text_by_shape(config: ServiceConfig) -> ServiceConfig:
@@ -135,7 +136,7 @@ def build_model_app(args: dict[str, Any] | None = None) -> Application:
 
 def build_app_with_routes(args: dict[str, Any] | None, routes: Sequence[Route | Probe] = ()) -> Application:
     """The application of `args` (the YAML `args:` mapping) with `routes`, more routes beside the
-    contract's (serve/ingress/routes.py), each on the same front door and scheduling call (a test's, say).
+    contract's (serve/ingress/endpoints/), each on the same front door and scheduling call (a test's, say).
 
     It runs where Serve runs it: on the head, which under KubeRay mounts no artifacts, holds no weights'
     cache and may have no route to the hub. So it checks the configuration's shape only, once, before any

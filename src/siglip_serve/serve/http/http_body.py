@@ -1,24 +1,23 @@
 """The ingress's HTTP bodies: reading one within its limit, its Content-Type, JSON request bodies,
 multipart file parts, data URIs and base64 images, and the response.
 
-Kept apart from the request path (serve/ingress/routes.py, serve/ingress/schedule.py) so those stay about what a request
-costs and when; nothing here knows Ray. What comes out is image file bytes for models/preprocess.py.
+What several endpoints share (serve/ingress/endpoints/); kept apart from the request path (serve/ingress/schedule.py)
+so that stays about what a request costs and when; nothing here knows Ray. What comes out is image file bytes for
+models/preprocess.py.
 """
 
 import asyncio
 import base64
 import binascii
 import unicodedata
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import orjson
 import pybase64
 from fastapi import Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -26,18 +25,9 @@ from siglip_serve.core import lanes
 from siglip_serve.core.front_door import CLIENT_SEND_TIMEOUT_S
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
-from siglip_serve.serve.http.embed_request import (
-    NON_EMPTY,
-    URLSAFE_TO_STD,
-    CohereEmbedRequest,
-    EmbeddingsRequest,
-    ImageString,
-    ModelName,
-    Priority,
-)
+from siglip_serve.serve.http.embed_request import URLSAFE_TO_STD
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.http.errors import ApiError, ErrorType, describe_validation, error_response, rejection_error
-from siglip_serve.serve.http.rerank import RerankRequest
 
 # Ray Serve's proxy parses headers with httptools and no limits (docs/http-api.md, Front-end
 # limits); the application refuses what no client needs: nginx's default buffers hold 32 KiB.
@@ -55,7 +45,6 @@ IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "imag
                      "application/octet-stream")
 _SUPPORTED_MEDIA_TYPES = frozenset((*IMAGE_MEDIA_TYPES, "image/jpg", "image/x-ms-bmp"))
 _MEDIA_TYPES_TEXT = ", ".join(media for media in IMAGE_MEDIA_TYPES if media.startswith("image/"))
-DEFAULT_TEMPLATE = "{}"
 
 
 class HeaderLimits:
@@ -137,17 +126,7 @@ def check_image_content_type(request: Request) -> None:
                        f"content type {safe_filename(content_type or '')!r} is not a supported image type")
 
 
-class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    input: ImageString | list[ImageString] = Field(json_schema_extra=NON_EMPTY)
-    labels: list[str] = Field(min_length=1, description="distinct labels")
-    template: str = Field(DEFAULT_TEMPLATE, description="with exactly one {}, e.g. 'a photo of {}'")
-    model: ModelName = None
-    priority: Priority = None
-
-
-JsonRequest = TypeVar("JsonRequest", EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest, RerankRequest)
+JsonRequest = TypeVar("JsonRequest", bound=BaseModel)
 
 
 def parse_json(body: bytes, schema: type[JsonRequest]) -> JsonRequest:
@@ -156,8 +135,15 @@ def parse_json(body: bytes, schema: type[JsonRequest]) -> JsonRequest:
         parsed = schema.model_validate_json(body)
     except ValidationError as exc:
         raise ApiError(422, ErrorType.INVALID_REQUEST, describe_validation(exc.errors())) from None
-    lanes.demote(parsed.priority)  # the body's priority, from here on (core/lanes.py)
+    # The body's priority, from here on (core/lanes.py); every request model has the field (embed_request.py
+    # `Priority`), each in its own place among its fields.
+    lanes.demote(getattr(parsed, "priority", None))
     return parsed
+
+
+async def read_json(request: Request, limit: int, schema: type[JsonRequest]) -> JsonRequest:
+    """The body within `limit` bytes, as `schema`."""
+    return parse_json(await read_body(request, limit), schema)
 
 
 async def multipart_form(request: Request, body: bytes) -> tuple[list[tuple[str, bytes]], dict[str, list[str]]]:
@@ -192,36 +178,6 @@ async def multipart_files(request: Request, body: bytes) -> list[tuple[str, byte
     if not files:
         raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
     return files
-
-
-@dataclass(frozen=True)
-class ClassifyInput:
-    """/v1/classify's body, JSON or multipart: its images (with the labels messages name them by), the labels
-    to score, and the template each label goes into."""
-
-    images: list[bytes | str]
-    image_labels: list[str]
-    labels: list[str]
-    template: str
-    model: str | None = None  # the model asked for (JSON's `model`, a multipart `model` field); None: the default
-
-
-async def read_classify(request: Request, body: bytes) -> ClassifyInput:
-    if is_multipart(request):
-        files, fields = await multipart_form(request, body)
-        if not files:
-            raise ApiError(400, ErrorType.EMPTY_BODY, "multipart body has no file parts")
-        labels = fields.get("labels", [])
-        if not labels:
-            raise ApiError(422, ErrorType.INVALID_REQUEST, "labels: give one or more `labels` form fields")
-        models = fields.get("model") or []
-        return ClassifyInput([data for _, data in files], file_labels(files), labels,
-                             (fields.get("template") or [DEFAULT_TEMPLATE])[-1], models[-1] if models else None)
-    parsed = parse_json(body, ClassifyRequest)
-    if isinstance(parsed.input, str):
-        return ClassifyInput([parsed.input], ["input"], parsed.labels, parsed.template, parsed.model)
-    return ClassifyInput(list(parsed.input), [f"input[{i}]" for i in range(len(parsed.input))], parsed.labels,
-                         parsed.template, parsed.model)
 
 
 def file_labels(files: Sequence[tuple[str, bytes]]) -> list[str]:
@@ -315,24 +271,4 @@ def render_embeddings(embeddings: np.ndarray, model: str, encoding: str, images:
     if read_as is not None:
         usage["read_as"] = list(read_as)
     body = {"object": "list", "data": data, "model": model, "usage": usage}
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
-
-
-def render_cohere(embeddings: np.ndarray, model: str, encodings: Sequence[str], texts: Sequence[str],
-                  images: int) -> Response:
-    """Cohere's v2 embed answer: every asked encoding of every row, by type; int8/uint8 scales beside them."""
-    by_type: dict[str, Any] = {}
-    scales: dict[str, Any] = {}
-    for encoding in dict.fromkeys(encodings):
-        rows, row_scales = encode_rows(embeddings, encoding)
-        by_type[encoding] = rows
-        if row_scales is not None:
-            scales[encoding] = row_scales
-    body: dict[str, Any] = {
-        "id": uuid.uuid4().hex, "response_type": "embeddings_by_type", "embeddings": by_type,
-        "texts": list(texts), "model": model,
-        "meta": {"api_version": {"version": "2"}, "billed_units": {"images": images, "input_tokens": 0}},
-    }
-    if scales:
-        body["scales"] = scales
     return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")

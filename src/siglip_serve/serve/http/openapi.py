@@ -1,48 +1,53 @@
 """The OpenAPI document of the HTTP contract (docs/http-api.md): real request bodies, every error.
 
 The routes read their bodies themselves (a byte limit comes before any parsing), so FastAPI sees
-no body parameters and would publish none. Here each route gets, through FastAPI's own
-`openapi_extra` and `responses`, the bodies it accepts (JSON, raw image bytes, multipart) and the
-contract's error shape for every status it can answer. `/docs` can then send an image, and
-schemathesis checks the live app against this document (tests/integration/test_openapi.py).
+no body parameters and would publish none. Here each route gets the bodies it accepts (JSON, raw image
+bytes, multipart) and the contract's error shape for every status it can answer, from the `Operation`
+its row carries (serve/ingress/endpoints/: each endpoint's module says its own). `/docs` can then send
+an image, and schemathesis checks the live app against this document (tests/integration/test_openapi.py).
 
-Every JSON body's schema is its pydantic model's (the request models the routes parse with, the answer
-models of serve/http/responses.py, the error model of serve/http/errors.py); only what no model holds is written
-here: the raw-image and multipart bodies, and why each error status happens.
+Every JSON body's schema is its pydantic model's (the request and answer models each endpoint's module
+holds, the error model of serve/http/errors.py); only what no model holds is written by hand: the raw-image
+and multipart bodies (in the endpoint's `Operation`), and why each error status happens (here, shared).
+Nothing here names an endpoint: the document is built from the operations it is given.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from siglip_serve.serve.http.embed_request import CohereEmbedRequest, EmbeddingsRequest
 from siglip_serve.serve.http.errors import ErrorBody
-from siglip_serve.serve.http.http_body import IMAGE_MEDIA_TYPES, ClassifyRequest
-from siglip_serve.serve.http.rerank import RerankRequest
-from siglip_serve.serve.http.responses import (
-    ClassifyResponse,
-    CohereEmbedResponse,
-    EmbeddingsResponse,
-    Health,
-    ModelsResponse,
-    Ready,
-    RerankResponse,
-)
 
 _REF = "#/components/schemas/{model}"
-# Requests as the server validates them, answers as the routes write them.
-_MODELS: tuple[tuple[type[BaseModel], JsonSchemaMode], ...] = (
-    *((model, "validation") for model in (EmbeddingsRequest, CohereEmbedRequest, ClassifyRequest, RerankRequest)),
-    *((model, "serialization") for model in (ErrorBody, EmbeddingsResponse, CohereEmbedResponse, ClassifyResponse,
-                                             RerankResponse, ModelsResponse, Health, Ready)),
-)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What the document says of one route beyond what FastAPI sees: its summary, its answer's model, the error
+    statuses it can answer, and the bodies it accepts: `body`, a JSON request model, and `bodies`, media type ->
+    content entry written by hand (raw bytes, multipart). `model_in`: where a request names its model outside
+    JSON, the raw body's `?model=` query or a multipart `model` field (docs/http-api.md, Several models)."""
+
+    summary: str
+    answer: type[BaseModel]
+    answer_text: str
+    errors: tuple[int, ...]
+    body: type[BaseModel] | None = None
+    bodies: Mapping[str, Any] = field(default_factory=dict)
+    model_in: Literal["query", "form"] | None = None
+
+
+# (method, path) -> its operation: the document's view of the route table.
+Operations = Mapping[tuple[str, str], Operation]
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -60,8 +65,8 @@ _ERROR_SCHEMA = {key: value for key, value in ErrorBody.model_json_schema(ref_te
 
 # Multipart bodies are read by hand (serve/http/http_body.py multipart_form), so no model says them. A file part is
 # one with a filename, whatever its name; `format: binary` is what makes generators send one.
-_FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1,
-          "description": "image files (JPEG, PNG, WebP, GIF, BMP, TIFF), each a part with a filename"}
+FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1,
+         "description": "image files (JPEG, PNG, WebP, GIF, BMP, TIFF), each a part with a filename"}
 
 _WHY = {
     400: "empty body, malformed multipart, an image that cannot be decoded (data with an image format's "
@@ -92,126 +97,85 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-def _ok(model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
-    return {200: {"description": description, "content": _json(model)}}
-
-
-def _body(model: type[BaseModel], **more: dict[str, Any]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {**_json(model), **more}}}
-
-
-_EMBED_ERRORS = (400, 401, 404, 408, 413, 415, 422, 429, 431, 500, 503, 504)
+# What a route that does work can answer.
+WORK_ERRORS = (400, 401, 404, 408, 413, 415, 422, 429, 431, 500, 503, 504)
 # The request's priority where the body has no field for it, or for HAProxy's queue (docs/http-api.md, Lanes).
 _PRIORITY_HEADER = {"name": "X-Priority", "in": "header", "required": False,
                     "schema": {"type": "integer", "minimum": 0, "maximum": 999},
                     "description": "lower is handled earlier: 0 interactive, 1 default, 2 and above bulk; moves the "
                                    "request down from its API key's lane, never up"}
 
-ROUTES: dict[tuple[str, str], dict[str, Any]] = {
-    ("POST", "/v1/embeddings"): {
-        "summary": "Embed images (base64) and texts in OpenAI's embeddings request shape",
-        "openapi_extra": _body(EmbeddingsRequest),
-        "responses": {**_ok(EmbeddingsResponse, "one embedding per input, in order"), **_errors(*_EMBED_ERRORS)},
-    },
-    ("POST", "/v2/embed"): {
-        "summary": "Cohere's v2 embed shape (texts, images or inputs; embeddings by type), same path as /v1/embeddings",
-        "openapi_extra": _body(CohereEmbedRequest),
-        "responses": {**_ok(CohereEmbedResponse, "every asked type, one row per input, in order"),
-                      **_errors(*_EMBED_ERRORS)},
-    },
-    ("POST", "/v1/embeddings/image"): {
-        "summary": "Embed raw image bytes, or the file parts of a multipart form",
-        "openapi_extra": {"requestBody": {"required": True, "content": {
-            **{media: {"schema": {"type": "string", "format": "binary"}} for media in IMAGE_MEDIA_TYPES},
-            "multipart/form-data": {"schema": {
-                "type": "object", "required": ["file"], "properties": {"file": _FILES},
-                "description": "every file part is an image; the part names do not matter",
-            }},
-        }}},
-        "responses": {**_ok(EmbeddingsResponse, "one embedding per image, in order"), **_errors(*_EMBED_ERRORS)},
-    },
-    ("POST", "/v1/classify"): {
-        "summary": "Zero-shot classification: SigLIP's sigmoid probability of every label for every image",
-        "openapi_extra": _body(ClassifyRequest, **{"multipart/form-data": {"schema": {
-            "type": "object", "required": ["file", "labels"],
-            "properties": {"file": _FILES, "labels": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                           "template": {"type": "string"}},
-            "description": "image file parts, one `labels` field per label, optional `template`",
-        }}}),
-        "responses": {**_ok(ClassifyResponse, "per image, every label's probability"), **_errors(*_EMBED_ERRORS)},
-    },
-    **{("POST", path): {
-        "summary": "Rerank (Cohere's v2 shape): documents, texts or images, ordered by SigLIP's probability for the "
-                   "query" + (" (Cohere's path, as the cohere SDK calls it)" if path.startswith("/v2") else ""),
-        "openapi_extra": _body(RerankRequest),
-        "responses": {**_ok(RerankResponse, "the documents' indices and scores, highest first"),
-                      **_errors(*_EMBED_ERRORS)},
-    } for path in ("/v1/rerank", "/v2/rerank")},
-    ("GET", "/v1/models"): {
-        "summary": "The served model and every encoder replica",
-        "responses": {**_ok(ModelsResponse, "model list"), **_errors(401, 500)},
-    },
-    ("GET", "/healthz"): {
-        "summary": "200 while the process is up",
-        "responses": {**_ok(Health, "up"), **_errors(500)},
-    },
-    ("GET", "/readyz"): {
-        "summary": "200 while every tower served has min_ready_replicas replicas warm; 503 before and while draining",
-        "responses": {**_ok(Ready, "ready"), **_errors(500, 503)},
-    },
-}
 
-
-def _schemas() -> dict[str, Any]:
-    """Every model's schema (and the ones they use) under components/schemas, as the routes' $refs name them."""
-    _, definitions = models_json_schema(_MODELS, ref_template=_REF)
+def _schemas(operations: Operations) -> dict[str, Any]:
+    """Every model's schema (and the ones they use) under components/schemas, as the routes' $refs name them:
+    requests as the server validates them, answers as the routes write them."""
+    requests: dict[type[BaseModel], None] = dict.fromkeys(
+        op.body for op in operations.values() if op.body is not None)
+    answers: dict[type[BaseModel], None] = dict.fromkeys((ErrorBody, *(op.answer for op in operations.values())))
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        *((model, "validation") for model in requests), *((model, "serialization") for model in answers)]
+    _, definitions = models_json_schema(models, ref_template=_REF)
     return dict(definitions.get("$defs", {}))
 
 
-def _model_choice(operation: dict[str, Any], path: str, models: list[str]) -> None:
-    """Where a request names its model outside JSON: the raw image route's `?model=`, classify's multipart
-    `model` field; the names this service serves (docs/http-api.md, Several models)."""
+def _request_body(doc: Operation) -> dict[str, Any]:
+    content = {**(_json(doc.body) if doc.body is not None else {}), **doc.bodies}
+    return {"requestBody": {"required": True, "content": content}} if content else {}
+
+
+def _model_choice(operation: dict[str, Any], doc: Operation, models: list[str]) -> None:
+    """Where a request names its model outside JSON (`doc.model_in`): the names this service serves."""
     choice = {"type": "string", "enum": models, "description": "the served model (default: the first)"}
-    if path == "/v1/embeddings/image":
+    if doc.model_in == "query":
         operation["parameters"] = [*operation.get("parameters", []),
                                    {"name": "model", "in": "query", "required": False, "schema": choice}]
     form = operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
-    if path == "/v1/classify" and "properties" in form:
+    if doc.model_in == "form" and "properties" in form:
         form["properties"] = {**form["properties"], "model": choice}
 
 
-def openapi_document(app: FastAPI, models: list[str] | None = None) -> dict[str, Any]:
-    """The contract's document for the routes `app` serves; `models`: the names of the models it serves.
+def openapi_document(app: FastAPI, operations: Operations, models: list[str] | None = None) -> dict[str, Any]:
+    """The contract's document for the routes `app` serves, each completed by its `operations` entry; `models`:
+    the names of the models it serves.
 
     FastAPI's document is completed here, path by path, rather than through the route objects: in
     a Serve replica the app answering requests is Serve's wrapper around a frozen copy of ours,
     whose generated routes do not carry attributes set on the originals."""
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
                          description="The siglip-serve HTTP contract; see docs/http-api.md.")
-    for (method, path), doc in ROUTES.items():
+    for (method, path), doc in operations.items():
         operation = schema.get("paths", {}).get(path, {}).get(method.lower())
         if operation is None:
             continue
-        operation["summary"] = doc["summary"]
-        operation.update(copy.deepcopy(doc.get("openapi_extra") or {}))
+        operation["summary"] = doc.summary
+        operation.update(copy.deepcopy(_request_body(doc)))
         if method == "POST":
             operation["parameters"] = [*operation.get("parameters", []), dict(_PRIORITY_HEADER)]
         if models:
-            _model_choice(operation, path, models)
-        operation["responses"] = {str(status): answer for status, answer in doc["responses"].items()}
+            _model_choice(operation, doc, models)
+        operation["responses"] = {"200": {"description": doc.answer_text, "content": _json(doc.answer)},
+                                  **{str(status): answer for status, answer in _errors(*doc.errors).items()}}
     components = schema.get("components", {})
-    schema["components"] = {**components, "schemas": {**components.get("schemas", {}), **_schemas()},
+    schema["components"] = {**components, "schemas": {**components.get("schemas", {}), **_schemas(operations)},
                             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                                            "description": "only when the service has an api_key"}}}
     return schema
 
 
-def _document(app: FastAPI) -> dict[str, Any]:
+def _document(app: FastAPI, operations: Operations) -> dict[str, Any]:
     if app.openapi_schema is None:
-        app.openapi_schema = openapi_document(app)
+        app.openapi_schema = openapi_document(app, operations)
     return app.openapi_schema
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Serve the contract's document at /openapi.json (and /docs) instead of FastAPI's bare one."""
-    app.openapi = partial(_document, app)  # type: ignore[method-assign]
+def install_openapi(app: FastAPI, operations: Operations) -> None:
+    """The contract's document instead of FastAPI's bare one, from the operations of the routes `app` serves;
+    kept in the app's state for the /openapi.json route (`served_document`)."""
+    app.state.openapi_operations = operations
+    app.openapi = partial(_document, app, operations)  # type: ignore[method-assign]
+
+
+def served_document(app: FastAPI, models: list[str]) -> dict[str, Any]:
+    """The document of an app `install_openapi` completed, naming the models it serves."""
+    operations: Operations = app.state.openapi_operations
+    return openapi_document(app, operations, models)

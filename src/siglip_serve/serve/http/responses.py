@@ -1,7 +1,8 @@
-"""The JSON answers of the HTTP contract (docs/http-api.md) as pydantic models, for the OpenAPI document.
+"""The JSON answers several endpoints share (docs/http-api.md) as pydantic models, for the OpenAPI document; each
+endpoint's own answer model is in its module (serve/ingress/endpoints/), built on `Answer`.
 
-The routes write their answers with orjson straight from numpy rows (serve/http/http_body.py, serve/http/rerank.py,
-serve/ingress/routes.py), never through these models: the models say what those answers hold, and schemathesis checks
+The routes write their answers with orjson straight from numpy rows (serve/http/http_body.py, the endpoints'
+modules), never through these models: the models say what those answers hold, and schemathesis checks
 the live answers against them (tests/integration/test_openapi.py). A field the answer writes only sometimes is
 `X | SkipJsonSchema[None] = None`: left out of `required` rather than published as nullable.
 """
@@ -13,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from siglip_serve.serve.http.embed_request import Encoding, Modality
+from siglip_serve.serve.http.embed_request import Modality
 
 
 def _no_null_defaults(schema: dict[str, Any]) -> None:
@@ -52,72 +53,6 @@ class EmbeddingsResponse(Answer):
     usage: EmbeddingsUsage
 
 
-class CohereEmbedResponse(Answer):
-    id: str
-    response_type: Literal["embeddings_by_type"]
-    embeddings: dict[Encoding, list[list[float] | str]] = Field(
-        description="per asked type, one row per input in order")
-    scales: dict[Encoding, list[float]] | SkipJsonSchema[None] = Field(
-        None, description="int8 / uint8: each row's scale (row ~ q / scale)")
-    texts: list[str]
-    model: str
-    meta: dict[str, Any]
-
-
-class LabelScore(Answer):
-    label: str
-    score: float = Field(ge=0, le=1, description="SigLIP's sigmoid probability")
-
-
-class Classification(Answer):
-    object: Literal["classification"]
-    index: int = Field(ge=0)
-    labels: list[LabelScore] = Field(description="every label with its sigmoid probability, highest first")
-
-
 class Counts(Answer):
     images: int
     texts: int
-
-
-class ClassifyResponse(Answer):
-    object: Literal["list"]
-    data: list[Classification]
-    model: str
-    template: str
-    usage: Counts
-
-
-class RerankDocument(Answer):
-    text: str | SkipJsonSchema[None] = None
-    image: str | SkipJsonSchema[None] = None
-
-
-class RerankResult(Answer):
-    index: int = Field(ge=0, description="the document's place in the request")
-    relevance_score: float = Field(ge=0, le=1, description="SigLIP's sigmoid probability, as classify's score")
-    document: RerankDocument | SkipJsonSchema[None] = Field(None, description="return_documents only")
-
-
-class RerankResponse(Answer):
-    id: str
-    results: list[RerankResult] = Field(description="highest relevance_score first; ties in the documents' order")
-    model: str
-    meta: dict[str, Any]
-    usage: Counts
-
-
-class ModelsResponse(Answer):
-    object: Literal["list"]
-    data: list[dict[str, Any]] = Field(description="the served model, its replicas and its cache "
-                                                   "(docs/http-api.md, GET /v1/models)")
-
-
-class Health(Answer):
-    status: str
-
-
-class Ready(Answer):
-    status: str
-    replicas: int
-    towers: dict[str, Any] | SkipJsonSchema[None] = Field(None, description="the counts per tower")

@@ -1,5 +1,5 @@
-"""The ingress's FastAPI application, built in each replica from its routes (serve/ingress/routes.py's table, plus any a
-caller adds: `build(config, routes=...)` in serve/app.py).
+"""The ingress's FastAPI application, built in each replica from its routes (serve/ingress/endpoints/' table, plus any a
+caller adds: `build(config, routes=...)` in serve/app.py), and its OpenAPI document from theirs.
 
 A route is a thin function of the replica's `Ingress`; what every route gets without writing it is here: the
 contract's errors for anything raised, counted once (serve/http/errors.py), the header limits, the API key, the
@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request, Response
 from siglip_serve.core import lanes
 from siglip_serve.serve.http.errors import install_error_handlers
 from siglip_serve.serve.http.http_body import HeaderLimits
-from siglip_serve.serve.http.openapi import install_openapi
+from siglip_serve.serve.http.openapi import Operation, Operations, install_openapi
 from siglip_serve.serve.ingress.ingress import Ingress
 
 # (the replica's ingress, the request, its deadline in time.monotonic()) -> the answer.
@@ -44,6 +44,8 @@ class Route:
     # texts; every ingress exports each label's series from zero.
     endpoints: tuple[str, ...] = ()
     texts: bool = False
+    # What the OpenAPI document says of it (serve/http/openapi.py); without one, FastAPI's bare entry.
+    doc: Operation | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Probe:
     handler: ProbeHandler
     auth: bool = True
     in_schema: bool = True
+    doc: Operation | None = None
 
 
 def endpoint_labels(routes: Sequence[Route | Probe]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -64,10 +67,15 @@ def endpoint_labels(routes: Sequence[Route | Probe]) -> tuple[tuple[str, ...], t
             tuple(dict.fromkeys(label for route in work if route.texts for label in route.endpoints)))
 
 
+def operations(routes: Sequence[Route | Probe]) -> Operations:
+    """The document's entry of every route that has one."""
+    return {(route.method, route.path): route.doc for route in routes if route.doc is not None}
+
+
 def http_app(ingress: Ingress, routes: Sequence[Route | Probe]) -> FastAPI:
-    # /docs and /openapi.json are routes like the others (serve/ingress/routes.py), behind the API key.
+    # /docs and /openapi.json are routes like the others (serve/ingress/endpoints/probes.py), behind the API key.
     app = FastAPI(title="siglip-serve", version="1", docs_url=None, redoc_url=None, openapi_url=None)
-    install_openapi(app)  # real request bodies and error responses (serve/http/openapi.py)
+    install_openapi(app, operations(routes))  # real request bodies and error responses (serve/http/openapi.py)
     install_error_handlers(app, ingress.count_error)
     app.add_middleware(HeaderLimits, on_error=ingress.count_error)
     for route in routes:

@@ -13,8 +13,8 @@ once; - `cache` (serve/ingress/embedding_cache.py): the embeddings this replica 
   Under `model_apps` each model's towers are another Serve application's (serve/plan/served_models.py
   `model_app_name`): the ingress reaches them by name and reads that application's registry records.
 
-The routes (serve/ingress/routes.py) are thin functions of this object; serve/ingress/http_app.py puts them on a FastAPI
-app behind the front door, and serve/ingress/ingress_deployment.py is the Serve deployment that builds both.
+The routes (serve/ingress/endpoints/) are thin functions of this object; serve/ingress/http_app.py puts them on a
+FastAPI app behind the front door, and serve/ingress/ingress_deployment.py is the Serve deployment that builds both.
 """
 
 from __future__ import annotations

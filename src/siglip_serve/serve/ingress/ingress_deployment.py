@@ -1,5 +1,5 @@
 """The ingress's Serve deployment: one `Ingress` (serve/ingress/ingress.py) per replica, and its HTTP app built from the
-contract's routes (serve/ingress/routes.py) and any the application adds (serve/app.py `build(..., routes=...)`).
+routes the application gives it: the contract's (serve/ingress/endpoints/) and any it adds (serve/app.py `build`).
 
 `@serve.ingress()` without an app: Serve calls `__serve_build_asgi_app__` on the replica once the constructor ran
 and serves what it returns (ray/serve/api.py `ingress`, ray/serve/_private/replica.py
@@ -18,7 +18,6 @@ from ray.serve.handle import DeploymentHandle
 from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve.ingress.http_app import Probe, Route, endpoint_labels, http_app
 from siglip_serve.serve.ingress.ingress import Ingress
-from siglip_serve.serve.ingress.routes import ROUTES
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.ingress_scaling import BUSY_CORES, BusyCores
 from siglip_serve.serve.plan.service_plan import ServicePlan
@@ -28,8 +27,9 @@ from siglip_serve.serve.plan.service_plan import ServicePlan
 class IngressDeployment:
     def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], config: ServiceConfig, plan: ServicePlan,
                  models: Mapping[str, ModelInfo], routes: Sequence[Route | Probe] = ()) -> None:
-        """`towers`: per served model, its towers' handles (Serve turns each bound deployment into one)."""
-        self.routes = (*ROUTES, *routes)
+        """`towers`: per served model, its towers' handles (Serve turns each bound deployment into one); `routes`:
+        every route its app serves."""
+        self.routes = tuple(routes)
         self.ingress = Ingress(towers, config, plan, models, endpoints=endpoint_labels(self.routes))
         self._busy_cores = BusyCores()
 

@@ -1,4 +1,5 @@
-"""/v1/rerank (and /v2/rerank, Cohere's path): order documents by SigLIP's probability that each goes with the query.
+"""POST /v1/rerank (and /v2/rerank, Cohere's path): order documents by SigLIP's probability that each goes with
+the query.
 
 The shape is Cohere's v2 rerank (docs.cohere.com/v2/reference/rerank; the `cohere` SDK's `V2RerankResponse`,
 cohere-ai/cohere-python src/cohere/v2/types/v2rerank_response.py): `model`, `query`, `documents`, `top_n`,
@@ -10,15 +11,15 @@ bias (serve/ingress/schedule.py `Scheduled.scores`). Results are sorted by score
 documents' order (as Infinity's and vLLM's stable sorts; TEI reverses ties). Nothing here knows Ray.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
 import uuid
 from typing import Annotated, Any
 
 import numpy as np
 import orjson
-from fastapi import Response
+from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from siglip_serve.serve.http.embed_request import (
     CACHE_TEXT,
@@ -33,6 +34,12 @@ from siglip_serve.serve.http.embed_request import (
     image_item,
 )
 from siglip_serve.serve.http.errors import ApiError, ErrorType
+from siglip_serve.serve.http.http_body import read_json
+from siglip_serve.serve.http.openapi import WORK_ERRORS, Operation
+from siglip_serve.serve.http.responses import Answer, Counts
+from siglip_serve.serve.ingress.http_app import Route
+from siglip_serve.serve.ingress.ingress import Ingress
+from siglip_serve.serve.ingress.schedule import SCORE, Scheduled, Work
 
 
 class RerankRequest(BaseModel):
@@ -92,3 +99,47 @@ def render_rerank(request: RerankRequest, scores: np.ndarray, model: str, images
             "meta": {"api_version": {"version": "2"}, "billed_units": {"images": images}},
             "usage": {"images": images, "texts": texts}}
     return Response(orjson.dumps(body), media_type="application/json")
+
+
+class RerankDocument(Answer):
+    text: str | SkipJsonSchema[None] = None
+    image: str | SkipJsonSchema[None] = None
+
+
+class RerankResult(Answer):
+    index: int = Field(ge=0, description="the document's place in the request")
+    relevance_score: float = Field(ge=0, le=1, description="SigLIP's sigmoid probability, as classify's score")
+    document: RerankDocument | SkipJsonSchema[None] = Field(None, description="return_documents only")
+
+
+class RerankResponse(Answer):
+    id: str
+    results: list[RerankResult] = Field(description="highest relevance_score first; ties in the documents' order")
+    model: str
+    meta: dict[str, Any]
+    usage: Counts
+
+
+async def rerank(ingress: Ingress, request: Request, deadline: float) -> Response:
+    """The query's row scored against every document's, as classify scores labels."""
+    parsed = await read_json(request, ingress.config.max_body_bytes, RerankRequest)
+    served = ingress.serving(parsed.model)
+
+    def render(done: Scheduled) -> Response:
+        scores = done.scores(done.rows[:1], done.rows[1:])[0]
+        return render_rerank(parsed, scores, served.name, done.images, done.texts)
+
+    work = Work("rerank", read_rerank_items(parsed), score=True, cache=parsed.cache,
+                texts_called="texts (the query and documents)")
+    return await served.scheduler.answer(work, deadline, render)
+
+
+def _row(path: str, summary: str) -> Route:
+    return Route("POST", path, rerank, needs=(SCORE,), endpoints=("rerank",), texts=True, doc=Operation(
+        summary, RerankResponse, "the documents' indices and scores, highest first", WORK_ERRORS, body=RerankRequest))
+
+
+_SUMMARY = "Rerank (Cohere's v2 shape): documents, texts or images, ordered by SigLIP's probability for the query"
+# Jina's, Infinity's and TEI's path, and Cohere's (what the `cohere` SDK posts to), as vLLM serves both.
+ROWS = (_row("/v1/rerank", _SUMMARY),
+        _row("/v2/rerank", _SUMMARY + " (Cohere's path, as the cohere SDK calls it)"))

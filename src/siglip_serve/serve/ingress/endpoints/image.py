@@ -1,0 +1,52 @@
+"""POST /v1/embeddings/image: one image as the raw body, or any number as multipart file parts; the model by
+`?model=` (or the default) (docs/http-api.md)."""
+
+# No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
+from fastapi import Request, Response
+
+from siglip_serve.serve.http.embed_request import Item, image_items
+from siglip_serve.serve.http.http_body import (
+    IMAGE_MEDIA_TYPES,
+    check_image_content_type,
+    file_labels,
+    is_multipart,
+    multipart_files,
+    read_body,
+    render_embeddings,
+)
+from siglip_serve.serve.http.openapi import FILES, WORK_ERRORS, Operation
+from siglip_serve.serve.http.responses import EmbeddingsResponse
+from siglip_serve.serve.ingress.http_app import Route
+from siglip_serve.serve.ingress.ingress import Ingress
+from siglip_serve.serve.ingress.schedule import Work
+
+
+async def embeddings_image(ingress: Ingress, request: Request, deadline: float) -> Response:
+    served = ingress.serving(request.query_params.get("model"))
+    multipart = is_multipart(request)
+    if not multipart:
+        check_image_content_type(request)
+    body = await read_body(request, ingress.config.max_body_bytes)
+    if not multipart:
+        work = Work("image", [Item("image", body, "image")])
+    else:
+        files = await multipart_files(request, body)
+        work = Work("multipart", image_items([data for _, data in files], file_labels(files)))
+    return await served.scheduler.answer(work, deadline, lambda done: render_embeddings(
+        done.rows, served.name, "float", images=done.images))
+
+
+# No model says these bodies: the raw bytes are read as they come, the multipart form by hand.
+_BODIES = {
+    **{media: {"schema": {"type": "string", "format": "binary"}} for media in IMAGE_MEDIA_TYPES},
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"], "properties": {"file": FILES},
+        "description": "every file part is an image; the part names do not matter",
+    }},
+}
+
+ROWS = (
+    Route("POST", "/v1/embeddings/image", embeddings_image, endpoints=("image", "multipart"), doc=Operation(
+        "Embed raw image bytes, or the file parts of a multipart form", EmbeddingsResponse,
+        "one embedding per image, in order", WORK_ERRORS, bodies=_BODIES, model_in="query")),
+)

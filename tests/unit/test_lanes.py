@@ -190,3 +190,13 @@ def test_admission_sheds_the_lowest_lane_first_and_orders_waiters() -> None:
 @pytest.mark.parametrize("lane", list(Lane))
 def test_every_lane_may_queue_at_least_one(lane: Lane) -> None:
     assert queue_share(lane, 1) == 1
+
+
+def test_the_priority_header_is_an_integer_from_0_to_999_or_absent() -> None:
+    from siglip_serve.core.lanes import parse_priority
+
+    assert parse_priority(None) is None
+    assert parse_priority(" 2 ") == 2 and parse_priority("0") == 0 and parse_priority("999") == 999
+    for bad in ("", "  ", "high", "-1", "1000", "1.5"):
+        with pytest.raises(ValueError):
+            parse_priority(bad)

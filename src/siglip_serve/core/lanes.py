@@ -85,11 +85,19 @@ def demoted(lane: Lane, priority: int | None) -> Lane:
     return lane if priority is None else max(lane, lane_of_priority(priority))
 
 
+# The range of a priority, the body's field or the header: Cohere's.
+MAX_PRIORITY = 999
+
+
 def parse_priority(header: str | None) -> int | None:
-    """The X-Priority header's integer; None when absent. ValueError when it is not an integer."""
-    if header is None or not header.strip():
+    """The X-Priority header's integer; None when absent. ValueError when present but not an integer from 0 to
+    MAX_PRIORITY (a blank one included: the contract documents an integer)."""
+    if header is None:
         return None
-    return int(header.strip())
+    value = int(header.strip())
+    if not 0 <= value <= MAX_PRIORITY:
+        raise ValueError(f"X-Priority {value} is outside 0-{MAX_PRIORITY}")
+    return value
 
 
 def offset_s(lane: Lane) -> float:

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from siglip_serve.core.lanes import MAX_PRIORITY
+
 Modality = Literal["image", "text"]
 # float / base64 (little-endian float32) as OpenAI; int8 / uint8 / binary / ubinary as Cohere, vLLM
 # and NIM name them (serve/http/embedding_output.py says how each is made).
@@ -38,7 +40,7 @@ ImageString = Annotated[str, Field(description=f"{_IMAGE_TEXT}, or {_URL_TEXT}",
 ModelName = Annotated[str | None, Field(description="optional; must name the served model")]
 # vLLM's and Cohere's `priority` (lower is earlier); here it can only move the request down from its key's
 # lane (core/lanes.py), so Cohere's default of 0 changes nothing.
-Priority = Annotated[int | None, Field(ge=0, le=999, description=(
+Priority = Annotated[int | None, Field(ge=0, le=MAX_PRIORITY, description=(
     "lower is handled earlier, as vLLM's and Cohere's: 0 the interactive lane, 1 the default lane, 2 and above "
     "the bulk lane; the request's lane is the later of this and its API key's (a request can only move itself "
     "down); also the X-Priority header"))]

@@ -25,6 +25,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from siglip_serve.core.lanes import MAX_PRIORITY
 from siglip_serve.serve.http.errors import ErrorBody
 
 _REF = "#/components/schemas/{model}"
@@ -101,7 +102,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 WORK_ERRORS = (400, 401, 404, 408, 413, 415, 422, 429, 431, 500, 503, 504)
 # The request's priority where the body has no field for it, or for HAProxy's queue (docs/http-api.md, Lanes).
 _PRIORITY_HEADER = {"name": "X-Priority", "in": "header", "required": False,
-                    "schema": {"type": "integer", "minimum": 0, "maximum": 999},
+                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY},
                     "description": "lower is handled earlier: 0 interactive, 1 default, 2 and above bulk; moves the "
                                    "request down from its API key's lane, never up"}
 

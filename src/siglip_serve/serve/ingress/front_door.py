@@ -25,7 +25,7 @@ from fastapi import Request
 
 from siglip_serve.core import lanes
 from siglip_serve.core.front_door import REQUEST_START_HEADER, FrontDoorLimits, waited_seconds, write_limits
-from siglip_serve.core.lanes import PRIORITY_HEADER, Ticket, demoted, parse_priority, queue_share
+from siglip_serve.core.lanes import MAX_PRIORITY, PRIORITY_HEADER, Ticket, demoted, parse_priority, queue_share
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.ingress.fair_slots import FairSlots
 from siglip_serve.serve.plan.config import ServiceConfig
@@ -122,7 +122,8 @@ class FrontDoor:
         try:
             asked = parse_priority(request.headers.get(PRIORITY_HEADER))
         except ValueError:
-            raise ApiError(422, ErrorType.INVALID_REQUEST, "X-Priority must be an integer (lower is earlier)") from None
+            raise ApiError(422, ErrorType.INVALID_REQUEST,
+                           f"X-Priority must be an integer from 0 to {MAX_PRIORITY} (lower is earlier)") from None
         ticket.lane = demoted(ticket.lane, asked)
         return ticket
 

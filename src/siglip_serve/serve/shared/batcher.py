@@ -2,9 +2,8 @@
 
 Ray Serve's `@serve.batch` forms a batch when its first input arrives (plus its wait), before the
 batch ahead of it has finished: its semaphore bounds running batches, not forming ones, so a busy
-replica runs a queue of small batches. Measured (ViT-B-16-SigLIP, CPU, 8 concurrent single-image
-requests): 118 of 123 forward passes ran a single image while seven more waited. Here the next
-batch is formed only when the previous one has returned, up to `max_size` inputs, waiting up to
+replica runs a queue of small batches (most of a cpu replica's forward passes ran a single image while
+more waited; README, Benchmarks). Here the next batch is formed only when the previous one has returned, up to `max_size` inputs, waiting up to
 `wait_s` for more only when fewer than that are queued.
 
 Every input gets an answer: its result, its own error, the batch's error (every waiter of a batch

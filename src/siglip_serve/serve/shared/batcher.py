@@ -1,10 +1,10 @@
 """One batch at a time, taken when the model is free: whatever queued while the last batch ran.
 
-Ray Serve's `@serve.batch` forms a batch when its first input arrives (plus its wait), before the
-batch ahead of it has finished: its semaphore bounds running batches, not forming ones, so a busy
-replica runs a queue of small batches (most of a cpu replica's forward passes ran a single image while
-more waited; README, Benchmarks). Here the next batch is formed only when the previous one has returned, up to `max_size` inputs, waiting up to
-`wait_s` for more only when fewer than that are queued.
+Ray Serve's `@serve.batch` forms a batch when its first input arrives (plus its wait), before the batch ahead
+of it has finished: its semaphore bounds running batches, not forming ones, so a busy replica runs a queue of
+small batches (most of a cpu replica's forward passes ran a single image while more waited; README,
+Benchmarks). Here the next batch is formed only when the previous one has returned, up to `max_size` inputs,
+waiting up to `wait_s` for more only when fewer than that are queued.
 
 Every input gets an answer: its result, its own error, the batch's error (every waiter of a batch
 that fails), or, when the replica stops the loop, a cancellation. A batch whose callers have all gone

@@ -103,7 +103,7 @@ def package_of(module: str) -> str:
 
 
 def deepest_package(module: str, packages: set[str]) -> str:
-    """The deepest of `packages` that holds `module` (`siglip_serve.serve.ingress.routes` ->
+    """The deepest of `packages` that holds `module` (`siglip_serve.serve.ingress.schedule` ->
     `siglip_serve.serve.ingress`); a package is its own."""
     parts = module.split(".")
     for depth in range(len(parts), 0, -1):

@@ -141,7 +141,6 @@ class ServiceConfig(ModelSettings):
     max_texts_per_request: int = Field(64, ge=1, description="texts (or classify labels) in one request, checked "
                                                              "before tokenizing")
     max_text_chars: int = Field(1000, ge=1, description="characters in one text, checked before tokenizing")
-    # A fixed label set is embedded once, not per request.
     # SigLIP is not trained for truncation (Matryoshka): a shorter vector loses accuracy, so `dimensions`
     # below the model's size is refused unless the operator accepts that here.
     allow_dimension_truncation: bool = Field(False, description="honour `dimensions` below the model's size by "

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import io
 import json
 import multiprocessing
+import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
-from PIL import Image
 
-from siglip_serve.measure.served import sample_photos
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cache_cpu  # a sibling script, not a package
 
 
 @dataclass
@@ -56,18 +56,8 @@ class StreamResult:
 
 
 def bodies(count: int = 64, seed: int = 46) -> list[bytes]:
-    """`count` JSON bodies of distinct ~640x480 JPEGs (the bench photos, each with its own corner)."""
-    rng = np.random.default_rng(seed)
-    photos = [np.array(Image.open(io.BytesIO(photo.data)).convert("RGB")) for photo in sample_photos()]
-    out = []
-    for i in range(count):
-        array = photos[i % len(photos)].copy()
-        array[:8, :8] = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(array).save(buffer, format="JPEG", quality=90)
-        uri = "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
-        out.append(json.dumps({"input": [uri], "modality": "image"}).encode())
-    return out
+    """`count` JSON bodies of distinct ~640x480 JPEGs, as tools/cache_cpu.py makes them."""
+    return [body for body, _ in cache_cpu.bodies(count, seed)]
 
 
 def summarize(stream: Stream, latencies: list[float], failures: int, seconds: float) -> StreamResult:

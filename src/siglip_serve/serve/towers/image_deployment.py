@@ -20,10 +20,7 @@ from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
 from siglip_serve.serve.shared.metrics import TowerMetrics
-from siglip_serve.serve.shared.replica_logging import configure_replica_logging
-from siglip_serve.serve.towers.replica_start import start_tower
-from siglip_serve.serve.towers.start_marks import BUILD, StartMarks
-from siglip_serve.serve.towers.tower_replica import TowerReplica, refusal_recorder, split_rows
+from siglip_serve.serve.towers.tower_replica import TowerReplica, build_tower, split_rows
 
 log = logging.getLogger("siglip_serve.encoder")
 
@@ -34,20 +31,7 @@ class ImageReplica(TowerReplica):
     def __init__(self, config: ServiceConfig, plan: TowerPlan, companions: Sequence[Any] = ()) -> None:
         """`companions`: the model's other towers' handles where this tower is its own application's ingress
         (serve/app.py `build_model_app`): bound here only so that Serve deploys them in that application."""
-        start = StartMarks.at_constructor()
-        configure_replica_logging(config.log_level)
-        settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})
-
-        def build() -> Any:
-            # Imported here, not at module level: the ingress imports this module too, and torch would add
-            # seconds to its start; and the backend's environment must be set before torch is imported.
-            from siglip_serve.models.backends.implementation import create_encoder
-
-            start.imported(settings.backend)
-            return create_encoder(settings)
-
-        tower = start_tower("image encoder replica", settings, build, config.env_vars, refusal_recorder("image"))
-        start.mark(BUILD)
+        tower, start = build_tower(config, plan, "image")
         from siglip_serve.models.encoder import EncoderInputError
 
         self._input_error = EncoderInputError

@@ -14,10 +14,7 @@ from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
 from siglip_serve.serve.shared.metrics import TowerMetrics
-from siglip_serve.serve.shared.replica_logging import configure_replica_logging
-from siglip_serve.serve.towers.replica_start import start_tower
-from siglip_serve.serve.towers.start_marks import BUILD, StartMarks
-from siglip_serve.serve.towers.tower_replica import TowerReplica, refusal_recorder, split_rows
+from siglip_serve.serve.towers.tower_replica import TowerReplica, build_tower, split_rows
 
 log = logging.getLogger("siglip_serve.text")
 
@@ -27,19 +24,7 @@ class TextReplica(TowerReplica):
     zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
     def __init__(self, config: ServiceConfig, plan: TowerPlan) -> None:
-        start = StartMarks.at_constructor()
-        configure_replica_logging(config.log_level)
-        settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})
-
-        def build() -> Any:
-            # torch: in the replica only, after the backend's environment is set (serve/towers/replica_start.py).
-            from siglip_serve.models.backends.implementation import create_text_encoder
-
-            start.imported(settings.backend)
-            return create_text_encoder(settings)
-
-        tower = start_tower("text encoder replica", settings, build, config.env_vars, refusal_recorder("text"))
-        start.mark(BUILD)
+        tower, start = build_tower(config, plan, "text")
         super().__init__(config, tower, TowerMetrics(plan.model, tower="text"), start)
         self.publish({registry.SERVED_AS: plan.model})
         log.info("text encoder replica ready: %s", self.info)

@@ -29,11 +29,14 @@ from ray.serve.exceptions import RayServeException
 from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.core.lanes import Lane, Ticket
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.batcher import Batcher
 from siglip_serve.serve.shared.metrics import TowerMetrics
 from siglip_serve.serve.shared.replica_grpc import bind_to_node_address
-from siglip_serve.serve.towers.start_marks import REGISTRATION, START_KEY, StartMarks
+from siglip_serve.serve.shared.replica_logging import configure_replica_logging
+from siglip_serve.serve.towers.replica_start import start_tower
+from siglip_serve.serve.towers.start_marks import BUILD, REGISTRATION, START_KEY, StartMarks
 
 log = logging.getLogger("siglip_serve.replica")
 
@@ -172,6 +175,27 @@ class TowerReplica:
             if self.start.answered():
                 await loop.run_in_executor(None, self._first_answer)
         return results
+
+
+def build_tower(config: ServiceConfig, plan: TowerPlan, tower: str) -> tuple[Any, StartMarks]:
+    """`tower`'s model ("image" or "text") built in this replica, the start marked phase by phase up to the build:
+    its logging, the backend's environment, then torch and the model (a refusal is one line naming the node)."""
+    start = StartMarks.at_constructor()
+    configure_replica_logging(config.log_level)
+    settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})
+
+    def build() -> Any:
+        # Imported here, not at module level: the backend's environment must be set before torch is imported,
+        # and the ingress's start stays free of torch.
+        from siglip_serve.models.backends import implementation
+
+        start.imported(settings.backend)
+        create = implementation.create_encoder if tower == "image" else implementation.create_text_encoder
+        return create(settings)
+
+    built = start_tower(f"{tower} encoder replica", settings, build, config.env_vars, refusal_recorder(tower))
+    start.mark(BUILD)
+    return built, start
 
 
 def refusal_recorder(tower: str) -> Callable[[str], None] | None:

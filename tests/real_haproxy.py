@@ -31,6 +31,26 @@ frontend http_frontend
 """
 
 
+# The parts of Ray's template the live tests need: one application with an ingress replica, one whose only
+# ingress replica is out of service (`disabled`: no usable server).
+RAY_TEMPLATE = """global
+    maxconn 1000
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 10s
+    timeout server 10s
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    use_backend http-down if {{ path_beg /down }}
+    default_backend http-siglip
+backend http-siglip
+    server SERVE_REPLICA_siglip-Ingress-1 127.0.0.1:{ingress}
+backend http-down
+    server SERVE_REPLICA_down-Ingress-1 127.0.0.1:{ingress} disabled
+"""
+
+
 def closing_connections(port: int) -> int:
     """Sockets in TIME_WAIT on 127.0.0.1:`port`, this side of them: the server's."""
     return sum(1 for c in psutil.net_connections("tcp4") if c.status == psutil.CONN_TIME_WAIT

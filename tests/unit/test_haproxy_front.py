@@ -20,7 +20,7 @@ from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.http.errors import ErrorType
-from tests.real_haproxy import running_haproxy
+from tests.real_haproxy import RAY_TEMPLATE, running_haproxy
 
 # The lines of Ray 2.60's template (ray/serve/_private/haproxy_templates.py) that the rewrite touches.
 RENDERED = """global
@@ -181,26 +181,6 @@ def test_the_rewritten_configuration_is_valid_for_haproxy(tmp_path: Path) -> Non
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-# The parts of Ray's template the live tests need: one application with an ingress replica, one whose only
-# ingress replica is out of service (`disabled`: no usable server).
-LIVE = """global
-    maxconn 1000
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 10s
-    timeout server 10s
-frontend http_frontend
-    bind 127.0.0.1:{port}
-    use_backend http-down if {{ path_beg /down }}
-    default_backend http-siglip
-backend http-siglip
-    server SERVE_REPLICA_siglip-Ingress-1 127.0.0.1:{ingress}
-backend http-down
-    server SERVE_REPLICA_down-Ingress-1 127.0.0.1:{ingress} disabled
-"""
-
-
 class _SlowIngress(BaseHTTPRequestHandler):
     """Works on each request for a second: with maxconn 1, the next ones wait in HAProxy's queue."""
 
@@ -236,7 +216,7 @@ def _error(reply: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
 
 @pytest.fixture
 def live_front_end(tmp_path: Path) -> Iterator[int]:
-    """HAProxy on the rewrite of LIVE, each application limited to 1 request at work, 10 queued, a 0.3 s
+    """HAProxy on the rewrite of RAY_TEMPLATE, each application limited to 1 request at work, 10 queued, a 0.3 s
     deadline and Retry-After 2, in front of a slow ingress; its port."""
     ingress = ThreadingHTTPServer(("127.0.0.1", 0), _SlowIngress)
     ingress.daemon_threads = True
@@ -248,7 +228,7 @@ def live_front_end(tmp_path: Path) -> Iterator[int]:
     for status, page in error_pages().items():  # as `main` writes them before the rewrite
         (tmp_path / "errors" / f"{status}.http").write_bytes(page)
     port = free_port()
-    rendered = LIVE.format(port=port, ingress=ingress.server_address[1])
+    rendered = RAY_TEMPLATE.format(port=port, ingress=ingress.server_address[1])
     config = rewrite_config(rendered, 10, True, tmp_path / "errors", tmp_path / "limits")
     try:
         with running_haproxy(config, tmp_path, port):

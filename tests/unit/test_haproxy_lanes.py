@@ -16,21 +16,8 @@ import pytest
 from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher.haproxy_front import error_pages, rewrite_config
 from siglip_serve.launcher.preflight import free_port
-from tests.real_haproxy import running_haproxy
+from tests.real_haproxy import RAY_TEMPLATE, running_haproxy
 
-LIVE = """global
-    maxconn 1000
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 10s
-    timeout server 10s
-frontend http_frontend
-    bind 127.0.0.1:{port}
-    default_backend http-siglip
-backend http-siglip
-    server SERVE_REPLICA_siglip-Ingress-1 127.0.0.1:{ingress}
-"""
 INTERACTIVE_KEY = "key-of-search"
 
 
@@ -67,7 +54,7 @@ def front_end(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[int]:
     for status, page in error_pages().items():
         (tmp_path / "errors" / f"{status}.http").write_bytes(page)
     port = free_port()
-    config = rewrite_config(LIVE.format(port=port, ingress=ingress.server_address[1]), 10, True,
+    config = rewrite_config(RAY_TEMPLATE.format(port=port, ingress=ingress.server_address[1]), 10, True,
                             tmp_path / "errors", tmp_path / "limits")
     try:
         with running_haproxy(config, tmp_path, port):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from siglip_serve.core.lanes import Lane
+from siglip_serve.launcher import cli
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.shared.tenants import Rate, Tenants, lane_map, load_keys
@@ -105,11 +106,19 @@ def test_the_single_key_still_works_as_the_default_tenant() -> None:
 def test_a_bad_keys_file_stops_the_start(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[[keys]]\nname = "x"\nkey = "k"\nsha256 = "' + "0" * 64 + '"\n')
+
+    def run_config() -> ServiceConfig:
+        return cli.service_config(cli.build_parser().parse_args(["--set", f"api_keys_file={bad}"]), {})
+
     with pytest.raises(ConfigError, match="exactly one of key and sha256"):
-        ServiceConfig.from_args({"api_keys_file": str(bad)})
+        run_config()
     bad.write_text('[[keys]]\nname = "x"\nkey = "k"\nlane = "urgent"\n')
     with pytest.raises(ConfigError, match="lane must be one of"):
-        ServiceConfig.from_args({"api_keys_file": str(bad)})
+        run_config()
+    # The config alone reads no file: a Serve YAML's builder validates it on a head that may not mount it.
+    assert ServiceConfig.from_args({"api_keys_file": str(bad)}).api_keys_file == str(bad)
+    with pytest.raises(ValueError, match="lane must be one of"):  # the ingress replica that reads it refuses
+        Tenants(str(bad), None)
     with pytest.raises(ConfigError, match="not both"):
         ServiceConfig.from_args({"api_keys_file": str(_keys(tmp_path)), "api_key": "x"})
     config = ServiceConfig.from_args({"api_keys_file": str(_keys(tmp_path))})

@@ -166,19 +166,29 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServiceConfig:
-    """The config `run` serves, its key checked: an unreadable key file stops us here, not in a replica.
+    """The config `run` serves, its keys checked: an unreadable key file or a bad keys file stops us here, not
+    in a replica.
 
     The Ray started here hands this process's environment, $SIGLIP_API_KEY included, to every replica.
     A joined cluster's (--address) does not: there a key from our environment travels in the config, as
     the ingress's constructor argument (pickled by Serve), which no process's command line shows."""
     from pydantic import SecretStr
 
-    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 
     config = ServiceConfig.from_args(run_settings(args))
     # `run` deploys one application and is restarted whole to change it: `model_apps` (for `serve deploy`'s
     # YAML, where models change in place) would leave the front application's towers undeployed.
     config = config.model_copy(update={"model_apps": False})
+    if config.api_keys_file is not None:
+        # Read here, where `run` runs, never in the config's validation: a Serve YAML's builder validates on
+        # the head, which may not mount the file; there the ingress replica that reads it refuses instead.
+        from siglip_serve.serve.shared.tenants import load_keys
+
+        try:
+            load_keys(config.api_keys_file)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     key = config.resolve_api_key(environ)
     if args.address and key is not None and config.api_key is None and config.api_key_file is None:
         config = config.model_copy(update={"api_key": SecretStr(key)})

@@ -287,11 +287,6 @@ class ServiceConfig(ModelSettings):
         if self.api_keys_file is not None:
             if self.api_key is not None or self.api_key_file is not None:
                 raise ValueError("give api_keys_file or the single key (api_key, api_key_file), not both")
-            from siglip_serve.serve.shared.tenants import (
-                load_keys,  # the ingress's; checked here so a bad file stops the start
-            )
-
-            load_keys(self.api_keys_file)
         return self
 
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:

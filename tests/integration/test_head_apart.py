@@ -5,7 +5,8 @@ over the model cache, and HF_HUB_OFFLINE=1; it declares no CPUs and no NeuronCor
 
 On that cluster: the service is deployed as KubeRay deploys it (PUT /api/serve/applications/ to the head's
 dashboard, ray/dashboard/modules/serve/serve_head.py), so its builder runs on the head; its config names
-pretrained weights (the default `pretrained: webli`) and the `neuron` backend, whose artifact holds the model.
+pretrained weights (the default `pretrained: webli`), the `neuron` backend, whose artifact holds the model, and
+an API keys file, both where the worker alone sees them.
 And the bulk job is submitted with `ray job submit`, so its driver runs on the head (ray/dashboard/modules/
 job/job_manager.py _get_label_selector: the head, unless the entrypoint asks for resources). Both must serve
 and embed on the worker, on the Neuron trace double (tests/doubles/torch_neuronx: plumbing, not Neuron).
@@ -149,15 +150,20 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
         cluster: Cluster, tmp_path: Path) -> None:
     artifact = cluster.artifact  # type: ignore[attr-defined]
     dashboard = f"http://{HEAD_IP}:{cluster.dashboard}"
+    # The keys file beside the artifact: mounted on the worker, an empty tmpfs on the head.
+    keys = cluster.artifacts / "keys.toml"
+    keys.write_text('[[keys]]\nname = "apart"\nkey = "apart-key"\nlane = "interactive"\n')
     app = {"name": "apart", "route_prefix": "/", "import_path": "siglip_serve.serve.app:build_app",
            "args": {"model": MODEL, "backend": "neuron", "artifact_dir": str(artifact), "buckets": [1, 2],
                     "replicas": 1, "encoder_num_cpus": 0.5, "ingress_num_cpus": 0.25, "torch_threads": 1,
-                    "text_replicas": 0, "batch_wait_timeout_s": 0.01, "cluster_grows": True}}
+                    "text_replicas": 0, "batch_wait_timeout_s": 0.01, "cluster_grows": True,
+                    "api_keys_file": str(keys)}}
     schema = {"proxy_location": "HeadOnly", "http_options": {"host": HEAD_IP, "port": cluster.serve},
               "applications": [app]}
     assert httpx.put(f"{dashboard}/api/serve/applications/", json=schema, timeout=60).status_code == 200
 
-    with httpx.Client(base_url=f"http://{HEAD_IP}:{cluster.serve}", timeout=30) as client:
+    with httpx.Client(base_url=f"http://{HEAD_IP}:{cluster.serve}", timeout=30,
+                      headers={"Authorization": "Bearer apart-key"}) as client:
         deadline = time.monotonic() + 240
         ready = None
         status: dict[str, object] = {}
@@ -178,6 +184,7 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
                              headers={"Content-Type": "image/jpeg"})
         assert answer.status_code == 200, answer.text
         assert len(answer.json()["data"][0]["embedding"]) > 0
+        assert client.get("/v1/models", headers={"Authorization": "Bearer other"}).status_code == 401
         (replica,) = client.get("/v1/models").json()["data"][0]["replicas"]
     assert replica["backend"] == "neuron" and replica["manifest"]["versions"]["torch_neuronx"] == "0.0.0+test-double"
 

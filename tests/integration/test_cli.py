@@ -87,14 +87,15 @@ def test_run_answers_503_while_starting_serves_then_sigint_leaves_no_ray_process
     """Run with the defaults, whose CPU plan (serve/plan/cpu_plan.py) gives a small model one replica
     per usable core, one torch thread each. From its first seconds /readyz answers 503 not_ready (the
     start-up placeholder) while progress is logged; then it serves, Serve's port is not shared, Ray's own
-    CLI reaches this cluster as the log says; `--timings` prints the start's timeline, the service's phases and
-    each replica's; Ctrl-C to the main process (SIGINT) stops it all, exit 0 (SIGTERM and group signals:
-    tests/integration/test_shutdown.py). One service start for all of it."""
+    CLI reaches this cluster as the log says (`--dashboard`: the dashboard is what it talks to); `--timings`
+    prints the start's timeline, the service's phases and each replica's; Ctrl-C to the main process
+    (SIGINT) stops it all, exit 0 (SIGTERM and group signals: tests/integration/test_shutdown.py). One
+    service start for all of it."""
     port = free_port()
     began = time.monotonic()
     proc = subprocess.Popen(
         [str(BIN / "siglip-serve"), "run", "--model", "tiny-siglip", "--port", str(port),
-         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--timings"],
+         "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--timings", "--dashboard"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []

@@ -223,6 +223,18 @@ def test_only_the_api_port_is_reachable_beyond_loopback(service: Service) -> Non
     beyond = [(name, addr) for name, addr in listeners if not is_loopback(addr.ip)]
     assert not beyond, beyond
     assert service.port in {addr.port for _, addr in listeners}
+    # No dashboard unless `run --dashboard` asks for one (tests/integration/test_cli.py starts one): Ray still
+    # starts its head process, with the usage-stats module alone and no frontend (ray/_private/services.py
+    # start_api_server), and none of the dashboard's module processes.
+    commands = []
+    for proc in tree:
+        try:
+            commands.append(" ".join(proc.cmdline()))
+        except psutil.NoSuchProcess:
+            continue
+    heads = [c for c in commands if "dashboard/dashboard.py" in c]
+    assert heads and all("--disable-frontend" in c for c in heads), heads
+    assert not [c for c in commands if c.startswith("ray-dashboard-")], commands
 
 
 def test_the_key_comes_from_the_environment_and_guards_docs(service: Service) -> None:

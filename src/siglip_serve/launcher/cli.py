@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "connections, queue time; on --metrics-host's interfaces (0: any free port)")
     run.add_argument("--neuron-cores", type=int,
                      help="declare this many logical NeuronCores to the local Ray (auto-detection is unreliable)")
+    run.add_argument("--dashboard", action="store_true",
+                     help="start Ray's dashboard with the local Ray (what `serve status` and `serve deploy` talk to; "
+                          "its processes cost CPU while the service starts); a joined cluster (--address) keeps "
+                          "its own")
     run.add_argument("--timings", action="store_true",
                      help="once ready, print the start's timeline on stderr: each phase of this command (checks, "
                           "ray.init, serve.start, the deployment) and of each tower replica (imports, model build, "
@@ -253,7 +257,7 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
                  os.getpid(), os.getpid())
     code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
                        args.metrics_host, placeholder, timeline, args.front_end, args.haproxy_metrics_port or None,
-                       timings=args.timings)
+                       timings=args.timings, dashboard=args.dashboard)
     if own_session:
         from siglip_serve.launcher.session import end_leftovers
 

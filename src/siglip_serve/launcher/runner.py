@@ -102,13 +102,16 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
                 address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
                 placeholder: Placeholder | None = None, timeline: Timeline | None = None,
-                front_end: str = "haproxy", haproxy_metrics_port: int | None = None, timings: bool = False) -> int:
+                front_end: str = "haproxy", haproxy_metrics_port: int | None = None, timings: bool = False,
+                dashboard: bool = False) -> int:
     """`front_end`: "haproxy" (Serve's HAProxy mode with our limits, launcher/haproxy_front.py) or
     "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own. `haproxy_metrics_port`:
     HAProxy's Prometheus exporter (None: a free port).
     `placeholder` holds the HTTP port, answering 503, until Serve's proxy takes it over;
     `timeline` holds the command's phases so far (launcher/timeline.py), from its start, which the "ready in"
-    line counts from; `timings`: print it, with each tower replica's, once ready."""
+    line counts from; `timings`: print it, with each tower replica's, once ready; `dashboard`: start Ray's
+    dashboard with the Ray started here (off: its head process and modules are CPU the replicas' start
+    would share)."""
     timeline = Timeline(time.time()) if timeline is None else timeline
     timeline.mark(phases.CHECKS)
     began = time.monotonic() - timeline.elapsed()  # the command's start, on the clock progress lines use
@@ -159,6 +162,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
             plan = plan_service(config, local_resources(neuron_cores))
             init_args.update(ray_resources(plan))
         init_args["_node_ip_address"] = RAY_HOST
+        init_args["include_dashboard"] = dashboard
         if neuron_cores:
             init_args["resources"] = {"neuron_cores": neuron_cores}
         if metrics_port:
@@ -188,6 +192,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
             # Ray's own CLI defaults to localhost:8265, which may be another cluster on a shared host.
             log.info("Ray's CLI for this cluster: RAY_AUTH_MODE=token serve status --address http://%s",
                      context.dashboard_url)
+        elif started_ray:
+            log.info("Ray's dashboard is off (`run --dashboard` starts it, for `serve status`)")
         growth = run_growth(config, address)
         if plan is None:
             plan = plan_on_cluster(config, growth, stop.is_set)

@@ -11,7 +11,9 @@ delay the small stream's own event loop), posting one ~640x480 JPEG per request 
   tenants             64 clients of tenant A (--key-a) beside tenant B's 2, same lane
 
 A service without lanes or tenants (an older main) ignores the header and the keys' difference, which is the
-baseline. It prints a row per stream and window, then the ratios the issue asks about, and writes them to --json:
+baseline. It prints a row per stream and window with the service's CPU per image over the window (its whole process
+tree, found from the process listening on --port: measure/server_cpu.py), then the ratios the issue asks about,
+and writes them to --json:
 
     siglip-serve run --model tiny-siglip --random-weights --set api_keys_file=keys.toml &
     python tools/lanes_bench.py --port 8000 --key-a KEY_A --key-b KEY_B --seconds 30 --json lanes.json
@@ -33,6 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cache_cpu  # a sibling script, not a package
+
+from siglip_serve.measure.results import ServerCpuResult
+from siglip_serve.measure.server_cpu import ServerCpu
 
 
 @dataclass
@@ -106,8 +111,10 @@ def _stream_process(url: str, stream: Stream, start_at: float, until: float, out
     out.put(asdict(asyncio.run(_run(url, stream, time.monotonic() + (until - time.time()), sent))))
 
 
-def window(url: str, streams: list[Stream], seconds: float) -> list[StreamResult]:
-    """Every stream at once for `seconds`, each in its own process, started together."""
+def window(url: str, streams: list[Stream], seconds: float,
+           server: ServerCpu | None = None) -> tuple[list[StreamResult], ServerCpuResult | None]:
+    """Every stream at once for `seconds`, each in its own process, started together; with `server`, the
+    service's process tree's CPU over the window, per image answered."""
     context = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue = context.Queue()
     start_at = time.time() + 3.0  # the processes' start (imports, bodies) before the window
@@ -115,11 +122,16 @@ def window(url: str, streams: list[Stream], seconds: float) -> list[StreamResult
              for s in streams]
     for proc in procs:
         proc.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    before = server.snapshot() if server is not None else None
     results = [StreamResult(**out.get(timeout=seconds + 180)) for _ in procs]
+    cpu = None
+    if server is not None and before is not None:
+        cpu = ServerCpu.between(before, server.snapshot()).result(sum(r.answered for r in results))
     for proc in procs:
         proc.join()
     order = [s.name for s in streams]
-    return sorted(results, key=lambda r: order.index(r.name))
+    return sorted(results, key=lambda r: order.index(r.name)), cpu
 
 
 def ratios(rows: dict[str, list[StreamResult]]) -> dict[str, float | None]:
@@ -157,19 +169,26 @@ def main() -> None:
     large = Stream("large", 64, args.key_a, None)
     windows = {"interactive-alone": [interactive], "bulk-alone": [bulk], "mixed": [interactive, bulk],
                "small-alone": [small], "tenants": [large, small]}
+    server = ServerCpu.listening_on(args.port)
     window(url, [Stream("warm-up", 4, args.key_a, None)], 5.0)
     rows: dict[str, list[StreamResult]] = {}
-    print(f"{'window':<18} {'stream':<12} {'clients':>7} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'failed':>6}")
+    cpu: dict[str, ServerCpuResult | None] = {}
+    print(f"{'window':<18} {'stream':<12} {'clients':>7} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'failed':>6} "
+          f"{'server CPU-ms/img':>17}")
     for name, streams in windows.items():
-        rows[name] = window(url, streams, args.seconds)
+        rows[name], used = window(url, streams, args.seconds, server)
+        cpu[name] = used
+        ms = used.ms_per_image if used is not None else None
         for r in rows[name]:
             print(f"{name:<18} {r.name:<12} {r.clients:>7} {r.requests_per_second:>7} {r.p50_ms!s:>7} "
-                  f"{r.p99_ms!s:>7} {r.failures:>6}", flush=True)
+                  f"{r.p99_ms!s:>7} {r.failures:>6} {'' if ms is None else round(ms, 2)!s:>17}", flush=True)
     figures = ratios(rows)
     print(json.dumps(figures, indent=1))
     with open(args.json, "w") as out:
         json.dump({"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": args.seconds,
-                   "windows": {k: [asdict(r) for r in v] for k, v in rows.items()}, "ratios": figures}, out, indent=1)
+                   "windows": {k: [asdict(r) for r in v] for k, v in rows.items()},
+                   "server_cpu": {k: v.model_dump() if v is not None else None for k, v in cpu.items()},
+                   "ratios": figures}, out, indent=1)
 
 
 if __name__ == "__main__":

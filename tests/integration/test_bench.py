@@ -54,7 +54,10 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
     assert ceiling["concurrency"] == 2 and ceiling["images_per_second"] > 0
     assert ceiling["images_per_second_per_core"] == pytest.approx(1000 / ceiling["server_cpu"]["ms_per_image"])
     assert ceiling["client_cpu"]["client_processes"] == 2
-    assert result["bound"]["verdict"] in ("host-bound", "device-bound")
+    assert result["bound"]["verdict"] in ("host-bound", "device-bound", "client-bound")
+    assert result["bound"]["client_busiest_core_fraction"] == max(
+        ceiling["client_cpu"]["busiest_process_core_fraction"],
+        result["served"][-1]["client_cpu"]["busiest_process_core_fraction"])
     assert result["bound"]["host_ceiling_images_per_second"] == ceiling["images_per_second"]
     # replicas: auto (the cpu default) with one thread each: one replica per usable core.
     assert result["replicas"] == len(os.sched_getaffinity(0)) and result["torch_threads"] == 1

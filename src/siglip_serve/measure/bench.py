@@ -156,7 +156,9 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         if result.host_ceiling is not None:
             # Each replica has a device of its own on an accelerator; on cpu they share the one host.
             device = bare * (result.replicas or 1 if not config.model_on_host_cores else 1)
-            result.bound = judge(result.host_ceiling.images_per_second, device, served)
+            top = max(result.served, key=lambda row: row.concurrency)
+            result.bound = judge(result.host_ceiling.images_per_second, device, served,
+                                 busiest_client(top.client_cpu, result.host_ceiling.client_cpu))
             print(f"{result.bound.verdict}: {result.bound.explanation}")
     result.write(args.json_out)
     print(f"wrote {args.json_out}")
@@ -172,6 +174,12 @@ def client_columns(cpu: ClientCpu | None) -> dict[str, Any]:
         return {}
     return {"client_processes": cpu.client_processes, "client_cpu_s": cpu.seconds,
             "client_busiest_core": cpu.busiest_process_core_fraction}
+
+
+def busiest_client(*cpus: ClientCpu | None) -> float | None:
+    """The busiest client process's share of a core over the given levels; None where none was measured."""
+    fractions = [cpu.busiest_process_core_fraction for cpu in cpus if cpu is not None]
+    return max(fractions) if fractions else None
 
 
 def print_table(title: str, rows: list[Any], columns: list[str]) -> None:

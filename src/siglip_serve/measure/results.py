@@ -164,13 +164,15 @@ class ProfileFile(Result):
 class Bound(Result):
     """Which side limits a deployment: the host's ceiling against the device's own rate (docs/capacity.md)."""
 
-    verdict: Literal["host-bound", "device-bound"]
+    verdict: Literal["host-bound", "device-bound", "client-bound"]
     host_ceiling_images_per_second: float
     device_images_per_second: float
     served_images_per_second: float | None
     # served / the lower of the two: how close the service came to what it could do here.
     served_over_limit: float | None
     explanation: str
+    # The busiest client process's share of a core at the top level (served's or the ceiling's, the higher).
+    client_busiest_core_fraction: float | None = None
 
 
 # -- multi-core (seed 000's method) ----------------------------------------------------------

@@ -15,7 +15,6 @@ It prints a row per window and writes every row, and the cache's counts at the e
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import io
 import json
@@ -25,6 +24,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from siglip_serve.measure.client_pool import ClientPool
 from siglip_serve.measure.served import drive, sample_photos
 from siglip_serve.measure.server_cpu import ServerCpu
 
@@ -46,7 +46,7 @@ def bodies(count: int, seed: int) -> list[tuple[bytes, str]]:
 
 def window(url: str, sent: list[tuple[bytes, str]], server: ServerCpu, concurrency: int) -> dict[str, object]:
     before = server.snapshot()
-    row = asyncio.run(drive(url, sent, concurrency, len(sent)))
+    row = drive(ClientPool(sent, 1), url, concurrency, len(sent))
     cpu = ServerCpu.between(before, server.snapshot()).result(row.requests - row.failures)
     return {"img_s": round(row.images_per_second, 1), "failures": row.failures,
             "cpu_ms_per_image": round(cpu.ms_per_image or float("nan"), 3),
@@ -68,7 +68,7 @@ def main() -> None:
     warm, fresh = fresh[:128], fresh[128:]
     repeated = [warm[0]] * args.requests
     server = ServerCpu(roots=[args.pid])
-    asyncio.run(drive(url, warm, args.concurrency, len(warm)))  # warm-up; puts the repeated image in the cache
+    drive(ClientPool(warm, 1), url, args.concurrency, len(warm))  # warm-up; puts the repeated image in the cache
     rows = []
     print(f"{'round':>5} {'images':>9} {'img/s':>7} {'CPU-ms/img':>10} {'ingress':>8} {'encoder':>8}")
     for i in range(args.rounds):

@@ -20,7 +20,7 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
     run = subprocess.run(
         [str(BIN / "siglip-serve"), "bench", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3",
          "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--endpoint", "json",
-         "--multicore", "2", "--set", "torch_threads=1", "--json", str(out),
+         "--multicore", "2", "--set", "torch_threads=1", "--json", str(out), "--client-processes", "2",
          "--profile", str(tmp_path / "profiles"), "--profile-seconds", "2"],
         capture_output=True, text=True, timeout=300,
     )
@@ -43,13 +43,21 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
         # HAProxy (the "proxy" kind) costs ~0.6 ms per image: a few requests can round it to 0 in
         # psutil's 10 ms ticks, so its presence is checked, not its size.
         assert by_kind["encoder"] > 0 and by_kind["ingress"] > 0 and by_kind["proxy"] >= 0
+        # The client's own CPU: its two processes and the bench process, outside the service's.
+        client = row["client_cpu"]
+        assert client["client_processes"] == 2 and client["processes"] == 3 and client["seconds"] > 0
+        assert 0 < client["busiest_process_core_fraction"]
     assert result["multicore"]["cores"] == 2 and len(result["multicore"]["workers"]) == 2
     assert 0 < result["served_over_bare"] and result["front_end"] == "haproxy" and result["endpoint"] == "json"
     # The host ceiling: the same deployment with the model taken out, at the highest concurrency.
     ceiling = result["host_ceiling"]
     assert ceiling["concurrency"] == 2 and ceiling["images_per_second"] > 0
     assert ceiling["images_per_second_per_core"] == pytest.approx(1000 / ceiling["server_cpu"]["ms_per_image"])
-    assert result["bound"]["verdict"] in ("host-bound", "device-bound")
+    assert ceiling["client_cpu"]["client_processes"] == 2
+    assert result["bound"]["verdict"] in ("host-bound", "device-bound", "client-bound")
+    assert result["bound"]["client_busiest_core_fraction"] == max(
+        ceiling["client_cpu"]["busiest_process_core_fraction"],
+        result["served"][-1]["client_cpu"]["busiest_process_core_fraction"])
     assert result["bound"]["host_ceiling_images_per_second"] == ceiling["images_per_second"]
     # replicas: auto (the cpu default) with one thread each: one replica per usable core.
     assert result["replicas"] == len(os.sched_getaffinity(0)) and result["torch_threads"] == 1
@@ -61,5 +69,6 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
         assert path.startswith(str(tmp_path / "profiles")) and "<svg" in svg
         assert kind not in ("ingress", "encoder") or "siglip_serve" in svg  # our own frames, sampled
     for title in ("flame graphs", "bare encoder", "preprocessing", "served over HTTP", "server CPU-ms per image",
-                  "multi-core", "served / bare", "host ceiling", result["bound"]["verdict"]):
+                  "multi-core", "served / bare", "host ceiling", result["bound"]["verdict"], "2 client process(es)",
+                  "client_busiest_core"):
         assert title in run.stdout

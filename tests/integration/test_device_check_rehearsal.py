@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from siglip_serve.measure.client_pool import auto_client_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "served", "served-ingress-1",
          "served-nvjpeg", "host-ceiling", "verdict", "ratio"]
@@ -46,11 +48,15 @@ def test_cpu_rehearsal_records_every_step(tmp_path: Path) -> None:
     figures = steps["served"]["figures"]
     assert figures["cpu_ms_per_image"] > 0 and figures["failures"] == 0 and figures["concurrency"] == 4
     assert figures["ingress_replicas"] >= 1  # what the ceiling's command takes from served.json
+    # --client-processes auto, resolved by bench on this machine; its busiest process's share of a core.
+    assert figures["client_processes"] == auto_client_processes(len(os.sched_getaffinity(0)))
+    assert figures["client_busiest_core_fraction"] > 0
     assert steps["verdict"]["error"] == "needs host-ceiling (skipped: skipped by --skip)"
     assert steps["ratio"]["figures"]["served_over_bare"] == pytest.approx(
         steps["served"]["figures"]["images_per_second"] / steps["encoder"]["figures"]["images_per_second"])
     table = (out / "summary.md").read_text()
     assert all(f"| {name} |" in table for name in STEPS) and "| served | PASSED |" in table
+    assert "| client CPU |" in table and " proc, busiest " in table
     assert sorted(p.name for p in bundle.iterdir()) == ["device-check.tgz", "summary.json", "summary.md"]
     with tarfile.open(bundle / "device-check.tgz") as tar:
         assert "device-check/logs/served.log" in tar.getnames()

@@ -90,6 +90,13 @@ def test_the_plan_in_order_and_what_each_variant_changes(tmp_path: Path) -> None
     assert ceiling[ceiling.index("--requests") + 1] == "500" and "text_replicas=0" in ceiling
     assert ceiling[ceiling.index("--skip") + 1] == "encoder,preprocess,host-ceiling"  # bench's own ceiling off
     assert ceiling[ceiling.index("--json") + 1] == "host-ceiling.json"
+    # The client processes: bench's auto rule unless given, the same for every served step and the ceiling.
+    for name in ("served", "served-ingress-1", "served-nvjpeg", "host-ceiling"):
+        assert command[name][command[name].index("--client-processes") + 1] == "auto"
+        given = plan("--client-processes", "4")[name].command(tmp_path)
+        assert given[given.index("--client-processes") + 1] == "4"
+    with pytest.raises(SystemExit):
+        plan("--client-processes", "0")
     (tmp_path / "served.json").unlink()  # the served step failed: bench's own counts, not a stale file's
     assert "--replicas" not in steps["host-ceiling"].command(tmp_path)
     cpu = plan("--backend", "cpu", "--model", "tiny-siglip")
@@ -113,10 +120,39 @@ def test_verdict_and_ratio_from_the_figures() -> None:
     assert verdict.error == "needs host-ceiling (timeout)"
 
 
+def test_a_busy_client_at_either_top_level_makes_the_verdict_client_bound() -> None:
+    def passed(name: str, ips: float, **more: object) -> StepResult:
+        return StepResult(name, name, "passed", figures={"images_per_second": ips, **more})
+
+    for served_busiest, ceiling_busiest in ((0.97, 0.5), (0.4, 0.9)):
+        results = {"encoder": passed("encoder", 1328.0),
+                   "served": passed("served", 190.0, replicas=1, client_processes=1,
+                                    client_busiest_core_fraction=served_busiest),
+                   "host-ceiling": passed("host-ceiling", 195.0, client_processes=1,
+                                          client_busiest_core_fraction=ceiling_busiest)}
+        verdict, _ = device_check.derived(results, on_host_cores=False)
+        assert verdict.figures["verdict"] == "client-bound"
+        assert verdict.figures["detail"].startswith("client-bound: raise --client-processes")
+        assert verdict.figures["client_busiest_core_fraction"] == max(served_busiest, ceiling_busiest)
+        row = next(line for line in device_check.table(list(results.values())) if line.startswith("| served |"))
+        assert f"| 1 proc, busiest {served_busiest:.2f} core |" in row
+    results["host-ceiling"].figures["client_busiest_core_fraction"] = 0.5
+    results["served"].figures["client_busiest_core_fraction"] = 0.5
+    assert device_check.derived(results, on_host_cores=False)[0].figures["verdict"] == "host-bound"
+
+
 def test_the_verdict_from_the_files_bench_writes(tmp_path: Path) -> None:
     """The chain the CPU rehearsal no longer runs end to end (it skips the host ceiling): bench's result files,
     written by its own models, read by each step's figures, judged by measure/bound.py."""
-    from siglip_serve.measure.results import BenchResult, CpuMsByKind, EncoderRow, Machine, ServedRow, ServerCpuResult
+    from siglip_serve.measure.results import (
+        BenchResult,
+        ClientCpu,
+        CpuMsByKind,
+        EncoderRow,
+        Machine,
+        ServedRow,
+        ServerCpuResult,
+    )
 
     def bench(name: str, **parts: object) -> None:
         BenchResult(machine=Machine(host="h"), model="tiny-siglip", backend="cpu", weights="random", buckets=[1, 8],
@@ -124,8 +160,9 @@ def test_the_verdict_from_the_files_bench_writes(tmp_path: Path) -> None:
 
     def served(ips: float, cpu_ms: float) -> list[ServedRow]:
         cpu = ServerCpuResult(ms_per_image=cpu_ms, ms_per_image_by_kind=CpuMsByKind(), seconds=3.0, processes=9)
+        client = ClientCpu(client_processes=2, processes=3, seconds=1.5, busiest_process_core_fraction=0.4)
         return [ServedRow(concurrency=c, requests=100, failures=0, images_per_request=1, images_per_second=ips * f,
-                          latency_p50_ms=4.0 * c, latency_p99_ms=9.0 * c, server_cpu=cpu)
+                          latency_p50_ms=4.0 * c, latency_p99_ms=9.0 * c, server_cpu=cpu, client_cpu=client)
                 for c, f in ((1, 0.5), (32, 1))]
 
     bench("encoder.json", encoder=[
@@ -141,9 +178,12 @@ def test_the_verdict_from_the_files_bench_writes(tmp_path: Path) -> None:
         assert isinstance(figures, dict), figures
         results[name] = StepResult(name, name, "passed", figures=figures)
     assert results["encoder"].figures["best_bucket"] == 8 and results["served"].figures["cpu_ms_per_image"] == 6.0
+    assert results["served"].figures["client_processes"] == 2
+    assert results["host-ceiling"].figures["client_busiest_core_fraction"] == 0.4
     verdict, ratio = device_check.derived(results, on_host_cores=False)
     # The ceiling (150) is under the device's 900: host-bound, served at 120 / 150 of it.
     assert verdict.status == "passed" and verdict.figures["verdict"] == "host-bound"
     assert verdict.figures["host_ceiling_images_per_second"] == 150.0
     assert verdict.figures["served_over_limit"] == pytest.approx(0.8)
+    assert verdict.figures["client_busiest_core_fraction"] == 0.4  # under a core: the ceilings decide
     assert ratio.figures["served_over_bare"] == pytest.approx(120.0 / 900.0)

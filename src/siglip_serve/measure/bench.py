@@ -23,7 +23,8 @@ import numpy as np
 
 from siglip_serve.core.backends import NO_MODEL_BACKEND
 from siglip_serve.measure.bound import judge
-from siglip_serve.measure.results import BenchResult, EncoderRow, Machine, PreprocessResult
+from siglip_serve.measure.client_pool import auto_client_processes
+from siglip_serve.measure.results import BenchResult, ClientCpu, EncoderRow, Machine, PreprocessResult
 from siglip_serve.measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
 from siglip_serve.measure.server_cpu import KINDS
 from siglip_serve.serve.plan.config import ServiceConfig
@@ -115,15 +116,16 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
             shape += f", {result.ingress_replicas} ingress replica(s)"
 
         profile = (Path(args.profile), args.profile_seconds) if args.profile else None
+        clients = args.client_processes or auto_client_processes(usable_cpus())
         result.served, result.host_ceiling, result.profiles = bench_served(
             config, levels, args.requests, args.images_per_request, args.front_end, endpoint,
-            host_ceiling="host-ceiling" not in skip, profile=profile, on_plan=planned)
+            host_ceiling="host-ceiling" not in skip, profile=profile, on_plan=planned, client_processes=clients)
         print_table(f"served over HTTP: {config.model}, {shape}, "
-                    f"{args.images_per_request} image(s) per request ({endpoint})",
-                    [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image}
-                     for row in result.served],
+                    f"{args.images_per_request} image(s) per request ({endpoint}), {clients} client process(es)",
+                    [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image,
+                      **client_columns(row.client_cpu)} for row in result.served],
                     ["concurrency", "images_per_second", "server_cpu_ms_per_image", "latency_p50_ms",
-                     "latency_p99_ms", "failures"])
+                     "latency_p99_ms", "failures", *CLIENT_COLUMNS])
         print_table("server CPU-ms per image by process kind (the whole service process tree)",
                     [{"concurrency": row.concurrency, **row.server_cpu.ms_per_image_by_kind.model_dump()}
                      for row in result.served if row.server_cpu], ["concurrency", *KINDS])
@@ -134,8 +136,10 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
             print_table(f"host ceiling: the same deployment with no model ({NO_MODEL_BACKEND}), same client",
                         [{**result.host_ceiling.model_dump(),
                           "server_cpu_ms_per_image": result.host_ceiling.server_cpu
-                          and result.host_ceiling.server_cpu.ms_per_image}],
-                        ["concurrency", "images_per_second", "server_cpu_ms_per_image", "images_per_second_per_core"])
+                          and result.host_ceiling.server_cpu.ms_per_image,
+                          **client_columns(result.host_ceiling.client_cpu)}],
+                        ["concurrency", "images_per_second", "server_cpu_ms_per_image", "images_per_second_per_core",
+                         *CLIENT_COLUMNS])
     if args.multicore:
         from siglip_serve.measure.multicore import format_comparison, format_workers, run_multicore
 
@@ -152,11 +156,30 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         if result.host_ceiling is not None:
             # Each replica has a device of its own on an accelerator; on cpu they share the one host.
             device = bare * (result.replicas or 1 if not config.model_on_host_cores else 1)
-            result.bound = judge(result.host_ceiling.images_per_second, device, served)
+            top = max(result.served, key=lambda row: row.concurrency)
+            result.bound = judge(result.host_ceiling.images_per_second, device, served,
+                                 busiest_client(top.client_cpu, result.host_ceiling.client_cpu))
             print(f"{result.bound.verdict}: {result.bound.explanation}")
     result.write(args.json_out)
     print(f"wrote {args.json_out}")
     return 0
+
+
+# The client's own CPU in the served tables: its processes, their CPU seconds, the busiest one's share of a core.
+CLIENT_COLUMNS = ["client_processes", "client_cpu_s", "client_busiest_core"]
+
+
+def client_columns(cpu: ClientCpu | None) -> dict[str, Any]:
+    if cpu is None:
+        return {}
+    return {"client_processes": cpu.client_processes, "client_cpu_s": cpu.seconds,
+            "client_busiest_core": cpu.busiest_process_core_fraction}
+
+
+def busiest_client(*cpus: ClientCpu | None) -> float | None:
+    """The busiest client process's share of a core over the given levels; None where none was measured."""
+    fractions = [cpu.busiest_process_core_fraction for cpu in cpus if cpu is not None]
+    return max(fractions) if fractions else None
 
 
 def print_table(title: str, rows: list[Any], columns: list[str]) -> None:

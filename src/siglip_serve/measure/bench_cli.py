@@ -13,6 +13,16 @@ from siglip_serve.models import cli_args
 log = logging.getLogger("siglip_serve")
 
 
+def client_processes(text: str) -> int | None:
+    """`--client-processes`: a count, or None for auto (measure/client_pool.py)."""
+    from siglip_serve.measure.client_pool import parse_client_processes
+
+    try:
+        return parse_client_processes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from siglip_serve.serve.plan.config import ServiceConfig
 
@@ -24,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--iterations", type=int, default=50)
     bench.add_argument("--concurrency", default="1,8,32", help="served-benchmark client concurrency levels")
     bench.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
+    bench.add_argument("--client-processes", default="auto", type=client_processes,
+                       help="served benchmark: client processes that share each level's concurrency and requests "
+                            "(auto: 1 on up to 4 usable CPUs, else one per 4, at most 8)")
     cli.add_field_arguments(bench.add_argument_group("service"), ServiceConfig, ("replicas",))
     bench.add_argument("--images-per-request", type=int, default=1, help="served benchmark: images in each request")
     bench.add_argument("--multicore", type=int, default=0, metavar="N",

@@ -8,11 +8,12 @@ a failed step recorded with its error and the next one still run:
   pytest-cuda     pytest -m cuda tests/device
   encoder         bare encoder per bucket (`siglip-serve bench`), CUDA graphs off: the served default
   encoder-graphs  the same with CUDA graphs on
-  served          served img/s, p50/p99, host CPU-ms per image: the defaults (ingress replicas auto)
+  served          served img/s, p50/p99, host CPU-ms per image, the client's CPU: the defaults (ingress
+                  replicas auto), --client-processes client processes (auto: bench's rule)
   served-ingress-1  the same with one ingress replica
   served-nvjpeg   the same with nvJPEG decode in the encoder replica (device_jpeg_decode)
   host-ceiling    the served path with no model (zeros-no-model), the served step's replica counts
-  verdict         host- or device-bound (measure/bound.py), from the steps above
+  verdict         host-, device- or client-bound (measure/bound.py), from the steps above
   ratio           served / bare: the best served img/s over the encoder's best bucket
 DIR/summary.json lists every step's status, error, seconds and figures; DIR/summary.md is the table.
 The defaults are the GPU run (ViT-B-16-SigLIP, random weights: no hub there); `--backend cpu --model
@@ -38,7 +39,7 @@ from siglip_serve.measure.device_wheels import assemble
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/siglip_serve/measure/ is three below it
 MODEL = "ViT-B-16-SigLIP"
 BUDGET_S = 480.0
-COLUMNS = ("step", "status", "seconds", "img/s", "p50 ms", "p99 ms", "CPU-ms/img", "detail")
+COLUMNS = ("step", "status", "seconds", "img/s", "p50 ms", "p99 ms", "CPU-ms/img", "client CPU", "detail")
 
 
 def read(out: Path, name: str) -> dict[str, Any]:
@@ -69,11 +70,14 @@ def served_figures(name: str) -> Any:
             return f"{name}: no request was answered ({sum(r['failures'] for r in rows)} failed)"
         loaded = max(rows, key=lambda r: r["concurrency"])
         cpu = loaded.get("server_cpu") or {}
+        client = loaded.get("client_cpu") or {}
         return {"images_per_second": max(r["images_per_second"] for r in rows),
                 "latency_p50_ms": loaded["latency_p50_ms"], "latency_p99_ms": loaded["latency_p99_ms"],
                 "cpu_ms_per_image": cpu.get("ms_per_image"), "concurrency": loaded["concurrency"],
                 "failures": sum(r["failures"] for r in rows), "replicas": data.get("replicas"),
                 "ingress_replicas": data.get("ingress_replicas"),
+                "client_processes": client.get("client_processes"),
+                "client_busiest_core_fraction": client.get("busiest_process_core_fraction"),
                 "by_concurrency": {str(r["concurrency"]): round(r["images_per_second"], 1) for r in rows}}
     return after
 
@@ -108,7 +112,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
              *(["--buckets", args.buckets] if args.buckets else [])]
     weights = [] if args.model.startswith("tiny-") else ["--random-weights"]
     timed = ["--warmup", str(args.warmup), "--iterations", str(args.iterations)]
-    levels = ["--concurrency", args.concurrency, "--requests", str(args.requests)]
+    levels = ["--concurrency", args.concurrency, "--requests", str(args.requests),
+              "--client-processes", args.client_processes]
     only_served = ["--skip", "encoder,preprocess,host-ceiling"]
     folders = wheel_folders(args.wheels)
     carried = ", ".join(f.name for f in folders if f.is_dir())
@@ -125,7 +130,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
         top = str(max(int(c) for c in args.concurrency.split(",") if c.strip()))
         return [py, "-m", "siglip_serve", "bench", "--model", args.model, "--backend", NO_MODEL_BACKEND,
                 "--skip", "encoder,preprocess,host-ceiling", "--concurrency", top, "--requests", str(args.requests),
-                "--set", "text_replicas=0", *counts, "--json", "host-ceiling.json"]
+                "--client-processes", args.client_processes, "--set", "text_replicas=0", *counts,
+                "--json", "host-ceiling.json"]
 
     return [
         Step("install", f"install: the wheels carried in {carried or 'no folder'} and this checkout, offline",
@@ -190,7 +196,7 @@ def derived(results: dict[str, StepResult], on_host_cores: bool) -> list[StepRes
 
     bare, served, host = figure("encoder"), figure("served"), figure("host-ceiling")
     missing = [n for n, v in (("encoder", bare), ("served", served), ("host-ceiling", host)) if v is None]
-    verdict = StepResult("verdict", "host- or device-bound (measure/bound.py)", "skipped")
+    verdict = StepResult("verdict", "host-, device- or client-bound (measure/bound.py)", "skipped")
     if missing:
         verdict.error = "needs " + ", ".join(f"{n} ({why(results.get(n))})" for n in missing)
     elif bare is not None and served is not None and host is not None:
@@ -199,7 +205,9 @@ def derived(results: dict[str, StepResult], on_host_cores: bool) -> list[StepRes
 
             # Each replica has a device of its own on an accelerator; on cpu they share the one host (as bench).
             replicas = results["served"].figures.get("replicas") or 1
-            bound = judge(host, bare * (1 if on_host_cores else replicas), served)
+            busiest = [f for n in ("served", "host-ceiling")
+                       if (f := results[n].figures.get("client_busiest_core_fraction")) is not None]
+            bound = judge(host, bare * (1 if on_host_cores else replicas), served, max(busiest, default=None))
             verdict.status, verdict.figures = "passed", bound.model_dump()
             verdict.figures["detail"] = f"{bound.verdict}: {bound.explanation}"
         except (ImportError, ValueError) as exc:
@@ -218,6 +226,14 @@ def cell(value: Any) -> str:
     return "" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+def client_cell(figures: dict[str, Any]) -> str:
+    """A served step's client at its top level: its processes and the busiest one's share of a core."""
+    processes, busiest = figures.get("client_processes"), figures.get("client_busiest_core_fraction")
+    if processes is None or busiest is None:
+        return ""
+    return f"{processes} proc, busiest {busiest:.2f} core"
+
+
 def table(results: list[StepResult]) -> list[str]:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in results:
@@ -227,7 +243,7 @@ def table(results: list[StepResult]) -> list[str]:
                                                       "failures", "gpu", "torch", "usable_cpus", "passed", "skipped"))
         row = [r.name, r.status.upper(), f"{r.seconds:.1f}", cell(f.get("images_per_second")),
                cell(f.get("latency_p50_ms")), cell(f.get("latency_p99_ms")), cell(f.get("cpu_ms_per_image")),
-               str(detail).replace("|", "/").replace("\n", " ")]
+               client_cell(f), str(detail).replace("|", "/").replace("\n", " ")]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -274,6 +290,13 @@ def bundle(out: Path, dest: Path) -> None:
         tar.add(out, arcname="device-check")
 
 
+def client_processes(text: str) -> str:
+    """bench's `--client-processes`, checked here so that a typo fails before the first step, not in each."""
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"auto or a count of at least 1, got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="siglip-serve device-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -287,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iterations", type=int, default=50, help="timed calls per bucket")
     parser.add_argument("--concurrency", default="1,32", help="served client concurrency levels")
     parser.add_argument("--requests", type=int, default=500, help="served requests per concurrency level")
+    parser.add_argument("--client-processes", default="auto", type=client_processes,
+                        help="the served steps' and the host ceiling's client processes, passed to bench (auto: 1 "
+                             "on up to 4 usable CPUs, else one per 4, at most 8)")
     parser.add_argument("--wheels", action="append", help="a folder of carried wheels or wheel parts, installed "
                         "first (offline); repeat for each (default: the checkout's .whl and every .whl-N)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole run's seconds, install included")

@@ -238,7 +238,10 @@ def bound(bench: BenchResult | None, a: SingleCore | None, b: MulticoreResult | 
         device = a.best_images_per_second * (1 if on_host_cores(ctx.backend) else ctx.replicas or 1)
     else:
         return None
-    return judge(bench.host_ceiling.images_per_second, device, served.images_per_second if served else None)
+    # The load test's client is its own; the ceiling's is bench's, whose busyness may make the ceiling its limit.
+    client = bench.host_ceiling.client_cpu
+    return judge(bench.host_ceiling.images_per_second, device, served.images_per_second if served else None,
+                 client.busiest_process_core_fraction if client else None)
 
 
 def draw_figures(out: Path, a: SingleCore | None, b: MulticoreResult | None, c: LoadTestSummary | None,

@@ -114,6 +114,17 @@ class PreprocessResult(Result):
     fast_jpeg_decode: bool
 
 
+class ClientCpu(Result):
+    """The load client's own CPU over one served level: the bench process and its client processes
+    (measure/client_pool.py). A busiest process near a whole core means the client set the level's rate."""
+
+    client_processes: int
+    # Those measured: the client processes and the bench process (one and the same with one client process).
+    processes: int
+    seconds: float
+    busiest_process_core_fraction: float
+
+
 class ServedRow(Result):
     """The served HTTP API at one client concurrency (closed loop)."""
 
@@ -125,6 +136,7 @@ class ServedRow(Result):
     latency_p50_ms: float | None
     latency_p99_ms: float | None
     server_cpu: ServerCpuResult | None = None
+    client_cpu: ClientCpu | None = None
 
 
 class HostCeiling(Result):
@@ -137,6 +149,7 @@ class HostCeiling(Result):
     images_per_second: float
     images_per_second_per_core: float | None
     server_cpu: ServerCpuResult | None
+    client_cpu: ClientCpu | None = None
 
 
 class ProfileFile(Result):
@@ -151,13 +164,15 @@ class ProfileFile(Result):
 class Bound(Result):
     """Which side limits a deployment: the host's ceiling against the device's own rate (docs/capacity.md)."""
 
-    verdict: Literal["host-bound", "device-bound"]
+    verdict: Literal["host-bound", "device-bound", "client-bound"]
     host_ceiling_images_per_second: float
     device_images_per_second: float
     served_images_per_second: float | None
     # served / the lower of the two: how close the service came to what it could do here.
     served_over_limit: float | None
     explanation: str
+    # The busiest client process's share of a core at the top level (served's or the ceiling's, the higher).
+    client_busiest_core_fraction: float | None = None
 
 
 # -- multi-core (seed 000's method) ----------------------------------------------------------

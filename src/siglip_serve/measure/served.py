@@ -1,20 +1,20 @@
 """The served part of `siglip-serve bench`: the real application under a local Ray, driven over HTTP.
 
-A closed-loop asyncio driver (httpx) posts prebuilt bodies (siglip_serve.measure.corpus) at each concurrency
-level; the service's process tree's CPU per image is measured over each level (siglip_serve.measure.server_cpu).
+A closed-loop asyncio driver (httpx), in one or several client processes (siglip_serve.measure.client_pool),
+posts prebuilt bodies (siglip_serve.measure.corpus) at each concurrency level; the service's process tree's CPU
+per image (siglip_serve.measure.server_cpu) and the client's own are measured over each level.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from siglip_serve.measure.client_pool import ClientPool
 from siglip_serve.measure.corpus import Image, build_bodies, skimage_corpus
 from siglip_serve.measure.results import HostCeiling, ProfileFile, ServedRow
 from siglip_serve.measure.server_cpu import ServerCpu
@@ -36,37 +36,18 @@ def percentile_ms(seconds: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(seconds) * 1e3, q))
 
 
-async def drive(url: str, bodies: list[tuple[bytes, str]], concurrency: int, requests: int,
-                images_per_request: int = 1) -> ServedRow:
-    """`concurrency` clients post `requests` bodies in all, each the next as soon as its answer is in."""
-    import httpx
-
-    latencies: list[float] = []
-    failures = 0
-    next_index = 0
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal next_index, failures
-        while next_index < requests:
-            body, content_type = bodies[next_index % len(bodies)]
-            next_index += 1
-            began = time.perf_counter()
-            response = await client.post(url, content=body, headers={"Content-Type": content_type})
-            if response.status_code == 200:
-                latencies.append(time.perf_counter() - began)
-            else:
-                failures += 1
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        began = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - began
+def drive(pool: ClientPool, url: str, concurrency: int, requests: int, images_per_request: int = 1) -> ServedRow:
+    """`concurrency` clients post `requests` bodies in all, each the next as soon as its answer is in,
+    over the pool's client processes: img/s over the level's whole wall time, p50/p99 over every request."""
+    level = pool.level(url, concurrency, requests)
+    latencies = level.driven.latencies
     return ServedRow(
-        concurrency=concurrency, requests=requests, failures=failures, images_per_request=images_per_request,
-        images_per_second=len(latencies) * images_per_request / elapsed,
+        concurrency=concurrency, requests=requests, failures=level.driven.failures,
+        images_per_request=images_per_request,
+        images_per_second=len(latencies) * images_per_request / level.seconds,
         latency_p50_ms=percentile_ms(latencies, 50) if latencies else None,
         latency_p99_ms=percentile_ms(latencies, 99) if latencies else None,
+        client_cpu=level.client_cpu,
     )
 
 
@@ -86,25 +67,27 @@ def host_ceiling_config(config: ServiceConfig, plan: ServicePlan) -> ServiceConf
     })
 
 
-def measure_level(url: str, bodies: list[tuple[bytes, str]], level: int, requests: int, images_per_request: int,
+def measure_level(pool: ClientPool, url: str, level: int, requests: int, images_per_request: int,
                   server: ServerCpu) -> ServedRow:
     before = server.snapshot()
-    row = asyncio.run(drive(url, bodies, level, max(requests, level), images_per_request))
+    row = drive(pool, url, level, max(requests, level), images_per_request)
     window = ServerCpu.between(before, server.snapshot())
     row.server_cpu = cpu = window.result((row.requests - row.failures) * images_per_request)
-    log.info("served at concurrency %d: %.1f img/s, %.1f server CPU-ms per image", level,
-             row.images_per_second, cpu.ms_per_image or float("nan"))
+    client = row.client_cpu
+    log.info("served at concurrency %d: %.1f img/s, %.1f server CPU-ms per image, busiest of %d client "
+             "process(es) %.2f of a core", level, row.images_per_second, cpu.ms_per_image or float("nan"),
+             pool.processes, client.busiest_process_core_fraction if client else float("nan"))
     return row
 
 
-def record_profiles(url: str, bodies: list[tuple[bytes, str]], level: int, requests_per_second: float,
+def record_profiles(pool: ClientPool, url: str, level: int, requests_per_second: float,
                     server: ServerCpu, out_dir: Path, seconds: float) -> list[ProfileFile]:
     """Drive the service for about `seconds` at `level` while py-spy records each of its processes."""
     from siglip_serve.measure.profile import Profiles
 
     profiles = Profiles(server, out_dir, seconds)
     # Enough requests to outlast the recordings at the rate just measured.
-    asyncio.run(drive(url, bodies, level, max(level, int(requests_per_second * (seconds + 1)))))
+    drive(pool, url, level, max(level, int(requests_per_second * (seconds + 1))))
     files = profiles.finish(timeout_s=seconds + 30)
     for file in files:
         log.info("profile of %s (pid %d): %s", file.kind, file.pid, file.path or f"none: {file.error}")
@@ -120,13 +103,13 @@ def served_config(config: ServiceConfig) -> ServiceConfig:
 def bench_served(config: ServiceConfig, levels: list[int], requests: int, images_per_request: int = 1,
                  front_end: str = "haproxy", endpoint: str = "raw", host_ceiling: bool = False,
                  profile: tuple[Path, float] | None = None, on_plan: Callable[[ServicePlan], None] = lambda _: None,
-                 ) -> tuple[list[ServedRow], HostCeiling | None, list[ProfileFile] | None]:
+                 client_processes: int = 1) -> tuple[list[ServedRow], HostCeiling | None, list[ProfileFile] | None]:
     """The served rows at each concurrency; with `host_ceiling` the same deployment with the model
     taken out (a second application on the same Ray), at the highest concurrency; with `profile`
     (directory, seconds) a flame graph of each of the service's processes under the highest
     concurrency, recorded after the measured rows (measure/profile.py). `on_plan` gets the plan deployed
     (serve/plan/planner.py), once made: before its Ray starts, or where `replicas: auto` counts a device the
-    Ray detects, once it runs."""
+    Ray detects, once it runs. `client_processes` drive each level together (measure/client_pool.py)."""
     import ray
     from ray import serve
 
@@ -148,6 +131,7 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
             ray_options["num_cpus"] *= 2
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace="siglip-bench",
              log_to_driver=False, **ray_options)
+    pool: ClientPool | None = None
     try:
         plan = plan or plan_service(config, ray.cluster_resources())
         on_plan(plan)
@@ -157,13 +141,14 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
         request_bodies = build_bodies(sample_photos(), endpoint, images_per_request)
         bodies = [(body.data, body.content_type) for body in request_bodies]
         url = f"http://127.0.0.1:{port}{request_bodies[0].path}"
-        asyncio.run(drive(url, bodies, max(levels), 2 * max(levels), images_per_request))  # warm the path
-        # Ray's processes are this process's children; this process is the client and is left out.
-        server = ServerCpu.of_children()
-        rows = [measure_level(url, bodies, level, requests, images_per_request, server) for level in levels]
+        pool = ClientPool(bodies, client_processes)
+        drive(pool, url, max(levels), 2 * max(levels), images_per_request)  # warm the path
+        # Ray's processes are this process's children; this process and the client pool's are the client.
+        server = ServerCpu.of_children(client=pool.pids)
+        rows = [measure_level(pool, url, level, requests, images_per_request, server) for level in levels]
         profiles = None
         if profile is not None:
-            profiles = record_profiles(url, bodies, max(levels), rows[-1].images_per_second / images_per_request,
+            profiles = record_profiles(pool, url, max(levels), rows[-1].images_per_second / images_per_request,
                                        server, *profile)
         ceiling = None
         if host_ceiling:
@@ -173,16 +158,19 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
             serve.run(build(no_model, plan_service(no_model)), name="host-ceiling", route_prefix=HOST_CEILING_ROUTE)
             ceiling_url = f"http://127.0.0.1:{port}{HOST_CEILING_ROUTE}{request_bodies[0].path}"
             level = max(levels)
-            asyncio.run(drive(ceiling_url, bodies, level, 2 * level, images_per_request))
-            row = measure_level(ceiling_url, bodies, level, requests, images_per_request, server)
+            drive(pool, ceiling_url, level, 2 * level, images_per_request)
+            row = measure_level(pool, ceiling_url, level, requests, images_per_request, server)
             ms = row.server_cpu.ms_per_image if row.server_cpu else None
             ceiling = HostCeiling(concurrency=level, replicas=count,
                                   ingress_replicas=plan.ingress.replicas,
                                   images_per_second=row.images_per_second,
-                                  images_per_second_per_core=1000.0 / ms if ms else None, server_cpu=row.server_cpu)
+                                  images_per_second_per_core=1000.0 / ms if ms else None, server_cpu=row.server_cpu,
+                                  client_cpu=row.client_cpu)
         return rows, ceiling, profiles
     finally:
         # Not serve.shutdown(): it stops each replica gracefully, and a direct-ingress replica (the
         # HAProxy front end) drains for at least 30 s (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S,
         # ray/serve/_private/constants.py). Nothing is in flight here; Serve's actors die with this Ray.
+        if pool is not None:
+            pool.close()
         ray.shutdown()

@@ -6,8 +6,9 @@ the figure that says whether a host can feed its chips, and unlike img/s it carr
 machines. It is measured here from the operating system's accounting (psutil), not estimated.
 
 Which processes are "the service":
-- `ServerCpu.of_children()`: the children (and their descendants) of this process, for a benchmark
-  that started Ray itself; this process is the client and is left out.
+- `ServerCpu.of_children(client=pids)`: the children (and their descendants) of this process, for a
+  benchmark that started Ray itself; this process and its client processes (`pids`) are the client and
+  are left out.
 - `ServerCpu.listening_on(port)`: the tree of the process that listens on `port` (Serve's proxy),
   walked up to the process that started Ray. The client's own process tree is always left out.
 
@@ -18,6 +19,7 @@ the dead), so a window should cover steady state, not start-up or shutdown.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import psutil
@@ -88,9 +90,9 @@ class ServerCpu:
     client: int | None = None
 
     @classmethod
-    def of_children(cls) -> ServerCpu:
+    def of_children(cls, client: Iterable[int] = ()) -> ServerCpu:
         me = os.getpid()
-        return cls(roots=[me], exclude={me})
+        return cls(roots=[me], exclude={me, *client})
 
     @classmethod
     def listening_on(cls, port: int) -> ServerCpu:

@@ -52,3 +52,20 @@ def test_every_text_rejection_has_one_answer_in_the_table() -> None:
     raised = {cls for cls in vars(texts).values()
               if isinstance(cls, type) and issubclass(cls, texts.TextRejected)} - {texts.TextRejected}
     assert {cls for cls in REJECTIONS if issubclass(cls, TextRejected)} == raised
+
+
+def test_the_documents_not_blank_pattern_is_the_checks_blank() -> None:
+    # The OpenAPI document's texts carry NOT_BLANK (serve/http/embed_request.py); check_text's blank is str.strip's,
+    # whose whitespace is not JSON Schema's \s. Every code point, read by Python's regex and the document's validator.
+    import re
+    import sys
+
+    import jsonschema_rs
+
+    pattern = re.compile(texts.NOT_BLANK)
+    document = jsonschema_rs.Draft202012Validator({"type": "string", "pattern": texts.NOT_BLANK})
+    for code in range(sys.maxunicode + 1):
+        if 0xD800 <= code < 0xE000:  # surrogates: no JSON string holds one alone
+            continue
+        kept = chr(code).strip() != ""
+        assert (pattern.search(chr(code)) is not None) == kept == document.is_valid(chr(code)), hex(code)

@@ -8,7 +8,27 @@ says what each is in the HTTP contract (status and type), for the service and fo
 
 from __future__ import annotations
 
+import sys
+
 from siglip_serve.core.errors import Rejected
+
+
+def _whitespace() -> str:
+    """The characters `str.strip()` strips, as the inside of a regular expression's character class: JSON Schema's
+    `\\s` (ECMA-262's) is another set, so the OpenAPI document's patterns of texts name them
+    (serve/http/embed_request.py)."""
+    runs: list[list[int]] = []
+    for code in (code for code in range(sys.maxunicode + 1) if chr(code).isspace()):
+        if runs and runs[-1][-1] == code - 1:
+            runs[-1].append(code)
+        else:
+            runs.append([code])
+    return "".join(f"\\u{run[0]:04x}" + (f"-\\u{run[-1]:04x}" if len(run) > 1 else "") for run in runs)
+
+
+# One character `str.strip()` strips, and one it keeps: a text holding one of the latter is not blank.
+BLANK_CHAR = f"[{_whitespace()}]"
+NOT_BLANK = f"[^{BLANK_CHAR[1:-1]}]"
 
 
 class TextRejected(Rejected):

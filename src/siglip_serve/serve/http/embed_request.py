@@ -8,16 +8,26 @@ vLLM's typed inputs, or OpenAI's content part `{"type": "image_url", "image_url"
 its endpoint reads (/v1/embeddings by `modality` or by its content). An image item whose value is a URL
 (`scheme://...`, not a data URI) is marked `url`: the route fetches it (serve/ingress/url_fetch.py, which refuses
 every scheme but http and https) before it is decoded. Nothing here knows Ray or torch.
+
+A request model parses loosely and its route checks the rest with messages that name the item; its schema, the
+OpenAPI document's, says all a body must be to be embedded: a text not blank and within max_text_chars, the items
+of each kind a request may hold, the model's name and size (serve/http/openapi.py puts in the service's values).
+Where the rule is across fields, the schema is also one of several shapes (`views`), each a model of the fields
+concerned, narrowed: the routes never parse with those.
 """
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from siglip_serve.core.lanes import MAX_PRIORITY
+from siglip_serve.core.texts import NOT_BLANK
+from siglip_serve.serve.http.openapi import service_limit
 
 Modality = Literal["image", "text"]
 # float / base64 (little-endian float32) as OpenAI; int8 / uint8 / binary / ubinary as Cohere, vLLM
@@ -37,7 +47,16 @@ _IMAGE_TEXT = "an image: a data URI (data:image/png;base64,...) or bare base64 o
 _URL_TEXT = "an http(s) URL the service fetches where url_fetch_allowlist allows it (docs/http-api.md, Images by URL)"
 ImageString = Annotated[str, Field(description=f"{_IMAGE_TEXT}, or {_URL_TEXT}",
                                    json_schema_extra={"format": IMAGE_FORMAT})]
-ModelName = Annotated[str | None, Field(description="optional; must name the served model")]
+# What core/texts.py check_text refuses, as the document says it: blank, or over max_text_chars.
+TEXT_RULES: dict[str, Any] = {"pattern": NOT_BLANK, **service_limit(maxLength="max_text_chars")}
+Text = Annotated[str, Field(description="a text: not blank, at most max_text_chars characters",
+                            json_schema_extra=TEXT_RULES)]
+ModelName = Annotated[Annotated[str, Field(json_schema_extra=service_limit(enum="models"))] | None,
+                      Field(description="optional; must name a served model (default: the first)")]
+# The model's size, or fewer where the operator allows truncation (serve/http/embedding_output.py check_dimensions).
+Dimensions = Annotated[Annotated[int, Field(ge=1, json_schema_extra=service_limit(
+    minimum="fewest_dimensions", maximum="dimensions"))] | None, Field(
+    description="the model's size, or fewer where the operator allows truncation")]
 # vLLM's and Cohere's `priority` (lower is earlier); here it can only move the request down from its key's
 # lane (core/lanes.py), so Cohere's default of 0 changes nothing.
 Priority = Annotated[int | None, Field(ge=0, le=MAX_PRIORITY, description=(
@@ -60,7 +79,7 @@ class TextItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ImageUrl(BaseModel):
@@ -77,6 +96,38 @@ class ImageUrlItem(BaseModel):
 
 
 TypedItem = Annotated[ImageItem | TextItem | ImageUrlItem, Field(discriminator="type")]
+TypedImage = Annotated[ImageItem | ImageUrlItem, Field(discriminator="type")]
+
+
+def typed(*items: type[BaseModel]) -> dict[str, Any]:
+    """The schema of an item typed as one of `items` (their `type`)."""
+    kinds = [get_args(item.model_fields["type"].annotation)[0] for item in items]
+    return {"type": "object", "required": ["type"], "properties": {"type": {"enum": kinds}}}
+
+
+def at_most(images: dict[str, Any], image_limit: str | tuple[str, int] = "max_images_per_request",
+            text_limit: str | tuple[str, int] = "max_texts_per_request") -> dict[str, Any]:
+    """A list's bound on its images (the items `images` matches) and its texts (the others), each its limit."""
+    return {"allOf": [{"contains": images, "minContains": 0, **service_limit(maxContains=image_limit)},
+                      {"contains": {"not": images}, "minContains": 0, **service_limit(maxContains=text_limit)}]}
+
+
+def views(*shapes: Callable[[], type[BaseModel]], keyword: str = "oneOf") -> Any:
+    """A request model's `__get_pydantic_json_schema__`: its schema, with the fields whose rules depend on each other
+    said by one of `shapes` instead (models of those fields, each one shape of body; given as functions, as they are
+    defined after it). Each field is said once: a constraint said twice would be negated in one place alone."""
+
+    def schema(cls: type[BaseModel], core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        own = handler(core_schema)
+        viewed = {name for shape in shapes for name in shape().model_fields}
+        own["properties"] = {name: field for name, field in own["properties"].items() if name not in viewed}
+        own["required"] = [name for name in own.get("required", []) if name not in viewed]
+        if not own["required"]:
+            del own["required"]
+        return {**own, "allOf": [*own.get("allOf", []),
+                                 {keyword: [handler(shape().__pydantic_core_schema__) for shape in shapes]}]}
+
+    return classmethod(schema)
 
 
 @dataclass(frozen=True)

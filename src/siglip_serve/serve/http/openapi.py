@@ -10,6 +10,11 @@ Every JSON body's schema is its pydantic model's (the request and answer models 
 holds, the error model of serve/http/errors.py); only what no model holds is written by hand: the raw-image
 and multipart bodies (in the endpoint's `Operation`), and why each error status happens (here, shared).
 Nothing here names an endpoint: the document is built from the operations it is given.
+
+The limits a running service checks (its models' names and sizes, texts' length, items per request) are its
+settings, not the contract's: a schema names the setting that bounds it (`service_limit`), and the document a
+service serves (`served_document`) puts the values of its `ServiceLimits` there, so every body it calls valid
+is one the service embeds. The document built without them keeps the names.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from itertools import groupby
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from siglip_serve.core.lanes import MAX_PRIORITY
@@ -50,6 +56,87 @@ class Operation:
 # (method, path) -> its operation: the document's view of the route table.
 Operations = Mapping[tuple[str, str], Operation]
 
+# The keyword of a schema whose values are the service's settings: JSON Schema keyword -> the setting's name, or
+# [name, offset] for the setting plus a number. An `x-` keyword: in the document built without a service, it says
+# which setting bounds the value; a validator reads it as an annotation.
+SERVICE_LIMIT = "x-service-limit"
+# The settings that are one model's: a document that serves several of different sizes says them per model.
+_PER_MODEL = frozenset({"models", "dimensions", "fewest_dimensions"})
+
+
+def service_limit(**keywords: str | tuple[str, int]) -> dict[str, Any]:
+    """A schema's keywords whose values the service's settings give (`ServiceLimits.values` names them), for a
+    model's `json_schema_extra`."""
+    return {SERVICE_LIMIT: {keyword: list(named) if isinstance(named, tuple) else named
+                            for keyword, named in keywords.items()}}
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """A served model, as the document states it: its name and the `dimensions` it answers."""
+
+    name: str
+    dimensions: int  # the model's embedding size
+    truncation: bool  # allow_dimension_truncation: fewer dimensions too, down to 1
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """The settings of a running service its document states (docs/http-api.md, Limits): its models, the default
+    first, and what one request may hold."""
+
+    models: tuple[ModelLimits, ...]
+    max_text_chars: int
+    max_texts_per_request: int
+    max_images_per_request: int
+
+    def values(self, models: tuple[ModelLimits, ...]) -> dict[str, Any]:
+        """Each setting a schema may name, with `models` (models of one size) for the per-model ones."""
+        size = models[0]
+        return {"max_text_chars": self.max_text_chars, "max_texts_per_request": self.max_texts_per_request,
+                "max_images_per_request": self.max_images_per_request, "models": [model.name for model in models],
+                "dimensions": size.dimensions, "fewest_dimensions": 1 if size.truncation else size.dimensions}
+
+
+def _named(node: Any) -> set[str]:
+    """The settings `node`'s schemas name."""
+    if isinstance(node, dict):
+        own = {named if isinstance(named, str) else named[0] for named in node.get(SERVICE_LIMIT, {}).values()}
+        return own.union(*(_named(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_named(value) for value in node))
+    return set()
+
+
+def _filled(node: Any, values: Mapping[str, Any]) -> Any:
+    """`node` with every service limit given its value."""
+    if isinstance(node, list):
+        return [_filled(value, values) for value in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _filled(value, values) for key, value in node.items() if key != SERVICE_LIMIT}
+    for keyword, named in node.get(SERVICE_LIMIT, {}).items():
+        out[keyword] = values[named] if isinstance(named, str) else values[named[0]] + named[1]
+    return out
+
+
+def _served_schema(schema: dict[str, Any], limits: ServiceLimits) -> dict[str, Any]:
+    """A component's schema with the service's values. A request that names a model is checked against that model's
+    size, so where the models differ in size the schema is one branch per size: the default model's where
+    `model` is left out, every other's where `model` names one of its models."""
+    sizes = [tuple(group) for _, group in groupby(sorted(limits.models, key=lambda m: (m.dimensions, m.truncation)),
+                                                  key=lambda m: (m.dimensions, m.truncation))]
+    if len(sizes) == 1 or not _named(schema) & _PER_MODEL:
+        return _filled(schema, limits.values(limits.models))
+    branches = []
+    for models in sorted(sizes, key=lambda models: limits.models[0] not in models):
+        branch = _filled(schema, limits.values(models))
+        if limits.models[0] not in models:
+            branch = {"allOf": [branch, {"required": ["model"],
+                                         "properties": {"model": {"enum": [m.name for m in models]}}}]}
+        branches.append(branch)
+    return {"anyOf": branches}
+
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
@@ -64,10 +151,17 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
 _ERROR_SCHEMA = {key: value for key, value in ErrorBody.model_json_schema(ref_template=_REF).items() if key != "$defs"}
 
 
-# Multipart bodies are read by hand (serve/http/http_body.py multipart_form), so no model says them. A file part is
-# one with a filename, whatever its name; `format: binary` is what makes generators send one.
-FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1,
-         "description": "image files (JPEG, PNG, WebP, GIF, BMP, TIFF), each a part with a filename"}
+# Multipart bodies are read by hand (serve/http/http_body.py multipart_form); a model says what they hold for the
+# document only (`form`). A file part is one with a filename, whatever its name; `format: binary` is what makes
+# generators send one.
+Files = Annotated[list[bytes], Field(min_length=1, json_schema_extra=service_limit(maxItems="max_images_per_request"),
+                                     description="image files (JPEG, PNG, WebP, GIF, BMP, TIFF), each a part with a "
+                                                 "filename")]
+
+
+def form(model: type[BaseModel]) -> dict[str, Any]:
+    """The multipart body `model` describes, as an `Operation`'s `bodies` entry."""
+    return {"multipart/form-data": {"schema": model.model_json_schema()}}
 
 _WHY = {
     400: "empty body, malformed multipart, an image that cannot be decoded (data with an image format's "
@@ -135,9 +229,9 @@ def _model_choice(operation: dict[str, Any], doc: Operation, models: list[str]) 
         form["properties"] = {**form["properties"], "model": choice}
 
 
-def openapi_document(app: FastAPI, operations: Operations, models: list[str] | None = None) -> dict[str, Any]:
-    """The contract's document for the routes `app` serves, each completed by its `operations` entry; `models`:
-    the names of the models it serves.
+def openapi_document(app: FastAPI, operations: Operations, limits: ServiceLimits | None = None) -> dict[str, Any]:
+    """The contract's document for the routes `app` serves, each completed by its `operations` entry; `limits`:
+    the settings of the service that serves it (without them, the schemas name the settings).
 
     FastAPI's document is completed here, path by path, rather than through the route objects: in
     a Serve replica the app answering requests is Serve's wrapper around a frozen copy of ours,
@@ -152,12 +246,19 @@ def openapi_document(app: FastAPI, operations: Operations, models: list[str] | N
         operation.update(copy.deepcopy(_request_body(doc)))
         if method == "POST":
             operation["parameters"] = [*operation.get("parameters", []), dict(_PRIORITY_HEADER)]
-        if models:
-            _model_choice(operation, doc, models)
+        if limits is not None:
+            _model_choice(operation, doc, [model.name for model in limits.models])
         operation["responses"] = {"200": {"description": doc.answer_text, "content": _json(doc.answer)},
                                   **{str(status): answer for status, answer in _errors(*doc.errors).items()}}
     components = schema.get("components", {})
-    schema["components"] = {**components, "schemas": {**components.get("schemas", {}), **_schemas(operations)},
+    schemas = {**components.get("schemas", {}), **_schemas(operations)}
+    if limits is not None:
+        schemas = {name: _served_schema(component, limits) for name, component in schemas.items()}
+        for path in schema.get("paths", {}).values():  # the hand-written bodies (multipart) name limits too
+            for operation in path.values():
+                if "requestBody" in operation:
+                    operation["requestBody"] = _filled(operation["requestBody"], limits.values(limits.models))
+    schema["components"] = {**components, "schemas": schemas,
                             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                                            "description": "only when the service has an api_key"}}}
     return schema
@@ -176,7 +277,7 @@ def install_openapi(app: FastAPI, operations: Operations) -> None:
     app.openapi = partial(_document, app, operations)  # type: ignore[method-assign]
 
 
-def served_document(app: FastAPI, models: list[str]) -> dict[str, Any]:
-    """The document of an app `install_openapi` completed, naming the models it serves."""
+def served_document(app: FastAPI, limits: ServiceLimits) -> dict[str, Any]:
+    """The document of an app `install_openapi` completed, with the settings of the service that serves it."""
     operations: Operations = app.state.openapi_operations
-    return openapi_document(app, operations, models)
+    return openapi_document(app, operations, limits)

@@ -1,35 +1,69 @@
 """POST /v1/classify: zero-shot classification, every image scored against every label's prompt with SigLIP's
-sigmoid (docs/http-api.md); the body JSON or multipart (image file parts, one `labels` field per label)."""
+sigmoid (docs/http-api.md); the body JSON or multipart (image file parts, one `labels` field per label).
+
+Both bodies' labels and template are `Prompts`; its schema says what `prompts_of` and the text checks refuse, but
+one rule: a prompt (the template with a label in it) within max_text_chars, which is across the two lengths and
+JSON Schema cannot say. The document bounds each alone (a label to max_text_chars, the template to 2 more).
+"""
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from siglip_serve.core.texts import BLANK_CHAR, NOT_BLANK
 from siglip_serve.serve.http.embed_request import NON_EMPTY, ImageString, Item, ModelName, Priority, image_items
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.http.http_body import file_labels, is_multipart, multipart_form, parse_json, read_body
-from siglip_serve.serve.http.openapi import FILES, WORK_ERRORS, Operation
+from siglip_serve.serve.http.openapi import WORK_ERRORS, Files, Operation, form, service_limit
 from siglip_serve.serve.http.responses import Answer, Counts
 from siglip_serve.serve.ingress.http_app import Route
 from siglip_serve.serve.ingress.ingress import Ingress
 from siglip_serve.serve.ingress.schedule import SCORE, Scheduled, Work
 
 DEFAULT_TEMPLATE = "{}"
+# Text without "{}": characters other than "{", or "{"s before a character other than "{" and "}", then any "{"s.
+_NO_SLOT = r"(?:[^{]|\{+[^{}])*\{*"
+# A template holding "{}" exactly once (`prompts_of`).
+_ONE_SLOT = rf"^{_NO_SLOT}\{{\}}{_NO_SLOT}$"
+# A template that is "{}" and whitespace: its prompts are as blank as their labels.
+_BLANK_BESIDE_SLOT = rf"^{BLANK_CHAR}*\{{\}}{BLANK_CHAR}*$"
 
 
-class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+def _prompts_not_blank(schema: dict[str, Any]) -> None:
+    # A prompt must not be blank (core/texts.py): the template holds more than "{}" and whitespace, or no label is
+    # blank.
+    schema["anyOf"] = [{"required": ["template"], "properties": {"template": {"not": {"pattern": _BLANK_BESIDE_SLOT}}}},
+                       {"properties": {"labels": {"items": {"pattern": NOT_BLANK}}}}]
 
-    input: ImageString | list[ImageString] = Field(json_schema_extra=NON_EMPTY)
-    labels: list[str] = Field(min_length=1, description="distinct labels")
-    template: str = Field(DEFAULT_TEMPLATE, description="with exactly one {}, e.g. 'a photo of {}'")
+
+class Prompts(BaseModel):
+    """The labels and the template of /v1/classify's body, JSON or multipart."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_prompts_not_blank)
+
+    labels: list[Annotated[str, Field(json_schema_extra=service_limit(maxLength="max_text_chars"))]] = Field(
+        min_length=1, description="distinct labels",
+        json_schema_extra={"uniqueItems": True, **service_limit(maxItems="max_texts_per_request")})
+    template: str = Field(DEFAULT_TEMPLATE, description="with exactly one {}, e.g. 'a photo of {}'",
+                          json_schema_extra={"pattern": _ONE_SLOT, **service_limit(maxLength=("max_text_chars", 2))})
+
+
+class ClassifyRequest(Prompts):
+    input: ImageString | list[ImageString] = Field(
+        json_schema_extra={**NON_EMPTY, **service_limit(maxItems="max_images_per_request")})
     model: ModelName = None
     priority: Priority = None
+
+
+class ClassifyForm(Prompts):
+    """image file parts, one `labels` field per label, optional `template`"""
+
+    file: Files
 
 
 @dataclass(frozen=True)
@@ -116,16 +150,9 @@ async def classify(ingress: Ingress, request: Request, deadline: float) -> Respo
     return await served.scheduler.answer(work, deadline, render)
 
 
-# The multipart form is read by hand (read_classify), so no model says it.
-_FORM = {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["file", "labels"],
-    "properties": {"file": FILES, "labels": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                   "template": {"type": "string"}},
-    "description": "image file parts, one `labels` field per label, optional `template`",
-}}}
-
 ROWS = (
     Route("POST", "/v1/classify", classify, needs=(SCORE,), endpoints=("classify",), texts=True, doc=Operation(
         "Zero-shot classification: SigLIP's sigmoid probability of every label for every image", ClassifyResponse,
-        "per image, every label's probability", WORK_ERRORS, body=ClassifyRequest, bodies=_FORM, model_in="form")),
+        "per image, every label's probability", WORK_ERRORS, body=ClassifyRequest, bodies=form(ClassifyForm),
+        model_in="form")),
 )

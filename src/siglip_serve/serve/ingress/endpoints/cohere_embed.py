@@ -1,5 +1,7 @@
 """POST /v2/embed: Cohere's v2 embed shape (`texts`, `images` or `inputs`; embeddings by type), read into the same
-items as /v1/embeddings (serve/ingress/endpoints/embeddings.py) for one code path (docs/http-api.md)."""
+items as /v1/embeddings (serve/ingress/endpoints/embeddings.py) for one code path (docs/http-api.md). The document
+states the request as one of three shapes, by the one of the three it gives (`CohereTexts`, `CohereImages`,
+`CohereInputs`)."""
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
 import uuid
@@ -15,18 +17,23 @@ from pydantic.json_schema import SkipJsonSchema
 from siglip_serve.serve.http.embed_request import (
     CACHE_TEXT,
     NON_EMPTY,
+    Dimensions,
     Encoding,
     ImageString,
     ImageUrl,
     Item,
     ModelName,
     Priority,
+    Text,
+    at_most,
     image_item,
+    typed,
+    views,
 )
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.http.http_body import read_json
-from siglip_serve.serve.http.openapi import WORK_ERRORS, Operation
+from siglip_serve.serve.http.openapi import WORK_ERRORS, Operation, service_limit
 from siglip_serve.serve.http.responses import Answer
 from siglip_serve.serve.ingress.http_app import Route
 from siglip_serve.serve.ingress.ingress import Ingress
@@ -37,7 +44,7 @@ class CohereText(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class CohereImage(BaseModel):
@@ -71,11 +78,39 @@ class CohereEmbedRequest(BaseModel):
     input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = Field(
         None, description="accepted; no effect on SigLIP")
     embedding_types: list[Encoding] = Field(default_factory=_float_only, min_length=1)
-    output_dimension: int | None = Field(None, ge=1)
+    output_dimension: Dimensions = None
     priority: Priority = None
     # NONE (an error instead) and START are refused: the tokens are counted only in the replica.
     truncate: Literal["END"] | None = Field(None, description="texts are cut at the end, as open_clip")
     cache: bool = Field(True, description=CACHE_TEXT)
+
+    __get_pydantic_json_schema__ = views(lambda: CohereTexts, lambda: CohereImages, lambda: CohereInputs)
+
+
+class CohereTexts(BaseModel):
+    """`texts`"""
+
+    texts: list[Text] = Field(json_schema_extra={**NON_EMPTY, **service_limit(maxItems="max_texts_per_request")})
+    images: None = None
+    inputs: None = None
+
+
+class CohereImages(BaseModel):
+    """`images`"""
+
+    texts: None = None
+    images: list[ImageString] = Field(
+        json_schema_extra={**NON_EMPTY, **service_limit(maxItems="max_images_per_request")})
+    inputs: None = None
+
+
+class CohereInputs(BaseModel):
+    """`inputs`, each one text or one image"""
+
+    texts: None = None
+    images: None = None
+    inputs: list[CohereInput] = Field(json_schema_extra={**NON_EMPTY, **at_most(
+        {"type": "object", "required": ["content"], "properties": {"content": {"contains": typed(CohereImage)}}})})
 
 
 def read_cohere_items(request: CohereEmbedRequest) -> list[Item]:

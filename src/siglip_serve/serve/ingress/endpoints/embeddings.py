@@ -6,6 +6,9 @@ whose first bytes are the signature of an image format the service decodes, is a
 a broken base64 image sent without a modality can still read as text; a client that sends images says so and gets
 the image's own error (400 naming the item). Every answer says how each item was read (`usage.read_as`). A string
 read by the compatibility rule is never a URL (a text may well be one).
+
+The document states the request as one of three shapes, by `modality` (`ImagesByModality`, `TextsByModality`,
+`ItemsByContent`).
 """
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
@@ -13,29 +16,39 @@ import base64
 import binascii
 import re
 from itertools import islice
-from typing import Annotated
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from siglip_serve.core.texts import BLANK_CHAR
 from siglip_serve.models.preprocess import SIGNATURE_BYTES, signature_format
 from siglip_serve.serve.http.embed_request import (
     CACHE_TEXT,
     NON_EMPTY,
+    TEXT_RULES,
     URLSAFE_TO_STD,
+    Dimensions,
     Encoding,
     ImageItem,
+    ImageString,
+    ImageUrlItem,
     Item,
     Modality,
     ModelName,
     Priority,
+    Text,
     TextItem,
+    TypedImage,
     TypedItem,
+    at_most,
     image_item,
+    typed,
+    views,
 )
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.http.http_body import read_json, render_embeddings
-from siglip_serve.serve.http.openapi import WORK_ERRORS, Operation
+from siglip_serve.serve.http.openapi import WORK_ERRORS, Operation, service_limit
 from siglip_serve.serve.http.responses import EmbeddingsResponse
 from siglip_serve.serve.ingress.http_app import Route
 from siglip_serve.serve.ingress.ingress import Ingress
@@ -51,12 +64,23 @@ _HEAD_CHARS = -(-SIGNATURE_BYTES // 3) * 4
 _ITEM_TEXT = ("an image or a text: read by `modality`, else an image when it is a data URI or base64 (whitespace "
               "such as MIME line breaks skipped) of an image file's bytes, else a text (docs/http-api.md)")
 EmbeddingItem = Annotated[str, Field(description=_ITEM_TEXT)] | TypedItem
+# A data URI, which looks_like_image reads as an image whatever follows.
+_DATA_URI = f"^{BLANK_CHAR}*[dD][aA][tT][aA]:"
+
+
+def _one_encoding(schema: dict[str, Any]) -> None:
+    # `encoding` refuses two encodings: encoding_format and embedding_types name at most one between them.
+    schema["anyOf"] = [{"properties": {
+        "encoding_format": {"enum": [encoding, None]},
+        "embedding_types": {"anyOf": [{"const": encoding}, {"type": "array", "items": {"const": encoding}},
+                                      {"type": "null"}]}}} for encoding in get_args(Encoding)]
 
 
 class EmbeddingsRequest(BaseModel):
-    """OpenAI's embeddings request shape, with images beside texts."""
+    """OpenAI's embeddings request shape, with images beside texts: every item an image, every item a text, or
+    (without `modality`) each item by its type or content."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_one_encoding)
 
     input: EmbeddingItem | list[EmbeddingItem] = Field(json_schema_extra=NON_EMPTY)
     model: ModelName = None
@@ -65,11 +89,14 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Encoding | None = Field(None, description="float when neither this nor embedding_types is given")
     embedding_types: Encoding | list[Encoding] | None = Field(
         None, description="Cohere's name for encoding_format (one type per request)")
-    dimensions: int | None = Field(None, ge=1, description="the model's size, or fewer where the operator allows "
-                                                            "truncation")
+    dimensions: Dimensions = None
     # Named in the request rather than inferred, so a client can skip serve/ingress/embedding_cache.py for one call.
     cache: bool = Field(True, description=CACHE_TEXT)
     priority: Priority = None
+
+    # anyOf: a body of images without `modality` is of the first shape and of the last.
+    __get_pydantic_json_schema__ = views(lambda: ImagesByModality, lambda: TextsByModality, lambda: ItemsByContent,
+                                         keyword="anyOf")
 
     def encoding(self) -> Encoding:
         """`encoding_format`, or `embedding_types` as its alias; float when neither is given."""
@@ -84,6 +111,45 @@ class EmbeddingsRequest(BaseModel):
                            f"encoding_format {self.encoding_format!r} and embedding_types {alias!r} disagree; "
                            "send one of them")
         return self.encoding_format or alias or "float"
+
+
+# The views' items. An image string is a data URI: one the server reads as an image with or without a modality. (Bare
+# base64 of an image file is read as one too, but as a text's pattern JSON Schema cannot tell it from a text; typed
+# items carry it.)
+DataUri = Annotated[ImageString, Field(description="an image as a data URI (data:image/png;base64,...)",
+                                       json_schema_extra={"pattern": _DATA_URI})]
+ImageInput = DataUri | TypedImage
+TextInput = Text | TextItem
+ContentText = Annotated[str, Field(description="a text (a string that is a data URI, or base64 of an image file, is "
+                                               "read as an image)",
+                                   json_schema_extra={**TEXT_RULES, "not": {"pattern": _DATA_URI}})]
+ContentItem = ContentText | DataUri | TypedItem
+# What counts against max_images_per_request among ContentItems.
+_IMAGE_ITEM = {"anyOf": [typed(ImageItem, ImageUrlItem), {"type": "string", "pattern": _DATA_URI}]}
+
+
+class ImagesByModality(BaseModel):
+    """Every item an image: with `modality` image, or without it (an image's string is then read by its content)."""
+
+    # Not required: a body of images that leaves `modality` out is embedded the same.
+    modality: Literal["image"] | None = None
+    input: ImageInput | list[ImageInput] = Field(
+        json_schema_extra={**NON_EMPTY, **service_limit(maxItems="max_images_per_request")})
+
+
+class TextsByModality(BaseModel):
+    """`modality` text: every item a text, a string or typed."""
+
+    modality: Literal["text"]
+    input: TextInput | list[TextInput] = Field(
+        json_schema_extra={**NON_EMPTY, **service_limit(maxItems="max_texts_per_request")})
+
+
+class ItemsByContent(BaseModel):
+    """No `modality`: a typed item is what its type says; a string a text, or an image when it is a data URI."""
+
+    modality: None = None
+    input: ContentItem | list[ContentItem] = Field(json_schema_extra={**NON_EMPTY, **at_most(_IMAGE_ITEM)})
 
 
 def looks_like_image(item: str) -> bool:

@@ -3,6 +3,7 @@
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
 from fastapi import Request, Response
+from pydantic import BaseModel
 
 from siglip_serve.serve.http.embed_request import Item, image_items
 from siglip_serve.serve.http.http_body import (
@@ -14,7 +15,7 @@ from siglip_serve.serve.http.http_body import (
     read_body,
     render_embeddings,
 )
-from siglip_serve.serve.http.openapi import FILES, WORK_ERRORS, Operation
+from siglip_serve.serve.http.openapi import WORK_ERRORS, Files, Operation, form
 from siglip_serve.serve.http.responses import EmbeddingsResponse
 from siglip_serve.serve.ingress.http_app import Route
 from siglip_serve.serve.ingress.ingress import Ingress
@@ -36,14 +37,15 @@ async def embeddings_image(ingress: Ingress, request: Request, deadline: float) 
         done.rows, served.name, "float", images=done.images))
 
 
-# No model says these bodies: the raw bytes are read as they come, the multipart form by hand.
-_BODIES = {
-    **{media: {"schema": {"type": "string", "format": "binary"}} for media in IMAGE_MEDIA_TYPES},
-    "multipart/form-data": {"schema": {
-        "type": "object", "required": ["file"], "properties": {"file": FILES},
-        "description": "every file part is an image; the part names do not matter",
-    }},
-}
+class ImageForm(BaseModel):
+    """every file part is an image; the part names do not matter"""
+
+    file: Files
+
+
+# The raw bytes are read as they come, the multipart form by hand (ImageForm says it for the document).
+_BODIES = {**{media: {"schema": {"type": "string", "format": "binary"}} for media in IMAGE_MEDIA_TYPES},
+           **form(ImageForm)}
 
 ROWS = (
     Route("POST", "/v1/embeddings/image", embeddings_image, endpoints=("image", "multipart"), doc=Operation(

@@ -12,7 +12,7 @@ from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from siglip_serve.serve.http.errors import error_response
-from siglip_serve.serve.http.openapi import Operation, served_document
+from siglip_serve.serve.http.openapi import ModelLimits, Operation, ServiceLimits, served_document
 from siglip_serve.serve.http.responses import Answer
 from siglip_serve.serve.ingress.http_app import Probe
 from siglip_serve.serve.ingress.ingress import Ingress
@@ -50,8 +50,17 @@ async def readyz(ingress: Ingress, _: Request) -> Response:
     return JSONResponse({"status": "ready", **counts})
 
 
+def service_limits(ingress: Ingress) -> ServiceLimits:
+    """What this service checks that its document states: its models' names and sizes, the per-request limits."""
+    config = ingress.config
+    return ServiceLimits(
+        tuple(ModelLimits(name, served.model.embed_dim, served.config.allow_dimension_truncation)
+              for name, served in ingress.served.items()),
+        config.max_text_chars, config.max_texts_per_request, config.max_images_per_request)
+
+
 async def openapi(ingress: Ingress, request: Request) -> Response:
-    return Response(json.dumps(served_document(request.app, list(ingress.served))), media_type="application/json")
+    return Response(json.dumps(served_document(request.app, service_limits(ingress))), media_type="application/json")
 
 
 async def docs(_: Ingress, request: Request) -> Response:

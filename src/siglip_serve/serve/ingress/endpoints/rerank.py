@@ -8,7 +8,9 @@ the query is a text (a string, as Cohere's) or a typed item as /v1/embeddings ha
 `{"type": "image"}`, `{"type": "image_url"}`, an image's value base64, a data URI or an http(s) URL). The score is
 classify's: sigmoid(logit_scale * cos(query, document) + logit_bias) with the text tower's published scale and
 bias (serve/ingress/schedule.py `Scheduled.scores`). Results are sorted by score, highest first; equal scores keep the
-documents' order (as Infinity's and vLLM's stable sorts; TEI reverses ties). Nothing here knows Ray.
+documents' order (as Infinity's and vLLM's stable sorts; TEI reverses ties). Nothing here knows Ray. The document
+states the request as one of two shapes, by the query's kind (`RerankTextQuery`, `RerankImageQuery`), as the query
+counts among its kind's items.
 """
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
@@ -29,9 +31,14 @@ from siglip_serve.serve.http.embed_request import (
     Item,
     ModelName,
     Priority,
+    Text,
     TextItem,
+    TypedImage,
     TypedItem,
+    at_most,
     image_item,
+    typed,
+    views,
 )
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.http.http_body import read_json
@@ -57,6 +64,28 @@ class RerankRequest(BaseModel):
     return_documents: bool = Field(False, description="each result carries its document: {text} or {image} as sent")
     cache: bool = Field(True, description=CACHE_TEXT)
     priority: Priority = None
+
+    __get_pydantic_json_schema__ = views(lambda: RerankTextQuery, lambda: RerankImageQuery)
+
+
+Document = Annotated[Text, Field(description="a text (as Cohere's documents)")] | TypedItem
+_IMAGES = typed(ImageItem, ImageUrlItem)
+
+
+class RerankTextQuery(BaseModel):
+    """A text query: the documents hold one text fewer than max_texts_per_request."""
+
+    query: Text | TextItem
+    documents: list[Document] = Field(json_schema_extra={**NON_EMPTY, **at_most(
+        _IMAGES, text_limit=("max_texts_per_request", -1))})
+
+
+class RerankImageQuery(BaseModel):
+    """An image query: the documents hold one image fewer than max_images_per_request."""
+
+    query: TypedImage
+    documents: list[Document] = Field(json_schema_extra={**NON_EMPTY, **at_most(
+        _IMAGES, image_limit=("max_images_per_request", -1))})
 
 
 def _item(value: str | TypedItem, label: str) -> Item:

@@ -1,5 +1,6 @@
 """HAProxy's queue in lane order (launcher/haproxy_front.py `_lane_rules`, core/lanes.py): the real binary, one
-request at work at a time, the order in which queued requests reach the ingress, and the lower lane shed first."""
+request at work at a time, the order in which queued requests reach the ingress, a key with fewer requests in
+HAProxy before one with more in the same lane, and the lower lane shed first."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from siglip_serve.core.front_door import FrontDoorLimits, write_limits
+from siglip_serve.launcher import haproxy_front
 from siglip_serve.launcher.haproxy_front import error_pages, rewrite_config
 from siglip_serve.launcher.preflight import free_port
 from tests.real_haproxy import RAY_TEMPLATE, running_haproxy
@@ -114,3 +116,31 @@ def test_the_bulk_lane_is_shed_first(front_end: int) -> None:
         thread.join()
     assert answers == {"/first": 200, "/bulk-1": 200, "/bulk-2": 200, "/bulk-3": 503, "/default": 200,
                        "/default-2": 503, "/interactive": 200}
+
+
+@pytest.fixture
+def second_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant step of a whole second, so that requests sent 50 ms apart show the order it makes."""
+    monkeypatch.setattr(haproxy_front, "TENANT_STEP_S", 1.0)
+
+
+def test_within_a_lane_a_key_with_fewer_requests_in_haproxy_goes_first(second_steps: None, front_end: int) -> None:
+    answers: dict[str, int] = {}
+    many, few = {"Authorization": "Bearer tenant-with-many"}, {"Authorization": "Bearer tenant-with-few"}
+    threads = [_send(front_end, "/first", many, answers),
+               *[_send(front_end, f"/many-{i}", many, answers) for i in range(1, 5)],
+               _send(front_end, "/few", few, answers),
+               _send(front_end, "/anonymous", {}, answers)]  # no key: not tracked, no tenant step
+    for thread in threads:
+        thread.join()
+    assert set(answers.values()) == {200}
+    # The key with five requests in HAProxy (one at work) queues its fifth 5 s back, the one with one 1 s back.
+    assert _Recording.seen == ["/first", "/anonymous", "/few", "/many-1", "/many-2", "/many-3", "/many-4"]
+    # The count is of requests in HAProxy now, not of every request so far: with its requests answered, the
+    # busy key's next request queues 1 s back as the other's does, and arrival decides.
+    _Recording.seen = []
+    threads = [_send(front_end, "/first", {}, answers), _send(front_end, "/many-again", many, answers),
+               _send(front_end, "/few-again", few, answers)]
+    for thread in threads:
+        thread.join()
+    assert _Recording.seen == ["/first", "/many-again", "/few-again"]

@@ -64,6 +64,12 @@ LANE_NAMES = tuple(lane.name.lower() for lane in Lane)
 # against its deadline (so a bulk request that waits is served before its deadline under any interactive
 # load), and with the queue's timeout within HAProxy's 524 s bound on the adjusted timestamp (its manual).
 LANE_STEP_S = 2.0
+# HAProxy's queue sees no tenant weights, only keys: within a lane it moves each request back by this much per
+# request its key has in HAProxy at that moment (at work and queued), so a key with few requests passes a key
+# with many, by at most their difference times this step. Small against a queue's ordinary wait per request,
+# so that a burst's own requests stay in their order; its sum over a large tenant's requests stays below
+# LANE_STEP_S up to a couple of hundred of them.
+TENANT_STEP_S = 0.01
 # The share of a queue's bound a lane may fill: past it, that lane's newcomers are refused (503).
 SHED_SHARE: dict[Lane, float] = {Lane.INTERACTIVE: 1.0, Lane.DEFAULT: 0.75, Lane.BULK: 0.5}
 

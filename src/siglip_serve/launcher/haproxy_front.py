@@ -61,7 +61,7 @@ from siglip_serve.core.front_door import (
     lane_map_path,
     read_limits,
 )
-from siglip_serve.core.lanes import LANE_STEP_S, PRIORITY_HEADER, Lane, queue_share
+from siglip_serve.core.lanes import LANE_STEP_S, PRIORITY_HEADER, TENANT_STEP_S, Lane, queue_share
 
 ENABLE_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
@@ -173,25 +173,34 @@ def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
 
 
 _LANE = "txn.siglip_lane"
+_TENANT_MS = "txn.siglip_tenant_ms"
 
 
 def _lane_rules(limits: FrontDoorLimits, page: Path, lane_map: Path) -> list[str]:
     """The request's lane (core/lanes.py) as the ingress reckons it before the body: its key's default lane
     (the map the ingress wrote from the keys file: sha256 of the bearer token -> lane; default without one),
     moved down, never up, by X-Priority. Then its place in the queue: the lane's offset to its arrival
-    (`set-priority-offset`, milliseconds: HAProxy's manual, "http-request set-priority-offset"), and a lower
-    lane refused once the queue holds its share (the rule before sheds every lane at the whole bound)."""
+    (`set-priority-offset`, milliseconds: HAProxy's manual, "http-request set-priority-offset") plus, with a keys
+    file, TENANT_STEP_S for each request its key has in HAProxy (core/lanes.py), and a lower lane refused once
+    the queue holds its share (the rule before sheds every lane at the whole bound)."""
     step_ms = round(LANE_STEP_S * 1000)
     header = f"req.hdr({PRIORITY_HEADER})"
-    rules = [f"    http-request set-var({_LANE}) int({int(Lane.DEFAULT)})"]
+    rules = [f"    http-request set-var({_LANE}) int({int(Lane.DEFAULT)})",
+             f"    http-request set-var({_TENANT_MS}) int(0)"]
     if lane_map.is_file():
-        rules.append(f"    http-request set-var({_LANE}) http_auth_bearer,sha2(256),hex,lower,"
-                     f"map_str_int({lane_map},{int(Lane.DEFAULT)})")
+        digest = "http_auth_bearer,sha2(256),hex,lower"
+        rules += [f"    http-request set-var({_LANE}) {digest},map_str_int({lane_map},{int(Lane.DEFAULT)})",
+                  # Each key's requests in HAProxy now (conn_cur of an entry tracked per request: the tracking
+                  # ends with the request's stream), by the key's digest, never the key.
+                  "    stick-table type string len 64 size 100k expire 10m store conn_cur",
+                  f"    http-request track-sc2 {digest} if {{ http_auth_bearer -m found }}",
+                  f"    http-request set-var({_TENANT_MS}) sc_conn_cur(2),mul({round(TENANT_STEP_S * 1000)}) "
+                  "if { sc_tracked(2) }"]
     for lane in (Lane.DEFAULT, Lane.BULK):
         asks = f"{{ {header} -m int {'ge' if lane == Lane.BULK else 'eq'} {int(lane)} }}"
         rules.append(f"    http-request set-var({_LANE}) int({int(lane)}) if {asks} "
                      f"{{ var({_LANE}) -m int lt {int(lane)} }}")
-    rules.append(f"    http-request set-priority-offset var({_LANE}),mul({step_ms})")
+    rules.append(f"    http-request set-priority-offset var({_LANE}),mul({step_ms}),add({_TENANT_MS})")
     for lane in (Lane.DEFAULT, Lane.BULK):
         rules.append(f"    http-request return status 503 errorfile {page} if !{_PROBE} {{ var({_LANE}) -m int eq "
                      f"{int(lane)} }} {{ avg_queue() ge {queue_share(lane, limits.max_queued_requests)} }}")

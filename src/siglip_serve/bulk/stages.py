@@ -213,7 +213,9 @@ class ImageEmbedActor(_Embedder):
                  keep_env: Sequence[str] = ()) -> None:
         def build() -> Tower:
             from siglip_serve.models.backends.implementation import create_encoder
+            from siglip_serve.models.image_only import leave_out_transformers
 
+            leave_out_transformers(settings.model)
             return create_encoder(settings)
 
         super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), model, record)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from siglip_serve.core.errors import UserError
+from siglip_serve.models.image_only import CONFIG_DIR
 from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.models.settings import TINY_MODELS, ModelSettings
 
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
 SIGLIP_STD = (0.5, 0.5, 0.5)
 
-_CONFIG_DIR = Path(__file__).parent / "configs"
 _registered = False
 
 
@@ -76,7 +76,7 @@ def open_clip_module() -> ModuleType:
         args = dict(img_size=64, patch_size=8, embed_dim=64, depth=2, num_heads=2, mlp_ratio=2.0)
         return vit_base_patch16_siglip_224(pretrained=False, **{**args, **kwargs})
 
-    open_clip.add_model_config(_CONFIG_DIR)
+    open_clip.add_model_config(CONFIG_DIR)
     _registered = True
     return open_clip
 

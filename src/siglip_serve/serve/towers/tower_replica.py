@@ -28,6 +28,7 @@ from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.core.lanes import Lane, Ticket
+from siglip_serve.models.image_only import leave_out_transformers
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry, tracing
@@ -189,6 +190,8 @@ def build_tower(config: ServiceConfig, plan: TowerPlan, tower: str) -> tuple[Any
         # and the ingress's start stays free of torch.
         from siglip_serve.models.backends import implementation
 
+        if tower == "image":
+            leave_out_transformers(settings.model)
         start.imported(settings.backend)
         create = implementation.create_encoder if tower == "image" else implementation.create_text_encoder
         return create(settings)

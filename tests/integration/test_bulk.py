@@ -45,7 +45,7 @@ def _bulk_series(metrics_port: int) -> dict[str, float]:
 def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_table(
         main_app: str, serve_cluster: ServeCluster, photo_jpegs: list[bytes], tmp_path: Path) -> None:
     from siglip_serve.bulk.job import JobSpec, run_job
-    from siglip_serve.measure.results import BulkResult
+    from siglip_serve.measure.load_results import BulkResult
     from siglip_serve.serve.plan.config import ServiceConfig
 
     photos = []

@@ -22,7 +22,7 @@ from siglip_serve.loadtest.validate import check_response
 from siglip_serve.loadtest.windows import hist_diff, percentile_ms, saturation, windows
 from siglip_serve.measure import report
 from siglip_serve.measure.corpus import CorpusError, build_bodies, folder_corpus, load_corpus, request_name
-from siglip_serve.measure.results import LatencyMs, LoadTestSummary, Step
+from siglip_serve.measure.load_results import LatencyMs, LoadTestSummary, Step
 from siglip_serve.measure.seed import multicore_seed_by_lnc
 from tests.helpers import API_KEY, REPO, ServeCluster, deploy, jpeg_bytes
 

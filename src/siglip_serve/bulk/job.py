@@ -27,7 +27,8 @@ import pyarrow as pa
 from siglip_serve.bulk.inputs import ERRORS_FOLDER, OutputFolder, Shard, list_items, plan_shards
 from siglip_serve.bulk.repeats import DEFAULT_MIB, start_record
 from siglip_serve.core.errors import UserError
-from siglip_serve.measure.results import BulkResult, Machine, SteadyState
+from siglip_serve.measure.load_results import BulkResult, SteadyState
+from siglip_serve.measure.results import Machine
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.plan import placement

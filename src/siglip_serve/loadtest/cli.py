@@ -31,7 +31,7 @@ from siglip_serve.loadtest.options import OPTIONS, STEP_OPTIONS, add_options, lo
 from siglip_serve.loadtest.promtext import IMAGES_METRIC, MetricsError, cross_check, scrape, sum_metric
 from siglip_serve.loadtest.summary import EXIT_ERROR, build_summary, format_summary
 from siglip_serve.measure.corpus import CorpusError, image_files
-from siglip_serve.measure.results import RunResults
+from siglip_serve.measure.load_results import RunResults
 from siglip_serve.measure.server_cpu import ServerCpu
 
 log = logging.getLogger("siglip_loadtest")

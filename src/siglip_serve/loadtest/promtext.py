@@ -16,7 +16,7 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from siglip_serve.core.poll import poll
-from siglip_serve.measure.results import MetricsCheck
+from siglip_serve.measure.load_results import MetricsCheck
 
 IMAGES_METRIC = "ray_siglip_images_embedded_total"
 

@@ -19,7 +19,8 @@ import gevent
 
 from siglip_serve.loadtest import windows as win
 from siglip_serve.loadtest.windows import Snapshot
-from siglip_serve.measure.results import LatencyMs, Machine, RunResults, ServerInfo, Step
+from siglip_serve.measure.load_results import LatencyMs, RunResults, ServerInfo, Step
+from siglip_serve.measure.results import Machine
 
 log = logging.getLogger("siglip_loadtest")
 

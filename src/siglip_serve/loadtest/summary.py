@@ -1,4 +1,4 @@
-"""`summary.json` (siglip_serve.measure.results.LoadTestSummary) from the recorder's results, the thresholds that
+"""`summary.json` (siglip_serve.measure.load_results.LoadTestSummary) from the recorder's results, the thresholds that
 set the exit code, and a table.
 
 summary.json (every key always present; null where it does not apply):
@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from siglip_serve.loadtest.windows import saturation
-from siglip_serve.measure.results import LoadTestSummary, MetricsCheck, RunResults, ServerCpuResult, Thresholds
+from siglip_serve.measure.load_results import LoadTestSummary, MetricsCheck, RunResults, Thresholds
+from siglip_serve.measure.results import ServerCpuResult
 
 EXIT_OK = 0
 EXIT_THRESHOLD = 1

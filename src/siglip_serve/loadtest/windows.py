@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from siglip_serve.measure.results import LatencyMs, OperatingPoint, Step
+from siglip_serve.measure.load_results import LatencyMs, OperatingPoint, Step
 
 SETTLE_FRACTION = 0.2
 

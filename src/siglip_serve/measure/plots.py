@@ -12,7 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after choosing the headless backend
 from matplotlib.ticker import MaxNLocator
 
-from siglip_serve.measure.results import MulticoreWorker, OperatingPoint, Step
+from siglip_serve.measure.load_results import OperatingPoint, Step
+from siglip_serve.measure.results import MulticoreWorker
 
 
 def _finish(fig: Any, ax: Any, title: str, context: str, path: Path) -> Path:

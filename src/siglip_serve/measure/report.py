@@ -6,7 +6,7 @@ Three measurements, each read from a recorded JSON or run here:
   (b) one worker per logical core     --multicore-json FILE  | --run-multicore cores=N KEY=VALUE ... (run_multicore)
   (c) served at saturation            --loadtest-summary FILE | --run-loadtest "ARGS for siglip-serve loadtest"
 Serving efficiency = (c) / (b). Writes OUT/report.md, OUT/report.json and PNG figures. The files
-read are the models of measure/results.py: BenchResult, MulticoreResult, LoadTestSummary.
+read are the models of measure/results.py (BenchResult, MulticoreResult) and measure/load_results.py (LoadTestSummary).
 """
 
 from __future__ import annotations
@@ -24,19 +24,16 @@ from siglip_serve.core.cli import key_value, settings_values, setup_logging
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure import plots
 from siglip_serve.measure.bound import judge
-from siglip_serve.measure.report_text import bound_line, context_line, cross_check_line, markdown, table
-from siglip_serve.measure.results import (
-    BenchResult,
-    Bound,
+from siglip_serve.measure.load_results import (
     InstanceReport,
     LoadTestSummary,
-    MulticoreResult,
     OperatingPoint,
     ReportContext,
     ReportRow,
-    ResultFileError,
     SingleCore,
 )
+from siglip_serve.measure.report_text import bound_line, context_line, cross_check_line, markdown, table
+from siglip_serve.measure.results import BenchResult, Bound, MulticoreResult, ResultFileError
 from siglip_serve.measure.seed import SeedRow, measured_like_the_seed, multicore_seed_by_lnc
 
 log = logging.getLogger("siglip_serve.report")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from siglip_serve.measure.results import Bound, InstanceReport, LoadTestSummary, ReportContext, ReportRow, Step
+from siglip_serve.measure.load_results import InstanceReport, LoadTestSummary, ReportContext, ReportRow, Step
+from siglip_serve.measure.results import Bound
 
 
 def _cell(value: Any, spec: str = ".2f") -> str:

@@ -1,5 +1,5 @@
-"""The ingress's encoder calls (serve/ingress/tower_client.py): coalesced past the in-flight window, each chunk
-answered on its own, a dead replica retried once."""
+"""The ingress's encoder calls (serve/ingress/tower_client.py): coalesced past the in-flight window, an interactive
+chunk in a call of its own at once, each chunk answered on its own, a dead replica retried once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from ray.exceptions import RayActorError
 from ray.serve._private.handle_options import DynamicHandleOptions
 
+from siglip_serve.core import lanes
 from siglip_serve.core.errors import DeadlineExceeded
+from siglip_serve.core.lanes import Lane, Ticket
 from siglip_serve.serve.http.errors import ApiError
 from siglip_serve.serve.ingress.tower_client import TowerClient, worth_coalescing
 from siglip_serve.serve.plan.planner import calls_in_flight
@@ -28,9 +30,14 @@ class Replica:
         self.seconds = seconds
         self.deaths = deaths
         self.calls: list[list[int]] = []  # images per chunk of each call
+        self.firsts: list[list[int]] = []  # each call's chunks' first pixels, in the order the calls came
+        self.lanes: list[list[int] | None] = []  # each call's chunks' lanes, where the ingress sent any
 
-    async def run(self, chunks: list[np.ndarray], deadlines: list[float]) -> list[Any]:
+    async def run(self, chunks: list[np.ndarray], deadlines: list[float],
+                  tickets: list[tuple[int, str, float]] | None = None) -> list[Any]:
         self.calls.append([len(chunk) for chunk in chunks])
+        self.firsts.append([int(chunk[0, 0, 0, 0]) for chunk in chunks])
+        self.lanes.append(None if tickets is None else [lane for lane, _, _ in tickets])
         await asyncio.sleep(self.seconds)
         if self.deaths:
             self.deaths -= 1
@@ -44,8 +51,9 @@ class Replica:
 
         class Method:
             @staticmethod
-            def remote(chunks: list[np.ndarray], deadlines: list[float]) -> Response:
-                return Response(replica.run(chunks, deadlines))
+            def remote(chunks: list[np.ndarray], deadlines: list[float],
+                       tickets: list[tuple[int, str, float]] | None = None) -> Response:
+                return Response(replica.run(chunks, deadlines, tickets))
 
         return Method
 
@@ -63,20 +71,46 @@ def client(replica: Replica, max_images: int = 8, full_batch_seconds: float = 0.
 
 
 def test_past_the_window_requests_coalesce_into_one_call_and_each_gets_its_own_rows() -> None:
-    replica = Replica(seconds=0.1)
+    replica = Replica(seconds=0.3)
 
     async def main() -> list[np.ndarray]:
         encoder = client(replica)  # one replica: two calls in flight
         first = []
         for value in (1, 2):
             first.append(asyncio.ensure_future(encoder.embed(images(value), 1.0)))
-            await asyncio.sleep(0.01)
+            # Apart enough that the first call's slot frees well before the second's, however late the loop
+            # wakes: the three queued then go as one call into that one slot, not split over two free ones.
+            await asyncio.sleep(0.1)
         rest = [asyncio.ensure_future(encoder.embed(images(v), 1.0)) for v in (3, 4, 5)]
         return await asyncio.wait_for(asyncio.gather(*first, *rest), 2)
 
     results = asyncio.run(main())
     assert [r.ravel().tolist() for r in results] == [[1.0], [2.0], [3.0], [4.0], [5.0]]
     assert replica.calls == [[1], [1], [1, 1, 1]]
+
+
+def test_an_interactive_chunk_goes_at_once_in_a_call_of_its_own_past_the_window() -> None:
+    replica = Replica(seconds=0.1)
+
+    async def interactive(value: int, encoder: TowerClient) -> np.ndarray:
+        lanes.enter(Ticket("search", Lane.INTERACTIVE))  # this task's request's ticket, as the front door sets it
+        return await encoder.embed(images(value), 1.0)
+
+    async def main() -> list[np.ndarray]:
+        encoder = client(replica)  # two calls in flight, both taken by the first two requests
+        first = [asyncio.ensure_future(encoder.embed(images(v), 1.0)) for v in (1, 2)]
+        await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(encoder.embed(images(3), 1.0))  # waits for one of them
+        await asyncio.sleep(0.01)
+        express = asyncio.ensure_future(interactive(4, encoder))
+        await asyncio.sleep(0.03)
+        assert not waiting.done() and len(replica.calls) == 3  # the interactive call is out, the other waits
+        return await asyncio.wait_for(asyncio.gather(*first, waiting, express), 2)
+
+    results = asyncio.run(main())
+    assert [r.ravel().tolist() for r in results] == [[1.0], [2.0], [3.0], [4.0]]
+    assert replica.firsts == [[1], [2], [4], [3]]
+    assert replica.lanes == [None, None, [int(Lane.INTERACTIVE)], None]
 
 
 def test_behind_a_slow_model_or_before_tuning_each_request_goes_at_once() -> None:

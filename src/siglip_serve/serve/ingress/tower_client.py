@@ -29,7 +29,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
 from siglip_serve.core import lanes
-from siglip_serve.core.lanes import Ticket
+from siglip_serve.core.lanes import Lane, Ticket
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.plan.planner import calls_in_flight
@@ -69,6 +69,7 @@ class TowerClient:
         self.retry_after_s = retry_after_s
         self.coalescing_window = calls_in_flight(replicas, ingress_replicas, model_on_host_cores)
         self.tuned = False
+        self.coalescing = False
         self.calls = Batcher(self._call, max_images, len, wait_s=0.0, concurrency=max(1, max_in_flight))
 
     def tune(self, full_batch_seconds: float | None) -> None:
@@ -78,6 +79,7 @@ class TowerClient:
         self.tuned = True
         coalesce = worth_coalescing(full_batch_seconds, self.calls.max_size)
         if coalesce:
+            self.coalescing = True
             self.calls.set_concurrency(self.coalescing_window)
         log.info("%s encoder calls (%s): a full batch runs in %.1f ms; %s", self.tower, self.transport,
                  full_batch_seconds * 1e3,
@@ -96,11 +98,23 @@ class TowerClient:
         step = self.calls.max_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
         ticket = lanes.current()
-        group = asyncio.gather(*(self.calls.submit(chunk, deadline, (trace, ticket), ticket) for chunk in chunks))
+        if ticket.lane == Lane.INTERACTIVE and self.coalescing:
+            group = asyncio.gather(*(self._express(chunk, deadline, trace, ticket) for chunk in chunks))
+        else:
+            group = asyncio.gather(*(self.calls.submit(chunk, deadline, (trace, ticket), ticket) for chunk in chunks))
         # Retrieved even when the caller is cancelled (client gone, request deadline), so a chunk's
         # later error is not logged as "exception was never retrieved".
         group.add_done_callback(lambda done: done.cancelled() or done.exception())
         return np.concatenate(await group) if len(chunks) > 1 else (await group)[0]
+
+    async def _express(self, chunk: Any, deadline: float, trace: Carrier | None, ticket: Ticket) -> Any:
+        """An interactive chunk's own call, past the calls that coalesce the other lanes' chunks: it waits for
+        no call slot and no call of others' chunks (the replica's batcher still puts it first in its next
+        batch). Interactive traffic is few requests by nature, so its calls' own cost stays small."""
+        (result,) = await self._call([chunk], [deadline], [(trace, ticket)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     async def _call(self, chunks: list[Any], deadlines: list[float],
                     carried: list[tuple[Carrier | None, Ticket]]) -> list[Any]:

@@ -134,23 +134,30 @@ def window(url: str, streams: list[Stream], seconds: float,
     return sorted(results, key=lambda r: order.index(r.name)), cpu
 
 
+WINDOWS = ("interactive-alone", "bulk-alone", "mixed", "small-alone", "tenants")
+
+
 def ratios(rows: dict[str, list[StreamResult]]) -> dict[str, float | None]:
     """The issue's figures: the small stream's p99 beside the large one over its p99 alone, and the large
     stream's throughput beside the small one over its throughput alone minus the small one's share."""
-    def get(window_name: str, stream: str) -> StreamResult:
-        return next(r for r in rows[window_name] if r.name == stream)
+    def get(window_name: str, stream: str) -> StreamResult | None:
+        return next((r for r in rows.get(window_name, []) if r.name == stream), None)
 
-    def p99_ratio(beside: StreamResult, alone: StreamResult) -> float | None:
-        return round(beside.p99_ms / alone.p99_ms, 2) if beside.p99_ms and alone.p99_ms else None
+    def p99_ratio(beside: StreamResult | None, alone: StreamResult | None) -> float | None:
+        if beside is None or alone is None or not beside.p99_ms or not alone.p99_ms:
+            return None
+        return round(beside.p99_ms / alone.p99_ms, 2)
 
-    interactive, bulk = get("mixed", "interactive"), get("mixed", "bulk")
-    small, large = get("tenants", "small"), get("tenants", "large")
-    bulk_room = get("bulk-alone", "bulk").requests_per_second - interactive.requests_per_second
+    interactive, bulk, bulk_alone = get("mixed", "interactive"), get("mixed", "bulk"), get("bulk-alone", "bulk")
+    large = get("tenants", "large")
+    kept = None
+    if interactive is not None and bulk is not None and bulk_alone is not None:
+        room = bulk_alone.requests_per_second - interactive.requests_per_second
+        kept = round(bulk.requests_per_second / room, 2) if room > 0 else None
     return {"interactive_p99_beside_bulk_over_alone": p99_ratio(interactive, get("interactive-alone", "interactive")),
-            "bulk_kept_of_alone_minus_interactive": round(bulk.requests_per_second / bulk_room, 2)
-            if bulk_room > 0 else None,
-            "small_tenant_p99_beside_large_over_alone": p99_ratio(small, get("small-alone", "small")),
-            "large_tenant_requests_per_second": large.requests_per_second}
+            "bulk_kept_of_alone_minus_interactive": kept,
+            "small_tenant_p99_beside_large_over_alone": p99_ratio(get("tenants", "small"), get("small-alone", "small")),
+            "large_tenant_requests_per_second": large.requests_per_second if large is not None else None}
 
 
 def main() -> None:
@@ -160,15 +167,22 @@ def main() -> None:
     parser.add_argument("--key-b", default=None, help="tenant B's key (the small tenant; default: tenant A's)")
     parser.add_argument("--seconds", type=float, default=30.0, help="each window's length")
     parser.add_argument("--json", default="lanes-bench.json")
+    parser.add_argument("--windows", default=",".join(WINDOWS),
+                        help=f"the windows to run, in order (default all: {','.join(WINDOWS)}); a ratio whose "
+                             "windows did not run is null")
     args = parser.parse_args()
+    unknown = set(args.windows.split(",")) - set(WINDOWS)
+    if unknown:
+        parser.error(f"--windows: unknown {', '.join(sorted(unknown))}; known: {', '.join(WINDOWS)}")
     url = f"http://127.0.0.1:{args.port}/v1/embeddings"
     key_b = args.key_b or args.key_a
     interactive = Stream("interactive", 2, args.key_a, 0)
     bulk = Stream("bulk", 32, args.key_a, 2)
     small = Stream("small", 2, key_b, None)
     large = Stream("large", 64, args.key_a, None)
-    windows = {"interactive-alone": [interactive], "bulk-alone": [bulk], "mixed": [interactive, bulk],
-               "small-alone": [small], "tenants": [large, small]}
+    every = {"interactive-alone": [interactive], "bulk-alone": [bulk], "mixed": [interactive, bulk],
+             "small-alone": [small], "tenants": [large, small]}
+    windows = {name: every[name] for name in args.windows.split(",")}
     server = ServerCpu.listening_on(args.port)
     window(url, [Stream("warm-up", 4, args.key_a, None)], 5.0)
     rows: dict[str, list[StreamResult]] = {}

@@ -42,3 +42,8 @@ def test_the_ratios_compare_each_stream_beside_the_other_with_it_alone() -> None
     assert figures["bulk_kept_of_alone_minus_interactive"] == 0.9  # 72 of (100 - 20)
     assert figures["small_tenant_p99_beside_large_over_alone"] == 2.0
     assert figures["large_tenant_requests_per_second"] == 90
+    # Windows left out (--windows): their ratios are null, the others stand.
+    only_tenants = lb.ratios({"small-alone": rows["small-alone"], "tenants": rows["tenants"]})
+    assert only_tenants == {"interactive_p99_beside_bulk_over_alone": None,
+                            "bulk_kept_of_alone_minus_interactive": None,
+                            "small_tenant_p99_beside_large_over_alone": 2.0, "large_tenant_requests_per_second": 90}

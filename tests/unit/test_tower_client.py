@@ -113,6 +113,33 @@ def test_an_interactive_chunk_goes_at_once_in_a_call_of_its_own_past_the_window(
     assert replica.lanes == [None, None, [int(Lane.INTERACTIVE)], None]
 
 
+def test_past_the_window_interactive_requests_coalesce_first_in_the_queue() -> None:
+    """A busy interactive lane (a flooding tenant whose default lane it is) gets at most the window's worth of
+    calls of its own; the rest coalesce like the others' chunks, ahead of them."""
+    replica = Replica(seconds=0.1)
+
+    async def interactive(value: int, encoder: TowerClient) -> np.ndarray:
+        lanes.enter(Ticket("search", Lane.INTERACTIVE))
+        return await encoder.embed(images(value), 1.0)
+
+    async def main() -> list[np.ndarray]:
+        encoder = client(replica)  # a window of two calls
+        first = [asyncio.ensure_future(encoder.embed(images(v), 1.0)) for v in (1, 2)]
+        await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(encoder.embed(images(3), 1.0))
+        await asyncio.sleep(0.01)
+        express = [asyncio.ensure_future(interactive(v, encoder)) for v in (4, 5, 6, 7)]
+        await asyncio.sleep(0.03)
+        assert len(replica.calls) == 4 and encoder.express_in_flight == 2  # two of the four went at once
+        return await asyncio.wait_for(asyncio.gather(*first, waiting, *express), 2)
+
+    results = asyncio.run(main())
+    assert [r.ravel().tolist() for r in results] == [[float(v)] for v in range(1, 8)]
+    assert replica.firsts[:4] == [[1], [2], [4], [5]]
+    # Then what queued, coalesced (one call, or two where both slots freed at once): the interactive chunks first.
+    assert [first for call in replica.firsts[4:] for first in call] == [6, 7, 3] and len(replica.firsts) <= 6
+
+
 def test_behind_a_slow_model_or_before_tuning_each_request_goes_at_once() -> None:
     """ViT-B-16 on cpu: a batch of 8 takes 1.7 s; requests held back would miss the replica's next batch."""
     for tuned in (None, 1.7):

@@ -70,6 +70,7 @@ class TowerClient:
         self.coalescing_window = calls_in_flight(replicas, ingress_replicas, model_on_host_cores)
         self.tuned = False
         self.coalescing = False
+        self.express_in_flight = 0
         self.calls = Batcher(self._call, max_images, len, wait_s=0.0, concurrency=max(1, max_in_flight))
 
     def tune(self, full_batch_seconds: float | None) -> None:
@@ -98,8 +99,10 @@ class TowerClient:
         step = self.calls.max_size
         chunks = [images[start: start + step] for start in range(0, len(images), step)]
         ticket = lanes.current()
-        if ticket.lane == Lane.INTERACTIVE and self.coalescing:
+        if ticket.lane == Lane.INTERACTIVE and self.coalescing and self.express_in_flight < self.coalescing_window:
+            self.express_in_flight += 1  # taken now, before its calls start: the next request must see it
             group = asyncio.gather(*(self._express(chunk, deadline, trace, ticket) for chunk in chunks))
+            group.add_done_callback(self._express_done)
         else:
             group = asyncio.gather(*(self.calls.submit(chunk, deadline, (trace, ticket), ticket) for chunk in chunks))
         # Retrieved even when the caller is cancelled (client gone, request deadline), so a chunk's
@@ -110,11 +113,16 @@ class TowerClient:
     async def _express(self, chunk: Any, deadline: float, trace: Carrier | None, ticket: Ticket) -> Any:
         """An interactive chunk's own call, past the calls that coalesce the other lanes' chunks: it waits for
         no call slot and no call of others' chunks (the replica's batcher still puts it first in its next
-        batch). Interactive traffic is few requests by nature, so its calls' own cost stays small."""
+        batch). At most `coalescing_window` requests at once go so (`embed`), each call costing its own CPU: past
+        that, a busy interactive lane (a flooding tenant whose default lane it is) coalesces like the others,
+        first in their queue."""
         (result,) = await self._call([chunk], [deadline], [(trace, ticket)])
         if isinstance(result, BaseException):
             raise result
         return result
+
+    def _express_done(self, _: asyncio.Future[Any]) -> None:
+        self.express_in_flight -= 1
 
     async def _call(self, chunks: list[Any], deadlines: list[float],
                     carried: list[tuple[Carrier | None, Ticket]]) -> list[Any]:

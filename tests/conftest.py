@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from tests.helpers import (
     API_KEY,
@@ -195,8 +196,13 @@ def _delete_module_apps() -> Iterator[None]:
         from ray import serve
 
         if ray.is_initialized():
-            for name in dict.fromkeys(names):
-                serve.delete(name, _blocking=True)
+            # Deleted together: each drains for RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S, at once.
+            gone = list(dict.fromkeys(names))
+            for name in gone:
+                serve.delete(name, _blocking=False)
+            left, deleted, _ = poll(lambda: set(gone) & set(serve.status().applications), lambda left: not left,
+                                    timeout_s=120, interval_s=0.1)
+            assert deleted, f"applications still there 120 s after their deletion: {sorted(left)}"
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,23 +127,49 @@ def large_jpeg(array: np.ndarray, size: tuple[int, int]) -> bytes:
     return buf.getvalue()
 
 
+@dataclass
+class Pipelines:
+    """Each model's two pipelines, ours and open_clip's, and open_clip's vector of each file, made once for the
+    module: neither depends on how our side decodes."""
+
+    files: list[bytes]
+    built: dict[str, tuple[Any, Any, torch.nn.Module]] = field(default_factory=dict)
+    theirs: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+
+    def models(self, model_name: str) -> tuple[Any, Any, torch.nn.Module]:
+        import open_clip
+
+        if model_name not in self.built:
+            embedder, info = load_embedder(ModelSettings(model=model_name, random_weights=True))
+            torch.manual_seed(0)
+            self.built[model_name] = embedder, info, open_clip.create_model(model_name, pretrained=None).eval()
+        return self.built[model_name]
+
+    def reference(self, model_name: str, family: str, index: int) -> np.ndarray:
+        if (model_name, index) not in self.theirs:
+            _, info, reference_model = self.models(model_name)
+            self.theirs[model_name, index] = open_clip_reference(reference_model, info.image_size[0],
+                                                                  self.files[index], family)
+        return self.theirs[model_name, index]
+
+
+@pytest.fixture(scope="module")
+def pipelines(photos: list[np.ndarray], photo_jpegs: list[bytes]) -> Pipelines:
+    # The photos as shipped (~512 px) and as a phone would send them (12 MP), where a fast decode
+    # runs at 1/4 or 1/8 scale.
+    return Pipelines(photo_jpegs + [large_jpeg(photos[0], (4032, 3024)), large_jpeg(photos[2], (2048, 1536))])
+
+
 @pytest.mark.parametrize("fast_jpeg", [False, True], ids=["exact-decode", "fast-jpeg-decode"])
 @pytest.mark.parametrize("model_name, family",
                          [("tiny-siglip", "ViT-B-16-SigLIP"), ("ViT-B-16-SigLIP", "ViT-B-16-SigLIP")])
 def test_embeddings_match_open_clip_pipeline_on_real_photos(model_name: str, family: str, fast_jpeg: bool,
-                                                            photos: list[np.ndarray], photo_jpegs: list[bytes]) -> None:
-    import open_clip
-
-    embedder, info = load_embedder(ModelSettings(model=model_name, random_weights=True))
-    torch.manual_seed(0)
-    reference_model = open_clip.create_model(model_name, pretrained=None).eval()
+                                                            pipelines: Pipelines) -> None:
+    embedder, info, _ = pipelines.models(model_name)
     size = info.image_size
-    # The photos as shipped (~512 px) and as a phone would send them (12 MP), where a fast decode
-    # runs at 1/4 or 1/8 scale.
-    files = photo_jpegs + [large_jpeg(photos[0], (4032, 3024)), large_jpeg(photos[2], (2048, 1536))]
-    for jpeg in files:
+    for index, jpeg in enumerate(pipelines.files):
         ours = embedder(torch.from_numpy(preprocess_image(jpeg, size, fast_jpeg=fast_jpeg))[None])[0].detach().numpy()
-        theirs = open_clip_reference(reference_model, size[0], jpeg, family)
+        theirs = pipelines.reference(model_name, family, index)
         cosine = float(np.dot(ours, theirs) / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
         assert cosine >= 0.9999, (model_name, fast_jpeg, cosine)
 

@@ -79,8 +79,12 @@ def test_an_ingress_works_on_twice_what_its_encoder_calls_carry_plus_its_decode_
     limits = front_door_limits(config(max_queued_requests=7, request_timeout_s=2.5, retry_after_s=3), 1, 1)
     # The plan carries the same limits to the ingress and HAProxy.
     assert plan_service(config(replicas=2)).ingress.limits.max_ongoing_requests == ingress_max_ongoing(config(), 2, 1)
+    # No cap by default (1); with a share, one tenant's lane holds that share of the requests at work beside others.
     assert limits == FrontDoorLimits(max_ongoing_requests=2 * 1 * 8 + 4, max_queued_requests=7,
-                                     request_timeout_s=2.5, retry_after_s=3)
+                                     request_timeout_s=2.5, retry_after_s=3, ongoing_beside_others=None)
+    assert front_door_limits(config(share_beside_others=1 / 3), 1, 1).ongoing_beside_others == 7
+    assert front_door_limits(config(share_beside_others=0.5), 1, 1).ongoing_beside_others == 10
+    assert front_door_limits(config(share_beside_others=0.01), 1, 1).ongoing_beside_others == 1
 
 
 def test_places_admit_ongoing_then_queue_then_refuse_at_once() -> None:

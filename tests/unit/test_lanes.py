@@ -187,6 +187,119 @@ def test_admission_sheds_the_lowest_lane_first_and_orders_waiters() -> None:
     assert order == ["first", "interactive", "default-1", "bulk-1", "bulk-2"]
 
 
+def test_a_backfill_alone_takes_every_slot_and_beside_a_higher_lane_its_share() -> None:
+    async def scenario() -> list[str]:
+        clock = Clock()
+        slots = RequestSlots(ongoing=4, queued=8, retry_after_s=1, beside_others=2, clock=clock)
+        log: list[str] = []
+        done = {name: asyncio.Event() for name in ("b1", "b2", "b3", "b4", "b5", "b6", "i1")}
+
+        async def request(name: str, ticket: Ticket) -> None:
+            async with slots.place(ticket):
+                log.append(name)
+                await done[name].wait()
+
+        async def settle() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.ensure_future(request(name, BULK)) for name in ("b1", "b2", "b3")]
+        await settle()
+        assert not slots.capped(BULK.key) and slots.held(BULK.key) == 3  # alone: no cap
+        tasks.append(asyncio.ensure_future(request("i1", INTERACTIVE)))
+        await settle()
+        assert slots.capped(BULK.key)
+        tasks += [asyncio.ensure_future(request(name, BULK)) for name in ("b4", "b5")]
+        await settle()
+        # Four slots, three bulk and the interactive one at work: b4 and b5 wait.
+        done["b1"].set()
+        await settle()
+        # b1's slot is free, but bulk holds 2 beside a higher lane: its share.
+        assert slots.held(BULK.key) == 2 and slots.waiting == 2
+        done["i1"].set()
+        await settle()
+        clock.now += 0.5  # the interactive request is gone, but arrived within the hold
+        done["b2"].set()
+        await settle()
+        assert slots.capped(BULK.key) and slots.held(BULK.key) == 2
+        clock.now += lanes.OTHERS_HOLD_S  # quiet for the hold: bulk takes every slot again
+        done["b3"].set()
+        await settle()
+        assert not slots.capped(BULK.key) and slots.held(BULK.key) == 2 and slots.waiting == 0
+        tasks.append(asyncio.ensure_future(request("b6", BULK)))
+        await settle()
+        assert slots.held(BULK.key) == 3
+        for event in done.values():
+            event.set()
+        await asyncio.gather(*tasks)
+        return log
+
+    assert asyncio.run(scenario()) == ["b1", "b2", "b3", "i1", "b4", "b5", "b6"]
+
+
+def test_a_large_tenant_beside_a_small_one_of_its_lane_holds_its_share_and_lanes_below_cap_no_one() -> None:
+    async def scenario() -> dict[str, object]:
+        slots = RequestSlots(ongoing=12, queued=16, retry_after_s=1, beside_others=3)
+        hold = asyncio.Event()
+        large, small, below = Ticket("large", Lane.DEFAULT), Ticket("small", Lane.DEFAULT), Ticket("small", Lane.BULK)
+        seen: dict[str, object] = {}
+
+        async def request(ticket: Ticket) -> None:
+            async with slots.place(ticket):
+                await hold.wait()
+
+        async def settle() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.ensure_future(request(below))]  # a lower lane: caps no one above it
+        tasks += [asyncio.ensure_future(request(large)) for _ in range(5)]
+        await settle()
+        seen["alone"] = slots.held(large.key)
+        tasks += [asyncio.ensure_future(request(small)) for _ in range(2)]
+        await settle()
+        seen["small"] = slots.held(small.key)
+        tasks.append(asyncio.ensure_future(request(large)))
+        await settle()
+        # Four slots are free, but the large tenant holds more than its share beside the small one: it waits.
+        seen["large"], seen["waiting"] = slots.held(large.key), slots.waiting
+        seen["capped"] = (slots.capped(large.key), slots.capped(small.key), slots.capped(below.key))
+        hold.set()
+        await asyncio.gather(*tasks)
+        return seen
+
+    seen = asyncio.run(scenario())
+    # Nothing is taken back from the large tenant; the small one's two start at once; a sixth large one waits.
+    assert seen == {"alone": 5, "small": 2, "large": 5, "waiting": 1, "capped": (True, True, True)}
+
+
+def test_a_capped_bulk_lane_is_shed_at_its_share_of_the_queue() -> None:
+    async def scenario() -> list[int]:
+        slots = RequestSlots(ongoing=8, queued=4, retry_after_s=1, beside_others=1)
+        hold = asyncio.Event()
+        outcomes: list[int] = []
+
+        async def request(ticket: Ticket) -> None:
+            try:
+                async with slots.place(ticket):
+                    await hold.wait()
+                outcomes.append(200)
+            except ApiError as error:
+                outcomes.append(error.status)
+
+        tasks = [asyncio.ensure_future(request(INTERACTIVE))]
+        tasks += [asyncio.ensure_future(request(BULK)) for _ in range(5)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        # Slots are free, but bulk holds its one: two wait (half the queue's bound), the rest are refused.
+        assert slots.working == 2 and slots.waiting == 2
+        hold.set()
+        await asyncio.gather(*tasks)
+        return outcomes
+
+    assert sorted(asyncio.run(scenario())) == [200] * 4 + [503] * 2
+
+
 @pytest.mark.parametrize("lane", list(Lane))
 def test_every_lane_may_queue_at_least_one(lane: Lane) -> None:
     assert queue_share(lane, 1) == 1

@@ -45,6 +45,9 @@ class FrontDoorLimits:
     max_queued_requests: int  # requests that may wait for it beyond those; past it, 503 at once
     request_timeout_s: float  # the deadline, from the stamp: also the longest wait in HAProxy's queue
     retry_after_s: int  # Retry-After of the 503
+    # What one tenant's lane may hold of `max_ongoing_requests` beside others (core/lanes.py OTHERS_HOLD_S); None: no
+    # cap. Only the ingress reads it: HAProxy does not know which server a request will meet.
+    ongoing_beside_others: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -70,6 +70,13 @@ LANE_STEP_S = 2.0
 # so that a burst's own requests stay in their order; its sum over a large tenant's requests stays below
 # LANE_STEP_S up to a couple of hundred of them.
 TENANT_STEP_S = 0.01
+# How long after another tenant's request of the same lane, or any of a higher lane, arrived at an ingress replica a
+# tenant's lane stays held to its share of the requests that replica works on (ServiceConfig.share_beside_others). The
+# slots a backfill holds are freed only as its requests finish, so a cap raised only while the other request is
+# present would come too late for it; an interactive user's next request comes within about a second (a page of
+# results, the next query), so the cap holds that long after the last one, and a tenant alone has every slot again
+# once the others have gone quiet.
+OTHERS_HOLD_S = 1.0
 # The share of a queue's bound a lane may fill: past it, that lane's newcomers are refused (503).
 SHED_SHARE: dict[Lane, float] = {Lane.INTERACTIVE: 1.0, Lane.DEFAULT: 0.75, Lane.BULK: 0.5}
 
@@ -125,6 +132,14 @@ class Ticket:
     tenant: str = DEFAULT_TENANT
     lane: Lane = Lane.DEFAULT
     weight: float = 1.0
+
+    @property
+    def key(self) -> TicketKey:
+        return self.lane, self.tenant
+
+
+# A tenant's requests in one lane: what the ingress holds to a share of its slots beside the others (serve/ingress).
+TicketKey = tuple[Lane, str]
 
 
 _current: ContextVar[Ticket | None] = ContextVar("siglip_ticket", default=None)

@@ -17,7 +17,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,7 +26,15 @@ from fastapi import Request
 
 from siglip_serve.core import lanes
 from siglip_serve.core.front_door import REQUEST_START_HEADER, FrontDoorLimits, waited_seconds, write_limits
-from siglip_serve.core.lanes import MAX_PRIORITY, PRIORITY_HEADER, Ticket, demoted, parse_priority, queue_share
+from siglip_serve.core.lanes import (
+    MAX_PRIORITY,
+    PRIORITY_HEADER,
+    Ticket,
+    TicketKey,
+    demoted,
+    parse_priority,
+    queue_share,
+)
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.ingress.fair_slots import FairSlots
 from siglip_serve.serve.plan.config import ServiceConfig
@@ -62,14 +71,46 @@ class Deadline:
 class RequestSlots:
     """At most `ongoing` requests at work, waiters served in lane and tenant order (core/lanes.py); a lane's
     newcomer is refused at once while its lane's share of `queued` waits (core/lanes.py SHED_SHARE: bulk
-    first). A waiter gives up at its deadline (the request's own timeout)."""
+    first). A waiter gives up at its deadline (the request's own timeout).
 
-    def __init__(self, ongoing: int, queued: int, retry_after_s: int) -> None:
+    Every request at work shares this replica's event loop, its decode threads and the host's cores: the order
+    decides who starts first, but a request that starts among a full house of a backfill's requests still shares
+    every step with them. So with `beside_others`, one tenant's requests in one lane (its `Ticket.key`) hold at most
+    that many while another tenant's requests of the same lane, or any of a higher lane, are at work or waiting
+    here or arrived within OTHERS_HOLD_S (core/lanes.py): a backfill beside an interactive user, a tenant at 64
+    concurrent requests beside one at 2. Alone, a tenant's lane takes every slot."""
+
+    def __init__(self, ongoing: int, queued: int, retry_after_s: int, beside_others: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ongoing = ongoing
         self.queued = queued
         self.retry_after_s = retry_after_s
-        self._slots = FairSlots(ongoing)
+        self.beside_others = beside_others
+        self._clock = clock
+        self._seen: dict[TicketKey, float] = {}  # when each key's request last arrived
+        self._waiting: Counter[TicketKey] = Counter()
+        self._slots = FairSlots(ongoing, admits=self._admits if beside_others is not None else None)
         self.working = 0
+
+    def held(self, key: TicketKey) -> int:
+        return self._slots.held_by_key.get(key, 0)
+
+    def capped(self, key: TicketKey) -> bool:
+        """Whether `key`'s requests are held to `beside_others` now: another key of the same or a higher lane is
+        at work or waiting here, or arrived within OTHERS_HOLD_S."""
+        if self.beside_others is None:
+            return False
+        now = self._clock()
+        for other, seen in list(self._seen.items()):
+            about = now - seen < lanes.OTHERS_HOLD_S or self._waiting[other] > 0 or self.held(other) > 0
+            if not about:
+                del self._seen[other]  # gone quiet: forgotten until it comes back
+            elif other != key and other[0] <= key[0]:
+                return True
+        return False
+
+    def _admits(self, ticket: Ticket) -> bool:
+        return self.beside_others is None or self.held(ticket.key) < self.beside_others or not self.capped(ticket.key)
 
     @property
     def waiting(self) -> int:
@@ -78,11 +119,20 @@ class RequestSlots:
     @asynccontextmanager
     async def place(self, ticket: Ticket | None = None) -> AsyncIterator[None]:
         ticket = ticket if ticket is not None else lanes.current()
-        if self._slots.held >= self.ongoing and self.waiting >= queue_share(ticket.lane, self.queued):
+        key = ticket.key
+        self._seen[key] = self._clock()
+        cannot_start = self._slots.held >= self.ongoing or not self._admits(ticket)
+        if cannot_start and self.waiting >= queue_share(ticket.lane, self.queued):
             raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later",
                            {"Retry-After": str(self.retry_after_s)})
         request = object()  # each request its own flow: first come, first served within its tenant
-        await self._slots.acquire(request, ticket=ticket)
+        self._waiting[key] += 1
+        try:
+            await self._slots.acquire(request, ticket=ticket)
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
         self.working += 1
         try:
             yield
@@ -104,7 +154,8 @@ class FrontDoor:
         self.replica_name = replica_name
         share = 1.0 / max(1, ingress_replicas)
         self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), share)
-        self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s)
+        self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s,
+                                  limits.ongoing_beside_others)
         # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
         write_limits(limits, app_name, lane_map=lane_map(load_keys(config.api_keys_file))
                      if config.api_keys_file else None)

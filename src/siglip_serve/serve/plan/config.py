@@ -96,6 +96,12 @@ class ServiceConfig(ModelSettings):
     request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the front end "
                                                              "has its headers; past it: 504")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds of a 503")
+    share_beside_others: float = Field(1.0, gt=0, le=1, description="the share of an ingress replica's requests at "
+                                       "work that one tenant's requests in one lane may hold while another tenant's "
+                                       "of the same lane, or any of a higher lane, are there or arrived within the "
+                                       "last second (core/lanes.py OTHERS_HOLD_S); alone, they take every slot. 1 "
+                                       "(the default): no cap; lower trades a backfill's throughput for the others' "
+                                       "latency (README, Benchmarks)")
     min_ready_replicas: int = Field(1, ge=1, description="/readyz answers 200 while at least this many encoder "
                                                          "replicas are warm (capped at replicas)")
     # On SIGTERM /readyz turns 503 and new requests get 503 before Serve and Ray stop.

@@ -71,9 +71,11 @@ def ingress_max_ongoing(config: ServiceConfig, replicas: int, ingress_replicas: 
 
 def front_door_limits(config: ServiceConfig, replicas: int, ingress_replicas: int) -> FrontDoorLimits:
     """Each ingress replica's limits (serve/plan/planner.py puts them in the plan)."""
-    return FrontDoorLimits(max_ongoing_requests=ingress_max_ongoing(config, replicas, ingress_replicas),
-                           max_queued_requests=config.max_queued_requests,
-                           request_timeout_s=config.request_timeout_s, retry_after_s=config.retry_after_s)
+    ongoing = ingress_max_ongoing(config, replicas, ingress_replicas)
+    share = config.share_beside_others
+    return FrontDoorLimits(max_ongoing_requests=ongoing, max_queued_requests=config.max_queued_requests,
+                           request_timeout_s=config.request_timeout_s, retry_after_s=config.retry_after_s,
+                           ongoing_beside_others=max(1, round(ongoing * share)) if share < 1 else None)
 
 
 def max_ongoing(largest_bucket: int) -> int:

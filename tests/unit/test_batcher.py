@@ -77,6 +77,26 @@ def test_wait_s_holds_a_partial_batch_for_late_arrivals_and_a_full_one_not_at_al
     assert took < 0.4, took  # the batch was full at b: it did not sit out the rest of wait_s
 
 
+def test_a_batch_with_an_interactive_input_does_not_wait_for_more() -> None:
+    from siglip_serve.core.lanes import Lane, Ticket
+
+    model = Model(seconds=0.0)
+
+    async def main() -> tuple[float, float]:
+        batcher = Batcher(model.run, max_size=8, size_of=one, wait_s=0.5)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await batcher.submit("search", 0.0, ticket=Ticket("app", Lane.INTERACTIVE))
+        interactive = loop.time() - began
+        began = loop.time()
+        await batcher.submit("backfill", 0.0, ticket=Ticket("app", Lane.BULK))
+        return interactive, loop.time() - began
+
+    interactive, bulk = asyncio.run(main())
+    assert interactive < 0.25 <= bulk, (interactive, bulk)  # the bulk input alone sits out wait_s
+    assert model.batches == [["search"], ["backfill"]]
+
+
 def test_an_input_of_its_own_fails_alone() -> None:
     model = Model()
 

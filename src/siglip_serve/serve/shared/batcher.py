@@ -17,7 +17,8 @@ in flight at once and no wait: at low load each request's chunk goes out alone a
 
 Inputs wait in lane order (core/lanes.py `LaneQueue`): a batch takes the higher lane's inputs first, with
 ageing, and within a lane the tenants' inputs in weighted turns; each input's ticket is its caller's
-request's (or the lane the ingress sent with a replica's call).
+request's (or the lane the ingress sent with a replica's call). A batch that holds an interactive input does not
+wait for more: somebody waits on it, and the wait is for throughput, which that lane does not trade for.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class _Waiter:
     size: int
     future: asyncio.Future[Any]
     trace: Any = None
+    lane: lanes.Lane = lanes.Lane.DEFAULT
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -85,8 +87,9 @@ class Batcher:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._serve_forever())
-        waiter = _Waiter(item, deadline, size, loop.create_future(), trace)
-        self._queue.push(waiter, ticket if ticket is not None else lanes.current())
+        ticket = ticket if ticket is not None else lanes.current()
+        waiter = _Waiter(item, deadline, size, loop.create_future(), trace, ticket.lane)
+        self._queue.push(waiter, ticket)
         self._arrived.set()
         # A caller that goes away (cancelled) leaves its waiter done: the next batch skips it.
         return await waiter.future
@@ -128,7 +131,8 @@ class Batcher:
             await self._arrived.wait()
             size = self._take(batch, 0, free_slots)
         deadline = time.monotonic() + self.wait_s
-        while size < self.max_size and self._fits_next(size) and (remaining := deadline - time.monotonic()) > 0:
+        while (size < self.max_size and self._fits_next(size) and not self._urgent(batch)
+               and (remaining := deadline - time.monotonic()) > 0):
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
@@ -136,6 +140,10 @@ class Batcher:
                 pass
             size = self._take(batch, size)
         return batch
+
+    @staticmethod
+    def _urgent(batch: list[_Waiter]) -> bool:
+        return any(waiter.lane == lanes.Lane.INTERACTIVE for waiter in batch)
 
     def _fits_next(self, size: int) -> bool:
         """False when the input at the head of the queue would not fit: waiting cannot fill the batch."""

@@ -61,10 +61,6 @@ class FairSlots:
         """Waiters of `lane`'s requests (cancelled ones not yet dropped excluded)."""
         return sum(1 for waiter in self._queue if not waiter.granted.done() and waiter.ticket.lane == lane)
 
-    def held_in(self, lane: lanes.Lane) -> int:
-        """Slots held by `lane`'s requests."""
-        return sum(held for (held_lane, _), held in self.held_by_key.items() if held_lane == lane)
-
     async def acquire(self, request: object, cost: int = 0, ticket: Ticket | None = None) -> None:
         """Returns holding a slot (with `cost`), once `request`'s turn comes and its cost fits; release() it.
         `ticket`: the request's tenant and lane (None: the running request's, core/lanes.py)."""

@@ -120,19 +120,23 @@ class RequestSlots:
     async def place(self, ticket: Ticket | None = None) -> AsyncIterator[None]:
         ticket = ticket if ticket is not None else lanes.current()
         key = ticket.key
-        self._seen[key] = self._clock()
+        tracked = self.beside_others is not None  # who is about matters only to the cap
+        if tracked:
+            self._seen[key] = self._clock()
         cannot_start = self._slots.held >= self.ongoing or not self._admits(ticket)
         if cannot_start and self.waiting >= queue_share(ticket.lane, self.queued):
             raise ApiError(503, ErrorType.OVERLOADED, "server is at capacity; retry later",
                            {"Retry-After": str(self.retry_after_s)})
         request = object()  # each request its own flow: first come, first served within its tenant
-        self._waiting[key] += 1
+        if tracked:
+            self._waiting[key] += 1
         try:
             await self._slots.acquire(request, ticket=ticket)
         finally:
-            self._waiting[key] -= 1
-            if not self._waiting[key]:
-                del self._waiting[key]
+            if tracked:
+                self._waiting[key] -= 1
+                if not self._waiting[key]:
+                    del self._waiting[key]
         self.working += 1
         try:
             yield

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from siglip_serve.core.lanes import LANE_NAMES
 from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.http.errors import ErrorType
-from siglip_serve.serve.shared.metrics import METRIC_NAMES
+from siglip_serve.serve.shared.metrics import METRIC_NAMES, TENANT_REQUEST_SECONDS
 from tests.helpers import REPO as ROOT
 from tests.helpers import ServeCluster, deploy
 from tests.integration.prometheus_server import SHIPPED_CONFIG, PrometheusServer, ensure_installed, scrape_config_for
@@ -190,13 +191,15 @@ def test_neuron_monitor_config_collects_what_the_dashboard_reads() -> None:
 @pytest.fixture(scope="module")
 def metrics_app(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """tiny-siglip, 2 CPU encoder replicas (the test cluster's neuron_cores belong to main_app); its one key a
-    tenant of the interactive lane, so the load can travel in every lane (LANE_PRIORITIES)."""
+    tenant of the interactive lane, so the load can travel in every lane (LANE_PRIORITIES), and an ingress replica
+    kept for that lane beside the one the others share (interactive_ingress)."""
     from ray import serve
 
     keys = tmp_path_factory.mktemp("keys") / "keys.toml"
     keys.write_text(f'[[keys]]\nname = "metrics"\nkey = "{KEY}"\nlane = "interactive"\n')
     deploy(APP, ROUTE, replicas=2, neuron_cores_per_replica=0, encoder_num_cpus=0.5, torch_threads=1,
-           batch_wait_timeout_s=0.01, max_images_per_request=MAX_IMAGES, api_keys_file=str(keys))
+           batch_wait_timeout_s=0.01, max_images_per_request=MAX_IMAGES, api_keys_file=str(keys),
+           ingress_replicas=1, interactive_ingress=True)
     try:
         yield serve_cluster.base_url + ROUTE
     finally:
@@ -372,6 +375,26 @@ def test_prometheus_counts_what_the_client_saw(prometheus: PrometheusServer, tra
     cores = {r["metric"]["neuron_core"] for r in prometheus.query(
         f"ray_siglip_encoder_images_total{{{sel}}}")["result"]}
     assert cores == {"none"}  # CPU replicas here; on Neuron it is NEURON_RT_VISIBLE_CORES
+
+
+def test_the_interactive_lane_meets_one_ingress_replica_and_the_other_lanes_the_other(
+        serve_cluster: ServeCluster, prometheus: PrometheusServer, traffic: Traffic) -> None:
+    """interactive_ingress: HAProxy sends the key's own lane to the replica it keeps and the lanes X-Priority moves
+    the key's requests down to (LANE_PRIORITIES) to the other, as Ray labels each replica's series."""
+    if serve_cluster.front_end != "haproxy":
+        pytest.skip("Serve's proxy keeps no ingress replica apart (`run` refuses interactive_ingress with it)")
+    query = (f'sum by (lane, replica) (ray_{TENANT_REQUEST_SECONDS}_count{{application="{APP}", status="200"}})')
+
+    def replicas_by_lane() -> dict[str, set[str]]:
+        found: dict[str, set[str]] = collections.defaultdict(set)
+        for row in prometheus.query(query)["result"]:
+            found[row["metric"]["lane"]].add(row["metric"]["replica"])
+        return dict(found)
+
+    lanes, _, _ = poll(replicas_by_lane, lambda got: set(got) == set(LANE_NAMES), CONVERGE_S, interval_s=0.5)
+    assert set(lanes) == set(LANE_NAMES), lanes
+    assert len(lanes["interactive"]) == 1 and len(lanes["default"] | lanes["bulk"]) == 1
+    assert lanes["interactive"].isdisjoint(lanes["default"] | lanes["bulk"])
 
 
 def test_every_dashboard_query_runs_and_ours_return_data(serve_cluster: ServeCluster, prometheus: PrometheusServer,

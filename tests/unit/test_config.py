@@ -45,6 +45,9 @@ def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> N
         ({"random_weights": True, "checkpoint": __file__}, "weights source"),
         ({"ingress_replicas": 0}, "ingress_replicas"),
         ({"ingress_replicas": "many"}, "ingress_replicas"),
+        ({"interactive_ingress": True}, "interactive_ingress needs api_keys_file"),
+        ({"interactive_ingress": True, "api_keys_file": "keys.toml", "ingress_autoscaling": {"max_replicas": 2}},
+         "interactive_ingress and ingress_autoscaling contradict"),
         ({"device_jpeg_decode": True, "backend": "neuron"}, "device_jpeg_decode needs backend cuda"),
         # classify's labels have no cache of their own: the message names the one that keeps them
         ({"classify_cache_size": 4096}, "classify_cache_size is not a setting: .* size it with embedding_cache_mib"),

@@ -87,6 +87,14 @@ def test_an_ingress_works_on_twice_what_its_encoder_calls_carry_plus_its_decode_
     assert front_door_limits(config(share_beside_others=0.01), 1, 1).ongoing_beside_others == 1
 
 
+def test_interactive_ingress_adds_a_replica_the_limits_do_not_count_and_marks_it_for_haproxy() -> None:
+    kept = plan_service(config(replicas=2, interactive_ingress=True, api_keys_file="keys.toml")).ingress
+    plain = plan_service(config(replicas=2)).ingress
+    assert (kept.replicas, kept.deployment.num_replicas, plain.replicas) == (2, 2, 1)
+    # The replicas that share the traffic work on what one would without it; HAProxy learns to keep one apart.
+    assert kept.limits == FrontDoorLimits(**{**vars(plain.limits), "interactive_server": True})
+
+
 def test_places_admit_ongoing_then_queue_then_refuse_at_once() -> None:
     async def scenario() -> tuple[list[str], float]:
         slots = RequestSlots(ongoing=2, queued=1, retry_after_s=4)

@@ -144,3 +144,76 @@ def test_within_a_lane_a_key_with_fewer_requests_in_haproxy_goes_first(second_st
     for thread in threads:
         thread.join()
     assert _Recording.seen == ["/first", "/many-again", "/few-again"]
+
+
+# Two ingress replicas of one application; `{kept_state}` lets a test take the one kept for the lane out of service.
+TWO_REPLICAS = """global
+    maxconn 1000
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 10s
+    timeout server 10s
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    default_backend http-siglip
+backend http-siglip
+    balance leastconn
+    server SERVE_REPLICA_siglip-Ingress-b 127.0.0.1:{other}
+    server SERVE_REPLICA_siglip-Ingress-a 127.0.0.1:{kept}{kept_state}
+"""
+
+
+def _recorder() -> tuple[ThreadingHTTPServer, list[str]]:
+    handler = type("_Replica", (_Recording,), {"seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, handler.seen
+
+
+@pytest.mark.parametrize("kept_down", [False, True])
+def test_interactive_ingress_keeps_the_first_replica_by_name_for_the_interactive_lane(tmp_path: Path,
+                                                                                      kept_down: bool) -> None:
+    """interactive_ingress (launcher/haproxy_front.py `_interactive_server`): the interactive key's requests all meet
+    the first replica by name and no other request does, whatever the balancing's count; with that replica down the
+    lane goes to the others."""
+    (kept, kept_seen), (other, other_seen) = _recorder(), _recorder()
+    digest = hashlib.sha256(INTERACTIVE_KEY.encode()).hexdigest()
+    write_limits(FrontDoorLimits(4, 8, 10.0, 1, interactive_server=True), "siglip", str(tmp_path / "limits"),
+                 lane_map=f"{digest} 0\n")
+    (tmp_path / "errors").mkdir()
+    for status, page in error_pages().items():
+        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
+    port = free_port()
+    template = TWO_REPLICAS.format(port=port, other=other.server_address[1], kept=kept.server_address[1],
+                                   kept_state=" disabled" if kept_down else "")
+    config = rewrite_config(template, 10, True, tmp_path / "errors", tmp_path / "limits")
+    assert "use-server SERVE_REPLICA_siglip-Ingress-a if" in config
+    answers: dict[str, int] = {}
+    try:
+        with running_haproxy(config, tmp_path, port):
+            bearer = {"Authorization": f"Bearer {INTERACTIVE_KEY}"}
+            threads = [*[_send(port, f"/interactive-{i}", bearer, answers) for i in range(4)],
+                       *[_send(port, f"/default-{i}", {}, answers) for i in range(4)],
+                       _send(port, "/bulk", {"X-Priority": "2"}, answers),
+                       _send(port, "/interactive-demoted", {**bearer, "X-Priority": "1"}, answers)]
+            for thread in threads:
+                thread.join()
+    finally:
+        for server in (kept, other):
+            server.shutdown()
+            server.server_close()
+    assert set(answers.values()) == {200}
+    interactive = {f"/interactive-{i}" for i in range(4)}
+    if kept_down:
+        assert kept_seen == [] and set(other_seen) == set(answers)
+    else:
+        assert set(kept_seen) == interactive
+        assert set(other_seen) == set(answers) - interactive
+
+
+def test_interactive_ingress_keeps_nothing_apart_with_one_replica(tmp_path: Path) -> None:
+    write_limits(FrontDoorLimits(4, 8, 10.0, 1, interactive_server=True), "siglip", str(tmp_path / "limits"))
+    config = rewrite_config(RAY_TEMPLATE.format(port=1, ingress=2), 10, True, tmp_path, tmp_path / "limits")
+    assert "use-server" not in config and "weight 0" not in config

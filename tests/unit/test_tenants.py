@@ -130,3 +130,39 @@ def test_haproxy_gets_each_keys_lane_by_its_hash_never_the_key(tmp_path: Path) -
     assert text == (f"{hashlib.sha256(b'search-key').hexdigest()} 0\n"
                     f"{hashlib.sha256(b'backfill-key').hexdigest()} 2\n")
     assert "search-key" not in text
+
+
+@pytest.mark.parametrize("interactive_ingress", [False, True])
+def test_with_a_replica_kept_for_the_interactive_lane_its_keys_get_their_whole_rate_on_each(
+        tmp_path: Path, interactive_ingress: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Three ingress replicas: without interactive_ingress each allows a third of every key's rate; with it two share
+    the traffic (half each), and the interactive lane's requests all meet the third, which allows their whole rate."""
+    from siglip_serve.core.front_door import FrontDoorLimits
+    from siglip_serve.serve.ingress.front_door import FrontDoor
+
+    path = tmp_path / "keys.toml"
+    path.write_text('[[keys]]\nname = "search"\nkey = "search-key"\nlane = "interactive"\nrate_per_s = 6\n\n'
+                    '[[keys]]\nname = "backfill"\nkey = "backfill-key"\nlane = "bulk"\nrate_per_s = 6\n')
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "api_keys_file": str(path),
+                                      "interactive_ingress": interactive_ingress})
+    door = FrontDoor(config, FrontDoorLimits(4, 8, 10.0, 1, interactive_server=interactive_ingress), "siglip", "r", 3)
+
+    def passing(key: str) -> int:  # a burst is one second's requests at the replica's rate
+        for count in range(10):
+            try:
+                door.tenants.ticket(f"Bearer {key}")
+            except ApiError as refused:
+                assert refused.status == 429
+                return count
+        return 10
+
+    assert (passing("search-key"), passing("backfill-key")) == ((6, 3) if interactive_ingress else (2, 2))
+    # No HAProxy front end of ours in this process: nothing could keep a replica apart, and the log says so.
+    assert ("no replica is kept for the interactive lane" in caplog.text) == interactive_ingress
+
+
+def test_run_refuses_interactive_ingress_behind_serves_proxy(tmp_path: Path) -> None:
+    keys = ["--set", f"api_keys_file={_keys(tmp_path)}", "--set", "interactive_ingress=true"]
+    with pytest.raises(ConfigError, match="use --front-end haproxy"):
+        cli.service_config(cli.build_parser().parse_args([*keys, "--front-end", "python"]), {})
+    assert cli.service_config(cli.build_parser().parse_args(keys), {}).interactive_ingress

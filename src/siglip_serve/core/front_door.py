@@ -48,6 +48,8 @@ class FrontDoorLimits:
     # What one tenant's lane may hold of `max_ongoing_requests` beside others (core/lanes.py OTHERS_HOLD_S); None: no
     # cap. Only the ingress reads it: HAProxy does not know which server a request will meet.
     ongoing_beside_others: int | None = None
+    # HAProxy keeps one of the backend's ingress replicas for the interactive lane (launcher/haproxy_front.py).
+    interactive_server: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

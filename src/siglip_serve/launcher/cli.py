@@ -184,6 +184,9 @@ def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
     # `run` deploys one application and is restarted whole to change it: `model_apps` (for `serve deploy`'s
     # YAML, where models change in place) would leave the front application's towers undeployed.
     config = config.model_copy(update={"model_apps": False})
+    if config.interactive_ingress and args.front_end == "python" and not args.address:
+        raise ConfigError("interactive_ingress keeps an ingress replica apart in HAProxy's configuration; Serve's "
+                          "proxy (--front-end python) spreads requests over every replica: use --front-end haproxy")
     if config.api_keys_file is not None:
         # Read here, where `run` runs, never in the config's validation: a Serve YAML's builder validates on
         # the head, which may not mount the file; there the ingress replica that reads it refuses instead.

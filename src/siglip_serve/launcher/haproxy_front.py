@@ -23,6 +23,9 @@ time Ray starts or reloads HAProxy, `main` rewrites the rendered file, then exec
   (`timeout queue`), and a stamp of when HAProxy had the request (`X-Request-Start`), where the
   ingress starts the deadline. HAProxy 2.8's documentation: "maxconn" and "maxqueue" (server options),
   "timeout queue", "avg_queue", "http-request return", "set-priority-class".
+- With `interactive_ingress` (serve/plan/config.py), one ingress replica kept for the interactive lane: HAProxy's
+  balancing never picks it, and the lane's requests go to it (`use-server`), so a backfill's decoding does not share
+  their process.
 - A request that waits out its deadline in that queue is answered 503 `overloaded` with the backend's
   Retry-After: every ingress replica was busy for all of it. HAProxy answers a queue timeout with the
   same 503 as "no server" (manual: "timeout queue"), and in 2.8 nothing that picks an answer's body can
@@ -169,6 +172,9 @@ def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
              f"{{ avg_queue() ge {limits.max_queued_requests} }}",
              *_lane_rules(limits, page, lane_map_path(limits_dir, words[1]))]
     lines = [_with_maxconn(line, limits) for line in body.split("\n")]
+    if limits.interactive_server:
+        lines, kept = _interactive_server(lines)
+        rules += kept
     return header + "\n" + "\n".join(rules) + "\n" + "\n".join(lines)
 
 
@@ -207,12 +213,32 @@ def _lane_rules(limits: FrontDoorLimits, page: Path, lane_map: Path) -> list[str
     return rules
 
 
+def _is_replica(words: list[str]) -> bool:
+    """A `server` line of an ingress replica; not the fallback (`backup`): Serve's proxy."""
+    return words[:1] == ["server"] and "backup" not in words
+
+
 def _with_maxconn(line: str, limits: FrontDoorLimits) -> str:
     words = line.split()
-    # An ingress replica; not the fallback (`backup`): Serve's proxy, which bounds what it sends itself.
-    if words[:1] == ["server"] and "backup" not in words and "maxconn" not in words:
+    # Not the fallback: Serve's proxy bounds what it sends itself.
+    if _is_replica(words) and "maxconn" not in words:
         return f"{line} maxconn {limits.max_ongoing_requests}"
     return line
+
+
+def _interactive_server(lines: list[str]) -> tuple[list[str], list[str]]:
+    """The backend's server lines with the first ingress replica by name kept for the interactive lane, and the rule
+    that sends the lane there. Weight 0 keeps the balancing from picking it and `use-server` picks it for the lane
+    (HAProxy's manual, "use-server": "if these servers have their weight set to zero, they will not be used for other
+    traffic"); a rule whose server is down is ignored, so the lane then goes to the others. With one replica there is
+    nothing to keep apart."""
+    servers = sorted(words[1] for words in map(str.split, lines) if _is_replica(words))
+    if len(servers) < 2:
+        return lines, []
+    kept = servers[0]
+    lines = [f"{line} weight 0" if line.split()[:2] == ["server", kept] else line for line in lines]
+    # After every http-request rule, which HAProxy runs first wherever they stand, and which set the lane.
+    return lines, [f"    use-server {kept} if {{ var({_LANE}) -m int eq {int(Lane.INTERACTIVE)} }}"]
 
 
 def script_path() -> str:

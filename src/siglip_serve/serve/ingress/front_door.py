@@ -29,6 +29,7 @@ from siglip_serve.core.front_door import REQUEST_START_HEADER, FrontDoorLimits, 
 from siglip_serve.core.lanes import (
     MAX_PRIORITY,
     PRIORITY_HEADER,
+    Lane,
     Ticket,
     TicketKey,
     demoted,
@@ -152,17 +153,21 @@ class FrontDoor:
     def __init__(self, config: ServiceConfig, limits: FrontDoorLimits, app_name: str, replica_name: str,
                  ingress_replicas: int = 1) -> None:
         """`limits`: the plan's (serve/plan/service_plan.py IngressPlan); `ingress_replicas`: how many share each
-        key's rate."""
+        key's rate, with the one HAProxy keeps for the interactive lane (`limits.interactive_server`)."""
         self.config = config
         self.app_name = app_name
         self.replica_name = replica_name
-        share = 1.0 / max(1, ingress_replicas)
-        self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), share)
+        shared = ingress_replicas - 1 if limits.interactive_server else ingress_replicas
+        self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), 1.0 / max(1, shared),
+                               whole_lane=Lane.INTERACTIVE if limits.interactive_server else None)
         self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s,
                                   limits.ongoing_beside_others)
         # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
-        write_limits(limits, app_name, lane_map=lane_map(load_keys(config.api_keys_file))
-                     if config.api_keys_file else None)
+        written = write_limits(limits, app_name, lane_map=lane_map(load_keys(config.api_keys_file))
+                               if config.api_keys_file else None)
+        if written is None and limits.interactive_server:
+            log.warning("interactive_ingress: no HAProxy front end of ours here (Serve's proxy spreads requests over "
+                        "every ingress replica), so no replica is kept for the interactive lane")
         self.draining = False
         self.requests_in_handler = 0
         self._drain_watch: asyncio.Task[None] | None = None

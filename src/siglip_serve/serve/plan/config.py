@@ -58,6 +58,12 @@ class ServiceConfig(ModelSettings):
     ingress_replicas: int | Literal["auto"] = Field(
         "auto", description="HTTP ingress replicas, or 'auto': one per two of this host's cores that the encoder "
                             "replicas and Ray's own processes leave free (at least 1)")
+    # A backfill's decoding shares an ingress process's event loop, decode threads and GIL with every other request
+    # it meets there; HAProxy can keep one process for the interactive lane alone (launcher/haproxy_front.py).
+    interactive_ingress: bool = Field(False, description="one more ingress replica, to which HAProxy sends the "
+                                                         "interactive lane's requests and no others (needs "
+                                                         "api_keys_file, whose keys name the lane, and the HAProxy "
+                                                         "front end)")
     # On neuron a replica is one logical NeuronCore, so a node's count is fixed: scaling adds replicas
     # that stay pending until Ray's autoscaler adds a node (deploy/kuberay/rayservice.yaml).
     autoscaling: Autoscaling | None = Field(None, description="scale the encoder replicas with load between "
@@ -240,6 +246,12 @@ class ServiceConfig(ModelSettings):
             raise ValueError(f"ingress_replicas: {self.ingress_replicas} and ingress_autoscaling contradict; with "
                              "ingress_autoscaling the count is its min_replicas..max_replicas (leave "
                              "ingress_replicas unset)")
+        if self.interactive_ingress and self.api_keys_file is None:
+            raise ValueError("interactive_ingress needs api_keys_file: only a key's default lane puts a request in the "
+                             "interactive lane (a request can move itself down, never up)")
+        if self.interactive_ingress and self.ingress_autoscaling is not None:
+            raise ValueError("interactive_ingress and ingress_autoscaling contradict: the interactive replica's "
+                             "count is one, whatever the others' load; name ingress_replicas instead")
         if self.model_apps and not self.models:
             raise ValueError("model_apps: true needs models: (each model's towers in an application of its own)")
         if self.device_jpeg_decode and not self.backend_record.device_decode:

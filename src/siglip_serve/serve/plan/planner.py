@@ -70,12 +70,14 @@ def ingress_max_ongoing(config: ServiceConfig, replicas: int, ingress_replicas: 
 
 
 def front_door_limits(config: ServiceConfig, replicas: int, ingress_replicas: int) -> FrontDoorLimits:
-    """Each ingress replica's limits (serve/plan/planner.py puts them in the plan)."""
+    """Each ingress replica's limits (serve/plan/planner.py puts them in the plan). `ingress_replicas`: those that
+    share the traffic, not the one `interactive_ingress` adds, which sees only a lane's few requests."""
     ongoing = ingress_max_ongoing(config, replicas, ingress_replicas)
     share = config.share_beside_others
     return FrontDoorLimits(max_ongoing_requests=ongoing, max_queued_requests=config.max_queued_requests,
                            request_timeout_s=config.request_timeout_s, retry_after_s=config.retry_after_s,
-                           ongoing_beside_others=max(1, round(ongoing * share)) if share < 1 else None)
+                           ongoing_beside_others=max(1, round(ongoing * share)) if share < 1 else None,
+                           interactive_server=config.interactive_ingress)
 
 
 def max_ongoing(largest_bucket: int) -> int:
@@ -163,9 +165,10 @@ INGRESS_SURGE_PERCENT = 100
 
 
 def _ingress(config: ServiceConfig, image_replicas: int, surge: bool = False) -> IngressPlan:
-    count = cpu_plan.ingress_replicas_for(config, image_replicas)
+    shared = cpu_plan.ingress_replicas_for(config, image_replicas)
+    count = shared + 1 if config.interactive_ingress else shared
     scaling = config.ingress_autoscaling
-    limits = front_door_limits(config, image_replicas, count)
+    limits = front_door_limits(config, image_replicas, shared)
     options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
     # Where to find a backend registered at run time too: the ingress asks its record (host cores or not).
     if env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing), **extra_backends_env()}:

@@ -36,7 +36,7 @@ FRONT_ONLY: frozenset[str] = frozenset({
     "max_image_side", "max_request_pixels", "max_images_per_request", "max_texts_per_request", "max_text_chars",
     "decode_memory_budget_bytes", "decode_threads", "max_queued_requests", "retry_after_s", "drain_timeout_s",
     "ingress_replicas", "ingress_autoscaling", "ingress_num_cpus", "ingress_max_ongoing_requests", "access_log",
-    "share_beside_others",
+    "share_beside_others", "interactive_ingress",
 })
 
 

@@ -143,11 +143,15 @@ class Tenants:
     """Who a request is, from its bearer token: the keys file's tenants, the single key's, or anyone's."""
 
     def __init__(self, keys_file: str | None, single_key: str | None, share: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """`share`: the part of each key's rate this replica allows (1 / the ingress replicas)."""
+                 clock: Callable[[], float] = time.monotonic, whole_lane: Lane | None = None) -> None:
+        """`share`: the part of each key's rate this replica allows (1 / the ingress replicas that share the
+        traffic); `whole_lane`: a lane whose keys' requests all meet one replica (ServiceConfig.interactive_ingress),
+        so each replica allows those keys their whole rate. Their requests moved down by X-Priority meet the
+        other replicas, each of which then allows the whole rate too."""
         self.keys_file = keys_file
         self.single_key = single_key
         self.share = share
+        self.whole_lane = whole_lane
         self.clock = clock
         self._by_digest: dict[str, Tenant] = {}
         self._mtime: float | None = None
@@ -187,13 +191,14 @@ class Tenants:
         loaded = {}
         for entry in keys.keys:
             rate = None
+            lane = lane_named(entry.lane)
             if entry.rate_per_s is not None:
-                per_s = entry.rate_per_s * self.share
+                per_s = entry.rate_per_s * (1.0 if lane == self.whole_lane else self.share)
                 previous = old.get(entry.name)
                 same = previous is not None and previous.rate is not None and previous.rate.interval == 1.0 / per_s
                 # A reload keeps an unchanged rate's state: a key cannot reset its limit by the file's touch.
                 rate = previous.rate if same and previous is not None else Rate(per_s, max(per_s, 1.0), self.clock)
-            loaded[entry.digest()] = Tenant(entry.name, lane_named(entry.lane), entry.weight, rate)
+            loaded[entry.digest()] = Tenant(entry.name, lane, entry.weight, rate)
         self._by_digest = loaded
 
     def _stat(self) -> float | None:

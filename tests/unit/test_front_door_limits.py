@@ -91,6 +91,7 @@ def test_interactive_ingress_adds_a_replica_the_limits_do_not_count_and_marks_it
     kept = plan_service(config(replicas=2, interactive_ingress=True, api_keys_file="keys.toml")).ingress
     plain = plan_service(config(replicas=2)).ingress
     assert (kept.replicas, kept.deployment.num_replicas, plain.replicas) == (2, 2, 1)
+    assert (kept.sharing_replicas, plain.sharing_replicas) == (1, 1)  # what each sizes its share of calls and rates by
     # The replicas that share the traffic work on what one would without it; HAProxy learns to keep one apart.
     assert kept.limits == FrontDoorLimits(**{**vars(plain.limits), "interactive_server": True})
 

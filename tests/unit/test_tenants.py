@@ -145,7 +145,8 @@ def test_with_a_replica_kept_for_the_interactive_lane_its_keys_get_their_whole_r
                     '[[keys]]\nname = "backfill"\nkey = "backfill-key"\nlane = "bulk"\nrate_per_s = 6\n')
     config = ServiceConfig.from_args({"model": "tiny-siglip", "api_keys_file": str(path),
                                       "interactive_ingress": interactive_ingress})
-    door = FrontDoor(config, FrontDoorLimits(4, 8, 10.0, 1, interactive_server=interactive_ingress), "siglip", "r", 3)
+    limits = FrontDoorLimits(4, 8, 10.0, 1, interactive_server=interactive_ingress)
+    door = FrontDoor(config, limits, "siglip", "r", 2 if interactive_ingress else 3)  # IngressPlan.sharing_replicas
 
     def passing(key: str) -> int:  # a burst is one second's requests at the replica's rate
         for count in range(10):

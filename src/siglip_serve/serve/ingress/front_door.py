@@ -153,12 +153,11 @@ class FrontDoor:
     def __init__(self, config: ServiceConfig, limits: FrontDoorLimits, app_name: str, replica_name: str,
                  ingress_replicas: int = 1) -> None:
         """`limits`: the plan's (serve/plan/service_plan.py IngressPlan); `ingress_replicas`: how many share each
-        key's rate, with the one HAProxy keeps for the interactive lane (`limits.interactive_server`)."""
+        key's rate (IngressPlan.sharing_replicas: not the one HAProxy keeps for the interactive lane)."""
         self.config = config
         self.app_name = app_name
         self.replica_name = replica_name
-        shared = ingress_replicas - 1 if limits.interactive_server else ingress_replicas
-        self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), 1.0 / max(1, shared),
+        self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), 1.0 / max(1, ingress_replicas),
                                whole_lane=Lane.INTERACTIVE if limits.interactive_server else None)
         self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s,
                                   limits.ongoing_beside_others)

@@ -96,7 +96,8 @@ class Ingress:
         self.app_name, self.replica_name = replica
         self._refusal = refusal
         self.plan = plan
-        self.door = FrontDoor(config, plan.ingress.limits, self.app_name, self.replica_name, plan.ingress.replicas)
+        self.door = FrontDoor(config, plan.ingress.limits, self.app_name, self.replica_name,
+                              plan.ingress.sharing_replicas)
         self.fetcher = UrlFetcher(config.url_fetch)
         # Built with the cache off too: the contract's metric names are exported by every ingress.
         self.cache = EmbeddingCache.from_config(config, EmbeddingCacheMetrics())
@@ -115,7 +116,7 @@ class Ingress:
             # replica; its calls wait for its replicas as any handle's do.
             handles = {tower: DeploymentHandle(plan.deployment.name, app) for tower, plan in planned.items()}
             look = RegistryLook(app, live_replicas)
-        towers = Towers({tower: tower_link(handle, config, planned[tower], self.plan.ingress.replicas)
+        towers = Towers({tower: tower_link(handle, config, planned[tower], self.plan.ingress.sharing_replicas)
                          for tower, handle in handles.items() if tower in planned}, look)
         metrics = self.metrics.of(name)
         images = ImagePrep(config, model.image_size, metrics.preprocessed)

@@ -101,6 +101,12 @@ class IngressPlan(_Data):
     max_replicas: int
     limits: FrontDoorLimits  # per ingress replica (serve/ingress/front_door.py, HAProxy's maxconn and queue)
 
+    @property
+    def sharing_replicas(self) -> int:
+        """The replicas HAProxy spreads the traffic over: all but the one kept for the interactive lane
+        (`limits.interactive_server`), which sees only that lane's few requests."""
+        return self.replicas - 1 if self.limits.interactive_server else self.replicas
+
 
 class ModelPlan(_Data):
     """One served model: its towers on its own replicas."""

@@ -146,7 +146,7 @@ def test_within_a_lane_a_key_with_fewer_requests_in_haproxy_goes_first(second_st
     assert _Recording.seen == ["/first", "/many-again", "/few-again"]
 
 
-# Two ingress replicas of one application; `{kept_state}` lets a test take the one kept for the lane out of service.
+# Two ingress replicas of one application; `{kept_state}` and `{other_state}` take one out of service.
 TWO_REPLICAS = """global
     maxconn 1000
 defaults
@@ -159,7 +159,7 @@ frontend http_frontend
     default_backend http-siglip
 backend http-siglip
     balance leastconn
-    server SERVE_REPLICA_siglip-Ingress-b 127.0.0.1:{other}
+    server SERVE_REPLICA_siglip-Ingress-b 127.0.0.1:{other}{other_state}
     server SERVE_REPLICA_siglip-Ingress-a 127.0.0.1:{kept}{kept_state}
 """
 
@@ -172,12 +172,12 @@ def _recorder() -> tuple[ThreadingHTTPServer, list[str]]:
     return server, handler.seen
 
 
-@pytest.mark.parametrize("kept_down", [False, True])
+@pytest.mark.parametrize("down", ["none", "kept", "other"])
 def test_interactive_ingress_keeps_the_first_replica_by_name_for_the_interactive_lane(tmp_path: Path,
-                                                                                      kept_down: bool) -> None:
-    """interactive_ingress (launcher/haproxy_front.py `_interactive_server`): the interactive key's requests all meet
-    the first replica by name and no other request does, whatever the balancing's count; with that replica down the
-    lane goes to the others."""
+                                                                                      down: str) -> None:
+    """interactive_ingress (launcher/haproxy_front.py `_kept_for_interactive`): the interactive key's requests all
+    meet the first replica by name and no other request does, whatever the balancing's count; with that replica down
+    the lane goes to the others; with the others down the lane is still served and the other lanes are not ready."""
     (kept, kept_seen), (other, other_seen) = _recorder(), _recorder()
     digest = hashlib.sha256(INTERACTIVE_KEY.encode()).hexdigest()
     write_limits(FrontDoorLimits(4, 8, 10.0, 1, interactive_server=True), "siglip", str(tmp_path / "limits"),
@@ -187,7 +187,8 @@ def test_interactive_ingress_keeps_the_first_replica_by_name_for_the_interactive
         (tmp_path / "errors" / f"{status}.http").write_bytes(page)
     port = free_port()
     template = TWO_REPLICAS.format(port=port, other=other.server_address[1], kept=kept.server_address[1],
-                                   kept_state=" disabled" if kept_down else "")
+                                   kept_state=" disabled" if down == "kept" else "",
+                                   other_state=" disabled" if down == "other" else "")
     config = rewrite_config(template, 10, True, tmp_path / "errors", tmp_path / "limits")
     assert "use-server SERVE_REPLICA_siglip-Ingress-a if" in config
     answers: dict[str, int] = {}
@@ -204,9 +205,13 @@ def test_interactive_ingress_keeps_the_first_replica_by_name_for_the_interactive
         for server in (kept, other):
             server.shutdown()
             server.server_close()
-    assert set(answers.values()) == {200}
     interactive = {f"/interactive-{i}" for i in range(4)}
-    if kept_down:
+    if down == "other":
+        assert set(kept_seen) == interactive and other_seen == []
+        assert answers == {path: 200 if path in interactive else 503 for path in answers}
+        return
+    assert set(answers.values()) == {200}
+    if down == "kept":
         assert kept_seen == [] and set(other_seen) == set(answers)
     else:
         assert set(kept_seen) == interactive

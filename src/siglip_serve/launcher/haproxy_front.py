@@ -162,19 +162,29 @@ def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
     page.write_bytes(overloaded_page(limits.retry_after_s))
     queue_timeout = error_dir / f"{words[1]}-queue-timeout.http"
     queue_timeout.write_bytes(queue_timeout_page(limits.retry_after_s, limits.request_timeout_s))
+    lines = [_with_maxconn(line, limits) for line in body.split("\n")]
+    kept = _kept_for_interactive(lines) if limits.interactive_server else None
+    no_server = "{ nbsrv() eq 0 }"
+    if kept is not None:
+        # nbsrv() counts no server of weight 0 (HAProxy's recount_servers, srv_willbe_usable): while the kept one is
+        # up its lane is still served; the other lanes are not ready (below, once the lane is known).
+        no_server += f" !{{ srv_is_up({words[1]}/{kept}) }}"
     rules = [f"    timeout queue {max(1, round(limits.request_timeout_s * 1000))}ms",
              f"    errorfile 503 {queue_timeout}",
              # Probes are never shed and leave the queue first (lower class first).
              f"    http-request set-priority-class int(-1) if {_PROBE}",
              # No server at all: not ready (the defaults' page), before the queue's 503 could say overloaded.
-             f"    http-request return status 503 errorfile {error_dir / '503.http'} if {{ nbsrv() eq 0 }}",
+             f"    http-request return status 503 errorfile {error_dir / '503.http'} if {no_server}",
              f"    http-request return status 503 errorfile {page} if !{_PROBE} "
              f"{{ avg_queue() ge {limits.max_queued_requests} }}",
              *_lane_rules(limits, page, lane_map_path(limits_dir, words[1]))]
-    lines = [_with_maxconn(line, limits) for line in body.split("\n")]
-    if limits.interactive_server:
-        lines, kept = _interactive_server(lines)
-        rules += kept
+    if kept is not None:
+        lines = [f"{line} weight 0" if line.split()[:2] == ["server", kept] else line for line in lines]
+        interactive = f"{{ var({_LANE}) -m int eq {int(Lane.INTERACTIVE)} }}"
+        rules += [f"    http-request return status 503 errorfile {error_dir / '503.http'} if {{ nbsrv() eq 0 }} "
+                  f"!{interactive}",
+                  # After every http-request rule, which HAProxy runs first wherever they stand, and which set the lane.
+                  f"    use-server {kept} if {interactive}"]
     return header + "\n" + "\n".join(rules) + "\n" + "\n".join(lines)
 
 
@@ -226,19 +236,13 @@ def _with_maxconn(line: str, limits: FrontDoorLimits) -> str:
     return line
 
 
-def _interactive_server(lines: list[str]) -> tuple[list[str], list[str]]:
-    """The backend's server lines with the first ingress replica by name kept for the interactive lane, and the rule
-    that sends the lane there. Weight 0 keeps the balancing from picking it and `use-server` picks it for the lane
-    (HAProxy's manual, "use-server": "if these servers have their weight set to zero, they will not be used for other
-    traffic"); a rule whose server is down is ignored, so the lane then goes to the others. With one replica there is
-    nothing to keep apart."""
+def _kept_for_interactive(lines: list[str]) -> str | None:
+    """The ingress replica kept for the interactive lane: the first by name, with weight 0, so the balancing never
+    picks it, and a `use-server` rule that picks it for the lane (HAProxy's manual, "use-server": "if these servers
+    have their weight set to zero, they will not be used for other traffic"; a rule whose server is down is ignored,
+    so the lane then goes to the others). None with one replica: nothing to keep apart."""
     servers = sorted(words[1] for words in map(str.split, lines) if _is_replica(words))
-    if len(servers) < 2:
-        return lines, []
-    kept = servers[0]
-    lines = [f"{line} weight 0" if line.split()[:2] == ["server", kept] else line for line in lines]
-    # After every http-request rule, which HAProxy runs first wherever they stand, and which set the lane.
-    return lines, [f"    use-server {kept} if {{ var({_LANE}) -m int eq {int(Lane.INTERACTIVE)} }}"]
+    return servers[0] if len(servers) >= 2 else None
 
 
 def script_path() -> str:

@@ -237,10 +237,10 @@ def _with_maxconn(line: str, limits: FrontDoorLimits) -> str:
 
 
 def _kept_for_interactive(lines: list[str]) -> str | None:
-    """The ingress replica kept for the interactive lane: the first by name, with weight 0, so the balancing never
-    picks it, and a `use-server` rule that picks it for the lane (HAProxy's manual, "use-server": "if these servers
-    have their weight set to zero, they will not be used for other traffic"; a rule whose server is down is ignored,
-    so the lane then goes to the others). None with one replica: nothing to keep apart."""
+    """The ingress replica kept for the interactive lane: the first by name (None with one replica: nothing to keep
+    apart). `_with_limits` gives it weight 0, so the balancing never picks it, and a `use-server` rule that picks it
+    for the lane (HAProxy's manual, "use-server": "if these servers have their weight set to zero, they will not be
+    used for other traffic"; a rule whose server is down is ignored, so the lane then goes to the others)."""
     servers = sorted(words[1] for words in map(str.split, lines) if _is_replica(words))
     return servers[0] if len(servers) >= 2 else None
 

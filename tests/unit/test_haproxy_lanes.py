@@ -206,6 +206,7 @@ def test_interactive_ingress_keeps_the_first_replica_by_name_for_the_interactive
             server.shutdown()
             server.server_close()
     interactive = {f"/interactive-{i}" for i in range(4)}
+    assert set(answers) == interactive | {f"/default-{i}" for i in range(4)} | {"/bulk", "/interactive-demoted"}
     if down == "other":
         assert set(kept_seen) == interactive and other_seen == []
         assert answers == {path: 200 if path in interactive else 503 for path in answers}

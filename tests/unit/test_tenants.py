@@ -134,11 +134,14 @@ def test_haproxy_gets_each_keys_lane_by_its_hash_never_the_key(tmp_path: Path) -
 
 @pytest.mark.parametrize("interactive_ingress", [False, True])
 def test_with_a_replica_kept_for_the_interactive_lane_its_keys_get_their_whole_rate_on_each(
-        tmp_path: Path, interactive_ingress: bool, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, interactive_ingress: bool, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Three ingress replicas: without interactive_ingress each allows a third of every key's rate; with it two share
     the traffic (half each), and the interactive lane's requests all meet the third, which allows their whole rate."""
-    from siglip_serve.core.front_door import FrontDoorLimits
+    from siglip_serve.core.front_door import LIMITS_DIR_ENV, FrontDoorLimits
     from siglip_serve.serve.ingress.front_door import FrontDoor
+
+    monkeypatch.delenv(LIMITS_DIR_ENV, raising=False)  # no HAProxy of ours: what the log line below is about
 
     path = tmp_path / "keys.toml"
     path.write_text('[[keys]]\nname = "search"\nkey = "search-key"\nlane = "interactive"\nrate_per_s = 6\n\n'

@@ -31,9 +31,8 @@ frontend http_frontend
 """
 
 
-# The parts of Ray's template the live tests need: one application with an ingress replica, one whose only
-# ingress replica is out of service (`disabled`: no usable server).
-RAY_TEMPLATE = """global
+# What Ray's template renders before its routing: the global and default settings, and the service port.
+TEMPLATE_HEAD = """global
     maxconn 1000
 defaults
     mode http
@@ -42,13 +41,29 @@ defaults
     timeout server 10s
 frontend http_frontend
     bind 127.0.0.1:{port}
-    use_backend http-down if {{ path_beg /down }}
+"""
+
+# The parts of Ray's template the live tests need: one application with an ingress replica, one whose only
+# ingress replica is out of service (`disabled`: no usable server).
+RAY_TEMPLATE = TEMPLATE_HEAD + """    use_backend http-down if {{ path_beg /down }}
     default_backend http-siglip
 backend http-siglip
     server SERVE_REPLICA_siglip-Ingress-1 127.0.0.1:{ingress}
 backend http-down
     server SERVE_REPLICA_down-Ingress-1 127.0.0.1:{ingress} disabled
 """
+
+
+def error_dir(directory: Path) -> Path:
+    """`directory`/errors holding the contract's error pages, as launcher/haproxy_front.py `main` writes them before
+    the rewrite that names them."""
+    from siglip_serve.launcher.haproxy_front import error_pages
+
+    errors = directory / "errors"
+    errors.mkdir()
+    for status, page in error_pages().items():
+        (errors / f"{status}.http").write_bytes(page)
+    return errors
 
 
 def closing_connections(port: int) -> int:

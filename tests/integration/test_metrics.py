@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -192,14 +192,15 @@ def test_neuron_monitor_config_collects_what_the_dashboard_reads() -> None:
 def metrics_app(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """tiny-siglip, 2 CPU encoder replicas (the test cluster's neuron_cores belong to main_app); its one key a
     tenant of the interactive lane, so the load can travel in every lane (LANE_PRIORITIES), and an ingress replica
-    kept for that lane beside the one the others share (interactive_ingress)."""
+    and an encoder replica kept for that lane beside the ones the others share (interactive_ingress,
+    interactive_encoder)."""
     from ray import serve
 
     keys = tmp_path_factory.mktemp("keys") / "keys.toml"
     keys.write_text(f'[[keys]]\nname = "metrics"\nkey = "{KEY}"\nlane = "interactive"\n')
     deploy(APP, ROUTE, replicas=2, neuron_cores_per_replica=0, encoder_num_cpus=0.5, torch_threads=1,
            batch_wait_timeout_s=0.01, max_images_per_request=MAX_IMAGES, api_keys_file=str(keys),
-           ingress_replicas=1, interactive_ingress=True)
+           ingress_replicas=1, interactive_ingress=True, interactive_encoder=True)
     try:
         yield serve_cluster.base_url + ROUTE
     finally:
@@ -233,6 +234,7 @@ class Traffic:
     rejected: collections.Counter[str]
     # Requests HAProxy refused itself (the default front end): header floods, answered 400 before Python.
     front_door_refused: int = 0
+    images_by_lane: dict[str, int] = field(default_factory=dict)  # the good requests' images
 
 
 def _header_flood(port: int) -> bytes:
@@ -291,12 +293,14 @@ def traffic(serve_cluster: ServeCluster, metrics_app: str, prometheus: Prometheu
     lock = threading.Lock()
     totals = {"images": 0, "requests": 0}
     by_endpoint: collections.Counter[str] = collections.Counter()
+    by_lane: collections.Counter[str] = collections.Counter()
     failures: list[str] = []
     stop_at = time.monotonic() + LOAD_SECONDS
 
     def load(worker: int) -> None:
         # Each worker in a lane of its own (the key's, then moved down by X-Priority), so every lane's panel has data.
         lane = LANE_PRIORITIES[worker % len(LANE_PRIORITIES)]
+        lane_name = LANE_NAMES[worker % len(LANE_PRIORITIES)]
         with httpx.Client(base_url=metrics_app, headers={**AUTH, **lane}, timeout=60) as client:
             i = worker
             while time.monotonic() < stop_at:
@@ -313,6 +317,7 @@ def traffic(serve_cluster: ServeCluster, metrics_app: str, prometheus: Prometheu
                     totals["images"] += got
                     totals["requests"] += 1
                     by_endpoint[endpoint] += 1
+                    by_lane[lane_name] += got
 
     threads = [threading.Thread(target=load, args=(w,), daemon=True) for w in range(LOAD_THREADS)]
     for thread in threads:
@@ -332,7 +337,7 @@ def traffic(serve_cluster: ServeCluster, metrics_app: str, prometheus: Prometheu
         thread.join(timeout=LOAD_SECONDS + 60)
     assert not failures, failures[:5]
     assert totals["requests"] >= 3 * LOAD_THREADS, f"too little load to test with: {totals}"
-    return Traffic(totals["images"], totals["requests"], dict(by_endpoint), rejected, refused)
+    return Traffic(totals["images"], totals["requests"], dict(by_endpoint), rejected, refused, dict(by_lane))
 
 
 def _eventually(read: Callable[[], object], expected: object, what: str, prometheus: PrometheusServer) -> None:
@@ -395,6 +400,22 @@ def test_the_interactive_lane_meets_one_ingress_replica_and_the_other_lanes_the_
     assert set(lanes) == set(LANE_NAMES), lanes
     assert len(lanes["interactive"]) == 1 and len(lanes["default"] | lanes["bulk"]) == 1
     assert lanes["interactive"].isdisjoint(lanes["default"] | lanes["bulk"])
+
+
+def test_the_interactive_lane_meets_the_kept_encoder_replica_and_no_other_lane_does(
+        prometheus: PrometheusServer, traffic: Traffic) -> None:
+    """interactive_encoder: every image of the interactive lane ran on the replica kept for it, and every other
+    lane's on the other, as Ray labels each deployment's series (the ingress picks by lane, Serve routes within the
+    deployment its handle names)."""
+    query = f'sum by (deployment) (ray_siglip_encoder_images_total{{application="{APP}"}})'
+    interactive = traffic.images_by_lane.get("interactive", 0)
+    expected = {"InteractiveEncoder": interactive, "Encoder": traffic.images_embedded - interactive}
+    assert min(expected.values()) > 0, traffic.images_by_lane
+
+    def by_deployment() -> dict[str, int]:
+        return {r["metric"]["deployment"]: int(float(r["value"][1])) for r in prometheus.query(query)["result"]}
+
+    _eventually(by_deployment, expected, "images by encoder deployment", prometheus)
 
 
 def test_every_dashboard_query_runs_and_ours_return_data(serve_cluster: ServeCluster, prometheus: PrometheusServer,

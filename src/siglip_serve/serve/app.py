@@ -20,7 +20,7 @@ from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, clus
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.planner import plan_service
 from siglip_serve.serve.plan.served_models import served_models
-from siglip_serve.serve.plan.service_plan import ModelPlan, ServicePlan
+from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ModelPlan, ServicePlan
 from siglip_serve.serve.shared import tracing
 from siglip_serve.serve.towers.image_deployment import ImageReplica
 from siglip_serve.serve.towers.text_deployment import TextReplica
@@ -42,9 +42,19 @@ def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bo
 def _towers(own: ServiceConfig, model: ModelPlan) -> dict[str, Application]:
     """One model's towers' deployments, bound: "image", and "text" where it has one."""
     towers = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica).bind(own, model.image)}
+    if (kept := _kept_image(own, model)) is not None:
+        towers[KEPT_IMAGE] = kept
     if model.text is not None:
         towers["text"] = serve.deployment(**model.text.deployment.options())(TextReplica).bind(own, model.text)
     return towers
+
+
+def _kept_image(own: ServiceConfig, model: ModelPlan) -> Application | None:
+    """The image replica kept for the interactive lane (`interactive_encoder`), bound, or None."""
+    kept = model.image.kept()
+    if kept is None:
+        return None
+    return serve.deployment(**kept.deployment.options())(ImageReplica).bind(own, kept)
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = ()) -> Application:
@@ -61,10 +71,11 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
         if not config.model_apps:
             towers[model.name] = _towers(own, model)
         image = model.image
-        log.info("model %s: %s on %s, %s encoder replica(s)%s, buckets %s, %d text replica(s)", model.name,
+        log.info("model %s: %s on %s, %s encoder replica(s)%s%s, buckets %s, %d text replica(s)", model.name,
                  own.model, own.backend,
                  image.replicas if image.min_replicas == image.replicas else
                  f"{image.min_replicas}..{image.replicas} autoscaled",
+                 " (one kept for the interactive lane)" if image.interactive is not None else "",
                  f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "", list(own.buckets),
                  model.text.replicas if model.text else 0)
     front = plan.ingress
@@ -127,8 +138,9 @@ def build_model_app(args: dict[str, Any] | None = None) -> Application:
                  model.image.replicas, model.text.replicas if model.text else 0)
         text = () if model.text is None else (
             serve.deployment(**model.text.deployment.options())(TextReplica).bind(own, model.text),)
+        kept = () if (bound := _kept_image(own, model)) is None else (bound,)
         return serve.deployment(**model.image.deployment.options())(ImageReplica).bind(own, model.image,
-                                                                                       companions=text)
+                                                                                       companions=(*text, *kept))
     except UserError as exc:
         log.error("%s", exc)
         raise AppRefused(str(exc)) from None

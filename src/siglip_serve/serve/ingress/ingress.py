@@ -39,7 +39,7 @@ from siglip_serve.serve.ingress.tower_link import LiveReplicas, RegistryLook, To
 from siglip_serve.serve.ingress.url_fetch import UrlFetcher
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.served_models import model_app_name, served_models
-from siglip_serve.serve.plan.service_plan import ServicePlan
+from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ServicePlan
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.metrics import EmbeddingCacheMetrics, IngressMetrics
 from siglip_serve.serve.shared.replica_grpc import bind_to_node_address
@@ -115,9 +115,17 @@ class Ingress:
             # No existence check: the model's application may be deployed in the same `serve deploy` as this
             # replica; its calls wait for its replicas as any handle's do.
             handles = {tower: DeploymentHandle(plan.deployment.name, app) for tower, plan in planned.items()}
+            if (interactive := planned["image"].interactive) is not None:
+                handles = {**handles, KEPT_IMAGE: DeploymentHandle(interactive.name, app)}
             look = RegistryLook(app, live_replicas)
-        towers = Towers({tower: tower_link(handle, config, planned[tower], self.plan.ingress.sharing_replicas)
-                         for tower, handle in handles.items() if tower in planned}, look)
+        sharing = self.plan.ingress.sharing_replicas
+        kept_plan = planned["image"].kept()
+        # The interactive lane's ingress replicas: the one kept for it (`interactive_ingress`), or every one.
+        senders = 1 if self.plan.ingress.limits.interactive_server else sharing
+        kept = ({"image": tower_link(handles[KEPT_IMAGE], config, kept_plan, senders, kept=True)}
+                if kept_plan is not None and KEPT_IMAGE in handles else {})
+        towers = Towers({tower: tower_link(handle, config, planned[tower], sharing)
+                         for tower, handle in handles.items() if tower in planned}, look, kept)
         metrics = self.metrics.of(name)
         images = ImagePrep(config, model.image_size, metrics.preprocessed)
         scopes = {tower: cache_scope(config, tower, model.image_size) for tower in ("image", "text")}

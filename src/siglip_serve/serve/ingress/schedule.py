@@ -188,7 +188,8 @@ class Scheduler:
         wall_deadline = time.time() + (deadline - time.monotonic())
         try:
             with tracing.span("encode", tower=tower, items=len(items)):
-                return await self.towers[tower].client.embed(items, wall_deadline, tracing.inject())
+                link = self.towers.for_lane(tower, lanes.current().lane)
+                return await link.client.embed(items, wall_deadline, tracing.inject())
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
                            f"request did not finish within {self.config.request_timeout_s:g} s") from None

@@ -4,7 +4,9 @@ A link is the tower's coalescing client (serve/ingress/tower_client.py: its shar
 the tower's replicas and largest bucket), how many replicas the tower has and needs warm, and what its warm
 replicas published (serve/towers/tower_replica.py `publish`, read from serve/shared/registry.py): their count
 (readiness), their warm-up (which tunes the client's coalescing) and the tower's description (the text tower's logit
-scale and bias). `Towers` holds every link an ingress serves and reads the registry once for all of them.
+scale and bias). `Towers` holds every link an ingress serves and reads the registry once for all of them, and
+picks the link of a request's lane: the image replica kept for the interactive lane (`interactive_encoder`) has a
+link of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
+from siglip_serve.core.lanes import Lane
 from siglip_serve.serve.ingress.tower_client import TowerClient
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.service_plan import TowerPlan
@@ -37,11 +40,14 @@ class TowerLink:
     # later shows in the counts while the others keep serving.
     accepting: bool = False
     info: dict[str, Any] | None = None  # a warm replica's record: its description and warm-up
+    kept: bool = False  # the link to the replica kept for the interactive lane, which counts only that replica
 
     def mine(self, record: dict[str, Any]) -> bool:
-        """Whether a replica's record is this tower's, of this model (a record naming no model: any)."""
+        """Whether a replica's record is this tower's, of this model (a record naming no model: any); a kept
+        link's, only its own deployment's."""
         return (registry.record_tower(record) == self.tower
-                and record.get(registry.SERVED_AS, self.plan.model) == self.plan.model)
+                and record.get(registry.SERVED_AS, self.plan.model) == self.plan.model
+                and (not self.kept or record.get(registry.DEPLOYMENT) == self.plan.deployment.name))
 
     def observe(self, records: list[dict[str, Any]]) -> bool:
         """Every live replica's record, as the registry has them now: True when enough of this tower's are warm."""
@@ -60,13 +66,16 @@ class TowerLink:
                 "replicas_min_ready": self.plan.min_ready}
 
 
-def tower_link(handle: DeploymentHandle, config: ServiceConfig, plan: TowerPlan, ingress_replicas: int) -> TowerLink:
-    """The link to a tower's deployment, sized from its plan and the ingress replicas sharing it."""
-    client = TowerClient(handle, plan.replicas, ingress_replicas, plan.largest_bucket, config.retry_after_s,
-                           max_in_flight=plan.replicas * plan.deployment.max_ongoing_requests,
+def tower_link(handle: DeploymentHandle, config: ServiceConfig, plan: TowerPlan, ingress_replicas: int,
+               kept: bool = False) -> TowerLink:
+    """The link to a tower's deployment, sized from its plan (the replicas its deployment runs) and the ingress
+    replicas sharing it; `kept`: the deployment of the replica kept for the interactive lane (`TowerPlan.kept`)."""
+    replicas = plan.shared_replicas
+    client = TowerClient(handle, replicas, ingress_replicas, plan.largest_bucket, config.retry_after_s,
+                           max_in_flight=replicas * plan.deployment.max_ongoing_requests,
                            model_on_host_cores=config.model_on_host_cores, tower=plan.tower,
                            grpc=config.tower_calls_by_grpc)
-    return TowerLink(plan.tower, client, plan)
+    return TowerLink(plan.tower, client, plan, kept=kept)
 
 
 def full_batch_seconds(records: list[dict[str, Any]], largest_bucket: int) -> float | None:
@@ -93,11 +102,14 @@ class RegistryLook:
 
 class Towers:
     """Every tower of one model this ingress serves, by name ("image" first), and their readiness; `look`
-    reads the registry, shared by every model's towers."""
+    reads the registry, shared by every model's towers; `kept`: by tower, the link to its replica kept for the
+    interactive lane (counted in its tower's readiness, as one of its replicas)."""
 
-    def __init__(self, links: dict[str, TowerLink], look: RegistryLook) -> None:
+    def __init__(self, links: dict[str, TowerLink], look: RegistryLook,
+                 kept: dict[str, TowerLink] | None = None) -> None:
         self.links = links
         self.look = look
+        self.kept = kept or {}
 
     def __getitem__(self, tower: str) -> TowerLink:
         return self.links[tower]
@@ -118,7 +130,17 @@ class Towers:
 
     def observe(self, records: list[dict[str, Any]]) -> bool:
         """Every link observes the records; whether every tower has its `min_ready` replicas warm in them."""
+        for link in self.kept.values():
+            link.observe(records)
         return all([link.observe(records) for link in self.links.values()])
+
+    def for_lane(self, tower: str, lane: Lane) -> TowerLink:
+        """The link a request of `lane` takes to `tower`: the interactive lane's to the replica kept for it while
+        that replica was warm at the last look (the readiness probes look), every other request the shared one."""
+        kept = self.kept.get(tower)
+        if lane == Lane.INTERACTIVE and kept is not None and kept.live > 0:
+            return kept
+        return self.links[tower]
 
     async def ready(self) -> bool:
         """Whether every tower has its `min_ready` replicas warm now."""

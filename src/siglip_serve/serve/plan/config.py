@@ -64,6 +64,12 @@ class ServiceConfig(ModelSettings):
                                                          "interactive lane's requests and no others (needs "
                                                          "api_keys_file, whose keys name the lane, and the HAProxy "
                                                          "front end)")
+    # A backfill's batches fill every encoder replica's queue; an interactive request behind one waits for a whole
+    # batch's forward pass. Kept apart, a replica (a NeuronCore on neuron) runs that lane's few requests alone.
+    interactive_encoder: bool = Field(False, description="keep one of the image replicas (of each model) for the "
+                                                         "interactive lane's requests and send it no others (needs "
+                                                         "api_keys_file and at least 2 replicas; not with "
+                                                         "autoscaling)")
     # On neuron a replica is one logical NeuronCore, so a node's count is fixed: scaling adds replicas
     # that stay pending until Ray's autoscaler adds a node (deploy/kuberay/rayservice.yaml).
     autoscaling: Autoscaling | None = Field(None, description="scale the encoder replicas with load between "
@@ -252,6 +258,12 @@ class ServiceConfig(ModelSettings):
         if self.interactive_ingress and self.ingress_autoscaling is not None:
             raise ValueError("interactive_ingress and ingress_autoscaling contradict: the interactive replica's "
                              "count is one, whatever the others' load; name ingress_replicas instead")
+        if self.interactive_encoder and self.api_keys_file is None:
+            raise ValueError("interactive_encoder needs api_keys_file: only a key's default lane puts a request in the "
+                             "interactive lane (a request can move itself down, never up)")
+        if self.interactive_encoder and self.autoscaling is not None:
+            raise ValueError("interactive_encoder and autoscaling contradict: the kept replica is one, whatever the "
+                             "load; name replicas instead")
         if self.model_apps and not self.models:
             raise ValueError("model_apps: true needs models: (each model's towers in an application of its own)")
         if self.device_jpeg_decode and not self.backend_record.device_decode:

@@ -199,10 +199,23 @@ def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: s
     fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
     image = _tower(config, asks, "image", served.name, f"Encoder{suffix}", asks.image, replicas, min(fewest, replicas),
                    config.max_batch_size, cpu_plan.image_torch_threads(config, replicas), _autoscaling(config))
+    if config.interactive_encoder:
+        image = _kept_for_interactive(image, f"InteractiveEncoder{suffix}")
     texts = config.text_replica_count
     text = (_tower(config, asks, "text", served.name, f"TextEncoder{suffix}", asks.text, texts, texts,
                    config.text_buckets[-1], cpu_plan.text_torch_threads(config), None) if texts else None)
     return ModelPlan(name=served.name, model=config.model, backend=config.backend, image=image, text=text)
+
+
+def _kept_for_interactive(image: TowerPlan, name: str) -> TowerPlan:
+    """`image` with one of its replicas in a deployment of its own, `name`, kept for the interactive lane (the
+    ingress sends that lane's chunks there, serve/ingress/tower_link.py `Towers.for_lane`); the count is unchanged."""
+    if image.replicas < 2:
+        raise ConfigError(f"interactive_encoder keeps one image replica for the interactive lane and needs another for "
+                          f"the other lanes; this plan has {image.replicas} (name replicas: 2 or more)")
+    shared = image.deployment.model_copy(update={"num_replicas": image.replicas - 1})
+    kept = image.deployment.model_copy(update={"name": name, "num_replicas": 1})
+    return image.model_copy(update={"deployment": shared, "interactive": kept})
 
 
 def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = None) -> ServicePlan:

@@ -20,6 +20,8 @@ from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.core.front_door import FrontDoorLimits
 
 GPU = "GPU"
+# Among a model's tower handles (serve/app.py to the ingress): the image replica kept for the interactive lane.
+KEPT_IMAGE = "image:interactive"
 
 
 def image_devices(backend_resources: Mapping[str, float], neuron_cores_per_replica: int | None) -> dict[str, float]:
@@ -90,6 +92,21 @@ class TowerPlan(_Data):
     torch_threads: int | None  # each replica's (None: the backend's own default)
     # The variables Ray sets to the devices a replica holds (NEURON_RT_VISIBLE_CORES, CUDA_VISIBLE_DEVICES).
     visible_devices_env: tuple[str, ...] = ()
+    # `interactive_encoder`: the deployment of the one replica of `replicas` kept for the interactive lane;
+    # `deployment` then runs the others.
+    interactive: DeploymentPlan | None = None
+
+    @property
+    def shared_replicas(self) -> int:
+        """The replicas every lane's requests meet: all but the one kept for the interactive lane."""
+        return self.replicas - 1 if self.interactive is not None else self.replicas
+
+    def kept(self) -> TowerPlan | None:
+        """The kept replica's own plan (what it runs and the ingress's link to it reads), or None."""
+        if self.interactive is None:
+            return None
+        return self.model_copy(update={"deployment": self.interactive, "interactive": None, "replicas": 1,
+                                       "min_replicas": 1, "min_ready": 1})
 
 
 class IngressPlan(_Data):

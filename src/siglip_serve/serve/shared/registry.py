@@ -17,6 +17,8 @@ from ray.experimental import internal_kv
 _NAMESPACE = "siglip_serve"
 # The key of a replica's served model (the name requests' `model` gives) in its record.
 SERVED_AS = "served_as"
+# The key of a replica's deployment's name: which of a tower's deployments it runs in (`interactive_encoder`).
+DEPLOYMENT = "deployment"
 _PREFIX = "replica/"
 
 

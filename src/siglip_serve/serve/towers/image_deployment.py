@@ -37,7 +37,7 @@ class ImageReplica(TowerReplica):
         self._input_error = EncoderInputError
         super().__init__(config, tower, TowerMetrics(plan.model, tower="image"), start)
         # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
-        held: dict[str, str | None] = {registry.SERVED_AS: plan.model}
+        held: dict[str, str | None] = {registry.SERVED_AS: plan.model, registry.DEPLOYMENT: plan.deployment.name}
         held.update({name.lower(): os.environ.get(name) for name in plan.visible_devices_env})
         if VISIBLE_CORES_ENV in plan.visible_devices_env or LNC_ENV in os.environ:
             held["neuron_logical_nc_config"] = os.environ.get(LNC_ENV)

@@ -98,7 +98,8 @@ class TowerPlan(_Data):
 
     @property
     def shared_replicas(self) -> int:
-        """The replicas every lane's requests meet: all but the one kept for the interactive lane."""
+        """The replicas `deployment` runs, which the other lanes' requests meet: all but the one kept for the
+        interactive lane."""
         return self.replicas - 1 if self.interactive is not None else self.replicas
 
     def kept(self) -> TowerPlan | None:

@@ -20,6 +20,7 @@ from siglip_serve.core import lanes
 from siglip_serve.core.lanes import Lane, Ticket
 from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve import app
+from siglip_serve.serve.ingress import tower_link
 from siglip_serve.serve.ingress.ingress import Ingress
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.planner import plan_service
@@ -116,38 +117,54 @@ def _record(deployment: str, replica: str) -> dict[str, Any]:
             registry.SERVED_AS: MODEL.name, registry.DEPLOYMENT: deployment}
 
 
-def _send(ingress: Ingress, *sent: Lane) -> None:
-    """One image in each lane of `sent`, one after the other, through the scheduling call's encode step (on one event
-    loop: the ingress's queues are the loop's)."""
-    async def one(lane: Lane) -> None:
+async def _encode(ingress: Ingress, lane: Lane) -> None:
+    """One image in `lane` through the scheduling call's encode step, in a task of its own (its own context)."""
+    async def one() -> None:
         lanes.enter(Ticket(tenant="search", lane=lane))
         await ingress.serving(None).scheduler.encode("image", np.zeros((1, 3, 64, 64), dtype=np.uint8),
                                                      time.monotonic() + 30)
 
-    async def all_of_them() -> None:
-        await ingress.serving(None).towers.ready()  # what the readiness probes do before any request
-        for lane in sent:
-            await asyncio.create_task(one(lane))  # a task each: each request's own context
-
-    asyncio.run(all_of_them())
+    await asyncio.create_task(one())
 
 
-@pytest.mark.parametrize("kept_warm", [True, False])
+async def _until_kept_is(ingress: Ingress, handle: ImageHandle, used: bool) -> int:
+    """Interactive images until the kept replica's handle gets one (`used`) or the last one went elsewhere; how many
+    it took (the lane's requests look at the registry again in the background, KEPT_LOOK_S apart)."""
+    for sent in range(1, 200):
+        before = len(handle.lanes)
+        await _encode(ingress, Lane.INTERACTIVE)
+        if (len(handle.lanes) > before) == used:
+            return sent
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the interactive lane never {'reached' if used else 'left'} the kept replica")
+
+
 def test_the_interactive_lane_goes_to_the_kept_replica_while_it_is_warm_and_the_others_never(
-        keys: str, kept_warm: bool) -> None:
+        keys: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tower_link, "KEPT_LOOK_S", 0.0)
     config = _config(keys)
     shared, kept = ImageHandle(), ImageHandle()
-    records = [_record("Encoder", "e-1"), _record("Encoder", "e-2"),
-               *([_record("InteractiveEncoder", "k-1")] if kept_warm else [])]
+    records = [_record("Encoder", "e-1"), _record("Encoder", "e-2")]  # the kept replica still loads
     ingress = Ingress({MODEL.name: {"image": shared, KEPT_IMAGE: kept}}, config,  # type: ignore[dict-item]
                       plan_service(config), {MODEL.name: MODEL}, replica=("test", "ingress-1"),
                       live_replicas=lambda app: list(records), refusal=lambda app, tower: None)
-    _send(ingress, Lane.INTERACTIVE, Lane.DEFAULT, Lane.BULK, Lane.INTERACTIVE)
     towers = ingress.towers
-    assert towers["image"].live == len(records)  # the tower's readiness counts the kept replica as one of its own
-    assert towers.kept["image"].live == int(kept_warm)
-    if kept_warm:
-        assert kept.lanes == [Lane.INTERACTIVE] * 2 and shared.lanes == [Lane.DEFAULT, Lane.BULK]
-    else:  # not warm (yet, or restarting): the interactive lane meets the others' replicas rather than wait
-        assert kept.lanes == [] and shared.lanes == [Lane.INTERACTIVE, Lane.DEFAULT, Lane.BULK, Lane.INTERACTIVE]
+
+    async def run() -> None:
+        assert await towers.ready()  # min_ready_replicas: 1, as a readiness probe finds it before any request
+        await _encode(ingress, Lane.INTERACTIVE)
+        assert (kept.lanes, shared.lanes) == ([], [Lane.INTERACTIVE])  # not warm: the lane meets the others
+        records.append(_record("InteractiveEncoder", "k-1"))  # warm now; no probe looks again, the lane does
+        await _until_kept_is(ingress, kept, used=True)
+        assert towers["image"].live == 3 and towers.kept["image"].live == 1  # readiness counts it as an image replica
+        shared.lanes.clear()
+        for lane in (Lane.DEFAULT, Lane.BULK, Lane.INTERACTIVE, Lane.DEFAULT):
+            await _encode(ingress, lane)
+        assert shared.lanes == [Lane.DEFAULT, Lane.BULK, Lane.DEFAULT]  # the other lanes never meet it
+        assert set(kept.lanes) == {Lane.INTERACTIVE}
+        records.pop()  # the kept replica died: the lane goes back to the others rather than wait for it
+        await _until_kept_is(ingress, kept, used=False)
+        assert towers.kept["image"].live == 0
+
+    asyncio.run(run())
     assert ingress.modalities == ["image"]

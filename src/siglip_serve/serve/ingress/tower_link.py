@@ -12,6 +12,7 @@ link of its own.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ from siglip_serve.serve.shared import registry
 
 # What an ingress reads the registry with: (application) -> every live replica's record.
 LiveReplicas = Callable[[str], list[dict[str, Any]]]
+# How old a look at the registry may be when an interactive request picks its link: no probe looks for the ingress
+# once it is ready (HAProxy checks Serve's /-/healthz), so the lane's own requests look again, in the background.
+KEPT_LOOK_S = 1.0
 
 
 @dataclass
@@ -110,6 +114,8 @@ class Towers:
         self.links = links
         self.look = look
         self.kept = kept or {}
+        self.looked_at = float("-inf")  # time.monotonic() of the last `observe`
+        self._looking: asyncio.Task[bool] | None = None
 
     def __getitem__(self, tower: str) -> TowerLink:
         return self.links[tower]
@@ -130,17 +136,24 @@ class Towers:
 
     def observe(self, records: list[dict[str, Any]]) -> bool:
         """Every link observes the records; whether every tower has its `min_ready` replicas warm in them."""
+        self.looked_at = time.monotonic()
         for link in self.kept.values():
             link.observe(records)
         return all([link.observe(records) for link in self.links.values()])
 
     def for_lane(self, tower: str, lane: Lane) -> TowerLink:
         """The link a request of `lane` takes to `tower`: the interactive lane's to the replica kept for it while
-        that replica was warm at the last look (the readiness probes look), every other request the shared one."""
+        that replica was warm at the last look, every other request the shared one. A look older than KEPT_LOOK_S
+        starts a new one in the background (the request does not wait for it), so that the lane leaves a kept
+        replica that died and comes back to it once it is warm again."""
         kept = self.kept.get(tower)
-        if lane == Lane.INTERACTIVE and kept is not None and kept.live > 0:
-            return kept
-        return self.links[tower]
+        if lane != Lane.INTERACTIVE or kept is None:
+            return self.links[tower]
+        if time.monotonic() - self.looked_at > KEPT_LOOK_S and (self._looking is None or self._looking.done()):
+            self._looking = asyncio.ensure_future(self.ready())
+            # A failed look leaves the last one standing; its error is the next probe's to report.
+            self._looking.add_done_callback(lambda look: look.cancelled() or look.exception())
+        return kept if kept.live > 0 else self.links[tower]
 
     async def ready(self) -> bool:
         """Whether every tower has its `min_ready` replicas warm now."""

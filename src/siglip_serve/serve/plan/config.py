@@ -252,15 +252,13 @@ class ServiceConfig(ModelSettings):
             raise ValueError(f"ingress_replicas: {self.ingress_replicas} and ingress_autoscaling contradict; with "
                              "ingress_autoscaling the count is its min_replicas..max_replicas (leave "
                              "ingress_replicas unset)")
-        if self.interactive_ingress and self.api_keys_file is None:
-            raise ValueError("interactive_ingress needs api_keys_file: only a key's default lane puts a request in the "
-                             "interactive lane (a request can move itself down, never up)")
+        for kept in ("interactive_ingress", "interactive_encoder"):
+            if getattr(self, kept) and self.api_keys_file is None:
+                raise ValueError(f"{kept} needs api_keys_file: only a key's default lane puts a request in the "
+                                 "interactive lane (a request can move itself down, never up)")
         if self.interactive_ingress and self.ingress_autoscaling is not None:
             raise ValueError("interactive_ingress and ingress_autoscaling contradict: the interactive replica's "
                              "count is one, whatever the others' load; name ingress_replicas instead")
-        if self.interactive_encoder and self.api_keys_file is None:
-            raise ValueError("interactive_encoder needs api_keys_file: only a key's default lane puts a request in the "
-                             "interactive lane (a request can move itself down, never up)")
         if self.interactive_encoder and self.autoscaling is not None:
             raise ValueError("interactive_encoder and autoscaling contradict: the kept replica is one, whatever the "
                              "load; name replicas instead")

@@ -109,6 +109,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problem = problems[marker]
             if problem is not None:
                 item.add_marker(pytest.mark.skip(reason=problem))
+    items[:] = sorted(items, key=_runs_beside_the_session_cluster(items).__getitem__)
+
+
+def _runs_beside_the_session_cluster(items: list[pytest.Item]) -> dict[pytest.Item, bool]:
+    """Each test: whether its module needs the session's Ray (`serve_cluster`). Those modules run last, every
+    other one first, each in its collected order: once started, that Ray and its `main` app stay up for the
+    session, and their idle processes (Ray's agents, Serve's controller and proxy, the app's replicas) take a
+    share of this machine's cores from every test that runs beside them, most of all from the tests that start
+    a service of their own. A module stays whole, its module-scoped fixtures set up once."""
+    late = {item.path for item in items if "serve_cluster" in getattr(item, "fixturenames", ())}
+    return {item: item.path in late for item in items}
 
 
 # -- images and the tiny model --------------------------------------------------------------

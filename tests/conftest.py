@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,17 +110,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problem = problems[marker]
             if problem is not None:
                 item.add_marker(pytest.mark.skip(reason=problem))
-    items[:] = sorted(items, key=_runs_beside_the_session_cluster(items).__getitem__)
+    items[:] = sorted(items, key=_session_services_beside(items).__getitem__)
 
 
-def _runs_beside_the_session_cluster(items: list[pytest.Item]) -> dict[pytest.Item, bool]:
-    """Each test: whether its module needs the session's Ray (`serve_cluster`). Those modules run last, every
-    other one first, each in its collected order: once started, that Ray and its `main` app stay up for the
-    session, and their idle processes (Ray's agents, Serve's controller and proxy, the app's replicas) take a
-    share of this machine's cores from every test that runs beside them, most of all from the tests that start
-    a service of their own. A module stays whole, its module-scoped fixtures set up once."""
-    late = {item.path for item in items if "serve_cluster" in getattr(item, "fixturenames", ())}
-    return {item: item.path in late for item in items}
+# The session's services that stay up once a test starts them: Ray (with Serve), then the `main` app on it.
+_LASTING_FIXTURES = ("serve_cluster", "main_app")
+
+
+def _session_services_beside(items: list[pytest.Item]) -> dict[pytest.Item, tuple[bool, ...]]:
+    """Each test: which of the lasting session services its module needs. Modules that need none run first, then
+    those that need Ray alone, then those that need the `main` app too, each group in its collected order. Once
+    started, a lasting service stays up to the session's end, and idle it still takes a share of this machine's
+    cores (Ray's agents, Serve's controller and proxy, the app's replicas) from every test that runs beside it,
+    most of all from the tests that start a service of their own. A module stays whole, its module-scoped
+    fixtures set up once."""
+    needs: dict[Path, tuple[bool, ...]] = {}
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        mine = tuple(name in names for name in _LASTING_FIXTURES)
+        needs[item.path] = tuple(a or b for a, b in zip(needs.get(item.path, mine), mine, strict=True))
+    return {item: needs[item.path] for item in items}
 
 
 # -- images and the tiny model --------------------------------------------------------------

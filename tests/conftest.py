@@ -1,5 +1,6 @@
 """Fixtures (real photos, a tiny-model reference, a real local Ray Serve on loopback) and the one hook
-that skips hardware-marked tests where the hardware or SDK is missing, saying why.
+that skips hardware-marked tests where the hardware or SDK is missing, saying why, and orders the modules by
+the session's lasting services they need (tests/session_order.py).
 
 Integration tests run the real application (`siglip_serve.serve.app.build`) on `tiny-siglip` under a Ray
 started here, on 127.0.0.1 only, and stop it at the end of the session. What tests share besides
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,12 +28,13 @@ from tests.helpers import (
     deploy,
     jpeg_bytes,
 )
+from tests.session_order import lasting_services_last
 
 # Tests pin their own Ray: loopback, no token prompts, no usage reporting.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
-# -- hardware markers: one hook decides, for every test directory ---------------------------
+# -- hardware markers and the modules' order: one hook decides, for every test directory -------
 
 def _neuron_problem() -> str | None:
     """The trace line (torch-neuronx 2.9 with trace()), as `--backend neuron` needs it."""
@@ -110,26 +111,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problem = problems[marker]
             if problem is not None:
                 item.add_marker(pytest.mark.skip(reason=problem))
-    items[:] = sorted(items, key=_session_services_beside(items).__getitem__)
-
-
-# The session's services that stay up once a test starts them: Ray (with Serve), then the `main` app on it.
-_LASTING_FIXTURES = ("serve_cluster", "main_app")
-
-
-def _session_services_beside(items: list[pytest.Item]) -> dict[pytest.Item, tuple[bool, ...]]:
-    """Each test: which of the lasting session services its module needs. Modules that need none run first, then
-    those that need Ray alone, then those that need the `main` app too, each group in its collected order. Once
-    started, a lasting service stays up to the session's end, and idle it still takes a share of this machine's
-    cores (Ray's agents, Serve's controller and proxy, the app's replicas) from every test that runs beside it,
-    most of all from the tests that start a service of their own. A module stays whole, its module-scoped
-    fixtures set up once."""
-    needs: dict[Path, tuple[bool, ...]] = {}
-    for item in items:
-        names = getattr(item, "fixturenames", ())
-        mine = tuple(name in names for name in _LASTING_FIXTURES)
-        needs[item.path] = tuple(a or b for a, b in zip(needs.get(item.path, mine), mine, strict=True))
-    return {item: needs[item.path] for item in items}
+    items[:] = lasting_services_last(items)
 
 
 # -- images and the tiny model --------------------------------------------------------------

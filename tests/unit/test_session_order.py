@@ -1,0 +1,42 @@
+"""The suite's module order (tests/session_order.py): the modules that need fewer of the session's lasting services
+run first, each module whole and in its collected order, as pytest's collection hands the order to the run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.session_order import lasting_services_last
+
+
+@dataclass(frozen=True)
+class Item:
+    path: Path
+    name: str
+    fixturenames: tuple[str, ...] = ()
+
+
+def test_modules_run_by_the_lasting_services_they_need_each_whole_and_in_order() -> None:
+    a = Path("test_a.py")  # one test needs the main app (and so Ray): the whole module goes last
+    b = Path("test_b.py")  # Ray alone
+    c = Path("test_c.py")  # nothing lasting
+    items = [Item(a, "a1", ("photos",)), Item(a, "a2", ("main_app", "serve_cluster")),
+             Item(b, "b1", ("serve_cluster",)), Item(c, "c1"), Item(b, "b2"), Item(c, "c2", ("tmp_path",))]
+    assert [item.name for item in lasting_services_last(items)] == ["c1", "c2", "b1", "b2", "a1", "a2"]
+
+
+def test_this_suite_runs_the_service_starting_modules_before_the_session_ray_and_its_main_app() -> None:
+    """The real modules, by their real fixtures' closure as pytest reports it."""
+
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             # Given the other way round: the order is the hook's, not the command line's.
+                             "tests/integration/test_http_api.py", "tests/integration/test_autoscaling.py",
+                             "tests/integration/test_shutdown.py"],
+                            cwd=root, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
+    modules = list(dict.fromkeys(line.split("::")[0] for line in listed.stdout.splitlines() if "::" in line))
+    assert modules == ["tests/integration/test_shutdown.py", "tests/integration/test_autoscaling.py",
+                       "tests/integration/test_http_api.py"], modules

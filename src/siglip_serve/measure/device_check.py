@@ -6,8 +6,8 @@ a failed step recorded with its error and the next one still run:
                   offline: pip --no-index --no-deps
   probe           interpreter, cores, torch and its accelerator, every module the served path imports
   pytest-cuda     pytest -m cuda tests/device
-  encoder         bare encoder per bucket (`siglip-serve bench`), CUDA graphs off: the served default
-  encoder-graphs  the same with CUDA graphs on
+  encoder         bare encoder per bucket (`siglip-serve bench`), CUDA graphs off
+  encoder-graphs  the same with CUDA graphs on (the served default)
   served          served img/s, p50/p99, host CPU-ms per image, the client's CPU: the defaults (ingress
                   replicas auto), --client-processes client processes (auto: bench's rule)
   served-ingress-1  the same with one ingress replica

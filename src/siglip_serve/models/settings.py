@@ -45,8 +45,10 @@ class ModelSettings(BaseModel):
                                                   "split across the encoder replicas)")
     artifact_dir: Path | None = Field(None, description="neuron: compiled artifact directory (siglip-serve compile)")
     cuda_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="cuda: autocast dtype")
-    # Off until measured on a GPU (see models/backends/cuda.py).
-    cuda_graphs: bool = Field(False, description="cuda: capture one CUDA graph per bucket")
+    # On: without graphs the encoder replica's one Python thread launching kernels, not the GPU, sets the
+    # served rate (models/backends/cuda.py; the README's Benchmarks, "On a GPU").
+    cuda_graphs: bool = Field(True, description="cuda: capture one CUDA graph per bucket (false: eager at each "
+                                                "batch's real size)")
     # None: tiny-siglip's bundled tokenizer, else open_clip's tokenizer for the model (from the
     # Hugging Face cache or hub). See models/text.py.
     tokenizer: Path | None = Field(None, description="text tower: a local directory with the model's HF tokenizer "

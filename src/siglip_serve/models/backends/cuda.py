@@ -4,12 +4,13 @@ uint8 images (and int64 token ids) cross PCIe and are normalised on the GPU insi
 `cuda_dtype` picks the autocast dtype: bf16 (default; falls back to fp16 on GPUs without bf16, i.e.
 before Ampere), fp16, or fp32 (no autocast).
 
-CUDA graphs (`cuda_graphs`, default off): one graph captured per bucket of each tower removes per-kernel
-launch overhead, which matters at small buckets. It follows PyTorch's documented recipe (warm-up on a
-side stream, static input/output buffers, autocast with its weight cache disabled inside capture), but
-it has not been run on a GPU in this project yet, so it stays off until a GPU run of
-`siglip-serve accuracy` and the bench shows it is correct and pays off. Both towers get the same: with
-graphs they run their buckets' shapes only (padded), without they run each batch at its real size.
+CUDA graphs (`cuda_graphs`, default on): one graph captured per bucket of each tower replaces a batch's
+kernel launches with one replay. It follows PyTorch's documented recipe (warm-up on a side stream, static
+input/output buffers, autocast with its weight cache disabled inside capture); tests/device checks on a
+GPU that graphed and eager towers give the same embeddings. Without graphs the replica's one Python
+thread launching kernels is busy for the whole forward pass, and beside the ingress replicas' decoding it,
+not the GPU, sets the served rate. With graphs both towers run their buckets' shapes only (padded);
+`cuda_graphs: false` runs each batch eagerly at its real size.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ A burst of short connections that the server closes first leaves each one in TIM
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -13,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from siglip_serve.launcher.preflight import PortUnavailable, check_ports, free_port, port_in_use
+from siglip_serve.launcher.preflight import (
+    EPHEMERAL_RANGE_FILE,
+    LISTENER_PORTS_FROM,
+    PortUnavailable,
+    check_ports,
+    free_port,
+    listener_ports,
+    port_in_use,
+)
 from siglip_serve.launcher.startup import Placeholder
 from tests.real_haproxy import (
     ANSWERING,
@@ -92,3 +101,40 @@ def test_haproxy_stopped_right_after_a_burst_is_restarted_at_once(tmp_path: Path
             sock.sendall(REQUEST)
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
     assert time.monotonic() - began < 5
+
+
+def test_a_listener_cannot_bind_the_local_port_of_an_outgoing_connection() -> None:
+    """Why free_port keeps out of the kernel's ephemeral range: a port picked there can be taken, before the
+    listener binds it, as the local port of any connection this host opens (here: one to a loopback server)."""
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname()[:2], timeout=5) as outgoing:
+        taken = outgoing.getsockname()[1]
+        with socket.socket() as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as HAProxy's listeners bind
+            with pytest.raises(OSError) as refused:
+                listener.bind(("127.0.0.1", taken))
+    assert refused.value.errno == errno.EADDRINUSE
+    low, high = map(int, EPHEMERAL_RANGE_FILE.read_text().split())
+    assert low <= taken <= high
+
+
+def test_free_ports_lie_between_rays_worker_ports_and_the_ephemeral_range() -> None:
+    low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    ports = {free_port() for _ in range(50)}
+    assert all(LISTENER_PORTS_FROM <= port < low for port in ports), sorted(ports)
+    assert len(ports) > 1  # picked at random, not one port every time
+
+
+def test_the_listener_range_comes_from_the_kernels_range(tmp_path: Path) -> None:
+    given = tmp_path / "ip_local_port_range"
+    given.write_text("32768\t60999\n")
+    assert listener_ports(given) == range(LISTENER_PORTS_FROM, 32768)
+    given.write_text("20500\t60999\n")  # no gap worth the name: the kernel's pick instead
+    assert listener_ports(given) is None
+    assert listener_ports(tmp_path / "missing") is None
+
+
+def test_a_taken_port_is_never_returned() -> None:
+    with socket.create_server(("127.0.0.1", free_port())) as holder:
+        held = holder.getsockname()[1]
+        assert free_port(ports=range(held, held + 1)) != held  # the only candidate is taken: the kernel picks

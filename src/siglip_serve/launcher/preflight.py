@@ -12,8 +12,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import random
 import socket
 from collections.abc import MutableMapping
+from pathlib import Path
 
 from siglip_serve.core.constants import VISIBLE_CORES_ENV, expand_visible_cores
 from siglip_serve.core.errors import UserError
@@ -118,7 +120,35 @@ def disable_port_sharing() -> None:
     os.environ[REUSE_PORT_ENV] = "0"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+# A port picked now for a listener that binds seconds later (HAProxy's stats and fallback ports, a test's
+# service) must not be one an outgoing connection can take meanwhile: connections take their local port from
+# the kernel's ephemeral range (ip(7), ip_local_port_range), and a listener cannot bind a port an established
+# connection holds. Ray's workers bind 10002-19999 (`ray start`'s --min/max-worker-port defaults). So the
+# pick comes from between the two; the kernel's own pick (port 0) only where that gap is missing.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTENER_PORTS_FROM = 20000
+
+
+def listener_ports(range_file: Path = EPHEMERAL_RANGE_FILE) -> range | None:
+    """The ports free_port picks from: above Ray's worker ports, below the ephemeral range; None where the
+    range cannot be read or leaves no gap."""
+    try:
+        low = int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return range(LISTENER_PORTS_FROM, low) if low - LISTENER_PORTS_FROM >= 1000 else None
+
+
+def free_port(host: str = "127.0.0.1", ports: range | None = None) -> int:
+    """A port nothing on `host` listens on or holds now, from listener_ports() (else the kernel's pick)."""
+    ports = ports or listener_ports()
+    for port in random.sample(ports, min(len(ports), 64)) if ports else ():
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

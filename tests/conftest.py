@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from tests.helpers import (
     API_KEY,
@@ -25,8 +24,10 @@ from tests.helpers import (
     TEST_NEURON_CORES,
     ServeCluster,
     TinyReference,
+    delete_apps,
     deploy,
     jpeg_bytes,
+    wait_for_deleted,
 )
 from tests.session_order import lasting_services_last
 
@@ -183,29 +184,25 @@ def serve_cluster() -> Iterator[ServeCluster]:
         yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port, front_end,
                            int(haproxy_metrics) if haproxy_metrics else None)
     finally:
+        left = wait_for_deleted() if ray.is_initialized() else []
         serve.shutdown()
         ray.shutdown()
+    assert not left, f"applications still there 120 s after their deletion: {left}"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _delete_module_apps() -> Iterator[None]:
-    """Delete the apps a module deployed (tests.helpers.deploy) once it ends (the session's `main` app stays)."""
+    """Delete the apps a module deployed (tests.helpers.deploy) once it ends (the session's `main` app stays),
+    without waiting for them to drain: serve_cluster checks at the session's end that they went."""
     before = len(DEPLOYED)
     yield
     names = [name for name in DEPLOYED[before:] if name != "main"]
     del DEPLOYED[before:]
     if names:
         import ray
-        from ray import serve
 
         if ray.is_initialized():
-            # Deleted together: each drains for RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S, at once.
-            gone = list(dict.fromkeys(names))
-            for name in gone:
-                serve.delete(name, _blocking=False)
-            left, deleted, _ = poll(lambda: set(gone) & set(serve.status().applications), lambda left: not left,
-                                    timeout_s=120, interval_s=0.1)
-            assert deleted, f"applications still there 120 s after their deletion: {sorted(left)}"
+            delete_apps(names)
 
 
 @pytest.fixture(scope="session")

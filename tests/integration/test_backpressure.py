@@ -7,7 +7,7 @@ import concurrent.futures
 import httpx
 import pytest
 
-from tests.helpers import ServeCluster, TinyReference, assert_error, cosine, deploy, embeddings_of
+from tests.helpers import ServeCluster, TinyReference, assert_error, cosine, delete_apps, deploy, embeddings_of
 
 TIMEOUT = 60.0
 
@@ -89,9 +89,7 @@ def test_not_ready_until_every_replica_has_warmed_up(serve_cluster: ServeCluster
             assert_error(response, 503, "not_ready")
             assert response.headers["retry-after"]
     finally:
-        from ray import serve
-
-        serve.delete("unready", _blocking=False)
+        delete_apps(["unready"])
 
 
 def _wait_for_ingress(client: httpx.Client, url: str) -> httpx.Response:

@@ -194,17 +194,12 @@ def metrics_app(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFa
     tenant of the interactive lane, so the load can travel in every lane (LANE_PRIORITIES), and an ingress replica
     and an encoder replica kept for that lane beside the ones the others share (interactive_ingress,
     interactive_encoder)."""
-    from ray import serve
-
     keys = tmp_path_factory.mktemp("keys") / "keys.toml"
     keys.write_text(f'[[keys]]\nname = "metrics"\nkey = "{KEY}"\nlane = "interactive"\n')
     deploy(APP, ROUTE, replicas=2, neuron_cores_per_replica=0, encoder_num_cpus=0.5, torch_threads=1,
            batch_wait_timeout_s=0.01, max_images_per_request=MAX_IMAGES, api_keys_file=str(keys),
            ingress_replicas=1, interactive_ingress=True, interactive_encoder=True)
-    try:
-        yield serve_cluster.base_url + ROUTE
-    finally:
-        serve.delete(APP)
+    yield serve_cluster.base_url + ROUTE
 
 
 @pytest.fixture(scope="module")

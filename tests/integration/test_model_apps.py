@@ -20,7 +20,7 @@ from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.served_models import model_app_name
 from siglip_serve.serve.serve_yaml import model_apps_config
-from tests.helpers import API_KEY, AUTH, ServeCluster, TinyReference
+from tests.helpers import API_KEY, AUTH, ServeCluster, TinyReference, delete_apps
 
 FRONT = "swap"
 ROUTE = "/swap"
@@ -83,9 +83,8 @@ def client(serve_cluster: ServeCluster) -> Iterator[httpx.Client]:
         _, done, _ = poll(lambda: settled(client, ["old", "new"]), bool, 120, interval_s=0.5)
         assert done, app_statuses()
         yield client
-    for name in [FRONT, *(model_app_name(FRONT, model["name"]) for model in [*STAYING, THIRD])]:
-        if name in serve.status().applications:
-            serve.delete(name, _blocking=True)
+    ours = [FRONT, *(model_app_name(FRONT, model["name"]) for model in [*STAYING, THIRD])]
+    delete_apps([name for name in ours if name in serve.status().applications])
 
 
 class Load:

@@ -37,6 +37,7 @@ from tests.helpers import (
     ServeCluster,
     TinyReference,
     cosine,
+    delete_apps,
     deploy,
     neuronx_double,
     tiny_settings,
@@ -163,13 +164,10 @@ def test_artifact_must_hold_the_model_and_buckets_asked_for(artifacts: dict[int,
 def neuron_app(serve_cluster: ServeCluster, artifacts: dict[int, Path]) -> str:
     """A second app in the session cluster on the neuron backend; its replica imports the double
     through the env_vars passthrough. It asks for no neuron_cores: the main app holds all four."""
-    from ray import serve
-
     deploy("neuron", "/neuron", backend="neuron", artifact_dir=str(artifacts[2]), buckets=[1, 2],
            replicas=1, neuron_cores_per_replica=0, encoder_num_cpus=0.5, ingress_num_cpus=0.25,
            batch_wait_timeout_s=0.01, env_vars={"PYTHONPATH": worker_pythonpath(), LNC_ENV: "2"})
     yield f"{serve_cluster.base_url}/neuron"
-    serve.delete("neuron")
 
 
 def test_neuron_backend_serves_the_cpu_models_embeddings_over_http(
@@ -228,4 +226,4 @@ def test_a_replica_that_cannot_start_on_its_node_says_so_in_serves_status_and_re
         time.sleep(5)  # no further start: the deployment stays failed with the same count
         assert "failed to start 3 times" in serve.status().applications["refused"].deployments["Encoder"].message
     finally:
-        serve.delete("refused")
+        delete_apps(["refused"])

@@ -38,7 +38,7 @@ from siglip_serve.models.neuron.runtime import (
     read_native_manifest,
 )
 from tests.doubles.torchneuron_runtime import DOUBLE_VERSIONS, RecordingRuntime
-from tests.helpers import neuron_env, tiny_settings
+from tests.helpers import delete_apps, neuron_env, tiny_settings
 
 ENV_KEYS = (LNC_ENV, CC_FLAGS_ENV, OPT_LEVEL_ENV, NEFF_CACHE_ENV, VISIBLE_CORES_ENV)
 
@@ -328,7 +328,6 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
         tiny_reference) -> None:
     """The real application on Ray; each replica starts from runtime_env alone and uses the double."""
     import httpx
-    from ray import serve
 
     from siglip_serve.models.backends.neuron_native import RUNTIME_ENV
     from tests.helpers import REPO, deploy
@@ -350,7 +349,7 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
             assert float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want))) >= 0.9999
             (replica,) = client.get("/v1/models").json()["data"][0]["replicas"]
     finally:
-        serve.delete("native")
+        delete_apps(["native"])
     assert replica["backend"] == "neuron-native" and replica["runtime"] == "recording-double"
     assert replica["neuron_logical_nc_config"] == "2" and replica["neuron_rt_visible_cores"] == "0"
     assert replica["manifest"]["recipe_env"][CC_FLAGS_ENV].startswith("--target trn2 --lnc 2")

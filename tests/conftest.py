@@ -9,10 +9,12 @@ fixtures is in tests/helpers.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 
 import numpy as np
+import psutil
 import pytest
 
 from siglip_serve.launcher.preflight import free_port
@@ -161,6 +163,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     haproxy_metrics = os.environ.get(METRICS_PORT_ENV) if front_end == "haproxy" else None
     port = free_port()
     metrics_port = free_port()
+    already_there = {p.pid for p in psutil.Process().children(recursive=True)}
     ray.init(
         num_cpus=16,
         resources={"neuron_cores": TEST_NEURON_CORES, TEST_DEVICE: TEST_DEVICES},
@@ -185,8 +188,15 @@ def serve_cluster() -> Iterator[ServeCluster]:
                            int(haproxy_metrics) if haproxy_metrics else None)
     finally:
         left = wait_for_deleted() if ray.is_initialized() else []
-        serve.shutdown()
+        # As `siglip-serve run` stops its own Ray (launcher/runner.py): no request is in flight, so Serve's
+        # graceful stop of every replica would only wait. HAProxy, started by a Ray worker, would outlive
+        # its worker: what this Ray started is ended here, as run's session ends it (launcher/session.py).
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in already_there]
         ray.shutdown()
+        for process in started:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(started, timeout=10)
     assert not left, f"applications still there 120 s after their deletion: {left}"
 
 

@@ -145,7 +145,7 @@ def tiny_reference() -> TinyReference:
 
 @pytest.fixture(scope="session")
 def serve_cluster() -> Iterator[ServeCluster]:
-    """A local Ray (16 logical CPUs, 4 declared neuron_cores, 2 of a test-only device) with Serve's front
+    """A local Ray (16 logical CPUs, 2 declared neuron_cores, 2 of a test-only device) with Serve's front
     end on a free port: the default HAProxy one, or Serve's proxy actor with SIGLIP_TEST_FRONT_END=python."""
     import ray
     from ray import serve

@@ -39,7 +39,7 @@ PLACEHOLDER = DOUBLES / "placeholder"
 # -- the application under test -------------------------------------------------------------
 
 # Logical NeuronCores declared by the test cluster (no Trainium here: it is a plain Ray resource).
-TEST_NEURON_CORES = 4
+TEST_NEURON_CORES = 2
 # A custom Ray resource the test cluster declares for backends the tests register themselves
 # (tests/integration/test_backend_seam.py): no real device stands behind it.
 TEST_DEVICE = "siglip_test_device"

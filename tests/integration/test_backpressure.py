@@ -71,7 +71,7 @@ def test_full_queue_is_503_with_retry_after_and_nothing_is_lost(strict_app: str,
 
 def test_not_ready_until_every_replica_has_warmed_up(serve_cluster: ServeCluster, main_app: str,
                                                      photo_jpegs: list[bytes]) -> None:
-    # main_app holds all 4 declared neuron_cores, so this app's encoder replica cannot be placed:
+    # main_app holds every declared neuron_core, so this app's encoder replica cannot be placed:
     # its ingress is up but no encoder has loaded its model.
     # A short request timeout: Serve gives the never-placed replica that long (graceful_shutdown_timeout_s,
     # serve/towers/tower_replica.py) when the module deletes the app; the default 30 s is only waiting.

@@ -163,7 +163,7 @@ def test_artifact_must_hold_the_model_and_buckets_asked_for(artifacts: dict[int,
 @pytest.fixture(scope="module")
 def neuron_app(serve_cluster: ServeCluster, artifacts: dict[int, Path]) -> str:
     """A second app in the session cluster on the neuron backend; its replica imports the double
-    through the env_vars passthrough. It asks for no neuron_cores: the main app holds all four."""
+    through the env_vars passthrough. It asks for no neuron_cores: the main app holds them all."""
     deploy("neuron", "/neuron", backend="neuron", artifact_dir=str(artifacts[2]), buckets=[1, 2],
            replicas=1, neuron_cores_per_replica=0, encoder_num_cpus=0.5, ingress_num_cpus=0.25,
            batch_wait_timeout_s=0.01, env_vars={"PYTHONPATH": worker_pythonpath(), LNC_ENV: "2"})

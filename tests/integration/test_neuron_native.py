@@ -335,7 +335,7 @@ def test_served_through_the_real_app_with_the_artifacts_environment(
     artifact, _ = compile_tiny(tmp_path / "cache", monkeypatch)
     for key in ENV_KEYS:
         monkeypatch.delenv(key, raising=False)  # the replica must get them from the deployment, not from here
-    # No neuron_cores: the session's main app holds all four, so this replica names its one core itself.
+    # No neuron_cores: the session's main app holds them all, so this replica names its one core itself.
     deploy("native", "/native", backend="neuron-native", artifact_dir=str(artifact), buckets=[1, 2], replicas=1,
            neuron_cores_per_replica=0, encoder_num_cpus=0.5, ingress_num_cpus=0.25, batch_wait_timeout_s=0.01,
            env_vars={"PYTHONPATH": str(REPO), RUNTIME_ENV: "tests.doubles.torchneuron_runtime:RecordingRuntime",

@@ -187,16 +187,20 @@ def serve_cluster() -> Iterator[ServeCluster]:
         yield ServeCluster(port, f"http://127.0.0.1:{port}", metrics_port, front_end,
                            int(haproxy_metrics) if haproxy_metrics else None)
     finally:
-        left = wait_for_deleted() if ray.is_initialized() else []
-        # As `siglip-serve run` stops its own Ray (launcher/runner.py): no request is in flight, so Serve's
-        # graceful stop of every replica would only wait. HAProxy, started by a Ray worker, would outlive
-        # its worker: what this Ray started is ended here, as run's session ends it (launcher/session.py).
-        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in already_there]
-        ray.shutdown()
-        for process in started:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        psutil.wait_procs(started, timeout=10)
+        left: list[str] = []
+        try:
+            if ray.is_initialized():
+                left = wait_for_deleted()
+        finally:
+            # As `siglip-serve run` stops its own Ray (launcher/runner.py): no request is in flight, so Serve's
+            # graceful stop of every replica would only wait. HAProxy, started by a Ray worker, would outlive
+            # its worker: what this Ray started is ended here, as run's session ends it (launcher/session.py).
+            started = [p for p in psutil.Process().children(recursive=True) if p.pid not in already_there]
+            ray.shutdown()
+            for process in started:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            psutil.wait_procs(started, timeout=10)
     assert not left, f"applications still there 120 s after their deletion: {left}"
 
 

@@ -160,25 +160,23 @@ DEPLOYED: list[str] = []
 # Applications deleted and not waited for: each drains for RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S
 # while the next module runs (a replica that needs the CPUs they free waits for them in Serve), and the
 # session's end checks that every one is gone (conftest's serve_cluster).
-DELETING: list[str] = []
+DELETING: set[str] = set()
 
 
 def delete_apps(names: list[str]) -> None:
     """Ask Serve to delete `names`, without waiting: wait_for_deleted() checks later that they went."""
     from ray import serve
 
-    for name in dict.fromkeys(names):
-        if name not in DELETING:
-            serve.delete(name, _blocking=False)
-            DELETING.append(name)
+    for name in set(names) - DELETING:
+        serve.delete(name, _blocking=False)
+        DELETING.add(name)
 
 
 def wait_for_deleted(timeout_s: float = 120) -> list[str]:
     """The applications of delete_apps() still there after `timeout_s` (none: every one went)."""
     from ray import serve
 
-    gone = list(dict.fromkeys(DELETING))
-    left, _, _ = poll(lambda: sorted(set(gone) & set(serve.status().applications)), lambda left: not left,
+    left, _, _ = poll(lambda: sorted(DELETING & set(serve.status().applications)), lambda left: not left,
                       timeout_s=timeout_s, interval_s=0.1)
     DELETING.clear()
     return left
@@ -196,8 +194,7 @@ def deploy(name: str, route_prefix: str, wait: bool = True, routes: tuple[Any, .
     from siglip_serve.serve.app import build_app_with_routes
 
     DEPLOYED.append(name)
-    if name in DELETING:  # deployed again: the new application is not one to wait out
-        DELETING.remove(name)
+    DELETING.discard(name)  # deployed again: the new application is not one to wait out
     app = build_app_with_routes({"model": "tiny-siglip", "replicas": 1, "text_replicas": 0, **args}, routes)
     if wait:
         serve.run(app, name=name, route_prefix=route_prefix)

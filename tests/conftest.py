@@ -200,8 +200,9 @@ def serve_cluster() -> Iterator[ServeCluster]:
             for process in started:
                 with contextlib.suppress(psutil.Error):
                     process.kill()
-            psutil.wait_procs(started, timeout=10)
+            _, alive = psutil.wait_procs(started, timeout=10)
     assert not left, f"applications still there 120 s after their deletion: {left}"
+    assert not alive, f"processes of the session's Ray still running after it stopped: {alive}"
 
 
 @pytest.fixture(scope="module", autouse=True)

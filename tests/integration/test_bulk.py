@@ -128,42 +128,75 @@ def test_texts_in_a_table_column_equal_the_served_text_embeddings(main_app: str,
 
 
 def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path) -> None:
+    """The run is killed while its last input, a URL on a server here (127.0.0.2), is held unanswered: the run
+    cannot end before the kill, whatever else this machine runs, and the shards before it can be written."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
     from siglip_serve.bulk.job import JobSpec, run_job
     from siglip_serve.serve.plan.config import ServiceConfig
 
     rng = np.random.default_rng(0)
     folder = tmp_path / "in"
     folder.mkdir()
-    for i in range(120):
+    for i in range(119):
         (folder / f"{i:04d}.jpg").write_bytes(jpeg_bytes(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)))
+    held_body = jpeg_bytes(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    release = threading.Event()
+
+    class Held(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            release.wait(timeout=180)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(held_body)))
+            self.end_headers()
+            self.wfile.write(held_body)
+
+    server = ThreadingHTTPServer(("127.0.0.2", 0), Held)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.2:{server.server_address[1]}/last.jpg"
+    listing = tmp_path / "list.txt"
+    listing.write_text("\n".join([*sorted(str(p) for p in folder.iterdir()), url]))
     out = tmp_path / "out"
     import ray
 
-    # A driver of its own on the tests' Ray (no second Ray to start): killing it ends its actors and
-    # tasks with it (Ray ends what a dead driver owned), as a crashed job would leave them.
-    command = [sys.executable, "-m", "siglip_serve", "embed", str(folder), "-o", str(out),
-               "--model", "tiny-siglip", "--shard-size", "4", "--set", "torch_threads=1",
-               "--address", ray.get_runtime_context().gcs_address]
-    job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True)
-    deadline = time.monotonic() + 120
     try:
-        while not list(out.glob("part-*.parquet")):
-            assert job.poll() is None, job.stderr.read() if job.stderr else ""
-            assert time.monotonic() < deadline, "no shard written in 120 s"
-            time.sleep(0.02)
-    finally:
-        os.killpg(job.pid, signal.SIGKILL)  # a crash: nothing gets to clean up
-        job.wait(timeout=30)
-    written_before = {p.name for p in out.glob("part-*.parquet")}
-    assert 0 < len(written_before) < 30, "the run ended before it could be killed mid-way"
+        # A driver of its own on the tests' Ray (no second Ray to start): killing it ends its actors and
+        # tasks with it (Ray ends what a dead driver owned), as a crashed job would leave them.
+        command = [sys.executable, "-m", "siglip_serve", "embed", str(listing), "-o", str(out),
+                   "--model", "tiny-siglip", "--shard-size", "4", "--set", "torch_threads=1",
+                   "--set", "url_fetch_allowlist=127.0.0.2/32", "--set", "url_fetch_timeout_s=180",
+                   "--address", ray.get_runtime_context().gcs_address]
+        job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+        deadline = time.monotonic() + 120
+        try:
+            while not list(out.glob("part-*.parquet")):
+                assert job.poll() is None, job.stderr.read() if job.stderr else ""
+                assert time.monotonic() < deadline, "no shard written in 120 s"
+                time.sleep(0.02)
+            assert job.poll() is None, "the run ended while its last input was held"
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)  # a crash: nothing gets to clean up
+            job.wait(timeout=30)
+        written_before = {p.name for p in out.glob("part-*.parquet")}
+        assert 0 < len(written_before) < 30
 
-    # The rerun (in the tests' Ray, to spare a second start) does only what is missing.
-    rerun = run_job(ServiceConfig(model="tiny-siglip", torch_threads=1),
-                    JobSpec(source=str(folder), output=str(out), shard_size=4))
+        # The rerun (in the tests' Ray, to spare a second start) does only what is missing.
+        release.set()
+        rerun = run_job(ServiceConfig(model="tiny-siglip", torch_threads=1, url_fetch_allowlist=("127.0.0.2/32",)),
+                        JobSpec(source=str(listing), output=str(out), shard_size=4))
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
     assert (rerun.shards_done_before, rerun.shards_written) == (len(written_before), 30 - len(written_before))
     paths = pq.read_table(out).column("path").to_pylist()
-    assert sorted(paths) == sorted(str(p) for p in folder.iterdir()) and len(set(paths)) == len(paths) == 120
+    assert sorted(paths) == sorted([*(str(p) for p in folder.iterdir()), url]) and len(set(paths)) == len(paths) == 120
     assert written_before <= {p.name for p in out.glob("part-*.parquet")}
 
 

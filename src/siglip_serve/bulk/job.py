@@ -368,7 +368,10 @@ def _stream(ds: Any, assembler: ShardAssembler, total: int) -> Stream:
     began = last = time.monotonic()
     done = 0
     stream = Stream()
-    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+    # No prefetch: with Ray Data's default (one batch ahead, ray/data/iterator.py) a finished batch is handed
+    # over only once the next one is ready too, so a row that stalls (a slow URL) would hold back the shards
+    # of a batch already embedded: unwritten, they would be lost to a crash and absent from the progress.
+    for batch in ds.iter_batches(batch_format="numpy", batch_size=None, prefetch_batches=0):
         done += assembler.add(batch)
         now = time.monotonic()
         if len(stream.marks) < 2 and done >= total * (STEADY_TO if stream.marks else STEADY_FROM):

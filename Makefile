@@ -12,6 +12,8 @@ PORT ?= 8000
 METRICS_PORT ?= 8080
 REPLICAS ?= 1
 PYTEST_ARGS ?=
+# pytest-xdist workers; 0 runs the suite in one process. tests/session_order.py says how the suite is split.
+TEST_WORKERS ?= 2
 
 .PHONY: install serve lint test bench clean
 
@@ -34,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/siglip-serve bench --model ViT-B-16-SigLIP --random-weights --json bench-vit-b16.json

@@ -1,6 +1,6 @@
 """Fixtures (real photos, a tiny-model reference, a real local Ray Serve on loopback) and the one hook
 that skips hardware-marked tests where the hardware or SDK is missing, saying why, and orders the modules by
-the session's lasting services they need (tests/session_order.py).
+the session's lasting services they need, or groups them for pytest-xdist's workers (tests/session_order.py).
 
 Integration tests run the real application (`siglip_serve.serve.app.build`) on `tiny-siglip` under a Ray
 started here, on 127.0.0.1 only, and stop it at the end of the session. What tests share besides
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import psutil
@@ -31,7 +32,7 @@ from tests.helpers import (
     jpeg_bytes,
     wait_for_deleted,
 )
-from tests.session_order import lasting_services_last
+from tests.session_order import lasting_services_last, split_for_workers
 
 # Tests pin their own Ray: loopback, no token prompts, no usage reporting.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -99,6 +100,8 @@ def environ_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
                   if before.get(name) != after.get(name) and name not in _SET_BY_LIBRARY_IMPORTS)
 
 
+# First: pytest-xdist's own hook (registered later, so otherwise called first) reads the groups set here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     changed = environ_changes(_ENVIRON_AT_START, dict(os.environ))
     if changed:
@@ -114,7 +117,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problem = problems[marker]
             if problem is not None:
                 item.add_marker(pytest.mark.skip(reason=problem))
-    items[:] = lasting_services_last(items)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker collects, the controller splits
+        split = split_for_workers(items)
+        for item, group in split:
+            item.add_marker(pytest.mark.xdist_group(group))
+        items[:] = [item for item, _ in split]
+    else:
+        items[:] = lasting_services_last(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """In pytest-xdist's controller, as each worker's collection comes in. loadgroup passes a test's group to
+    its scheduler as a suffix of the test's id (every test here has one); where pytest no longer lets it change
+    the id (pytest 9.2, pytest-xdist issue #1386), the groups are dropped without a word and every worker starts
+    the session's Ray. Stopped instead."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid.rpartition("::")[2]]
+    if ungrouped:
+        pytest.exit(f"pytest-xdist's loadgroup did not group {ungrouped[0]} (and {len(ungrouped) - 1} more): this "
+                    "pytest is one it cannot group under (pyproject.toml pins one it can)", returncode=4)
 
 
 # -- images and the tiny model --------------------------------------------------------------

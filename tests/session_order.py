@@ -1,21 +1,30 @@
-"""The order the suite runs its modules in, by the session's lasting services each needs (tests/conftest.py).
+"""The order the suite runs its modules in, by the session's lasting services each needs (tests/conftest.py), and
+how a run split over workers (pytest-xdist, `-n 2 --dist loadgroup`) shares them out.
 
 Once a test starts one of the session's lasting services (its Ray with Serve, then the `main` app on it), that
 service stays up to the session's end, and idle it still takes a share of this machine's cores (Ray's agents,
 Serve's controller and proxy, the app's replicas) from every test that runs beside it: most of all from the tests
-that start a service of their own. So the modules that need none run first, then those that need Ray alone, then
-those that need the `main` app too, each group in its collected order. A module stays whole, its module-scoped
-fixtures set up once.
+that start a service of their own. So in one process the modules that need none run first, then those that need
+Ray alone, then those that need the `main` app too, each group in its collected order. A module stays whole, its
+module-scoped fixtures set up once.
+
+Split over workers, the modules that need a lasting service are one group, run by one worker in that same order
+(so the session's Ray and app start once, in one worker), and every other module is a group of its own: the
+other worker runs them one after another beside it, each whole. The lasting group comes first, as it is the
+longest: whichever worker ends first takes what is left.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
 # The session's lasting services, by fixture, in the order they start: Ray (with Serve), then the `main` app.
 LASTING_FIXTURES = ("serve_cluster", "main_app")
+# The group (pytest-xdist's xdist_group) of every module that needs one of them.
+LASTING_GROUP = "lasting-services"
 
 
 class Collected(Protocol):
@@ -29,11 +38,26 @@ class Collected(Protocol):
 T = TypeVar("T", bound=Collected)
 
 
-def lasting_services_last(items: Sequence[T]) -> list[T]:
-    """`items` with each module placed by the lasting services any of its tests needs, fewest first, stably."""
+def _needs(items: Sequence[Collected]) -> dict[Path, tuple[bool, ...]]:
+    """Each module's path -> which of LASTING_FIXTURES any of its tests needs."""
     needs: dict[Path, tuple[bool, ...]] = {}
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         mine = tuple(name in fixtures for name in LASTING_FIXTURES)
         needs[item.path] = tuple(a or b for a, b in zip(needs.get(item.path, mine), mine, strict=True))
+    return needs
+
+
+def lasting_services_last(items: Sequence[T]) -> list[T]:
+    """`items` with each module placed by the lasting services any of its tests needs, fewest first, stably."""
+    needs = _needs(items)
     return sorted(items, key=lambda item: needs[item.path])
+
+
+def split_for_workers(items: Sequence[T]) -> list[tuple[T, str]]:
+    """`items` for a run over workers, each with its group: the modules that need a lasting service first, as
+    LASTING_GROUP in lasting_services_last's order among themselves; then every other module, in its collected
+    order, as a group named by its path (relative to the working directory, the same in every worker)."""
+    needs = _needs(items)
+    ordered = sorted(items, key=lambda item: (not any(needs[item.path]), needs[item.path]))
+    return [(item, LASTING_GROUP if any(needs[item.path]) else os.path.relpath(item.path)) for item in ordered]

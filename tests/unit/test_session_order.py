@@ -1,5 +1,6 @@
 """The suite's module order (tests/session_order.py): the modules that need fewer of the session's lasting services
-run first, each module whole and in its collected order, as pytest's collection hands the order to the run."""
+run first, each module whole and in its collected order, as pytest's collection hands the order to the run; split
+over workers, the modules that need them are one group, first."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.session_order import lasting_services_last
+from tests.session_order import LASTING_GROUP, lasting_services_last, split_for_workers
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,18 @@ def test_modules_run_by_the_lasting_services_they_need_each_whole_and_in_order()
     items = [Item(a, "a1", ("photos",)), Item(a, "a2", ("main_app", "serve_cluster")),
              Item(b, "b1", ("serve_cluster",)), Item(c, "c1"), Item(b, "b2"), Item(c, "c2", ("tmp_path",))]
     assert [item.name for item in lasting_services_last(items)] == ["c1", "c2", "b1", "b2", "a1", "a2"]
+
+
+def test_split_over_workers_the_lasting_services_modules_are_one_group_first_and_every_other_module_its_own() -> None:
+    a = Path("test_a.py")  # the main app
+    b = Path("test_b.py")  # Ray alone
+    c = Path("test_c.py")  # nothing lasting
+    d = Path("test_d.py")  # nothing lasting
+    items = [Item(d, "d1"), Item(d, "d2"), Item(a, "a1"), Item(a, "a2", ("main_app", "serve_cluster")),
+             Item(c, "c1"), Item(b, "b1", ("serve_cluster",)), Item(b, "b2")]
+    assert [(item.name, group) for item, group in split_for_workers(items)] == [
+        ("b1", LASTING_GROUP), ("b2", LASTING_GROUP), ("a1", LASTING_GROUP), ("a2", LASTING_GROUP),
+        ("d1", "test_d.py"), ("d2", "test_d.py"), ("c1", "test_c.py")]
 
 
 def test_this_suite_runs_the_service_starting_modules_before_the_session_ray_and_its_main_app() -> None:

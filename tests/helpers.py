@@ -321,8 +321,9 @@ def streamed_png(width: int, height: int, bit_depth: int, colour_type: int, row:
 
 class FileServer:
     """HTTP on one loopback address (127.0.0.2, 127.0.0.3: tests send nothing elsewhere) serving `files` by path,
-    `/redirect?<url>` (302 to it) and `/slow/<path>` (the file after `slow_s`); it records each request's
-    (path, Host) and the most requests it held at once. A context manager: the server stops at its end."""
+    `/redirect?<url>` (302 to it), `/slow/<path>` (the file after `slow_s`) and `/held/<path>` (the file once
+    `release` is set, or after 180 s); it records each request's (path, Host) and the most requests it held at
+    once. A context manager: at its end held requests are released and the server stops."""
 
     def __init__(self, host: str, files: dict[str, bytes], slow_s: float = 0.5) -> None:
         import threading
@@ -332,6 +333,7 @@ class FileServer:
         self.files, self.slow_s = files, slow_s
         self.hits: list[tuple[str, str | None]] = []
         self.active = self.most_active = 0
+        self.release = threading.Event()
         lock = threading.Lock()
         outer = self
 
@@ -352,6 +354,9 @@ class FileServer:
                     if path.startswith("/slow/"):
                         time.sleep(outer.slow_s)
                         path = path[len("/slow"):]
+                    elif path.startswith("/held/"):
+                        outer.release.wait(timeout=180)
+                        path = path[len("/held"):]
                     body = outer.files.get(path)
                     self._send(200 if body is not None else 404, body or b"")
                 finally:
@@ -374,6 +379,7 @@ class FileServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 
-from tests.helpers import API_KEY, ServeCluster, cosine, embeddings_of, jpeg_bytes
+from tests.helpers import API_KEY, FileServer, ServeCluster, cosine, embeddings_of, jpeg_bytes
 
 
 def _read_output(folder: Path) -> dict[str, np.ndarray]:
@@ -130,9 +130,6 @@ def test_texts_in_a_table_column_equal_the_served_text_embeddings(main_app: str,
 def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path) -> None:
     """The run is killed while its last input, a URL on a server here (127.0.0.2), is held unanswered: the run
     cannot end before the kill, whatever else this machine runs, and the shards before it can be written."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from siglip_serve.bulk.job import JobSpec, run_job
     from siglip_serve.serve.plan.config import ServiceConfig
 
@@ -141,30 +138,13 @@ def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path)
     folder.mkdir()
     for i in range(119):
         (folder / f"{i:04d}.jpg").write_bytes(jpeg_bytes(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)))
-    held_body = jpeg_bytes(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))
-    release = threading.Event()
-
-    class Held(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            release.wait(timeout=180)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(held_body)))
-            self.end_headers()
-            self.wfile.write(held_body)
-
-    server = ThreadingHTTPServer(("127.0.0.2", 0), Held)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.2:{server.server_address[1]}/last.jpg"
-    listing = tmp_path / "list.txt"
-    listing.write_text("\n".join([*sorted(str(p) for p in folder.iterdir()), url]))
     out = tmp_path / "out"
     import ray
 
-    try:
+    with FileServer("127.0.0.2", {"/last.jpg": jpeg_bytes(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))}) as held:
+        url = f"{held.base}/held/last.jpg"
+        listing = tmp_path / "list.txt"
+        listing.write_text("\n".join([*sorted(str(p) for p in folder.iterdir()), url]))
         # A driver of its own on the tests' Ray (no second Ray to start): killing it ends its actors and
         # tasks with it (Ray ends what a dead driver owned), as a crashed job would leave them.
         command = [sys.executable, "-m", "siglip_serve", "embed", str(listing), "-o", str(out),
@@ -187,13 +167,9 @@ def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path)
         assert 0 < len(written_before) < 30
 
         # The rerun (in the tests' Ray, to spare a second start) does only what is missing.
-        release.set()
+        held.release.set()
         rerun = run_job(ServiceConfig(model="tiny-siglip", torch_threads=1, url_fetch_allowlist=("127.0.0.2/32",)),
                         JobSpec(source=str(listing), output=str(out), shard_size=4))
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
     assert (rerun.shards_done_before, rerun.shards_written) == (len(written_before), 30 - len(written_before))
     paths = pq.read_table(out).column("path").to_pylist()
     assert sorted(paths) == sorted([*(str(p) for p in folder.iterdir()), url]) and len(set(paths)) == len(paths) == 120
@@ -204,37 +180,18 @@ def test_urls_and_repeated_files_in_a_run_on_ray(serve_cluster, photo_jpegs: lis
     """Through Ray Data's tasks and actors: an allowed URL (a server on 127.0.0.2) is fetched and equals
     the same file read from disk, a URL to another loopback address is refused with the service's type,
     and copies of a file are answered from the run's record (traffic to 127.0.0.2/3 only)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from siglip_serve.bulk.job import JobSpec, run_job
     from siglip_serve.serve.plan.config import ServiceConfig
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            hits.append((self.server.server_address[0], self.path))
-            body = photo_jpegs[1] if self.path == "/b.jpg" else b""
-            self.send_response(200 if body else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    hits: list[tuple[str, str]] = []
-    servers = [ThreadingHTTPServer((host, 0), Handler) for host in ("127.0.0.2", "127.0.0.3")]
-    for server in servers:
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    files = {"/b.jpg": photo_jpegs[1]}
+    with FileServer("127.0.0.2", files) as allowed_server, FileServer("127.0.0.3", files) as other_server:
         (tmp_path / "a.jpg").write_bytes(photo_jpegs[0])
         (tmp_path / "b.jpg").write_bytes(photo_jpegs[1])
         copies = [tmp_path / f"a-copy{i}.jpg" for i in range(6)]
         for copy in copies:
             copy.write_bytes(photo_jpegs[0])
-        allowed = f"http://127.0.0.2:{servers[0].server_address[1]}/b.jpg"
-        refused = f"http://127.0.0.3:{servers[1].server_address[1]}/b.jpg"
+        allowed = f"{allowed_server.base}/b.jpg"
+        refused = f"{other_server.base}/b.jpg"
         listing = tmp_path / "list.txt"
         listing.write_text("\n".join([str(tmp_path / "a.jpg"), str(tmp_path / "b.jpg"), allowed, refused,
                                       *map(str, copies)]))
@@ -244,13 +201,10 @@ def test_urls_and_repeated_files_in_a_run_on_ray(serve_cluster, photo_jpegs: lis
         # either way it is answered with the first copy's embedding (tests/unit/test_bulk_repeats_and_urls.py
         # shows each path on its own).
         result = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
 
     assert (result.items, result.embedded, result.errors) == (10, 9, 1)
-    assert [host for host, _ in hits] == ["127.0.0.2"]  # fetched once; 127.0.0.3 never reached
+    # fetched once; 127.0.0.3 never reached
+    assert ([path for path, _ in allowed_server.hits], other_server.hits) == (["/b.jpg"], [])
     rows = _read_output(out)
     assert cosine(rows[allowed], rows[str(tmp_path / "b.jpg")]) >= 0.99999
     for copy in copies:

@@ -144,10 +144,10 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 
 @pytest.fixture(scope="session")
 def photos() -> list[np.ndarray]:
-    """Real photographs shipped with scikit-image, as RGB uint8 arrays."""
-    from skimage import data
+    """Real photographs shipped with the package (core/sample_photos.py), as RGB uint8 arrays."""
+    from siglip_serve.core.sample_photos import photo_array
 
-    return [data.astronaut(), data.chelsea(), data.coffee(), data.rocket(), data.immunohistochemistry()]
+    return [photo_array(name) for name in ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry")]
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@
 #   tools/device_wheels.sh                          # download tools/device-wheels.txt, pack, print the sizes
 #   tools/device_wheels.sh --derive PYTHON3.12      # first rewrite tools/device-wheels.txt (below)
 # --derive resolves pyproject.toml's dependencies with that interpreter's pip (a recent one, which resolves
-# from PyPI's metadata files; an old one downloads whole wheels, torch's too), pinned to this venv's tested
-# versions, and keeps the closure minus tools/device-image-packages.txt.
+# from PyPI's metadata files; an old one downloads whole wheels, torch's too), pinned to the runtime lock for
+# Python 3.12 (requirements/runtime-py3.12.txt), and keeps the closure minus tools/device-image-packages.txt.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-$root/.venv/bin/python}"
@@ -29,7 +29,8 @@ while (($#)); do
       work="$(mktemp -d)"
       "$py" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
         "$root/pyproject.toml" > "$work/requirements.txt"
-      "$py" -m pip freeze --exclude-editable > "$work/tested.txt"
+      # The tested versions: the runtime lock for the device's Python (tools/lock.sh), its pins without hashes.
+      grep -oE '^[A-Za-z0-9][A-Za-z0-9._-]*==[^ ;\\]+' "$root/requirements/runtime-py3.12.txt" > "$work/tested.txt"
       "$py312" -m pip install -q --dry-run --ignore-installed --only-binary=:all: --report "$work/report.json" \
         -r "$work/requirements.txt" -c "$work/tested.txt"
       { echo "# What tools/device_wheels.sh downloads for the device machine (written by its --derive): the closure of"

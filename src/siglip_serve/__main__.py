@@ -7,6 +7,7 @@ Each command is a `main(argv) -> int` in the package that owns it; only the chos
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 # name -> (module with main(argv) -> int, one line of help)
@@ -28,6 +29,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "device-check": ("siglip_serve.measure.device_check", "every accelerator figure in one bounded run: install, "
                                                           "pytest -m cuda, bare, served, host ceiling, verdict"),
 }
+# What the runtime install (`pip install siglip-serve`, requirements/runtime-*.txt) leaves to an extra:
+# top-level module -> the extra that brings it. A command that needs one says which extra to install.
+EXTRAS = {"locust": "loadtest", "gevent": "loadtest", "matplotlib": "report"}
+# Commands that cannot start without one (kernels' --plot needs matplotlib only when asked).
+NEEDS = {"loadtest": "locust", "report": "matplotlib"}
 # Given before the command (`siglip-serve --log-level DEBUG run`), as the one-parser CLI took it.
 LOG_LEVEL = "--log-level"
 
@@ -52,8 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"siglip-serve: unknown command {command!r}\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[command][0])
-    return int(module.main([*leading, *rest]) or 0)
+    try:
+        if command in NEEDS and importlib.util.find_spec(NEEDS[command]) is None:
+            raise ModuleNotFoundError(f"No module named {NEEDS[command]!r}", name=NEEDS[command])
+        module = importlib.import_module(COMMANDS[command][0])
+        return int(module.main([*leading, *rest]) or 0)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        print(f"siglip-serve {command}: needs {top}, which the runtime install leaves out: "
+              f"pip install 'siglip-serve[{EXTRAS[top]}]' (make install has every extra)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

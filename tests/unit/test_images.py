@@ -4,6 +4,7 @@ the check that runs everywhere."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -37,7 +38,8 @@ def constraint(file: str, package: str) -> str:
     raise AssertionError(f"{package} not pinned in {file}")
 
 
-@pytest.mark.parametrize("name", ["cpu.Containerfile", "neuron-2.31.Containerfile", "neuron-native.Containerfile"])
+@pytest.mark.parametrize("name", ["cpu.Containerfile", "cuda.Containerfile", "neuron-2.31.Containerfile",
+                                  "neuron-native.Containerfile"])
 def test_every_image_resets_the_entrypoint_and_pins_its_base(name: str) -> None:
     assert first(name, "ENTRYPOINT") == ["[]"]  # a DLC's TorchServe entrypoint must not run ours
     (base,) = first(name, "FROM")
@@ -98,12 +100,12 @@ def test_the_native_image_fits_a_python_3_14_dlc_and_refuses_another_python() ->
             assert f"this base has Python {version[0]}.{version[1]}; TorchNeuron 2.14.3 needs 3.12-3.14" in run.stderr
 
 
-def test_the_cpu_image_runs_the_readmes_commands() -> None:
-    assert any(cmd.startswith("make install") for cmd in first("cpu.Containerfile", "RUN"))
-    (cmd,) = first("cpu.Containerfile", "CMD")
-    assert shlex.split(cmd.strip("[]").replace(",", " ")) == ["make", "serve", "HOST=0.0.0.0"]
-    readme = (REPO / "README.md").read_text().splitlines()[:5]
-    assert {"make serve", "make test"} <= {" ".join(line.split()[:2]) for line in readme}
+@pytest.mark.parametrize(("name", "backend"), [("cpu.Containerfile", "cpu"), ("cuda.Containerfile", "cuda")])
+def test_the_cpu_and_cuda_images_serve_on_every_interface_with_their_backend(name: str, backend: str) -> None:
+    (cmd,) = first(name, "CMD")
+    command = json.loads(cmd)
+    assert command[:2] == ["siglip-serve", "run"] and command[command.index("--host") + 1] == "0.0.0.0"
+    assert (command[command.index("--backend") + 1] if "--backend" in command else "cpu") == backend
 
 
 def _backend(document: dict) -> str:
@@ -136,5 +138,24 @@ def _containers(document: object) -> list[dict]:
 
 def test_the_build_context_leaves_out_this_machines_venv() -> None:
     ignored = (REPO / ".dockerignore").read_text().split()
-    assert {".venv", "build", ".git"} <= set(ignored)
-    assert Path(IMAGES / "cpu.Containerfile").read_text().count("COPY . .") == 1
+    assert {".venv", ".venv-moto", ".venv-latest", "build", ".git"} <= set(ignored)
+    # The runtime images copy what they install, by name: never the tests or a local venv.
+    for name in ("cpu.Containerfile", "cuda.Containerfile"):
+        assert all(not copy.startswith(". ") for copy in first(name, "COPY")), name
+
+
+@pytest.mark.parametrize("name", ["cpu.Containerfile", "cuda.Containerfile"])
+def test_the_cpu_and_cuda_images_install_exactly_the_runtime_lock_and_run_as_a_non_root_user(name: str) -> None:
+    runs = first(name, "RUN")
+    (locked,) = [r for r in runs if "-r " in r]
+    lock = re.search(r"-r (\S+)", locked).group(1)  # type: ignore[union-attr]
+    assert "--require-hashes" in locked and "--no-deps" in locked, locked
+    assert Path(lock).name == "runtime-py3.12.txt" and (REPO / "requirements" / Path(lock).name).is_file()
+    # The lock's file is copied in before it is installed; our package goes on top without resolving anything.
+    assert any(Path(lock).name in copy for copy in first(name, "COPY"))
+    (ours,) = [r for r in runs if "/opt/siglip-serve &&" in r or r.rstrip().endswith("/opt/siglip-serve")]
+    assert "--no-deps" in ours and "pip check" in ours, ours
+    (user,) = first(name, "USER")
+    assert user not in ("root", "0") and not user.startswith("0:"), user
+    assert [kind for kind, _ in instructions(name)].index("USER") > max(
+        i for i, (kind, _) in enumerate(instructions(name)) if kind == "RUN")

@@ -1,6 +1,6 @@
 """Unit tests for models/preprocess.py, the contract's answer to each of its rejections (serve/http/errors.py's
 table), and the base64/data-URI and Content-Type parsing of serve/http/http_body.py. All images are generated
-here (Pillow/numpy/skimage)."""
+here (Pillow/numpy) or are the package's sample photos (core/sample_photos.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import zlib
 import numpy as np
 import pytest
 from PIL import Image, ImageFile, features
-from skimage import data as skdata
 
+from siglip_serve.core import sample_photos
+from siglip_serve.core.sample_photos import photo_array
 from siglip_serve.models.image_errors import UnsupportedImage
 from siglip_serve.models.preprocess import (
     SUPPORTED_FORMATS,
@@ -58,7 +59,7 @@ def row(mode: str, values: list) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def photo_jpeg() -> bytes:
-    return encode(Image.fromarray(skdata.astronaut()), "JPEG", quality=90)
+    return sample_photos.photo_jpeg("astronaut")
 
 
 # --------------------------------------------------------------------------- modes
@@ -251,7 +252,7 @@ def test_mpo_served_as_its_first_jpeg() -> None:
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF"])
 def test_supported_formats_decode_to_rgb(fmt: str) -> None:
-    src = Image.fromarray(skdata.chelsea()).resize((60, 40))
+    src = Image.fromarray(photo_array("chelsea")).resize((60, 40))
     out = decode_image(encode(src, fmt))
     assert out.mode == "RGB" and out.size == (60, 40)
     assert fmt in SUPPORTED_FORMATS
@@ -300,7 +301,7 @@ def test_corrupt_bytes_are_400(data: bytes) -> None:
 @pytest.mark.parametrize("fmt,kw", [("JPEG", {"quality": 90}), ("JPEG", {"progressive": True}),
                                     ("PNG", {}), ("WEBP", {}), ("GIF", {}), ("TIFF", {})])
 def test_truncated_file_is_400(fmt: str, kw: dict) -> None:
-    full = encode(Image.fromarray(skdata.astronaut()), fmt, **kw)
+    full = encode(Image.fromarray(photo_array("astronaut")), fmt, **kw)
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
     err = rejected(full[: len(full) // 2])
     assert (err.status, err.error_type) == (400, "invalid_image")
@@ -452,7 +453,7 @@ def test_big_limit_above_pillow_default_rejects_with_our_message(no_decoding: li
 
 @pytest.fixture(scope="module")
 def small_png() -> bytes:
-    return encode(Image.fromarray(skdata.coffee()).resize((40, 30)), "PNG")
+    return encode(Image.fromarray(photo_array("coffee")).resize((40, 30)), "PNG")
 
 
 def _urlsafe_sensitive_bytes() -> bytes:
@@ -542,7 +543,7 @@ def test_base64_whitespace_does_not_count_towards_limit() -> None:
 # --------------------------------------------------------------------------- resize
 
 
-PHOTOS = {name: getattr(skdata, name)() for name in ("astronaut", "chelsea", "coffee", "rocket")}
+PHOTOS = {name: photo_array(name) for name in ("astronaut", "chelsea", "coffee", "rocket")}
 
 
 @pytest.mark.parametrize("size", [(384, 384), (224, 320), (7, 3)])

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from siglip_serve.core.errors import UserError
+from siglip_serve.core.sample_photos import photo_jpeg
 from siglip_serve.launcher import trn2_report
 from siglip_serve.launcher.trn2_steps import (
     KERNEL_CACHES_DIR,
@@ -187,13 +188,10 @@ def write_summary(run: Run, started: str) -> dict[str, Any]:
 
 
 def write_images(folder: Path) -> None:
-    """Real photos (scikit-image's samples, as the tests use) for the accuracy step."""
-    from PIL import Image
-    from skimage import data
-
+    """Real photos (the sample photos the tests use too) for the accuracy step."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("astronaut", "chelsea", "coffee", "rocket"):
-        Image.fromarray(getattr(data, name)()).save(folder / f"{name}.jpg", quality=90)
+        (folder / f"{name}.jpg").write_bytes(photo_jpeg(name))
 
 
 def check(out: Path, pythons: Sequence[str], skip: Sequence[str] = (), cores: int | None = None,

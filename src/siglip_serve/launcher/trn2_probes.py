@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import io
 import json
 import os
 import platform
@@ -22,6 +21,7 @@ from typing import Any
 from siglip_serve.core.backends import BACKENDS
 from siglip_serve.core.cli import run_main
 from siglip_serve.core.errors import UserError
+from siglip_serve.core.sample_photos import photo_jpeg
 from siglip_serve.models.neuron.sdk import sdk_line
 
 MODEL = "tiny-siglip"
@@ -96,15 +96,6 @@ def ray_neuron_view() -> dict[str, Any]:
     return view
 
 
-def _photo_jpeg() -> bytes:
-    from PIL import Image
-    from skimage import data
-
-    buf = io.BytesIO()
-    Image.fromarray(data.chelsea()).save(buf, format="JPEG", quality=90)
-    return buf.getvalue()
-
-
 def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) -> dict[str, Any]:
     """Start `siglip-serve run` (one replica on one declared core), wait for /readyz, embed one photo,
     read /v1/models, stop it. Raises ProbeFailed naming what went wrong."""
@@ -134,7 +125,7 @@ def serve(out: Path, backend: str, artifact_dir: str, ready_timeout_s: float) ->
             if not poll(ready, bool, ready_timeout_s, interval_s=2.0)[1]:
                 raise ProbeFailed(f"not ready within {ready_timeout_s:.0f} s")
             ready_s = time.monotonic() - began
-            response = client.post("/v1/embeddings/image", content=_photo_jpeg(),
+            response = client.post("/v1/embeddings/image", content=photo_jpeg("chelsea"),
                                    headers={"Content-Type": "image/jpeg"})
             if response.status_code != 200:
                 raise ProbeFailed(f"POST /v1/embeddings/image answered {response.status_code}: {response.text[:300]}")

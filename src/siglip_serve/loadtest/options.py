@@ -54,7 +54,7 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("--endpoint", str, "raw", "raw image bytes, multipart file parts, or JSON base64", ENDPOINTS),
     Option("--images-per-request", int, 1, "images in each request"),
-    Option("--images", str, "", "folder of images to send (default: scikit-image photos)"),
+    Option("--images", str, "", "folder of images to send (default: the sample photos)"),
     Option("--encoding-format", str, "float", "json endpoint: how embeddings come back (base64 is cheaper for the "
                                               "client to parse)", ("float", "base64")),
     Option("--expect-dim", int, 0, "expected embedding dimension (0: read from GET /v1/models)"),

@@ -19,13 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from siglip_serve.core.errors import UserError
+from siglip_serve.core.sample_photos import PHOTOS, photo_jpeg
 
 log = logging.getLogger("siglip_serve.corpus")
-
-# Real photographs bundled with scikit-image (no download): colour ones plus two grayscale,
-# so the server's grayscale-to-RGB path is exercised too.
-SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry",
-                  "camera", "moon")
 
 CONTENT_TYPES = {
     ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp",
@@ -55,21 +51,27 @@ class RequestBody:
     images: int
 
 
-def skimage_corpus(names: Sequence[str] = SKIMAGE_PHOTOS, size: tuple[int, int] | None = None,
-                   quality: int = 90) -> list[Image]:
-    """scikit-image's sample photographs, JPEG-encoded once (resized first to `size`, if given)."""
-    from PIL import Image as PILImage
-    from skimage import data
-
+def sample_corpus(names: Sequence[str] = PHOTOS, size: tuple[int, int] | None = None,
+                  quality: int = 90) -> list[Image]:
+    """The sample photographs (core/sample_photos.py) as JPEGs: the shipped files themselves, or, when `size`
+    or `quality` asks for other bytes, each decoded, resized to `size` (if given) and re-encoded once."""
     images = []
     for name in names:
-        picture = PILImage.fromarray(getattr(data, name)())
-        if size is not None:
-            picture = picture.resize(size, PILImage.Resampling.BICUBIC)
-        buf = io.BytesIO()
-        picture.save(buf, format="JPEG", quality=quality)
-        images.append(Image(f"{name}.jpg", buf.getvalue(), "image/jpeg"))
+        data = photo_jpeg(name)
+        if size is not None or quality != 90:  # the shipped files are the full-size pictures at quality 90
+            data = _reencode(data, size, quality)
+        images.append(Image(f"{name}.jpg", data, "image/jpeg"))
     return images
+
+
+def _reencode(jpeg: bytes, size: tuple[int, int] | None, quality: int) -> bytes:
+    from PIL import Image as PILImage
+
+    with PILImage.open(io.BytesIO(jpeg)) as picture:
+        resized = picture.resize(size, PILImage.Resampling.BICUBIC) if size is not None else picture
+        buf = io.BytesIO()
+        resized.save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
 
 
 def image_files(folder: str | Path) -> list[Path]:
@@ -89,9 +91,9 @@ def folder_corpus(folder: str | Path) -> list[Image]:
 
 
 def load_corpus(folder: str | Path | None = None) -> list[Image]:
-    images = folder_corpus(folder) if folder else skimage_corpus()
+    images = folder_corpus(folder) if folder else sample_corpus()
     log.info("corpus: %d images, %.1f KiB on average (%s)", len(images),
-             sum(len(i.data) for i in images) / len(images) / 1024, folder or "scikit-image photos")
+             sum(len(i.data) for i in images) / len(images) / 1024, folder or "the sample photos")
     return images
 
 

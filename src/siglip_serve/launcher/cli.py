@@ -11,8 +11,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from siglip_serve.core.cli import (
+    SettingsError,
     add_field_arguments,
     add_log_level,
+    environment_values,
     fields_help,
     key_value,
     option_values,
@@ -69,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
                                   epilog="--set KEY=VALUE takes every config field (the Serve YAML args:) "
                                          "but api_key:\n" + fields_help(ServiceConfig))
-    add_log_level(run)
+    # No default here: $SIGLIP_LOG_LEVEL may name one (run_settings), else the config's own.
+    add_log_level(run, default=None)
     add_model_arguments(run)
     run.add_argument("--host", default="127.0.0.1")
     run.add_argument("--port", type=int, default=8000)
@@ -110,8 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     entered = time.time()
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from siglip_serve.serve.plan.config import ServiceConfig
+
+    try:  # a bad SIGLIP_<KEY> is a usage error, as a bad flag is
+        environment, _ = environment_values(ServiceConfig, os.environ, exclude={"api_key"})
+    except SettingsError as exc:
+        parser.error(str(exc))
+    setup_logging(args.log_level or environment.get("log_level", "INFO"))
     if args.print_plan:
         return run_main(lambda: print_plan(args), log)
     own_session = False
@@ -158,10 +168,19 @@ def _start(args: argparse.Namespace, timeline: Timeline, own_session: bool = Fal
             placeholder.release()
 
 
-def run_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The config `run` asks for: model flags, then --set, then --log-level and the service flags."""
-    settings = {**model_values(args), **settings_values(args.set), "log_level": args.log_level,
+def run_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The config `run` asks for: SIGLIP_<KEY> variables in `environ` (core/constants.py), then the model
+    flags, --set, --log-level and the service flags, each over what comes before it. $SIGLIP_API_KEY keeps
+    its own path (service_config): a key never travels in the settings from the environment."""
+    from siglip_serve.serve.plan.config import ServiceConfig
+
+    environment, strays = environment_values(ServiceConfig, environ or {}, exclude={"api_key"})
+    for name in strays:
+        log.warning("%s is neither a config key nor a variable siglip-serve reads: ignored", name)
+    settings = {**environment, **model_values(args), **settings_values(args.set),
                 **option_values(args, SERVICE_OPTIONS)}
+    if args.log_level is not None:
+        settings["log_level"] = args.log_level
     if args.api_key_file:  # the replicas' working directory is not ours
         settings["api_key_file"] = os.path.abspath(args.api_key_file)
     if settings.get("api_keys_file"):
@@ -180,7 +199,7 @@ def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
 
     from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 
-    config = ServiceConfig.from_args(run_settings(args))
+    config = ServiceConfig.from_args(run_settings(args, environ))
     # `run` deploys one application and is restarted whole to change it: `model_apps` (for `serve deploy`'s
     # YAML, where models change in place) would leave the front application's towers undeployed.
     config = config.model_copy(update={"model_apps": False})

@@ -68,6 +68,7 @@ lint: $(STAMP)
 	$(BIN)/python tools/import_cycles.py src/siglip_serve
 	$(BIN)/python tools/layers.py src/siglip_serve
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 
 test: lint
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 # Every accelerator figure in one bounded run (siglip-serve device-check, src/siglip_serve/measure/device_check.py):
 # install (wheels carried in .whl/ and this checkout, offline), pytest -m cuda, the bare encoder, the served
 # variants, the host ceiling, the verdict and served / bare; summary.json and summary.md in --out.
-#   tools/device_check.sh --out /tmp/device-check --bundle "$OUT"          # on a GPU machine (README, Benchmarks)
+#   tools/device_check.sh --out /tmp/device-check --bundle "$OUT"          # on a GPU machine (docs/dev/benchmark-log.md)
 #   tools/device_check.sh --out /tmp/dc --backend cpu --model tiny-siglip  # the CPU rehearsal
 # PYTHON picks the interpreter (default python3: on the device machine the one that holds torch). The
 # checkout's src/ is on PYTHONPATH so the check itself runs, and records why, before anything installs.

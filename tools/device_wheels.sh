@@ -3,7 +3,7 @@
 # device reaches nothing) and laid over carry folders .whl-1, .whl-2, ... in this checkout, each under
 # --limit-mib (58: with the checkout beside it, under the 64 MiB one device call carries). A wheel that
 # crosses a folder's end is cut into parts; tools/device_check.sh's install step joins them there
-# (measure/device_wheels.py). The README (Benchmarks, "On a GPU") gives the device calls that carry them.
+# (measure/device_wheels.py). docs/dev/accelerator-check.md gives the device calls that carry them.
 #   tools/device_wheels.sh                          # download tools/device-wheels.txt, pack, print the sizes
 #   tools/device_wheels.sh --derive PYTHON3.12      # first rewrite tools/device-wheels.txt (below)
 # --derive resolves pyproject.toml's dependencies with that interpreter's pip (a recent one, which resolves

@@ -75,7 +75,7 @@ def test_load_scales_the_encoder_and_ingress_up_and_its_end_down(serve_cluster: 
         codes += asyncio.run(load(url, photo_jpegs[0], time.monotonic() + 1.0))
     assert codes and set(codes) == {200}
     # The replica autoscaling added answers load once warm: its start, from its process's creation (Ray
-    # placed it) to its first answer, is what a burst waits for (README, Benchmarks).
+    # placed it) to its first answer, is what a burst waits for (docs/dev/benchmark-log.md).
     added = max(answering("scaling"), key=lambda record: record["start"]["process_started"])["start"]
     assert added["process_started"] <= added["ready_at"] <= added["first_answer_at"]
     log.info("the added encoder replica: warm %.1f s and first answer %.1f s after its process started (%s)",

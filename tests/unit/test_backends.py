@@ -181,7 +181,7 @@ def test_cuda_graphs_are_captured_for_both_towers_or_for_neither(no_gpu_needed: 
 
 def test_the_cuda_default_captures_a_graph_per_bucket(no_gpu_needed: None) -> None:
     """cuda_graphs is on unless a config says otherwise: without graphs the encoder replica's one Python thread
-    launching kernels, not the GPU, set the served rate on an H200 (README, Benchmarks)."""
+    launching kernels, not the GPU, set the served rate on an H200 (docs/dev/benchmark-log.md)."""
     image = create_encoder(ModelSettings(model="tiny-siglip", backend="cuda", buckets=(1, 2)))
     assert sorted(image.runner.graphs) == [1, 2] and image.static_shapes
 

@@ -50,7 +50,7 @@ def test_serve_defaults_when_turned_off(override: dict[str, Any]) -> None:
 
 
 def test_on_cpu_by_default_the_ingress_runs_the_mode_and_the_towers_do_not() -> None:
-    # Measured per deployment (README, Benchmarks, "Serve's mode per deployment"): the ingress saves host
+    # Measured per deployment (docs/dev/benchmark-log.md, "Serve's mode per deployment"): the ingress saves host
     # CPU in the mode; towers that share the host's cores with it lose images per second.
     config = ServiceConfig(model="tiny-siglip", random_weights=True, replicas=1, text_replicas=1)
     envs = replica_envs(config)

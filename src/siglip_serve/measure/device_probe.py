@@ -2,7 +2,7 @@
 
 The interpreter, the host's cores, torch and the accelerator it sees, and each module the served
 benchmark imports, with its version or why it does not import. Exits 1 naming the missing ones, so the
-check's summary says what to carry (README, Benchmarks) rather than failing later step by step.
+check's summary says what to carry (docs/dev/benchmark-log.md) rather than failing later step by step.
 """
 
 from __future__ import annotations

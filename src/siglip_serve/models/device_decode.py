@@ -1,7 +1,7 @@
 """JPEG decode and resize on the encoder's own device: nvJPEG on a GPU, torchvision's decoder on a CPU.
 
 On the CUDA backend the host's decode is the serving path's largest cost per image (H100 host, one
-ingress: 16 ms of its 26 ms per image went to the ingress; README, Benchmarks). With
+ingress: 16 ms of its 26 ms per image went to the ingress; docs/dev/benchmark-log.md). With
 `device_jpeg_decode` the ingress still reads every header and checks every limit, but sends plain
 8-bit JPEG files as they came; the encoder replica decodes them here, on the GPU
 (`torchvision.io.decode_jpeg(device="cuda")`), resizes and hands the same uint8 [N, 3, H, W] to the

@@ -46,7 +46,7 @@ class ModelSettings(BaseModel):
     artifact_dir: Path | None = Field(None, description="neuron: compiled artifact directory (siglip-serve compile)")
     cuda_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="cuda: autocast dtype")
     # On: without graphs the encoder replica's one Python thread launching kernels, not the GPU, sets the
-    # served rate (models/backends/cuda.py; the README's Benchmarks, "On a GPU").
+    # served rate (models/backends/cuda.py; docs/dev/benchmark-log.md, "On a GPU").
     cuda_graphs: bool = Field(True, description="cuda: capture one CUDA graph per bucket (false: eager at each "
                                                 "batch's real size)")
     # None: tiny-siglip's bundled tokenizer, else open_clip's tokenizer for the model (from the

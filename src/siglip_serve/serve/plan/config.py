@@ -113,7 +113,7 @@ class ServiceConfig(ModelSettings):
                                        "of the same lane, or any of a higher lane, are there or arrived within the "
                                        "last second (core/lanes.py OTHERS_HOLD_S); alone, they take every slot. 1 "
                                        "(the default): no cap; lower trades a backfill's throughput for the others' "
-                                       "latency (README, Benchmarks)")
+                                       "latency (docs/guides/lanes-and-tenants.md)")
     min_ready_replicas: int = Field(1, ge=1, description="/readyz answers 200 while at least this many encoder "
                                                          "replicas are warm (capped at replicas)")
     # On SIGTERM /readyz turns 503 and new requests get 503 before Serve and Ray stop.
@@ -356,7 +356,7 @@ class ServiceConfig(ModelSettings):
     def ingress_throughput_mode(self) -> bool:
         """Serve's throughput mode in the ingress (and, under `siglip-serve run`, the Ray it starts): as set,
         else on for every backend. The ingress does the host's per-request work (HTTP, JSON, decoding),
-        where the mode saves most; measured per deployment in README, Benchmarks, "Serve's mode per
+        where the mode saves most; measured per deployment in docs/dev/benchmark-log.md, "Serve's mode per
         deployment" (2026-11-26)."""
         return self.throughput_optimized is not False
 
@@ -365,7 +365,7 @@ class ServiceConfig(ModelSettings):
         """Whether the ingress calls the towers over Serve's gRPC (else Ray actor tasks): wherever the ingress
         runs the mode. Every replica serves gRPC whatever its mode (ray/serve/_private/replica.py starts its
         inter-deployment server unconditionally); on cpu, gRPC calls to towers outside the mode measured
-        level with actor tasks (README, Benchmarks, "Serve's mode per deployment")."""
+        level with actor tasks (docs/dev/benchmark-log.md, "Serve's mode per deployment")."""
         return self.ingress_throughput_mode
 
     def serve_mode_env(self) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """How a service splits the host's cores: encoder replicas on cpu, and ingress replicas everywhere.
 
-Measured on a 2-core VM (README, Benchmarks; A/B in one sitting): for small models one torch thread
+Measured on a 2-core VM (docs/dev/benchmark-log.md; A/B in one sitting): for small models one torch thread
 per replica, a replica per core, serves more images per second at fewer CPU-ms per image than one
 replica with a thread per core (ViT-B-16: 3.7-3.9 vs 2.9-3.0 img/s; tiny-siglip: 105-138 vs 78-128):
 intra-op threads at these sizes wait on each other. SO400M went the other way (0.14 vs 0.16 img/s, and

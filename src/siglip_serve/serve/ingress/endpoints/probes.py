@@ -1,8 +1,10 @@
 """The probes, about the service rather than work: GET /v1/models, /healthz, /readyz, and the contract's document at
-/openapi.json with its page at /docs (docs/http-api.md)."""
+/openapi.json with its page at /docs, whose Swagger UI script and style the service serves itself (docs/http-api.md)."""
 
 # No `from __future__ import annotations`: route modules keep FastAPI-facing types resolvable at runtime.
 import json
+from functools import cache
+from importlib.resources import files
 from typing import Any, Literal
 
 from fastapi import Request, Response
@@ -63,10 +65,41 @@ async def openapi(ingress: Ingress, request: Request) -> Response:
     return Response(json.dumps(served_document(request.app, service_limits(ingress))), media_type="application/json")
 
 
+# Swagger UI 5 as fastapi-swagger ships it (a runtime dependency): FastAPI's page would load these from a CDN, and
+# an air-gapped host would show a blank page. path under /docs/ -> (file in the package, media type).
+SWAGGER_PACKAGE = "fastapi_swagger"
+SWAGGER_ASSETS: dict[str, tuple[str, str]] = {
+    "swagger-ui-bundle.js": ("swagger-ui-bundle.js", "text/javascript; charset=utf-8"),
+    "swagger-ui.css": ("swagger-ui.css", "text/css; charset=utf-8"),
+    "favicon.png": ("favicon-32x32.png", "image/png"),
+}
+
+
+@cache
+def swagger_asset(name: str) -> bytes:
+    """One of SWAGGER_ASSETS' files, read once per process."""
+    return files(SWAGGER_PACKAGE).joinpath("resources", SWAGGER_ASSETS[name][0]).read_bytes()
+
+
 async def docs(_: Ingress, request: Request) -> Response:
-    # With an API key the browser's fetch of /openapi.json needs the header too (docs/http-api.md).
+    # With an API key the browser's fetch of /openapi.json (and of the assets) needs the header too (docs/http-api.md).
     root = request.scope.get("root_path", "").rstrip("/")
-    return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title="siglip-serve")
+    return get_swagger_ui_html(
+        openapi_url=f"{root}/openapi.json", title="siglip-serve",
+        swagger_js_url=f"{root}/docs/swagger-ui-bundle.js", swagger_css_url=f"{root}/docs/swagger-ui.css",
+        swagger_favicon_url=f"{root}/docs/favicon.png",
+        # No badge asking validator.swagger.io about the document: nothing on the page leaves the host.
+        swagger_ui_parameters={"validatorUrl": None})
+
+
+def _asset_route(name: str) -> Any:
+    async def asset(_: Ingress, __: Request) -> Response:
+        # The files change only with the installed package: a browser may keep them for a day.
+        return Response(swagger_asset(name), media_type=SWAGGER_ASSETS[name][1],
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+    asset.__name__ = "docs_" + name.replace("-", "_").replace(".", "_")
+    return asset
 
 
 ROWS = (
@@ -79,4 +112,5 @@ ROWS = (
         "ready", (500, 503))),
     Probe("GET", "/openapi.json", openapi, in_schema=False),
     Probe("GET", "/docs", docs, in_schema=False),
+    *(Probe("GET", f"/docs/{name}", _asset_route(name), in_schema=False) for name in SWAGGER_ASSETS),
 )

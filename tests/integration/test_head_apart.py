@@ -75,7 +75,10 @@ class Cluster:
                     # Ray turns token auth on for a new cluster by default, writing ~/.ray/auth_token, which
                     # every Ray on this machine would then share (ray/_private/authentication/
                     # authentication_token_setup.py): off, as this cluster listens on loopback only.
-                    "RAY_AUTH_MODE": "disabled"}
+                    "RAY_AUTH_MODE": "disabled",
+                    # Serve records its builder task's events (and so the node it ran on) only with this set;
+                    # its controller, on the head, reads it (ray/serve/_private/constants.py).
+                    "RAY_SERVE_ENABLE_TASK_EVENTS": "1"}
         # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (what `run` sets for its one-node Ray) would make the worker's
         # `ray start --address` refuse to join (ray/scripts/scripts.py).
         for key in ("RAY_ADDRESS", "HF_HUB_OFFLINE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
@@ -187,6 +190,18 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
         assert client.get("/v1/models", headers={"Authorization": "Bearer other"}).status_code == 401
         (replica,) = client.get("/v1/models").json()["data"][0]["replicas"]
     assert replica["backend"] == "neuron" and replica["manifest"]["versions"]["torch_neuronx"] == "0.0.0+test-double"
+    # Serve's builder ran on the head, where the artifact, the weights and the keys file are absent: its task
+    # is unpinned (num_cpus=0, ray/serve/_private/application_state.py build_serve_application), so where it
+    # ran is read from Ray's task records, not assumed.
+    from ray.util.state import list_nodes, list_tasks
+
+    nodes = {n.node_id: n.node_ip for n in list_nodes(address=dashboard, detail=True)}
+    deadline = time.monotonic() + 30
+    while not (builds := list_tasks(address=dashboard, filters=[("name", "=", "build_serve_application")],
+                                    detail=True)):
+        assert time.monotonic() < deadline, "no record of Serve's build task"
+        time.sleep(1)
+    assert {nodes.get(task.node_id) for task in builds} == {HEAD_IP}, (builds, nodes)
 
     # The job, once the service holds its share of the worker (Ray Data would otherwise take every CPU the
     # ingress waits for): its driver runs on the head, where the artifact directory is an empty tmpfs

@@ -200,7 +200,9 @@ def refusal(artifact: Path, runtime: RecordingRuntime | None = None, **overrides
     (None, ["not installed", "pip install -c constraints-neuron-native.txt", "aws_neuronx_venv_torch_neuronx_2_14_0"]),
     ("1.0", ["placeholder", "pip uninstall torch-neuronx"]),
     ("2.9.0.2.15.32035", ["trace line", "--backend neuron", "cannot share a venv"]),
-    ("2.13.3.0.1", ["pinned to torch-neuronx 2.14.3.0.*", "2.13.3.0.1"]),
+    ("2.13.3.0.1", ["pinned to Neuron 2.33.1 (torch-neuronx 2.14.3.0.*", "2.13.3.0.1 (Neuron 2.33)"]),
+    # Neuron 2.34's TorchNeuron, which a DLAMI newer than the pin holds: named beside the pin.
+    ("2.14.3.1.0", ["pinned to Neuron 2.33.1 (torch-neuronx 2.14.3.0.*", "2.14.3.1.0 (Neuron 2.34)"]),
 ])
 def test_refuses_a_missing_sdk_or_the_other_line(artifact: Path, monkeypatch: pytest.MonkeyPatch,
                                                  torch_neuronx: str | None, expected: list[str]) -> None:

@@ -236,11 +236,12 @@ def test_stray_neffs_in_torchneurons_default_caches_are_reported(tmp_path: Path,
     assert str(elsewhere) in trn2_report.neff_files(out, window)["outside_the_artifacts"]
 
 
-def test_only_neffs_the_compile_and_serve_steps_wrote_count_as_strays(tmp_path: Path,
+def test_only_neffs_the_steps_that_load_an_artifact_wrote_count_as_strays(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 41, item 3: a NEFF older than the run is another run's, and the kernel steps, which run last,
-    write to their own caches under DIR; only a file written into a default cache during a compile or serve
-    step is reported. The steps here are real subprocesses of run_step, the kernel step with its real
+    write to their own caches under DIR; only a file written into a default cache during a step that loads an
+    artifact (compile, accuracy, serve, multi-core: each may compile what its artifact lacks) is
+    reported. The steps here are real subprocesses of run_step, the kernel step with its real
     environment and a stand-in command that writes where a compile would: each cache variable it is given."""
     temp, out = tmp_path / "tmp", tmp_path / "out"
     # This machine's own /tmp and /var/tmp caches are not this test's.
@@ -260,13 +261,14 @@ def test_only_neffs_the_compile_and_serve_steps_wrote_count_as_strays(tmp_path: 
                           f"p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(b'neff')"]
 
     stray = temp / "neff_cache" / "ab" / "cd" / "stray.neff"
+    bench_stray = temp / "local_cache" / "ef" / "bench.neff"
     artifact = out / "artifacts-native" / "tiny" / "neff" / "12" / "1234.neff"
     (kernels,) = [s for s in trn2_steps.kernel_steps(1.0) if s.name == "kernels-neuron"]
     caches = ("$NEURON_COMPILE_CACHE_URL/k1.neff", "$TORCH_NEURONX_NEFF_CACHE_DIR/k2.neff",
               "$TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR/k3.neff")
     steps = [Step("compile-native", "compile", lambda r: writes(artifact), 60),
              Step("serve-native", "serve", lambda r: writes(stray), 60),
-             Step("multicore-native", "bench", lambda r: [PY, "-c", "import time; time.sleep(1.2)"], 60),
+             Step("multicore-native", "bench", lambda r: writes(bench_stray), 60),
              dataclasses.replace(kernels, skip_if=lambda r: None,
                                  command=lambda r: [PY, "-c", "; ".join(writes(c)[2] for c in caches)])]
     for i, step in enumerate(steps, start=1):
@@ -277,16 +279,16 @@ def test_only_neffs_the_compile_and_serve_steps_wrote_count_as_strays(tmp_path: 
     assert {p.parent.name for p in kernel_cache.rglob("*.neff")} == {"compile-cache", "neff", "local"}
     # Were the kernel step to write to a default cache after all, it is after the window: not counted.
     late = temp / "local_cache" / "late.neff"
-    late.parent.mkdir(parents=True)
+    late.parent.mkdir(parents=True, exist_ok=True)
     late.write_bytes(b"neff")
     summary = write_summary(run, "start")
     found = json.loads((out / "report.json").read_text())["neff_files"]
-    assert {f["path"] for f in found["files"]} == {str(stray), str(artifact.resolve())}
-    assert found["outside_the_artifacts"] == [str(temp / "neff_cache")]
+    assert {f["path"] for f in found["files"]} == {str(stray), str(bench_stray), str(artifact.resolve())}
+    assert found["outside_the_artifacts"] == [str(temp / "local_cache"), str(temp / "neff_cache")]
     assert found["not_written_during_the_steps"] == 2  # the old one and the late one; the kernels' not searched
     (answer,) = [a["answer"] for a in summary["found"]["hardware_answers"] if "NEFF cache layout" in a["question"]]
-    assert answer == (f"1 NEFF file(s) under artifacts-native; NEFFs the compile and serve steps wrote outside "
-                      f"the artifacts: {temp / 'neff_cache'}")
+    assert answer == (f"1 NEFF file(s) under artifacts-native; NEFFs the artifact steps wrote outside "
+                      f"the artifacts: {temp / 'local_cache'}, {temp / 'neff_cache'}")
     assert "kernel-caches/" not in (out / "summary.md").read_text()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -327,3 +328,108 @@ def test_a_manifest_missing_a_mount_or_the_service_account_is_caught() -> None:
     moved = copy.deepcopy(job)
     moved["spec"]["entrypoint"] = moved["spec"]["entrypoint"].replace("/artifacts/", "/models/")
     assert access_violations(moved) == [unmounted.replace("/artifacts/", "/models/")]
+
+
+def test_the_s3_policy_file_grants_the_jobs_own_input_and_output_and_nothing_else() -> None:
+    """The header, docs/batch.md and tests/integration/test_bulk_s3.py all point at one policy file; here it is
+    held against the entrypoint's locations: what the job reads and writes is granted, nothing beside it."""
+    import shlex
+
+    from siglip_serve.bulk.cli import build_parser
+    from tests.s3_stand_in import allows, read_policy
+
+    job = yaml.safe_load(JOB_MANIFEST.read_text())
+    args = build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[2:])
+    assert "rayjob-embed-s3-policy.json" in JOB_MANIFEST.read_text().split("apiVersion:")[0]
+    policy = read_policy()
+    table, out = args.source.removeprefix("s3://"), args.output.removeprefix("s3://")
+    bucket, images = table.split("/")[0], table.rsplit("/", 1)[0]
+    shard = "part-000000-x.parquet"
+    wanted = [("s3:GetObject", f"arn:aws:s3:::{table}"), ("s3:GetObject", f"arn:aws:s3:::{images}/img/1.jpg"),
+              ("s3:ListBucket", f"arn:aws:s3:::{bucket}"), ("s3:PutObject", f"arn:aws:s3:::{out}/{shard}"),
+              ("s3:GetObject", f"arn:aws:s3:::{out}/_errors/{shard}")]
+    assert [w for w in wanted if not allows(policy, *w)] == []
+    refused = [("s3:PutObject", f"arn:aws:s3:::{bucket}/embeddings/"), ("s3:PutObject", f"arn:aws:s3:::{images}/x"),
+               ("s3:DeleteObject", f"arn:aws:s3:::{out}/{shard}"), ("s3:GetObject", f"arn:aws:s3:::{out}"),
+               ("s3:ListBucket", "arn:aws:s3:::other-bucket")]
+    assert [r for r in refused if allows(policy, *r)] == []
+
+
+# -- the artifact volume and where the heads run --------------------------------------------------
+
+VOLUME_MANIFEST = REPO / "deploy" / "kuberay" / "artifacts-efs.yaml"
+
+
+def _artifact_volumes(document: dict) -> list[tuple[str, dict, dict]]:
+    """(pod group, its volume, the Ray container's mount of it) for every pod of a workload that mounts the claim."""
+    cluster = _cluster(document)
+    found = []
+    groups = [("head", cluster["headGroupSpec"]), *((g["groupName"], g) for g in cluster["workerGroupSpecs"])]
+    for name, group in groups:
+        spec = group["template"]["spec"]
+        for volume in spec.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                (mount,) = [m for m in spec["containers"][0].get("volumeMounts", []) if m["name"] == volume["name"]]
+                found.append((name, volume, mount))
+    return found
+
+
+def test_the_artifact_claim_is_made_filled_and_mounted_read_only_by_both_workloads() -> None:
+    storage_class, claim, populate = yaml.safe_load_all(VOLUME_MANIFEST.read_text())
+    assert (storage_class["kind"], claim["kind"], populate["kind"]) == ("StorageClass", "PersistentVolumeClaim", "Pod")
+    assert storage_class["provisioner"] == "efs.csi.aws.com"
+    assert storage_class["parameters"]["provisioningMode"] == "efs-ap"
+    assert claim["spec"]["storageClassName"] == storage_class["metadata"]["name"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # the populate pod writes; the Ray pods mount read-only
+    (volume,) = populate["spec"]["volumes"]
+    (mount,) = populate["spec"]["containers"][0]["volumeMounts"]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"] and not mount.get("readOnly")
+    for path in (MANIFEST, JOB_MANIFEST):
+        document = yaml.safe_load(path.read_text())
+        mounted = _artifact_volumes(document)
+        assert mounted, path
+        for group, ray_volume, ray_mount in mounted:
+            assert ray_volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"], (path, group)
+            assert ray_volume["persistentVolumeClaim"]["readOnly"] is True and ray_mount["readOnly"] is True, group
+            # The same layout on both sides: what the populate pod writes at /artifacts/X, the Ray pods read there.
+            assert ray_mount["mountPath"] == mount["mountPath"], (path, group)
+        assert {str(Path(p).parent) for p in workload(document)[0]} == {mount["mountPath"]}
+    # The populate commands copy the artifact's directory and then the link `compile --link` wrote.
+    text = VOLUME_MANIFEST.read_text()
+    assert 'tar -C artifacts -cf - "$(readlink artifacts/so400m-lnc2)" so400m-lnc2' in text
+    assert "kubectl exec -i siglip-artifacts-populate -- tar -C /artifacts -xf -" in text
+
+
+def test_the_populate_commands_copy_an_artifact_the_replicas_accept(tmp_path: Path) -> None:
+    """The header's tar pipe, with the local tar standing in for `kubectl exec`: the relative link resolves on the
+    volume and the artifact's reader accepts what it points at."""
+    import os
+    import subprocess
+
+    from siglip_serve.models.neuron.manifest import MANIFEST_NAME, Manifest, read_manifest
+    from siglip_serve.models.neuron.trace import point_link
+
+    compiled = tmp_path / "artifacts" / "so400m-lnc2-0123456789ab"
+    compiled.mkdir(parents=True)
+    (compiled / "bucket-1.pt").write_bytes(b"graph")
+    Manifest(model="ViT-SO400M-14-SigLIP-384", weights={}, image_size=[384, 384], embed_dim=1152, buckets=[1], lnc=2,
+             versions={}, cache_key="0123456789ab", auto_cast="matmult", auto_cast_type="bf16", target="trn2",
+             compiler_args=[], files={"1": "bucket-1.pt"}).write(compiled)
+    point_link(tmp_path / "artifacts" / "so400m-lnc2", compiled)
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    line = next(x for x in VOLUME_MANIFEST.read_text().splitlines() if "tar -C artifacts" in x)
+    pack = line.lstrip("# ").rstrip(" \\")
+    subprocess.run(f"{pack} | tar -C {volume} -xf -", shell=True, check=True, cwd=tmp_path)
+    assert (volume / "so400m-lnc2").is_symlink() and not Path(os.readlink(volume / "so400m-lnc2")).is_absolute()
+    assert read_manifest((volume / "so400m-lnc2").resolve()).cache_key == "0123456789ab"
+    assert (volume / "so400m-lnc2" / MANIFEST_NAME).is_file()
+
+
+def test_both_heads_and_the_populate_pod_run_on_amd64_nodes() -> None:
+    """The image is x86_64; a mixed cluster's arm64 (Graviton) node would fail it with "exec format error"."""
+    for path in (MANIFEST, JOB_MANIFEST):
+        head = _cluster(yaml.safe_load(path.read_text()))["headGroupSpec"]["template"]["spec"]
+        assert head["nodeSelector"] == {"kubernetes.io/arch": "amd64"}, path
+    populate = list(yaml.safe_load_all(VOLUME_MANIFEST.read_text()))[2]
+    assert populate["spec"]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}

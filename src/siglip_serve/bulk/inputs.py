@@ -7,8 +7,13 @@ a table) and cut into shards of `shard_size` items. A shard's name carries a dig
 of the job's fingerprint (model, weights, preprocessing, modality), so a rerun of the same job finds
 its finished shards by name and a model change writes new ones beside the old.
 
-A shard is written as one Parquet file, first to a temporary name and then renamed: a file under its
-final name is a finished shard, and a killed run loses at most the shards it had in flight.
+A file under a shard's final name is a finished shard, and a killed run loses at most the shards it had
+in flight. On a local or mounted filesystem a shard is written to a temporary name and renamed. On S3
+it is uploaded under its final key at once: an object appears whole when its upload completes or not
+at all (a multipart upload creates the object only on CompleteMultipartUpload), while a rename there
+is a copy and a delete, and a folder an empty marker object at every level of the key, each needing
+rights a job writing under one prefix does not have (bulk/storage.py; the policy it needs:
+deploy/kuberay/rayjob-embed-s3-policy.json).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,27 +31,20 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from siglip_serve.bulk.storage import filesystem, is_uri, s3_refusals_named
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.preprocess import ImageLimits, check_file_size
 
 TABLE_SUFFIXES = (".parquet", ".csv")
 SHARD_PREFIX = "part-"
 ERRORS_FOLDER = "_errors"
+JOB_FILE = "_job.json"
+# Object stores: no folders, no rename, and a single upload is atomic.
+OBJECT_STORES = frozenset({"s3", "gcs"})
 
 
 class InputError(UserError, ValueError):
     """The job's input cannot be listed: a missing folder or file, or a table without the column."""
-
-
-def _is_uri(location: str) -> bool:
-    return "://" in location
-
-
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem and the path inside it: local paths as they are, URIs through pyarrow.fs."""
-    if _is_uri(location):
-        return pafs.FileSystem.from_uri(location)
-    return pafs.LocalFileSystem(), str(Path(location).absolute())
 
 
 def _folder_items(folder: Path) -> list[str]:
@@ -80,10 +79,11 @@ def _table_column(location: str, column: str) -> list[str]:
 def list_items(source: str, column: str) -> list[str]:
     """Every input of the job, in the order its output rows will have within each shard."""
     if source.lower().endswith(TABLE_SUFFIXES):
-        if not _is_uri(source) and not Path(source).is_file():
+        if not is_uri(source) and not Path(source).is_file():
             raise InputError(f"input table not found: {source}")
-        return _table_column(source, column)
-    if _is_uri(source):
+        with s3_refusals_named():
+            return _table_column(source, column)
+    if is_uri(source):
         raise InputError(f"a URI input must be a .parquet or .csv table of paths, got {source}")
     path = Path(source)
     if path.is_dir():
@@ -94,14 +94,12 @@ def list_items(source: str, column: str) -> list[str]:
 
 
 def read_bytes(location: str, limits: ImageLimits) -> bytes:
-    """A file's bytes; a file over the byte limit is refused by its size before anything is read."""
+    """A file's bytes; a file over the byte limit is refused by its size before anything is read (on S3
+    the size comes from the HEAD that opening the file sends: one HEAD and one GET per image)."""
     fs, path = filesystem(location)
-    info = fs.get_file_info(path)
-    if info.type != pafs.FileType.File:
-        raise FileNotFoundError(location)
-    check_file_size(int(info.size or 0), limits)
-    with fs.open_input_stream(path) as stream:
-        return bytes(stream.read())
+    with s3_refusals_named(), fs.open_input_file(path) as handle:
+        check_file_size(handle.size(), limits)
+        return bytes(handle.read())
 
 
 @dataclass(frozen=True)
@@ -123,33 +121,55 @@ def plan_shards(items: Sequence[str], shard_size: int, fingerprint: str) -> list
 
 
 class OutputFolder:
-    """The job's output: `part-*.parquet` (finished shards), `_errors/part-*.parquet`, `_summary.json`.
+    """The job's output: `part-*.parquet` (finished shards), `_errors/part-*.parquet`, `_summary.json`,
+    and `_job.json` (what the last run to start here was: its fingerprint and shards).
 
     pyarrow reads the folder as one table of embeddings (it skips names starting with _ or .);
-    DuckDB and LanceDB read `OUT/part-*.parquet`.
+    DuckDB and LanceDB read `OUT/part-*.parquet`. Every S3 request it makes is one of those the job's
+    policy grants: list the bucket, read and write objects under the output prefix.
     """
 
     def __init__(self, location: str) -> None:
         self.location = location
         self.fs, self.root = filesystem(location)
-        self.fs.create_dir(self.root, recursive=True)
+        self.object_store = self.fs.type_name in OBJECT_STORES
+        if not self.object_store:
+            self.fs.create_dir(self.root, recursive=True)
 
     def _path(self, *parts: str) -> str:
         return "/".join((self.root.rstrip("/"), *parts))
 
-    def finished(self) -> set[str]:
-        """Names of the shards whose output file is in place."""
-        listed = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+    def _parquet_names(self, folder: str) -> set[str]:
+        with s3_refusals_named():
+            listed = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
         return {Path(f.path).name.removesuffix(".parquet") for f in listed
                 if f.type == pafs.FileType.File and Path(f.path).name.startswith(SHARD_PREFIX)
                 and f.path.endswith(".parquet")}
 
+    def finished(self) -> set[str]:
+        """Names of the shards whose output file is in place."""
+        return self._parquet_names(self.root)
+
+    def start(self, job: dict[str, object], names: Iterable[str]) -> tuple[set[str], int]:
+        """Before any work: write `_job.json` (a job that may not write here fails now, not after its
+        encoders have loaded), then the finished shards among `names` and their errors' row count."""
+        self.write_text(JOB_FILE, json.dumps(job, indent=2) + "\n")
+        finished = self.finished() & set(names)
+        return finished, self.read_errors(finished)
+
     def write(self, table: pa.Table, name: str, folder: str | None = None) -> str:
-        """Write under a temporary name, then rename: only a whole file ever has the final name."""
+        """Only a whole file ever has the final name: renamed from a temporary one where files are, one
+        upload of the encoded bytes on an object store."""
         parts = (folder,) if folder else ()
+        final = self._path(*parts, f"{name}.parquet")
+        if self.object_store:
+            sink = pa.BufferOutputStream()  # encoded whole first: an encoding error uploads nothing
+            pq.write_table(table, sink)
+            with s3_refusals_named(), self.fs.open_output_stream(final) as stream:
+                stream.write(sink.getvalue())
+            return final
         if folder:
             self.fs.create_dir(self._path(folder), recursive=True)
-        final = self._path(*parts, f"{name}.parquet")
         temporary = self._path(*parts, f".{name}.{uuid.uuid4().hex}.tmp")
         pq.write_table(table, temporary, filesystem=self.fs)
         self.fs.move(temporary, final)
@@ -157,15 +177,16 @@ class OutputFolder:
 
     def write_text(self, name: str, text: str) -> str:
         path = self._path(name)
-        with self.fs.open_output_stream(path) as stream:
+        with s3_refusals_named(), self.fs.open_output_stream(path) as stream:
             stream.write(text.encode())
         return path
 
     def read_errors(self, names: Iterable[str]) -> int:
         """Rows in the errors tables of these shards (a finished shard's errors, for the summary)."""
-        total = 0
-        for name in names:
-            path = self._path(ERRORS_FOLDER, f"{name}.parquet")
-            if self.fs.get_file_info(path).type == pafs.FileType.File:
-                total += pq.read_metadata(path, filesystem=self.fs).num_rows
-        return total
+        wanted = set(names)
+        if not wanted:
+            return 0
+        present = self._parquet_names(self._path(ERRORS_FOLDER)) & wanted
+        with s3_refusals_named():
+            return sum(pq.read_metadata(self._path(ERRORS_FOLDER, f"{name}.parquet"), filesystem=self.fs).num_rows
+                       for name in present)

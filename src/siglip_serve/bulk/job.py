@@ -294,7 +294,8 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
     fingerprint = "|".join(parts if spec.encoding == "float" else (*parts, spec.encoding))
     shards = plan_shards(items, spec.shard_size, fingerprint)
     output = OutputFolder(spec.output)
-    finished = output.finished()
+    finished, errors_before = output.start({"source": spec.source, "fingerprint": fingerprint, "shards": len(shards),
+                                            "started_at": datetime.now(UTC).isoformat()}, (s.name for s in shards))
     pending = [shard for shard in shards if shard.name not in finished]
     done_before = len(shards) - len(pending)
     log.info("%d %s(s) in %d shard(s) of up to %d; %d shard(s) already done in %s, %d to run",
@@ -333,7 +334,7 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
         source=spec.source, output=spec.output, modality=spec.modality, model=config.model, backend=config.backend,
         weights=columns["weights"], preprocessing=columns["preprocessing"], items=len(items), shards=len(shards),
         shards_done_before=done_before, shards_written=assembler.written, embedded=assembler.embedded,
-        errors=assembler.errors, errors_in_output=output.read_errors(s.name for s in shards),
+        errors=assembler.errors, errors_in_output=errors_before + assembler.errors,
         encoders=plan.encoders, decode_workers=plan.decode_workers, seconds=seconds,
         items_per_second=done / seconds if done and seconds > 0 else None,
         cpu_ms_per_item=(cpu_after - cpu_before) * 1e3 / done if done else None,

@@ -166,7 +166,7 @@ def write_summary(run: Run, started: str) -> dict[str, Any]:
     windows = {r.name: (r.started_at, r.finished_at) for r in results
                if r.started_at is not None and r.finished_at is not None}
     found = trn2_report.report(run.out, {r.name: r.status for r in results}, windows)
-    summary["found"] = {k: found[k] for k in ("cosines", "warm_starts", "hardware_answers")}
+    summary["found"] = {k: found[k] for k in ("cosines", "warm_starts", "hardware_answers", "neuron_sdks")}
     (run.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     files = sorted({*send_back(run.out), "summary.md"})
     md = ["# trn2-check", "", f"{counts['passed']} passed, {counts['failed']} failed, {counts['timeout']} timed out, "

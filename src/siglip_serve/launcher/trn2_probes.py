@@ -53,6 +53,11 @@ def versions() -> dict[str, Any]:
     info["versions"]["torch_neuronx"] = neuronx if module is not None else None
     info["sdk_import_error"] = error
     info["line"] = sdk_line(info["versions"]["torch_neuronx"], hasattr(module, "trace"))
+    from siglip_serve.models.neuron.env import NEURON_RELEASES, SDK_RELEASE, neuron_release
+
+    # The SDK this venv holds beside the one its line is pinned to (a newer DLAMI may hold a newer one).
+    pinned = {"native": SDK_RELEASE, "trace": NEURON_RELEASES["2.9.0.2.15"]}.get(info["line"] or "")
+    info["neuron_sdk"] = {"found": neuron_release(info["versions"]["torch_neuronx"]), "pinned": pinned}
     try:
         lnc, explicit = runtime_lnc()
         info["lnc"], info["lnc_explicit"], info["lnc_error"] = lnc, explicit, None

@@ -21,14 +21,15 @@ from siglip_serve.models.neuron.env import (
     default_neff_caches,
 )
 
-# Where the compile and serve steps may write a NEFF besides the artifacts: the trace line's compile cache
+# Where the steps that load an artifact may write a NEFF besides the artifacts: the trace line's compile cache
 # default, TorchNeuron's own caches when its variables are unset (`neff_cache` and the local tier
 # `local_cache` in the temp directory: models/neuron/env.py default_neff_caches) and whatever cache variables
 # this shell sets (those steps run with it). A native NEFF there means a compile ran without the artifact's
 # environment. The kernel steps write to their own caches under DIR (trn2_steps.kernel_caches): no place here.
 CACHE_ENV = (NEFF_CACHE_ENV, LOCAL_NEFF_CACHE_ENV, COMPILE_CACHE_URL_ENV)
-# Only these steps' windows count: a NEFF from before the run is another run's, one from after is the kernels'.
-WINDOW_STEPS = ("compile-", "serve-")
+# Only these steps' windows count, every step that loads an artifact with its environment (each may compile
+# what the artifact lacks): a NEFF from before the run is another run's, one from after is the kernels'.
+WINDOW_STEPS = ("compile-", "accuracy-", "serve-", "multicore-")
 # File times are truncated to the filesystem's granularity (whole seconds on some), so a NEFF written in a
 # step's first second may carry a time just before its recorded start; none carries one after it was written.
 MTIME_SLACK_S = 1.0
@@ -45,12 +46,12 @@ def neff_places(out: Path) -> list[Path]:
 
 
 def step_windows(windows: Mapping[str, tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (start, end) of each compile and serve step that ran, by its name."""
+    """The (start, end) of each step that ran and loads an artifact (WINDOW_STEPS), by its name."""
     return [window for name, window in windows.items() if name.startswith(WINDOW_STEPS)]
 
 
 def neff_files(out: Path, windows: Sequence[tuple[float, float]]) -> dict[str, Any]:
-    """Every *.neff written during the compile and serve steps (`windows`) in a place they could write
+    """Every *.neff written during the steps that load an artifact (`windows`) in a place they could write
     to: path, bytes and which place; the artifacts' places first, so a file is counted once. Older and
     later files in those places are only counted, not listed."""
     files: list[dict[str, Any]] = []
@@ -157,7 +158,7 @@ def hardware_answers(out: Path, steps: dict[str, str], neffs: dict[str, Any]) ->
         {"question": "NEURON_COMPILER_OPT_LEVEL reaches neuronx-cc (-O3 in the recipe; the docs give no default)",
          "answer": f"compile-native {status('compile-native')}: look for -O3 in logs/compile-native.log"},
         {"question": "TorchNeuron's NEFF cache layout and that TORCH_NEURONX_NEFF_CACHE_DIR is honoured",
-         "answer": f"{len(native_neffs)} NEFF file(s) under artifacts-native; NEFFs the compile and serve steps "
+         "answer": f"{len(native_neffs)} NEFF file(s) under artifacts-native; NEFFs the artifact steps "
                    f"wrote outside the artifacts: "
                    f"{', '.join(neffs['outside_the_artifacts']) or 'none'}"},
         {"question": "a restart finds every graph in the cache (no neuronx-cc run at replica start)",
@@ -174,18 +175,38 @@ def hardware_answers(out: Path, steps: dict[str, str], neffs: dict[str, Any]) ->
     ]
 
 
+def neuron_sdks(out: Path) -> list[dict[str, Any]]:
+    """Each probed Python's Neuron SDK as found beside the one its line is pinned to (versions*.json's
+    `neuron_sdk`, launcher/trn2_probes.py)."""
+    found = []
+    for path in sorted(out.glob("versions*.json")):
+        data = _json(path)
+        if isinstance(data, dict):
+            sdk = data.get("neuron_sdk") or {}
+            found.append({"python": data.get("executable"), "line": data.get("line"),
+                          "torch_neuronx": (data.get("versions") or {}).get("torch_neuronx"),
+                          "found": sdk.get("found"), "pinned": sdk.get("pinned")})
+    return found
+
+
 def report(out: Path, steps: dict[str, str], windows: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
     """Everything above, written to DIR/report.json, and returned for the summary. `windows`: each step's
     wall-clock (start, end), by name."""
     neffs = neff_files(out, step_windows(windows))
     data = {"neff_files": neffs, "cosines": cosines(out), "warm_starts": warm_starts(out),
-            "hardware_answers": hardware_answers(out, steps, neffs)}
+            "neuron_sdks": neuron_sdks(out), "hardware_answers": hardware_answers(out, steps, neffs)}
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return data
 
 
 def markdown(data: dict[str, Any]) -> list[str]:
     md = ["", "## What this run found", ""]
+    for sdk in data.get("neuron_sdks", []):
+        # Only the native line refuses by release (models/neuron/env.py check_native_sdk).
+        differs = sdk["line"] == "native" and sdk["found"] != sdk["pinned"]
+        md.append(f"- Neuron SDK, {sdk['python']}: torch-neuronx {sdk['torch_neuronx'] or 'none'}, Neuron "
+                  f"{sdk['found'] or 'unknown'} found, {sdk['pinned'] or 'none'} pinned for the {sdk['line'] or 'no'} "
+                  f"line" + (" (the backend refuses it: docs/torchneuron.md)" if differs else ""))
     for line, found in data["cosines"].items():
         md.append(f"- accuracy, {line} line: " + ("not run" if not found else
                                                   f"cosine min {found['cosine_min']}, mean {found['cosine_mean']}"))
@@ -194,7 +215,8 @@ def markdown(data: dict[str, Any]) -> list[str]:
                                                f"ready in {found['ready_seconds']} s; replicas' warm-up (s per "
                                                f"bucket): {[r['warmup_seconds'] for r in found['replicas']]}"))
     neffs = data["neff_files"]
-    md.append(f"- NEFF files written during the compile and serve steps: {len(neffs['files'])} (`report.json` "
+    md.append(f"- NEFF files written during the steps that load an artifact (compile, accuracy, serve, "
+              f"multi-core): {len(neffs['files'])} (`report.json` "
               f"lists each); outside the artifacts: {', '.join(neffs['outside_the_artifacts']) or 'none'}")
     md += ["", "## Only hardware can tell", "", "| question | this run |", "|---|---|"]
     md += [f"| {a['question']} | {a['answer']} |" for a in data["hardware_answers"]]

@@ -36,6 +36,14 @@ if TYPE_CHECKING:
     from siglip_serve.models.settings import ModelSettings
 
 SDK_RELEASE = "2.33.1"
+# The Neuron release each torch-neuronx build of either line shipped in, so a refusal and trn2-check name the
+# SDK found beside the one pinned: 2.31.0's trace build (constraints-neuron-2.31.txt) and 2.33's TorchNeuron
+# families from the release notes above; 2.34's (30 Nov 2026, TorchNeuron 2.13.3.1 and 2.14.3.1, still beta)
+# as issue 59 reports them, not read in the Neuron docs from here. Moving to 2.34 waits on its TorchNeuron
+# release notes (the PyTorch, Python and neuronx-cc versions each family pairs with) and a trn2-check run
+# on its DLAMI (compile, cosines against the CPU model, warm starts): docs/torchneuron.md.
+NEURON_RELEASES = {"2.9.0.2.15": "2.31.0", "2.13.3.0": "2.33", "2.14.3.0": "2.33", "2.13.3.1": "2.34",
+                   "2.14.3.1": "2.34"}
 # The pinned set (also pyproject's `neuron-native` extra and constraints-neuron-native.txt).
 TORCH_NEURONX_FAMILY = "2.14.3.0"
 NEURONX_CC_VERSION = "2.28.7631.0"
@@ -141,6 +149,12 @@ def sdk_tag(versions: Mapping[str, str | None]) -> str:
     return f"torchneuron-{versions.get('torch_neuronx') or 'none'}-cc{versions.get('neuronx_cc') or 'none'}"
 
 
+def neuron_release(torch_neuronx: str | None) -> str | None:
+    """The Neuron release a torch-neuronx version shipped in, where NEURON_RELEASES knows its family."""
+    return next((release for family, release in NEURON_RELEASES.items()
+                 if torch_neuronx and torch_neuronx.startswith(family + ".")), None)
+
+
 def check_native_sdk(versions: Mapping[str, str | None]) -> None:
     """Refuse unless the TorchNeuron line (torch-neuronx 2.14.3.0.*, torch 2.14) is installed."""
     neuronx, torch_version = versions.get("torch_neuronx"), versions.get("torch") or "?"
@@ -157,9 +171,11 @@ def check_native_sdk(versions: Mapping[str, str | None]) -> None:
                                  f"--backend neuron-native (the two lines share the package name and cannot share a "
                                  f"venv); {INSTALL_HINT}")
     if not neuronx.startswith(TORCH_NEURONX_FAMILY + ".") or not torch_version.startswith(TORCH_SERIES + "."):
-        raise TorchNeuronRefusal(f"neuron-native is pinned to torch-neuronx {TORCH_NEURONX_FAMILY}.* with torch "
-                                 f"{TORCH_VERSION}, but this venv has torch-neuronx {neuronx} with torch "
-                                 f"{torch_version}; {INSTALL_HINT}")
+        found = neuron_release(neuronx)
+        release = f"Neuron {found}" if found else "a Neuron release not known here"
+        raise TorchNeuronRefusal(f"neuron-native is pinned to Neuron {SDK_RELEASE} (torch-neuronx "
+                                 f"{TORCH_NEURONX_FAMILY}.* with torch {TORCH_VERSION}), but this venv has "
+                                 f"torch-neuronx {neuronx} ({release}) with torch {torch_version}; {INSTALL_HINT}")
     # The PyTorch CPU index labels its wheels (2.14.0+cpu): the release is what TorchNeuron is built for.
     if torch_version.split("+")[0] != TORCH_VERSION:
         raise TorchNeuronRefusal(f"TorchNeuron {neuronx} is built for torch {TORCH_VERSION} but this venv has torch "

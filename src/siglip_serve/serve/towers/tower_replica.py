@@ -196,7 +196,8 @@ def build_tower(config: ServiceConfig, plan: TowerPlan, tower: str) -> tuple[Any
         create = implementation.create_encoder if tower == "image" else implementation.create_text_encoder
         return create(settings)
 
-    built = start_tower(f"{tower} encoder replica", settings, build, config.env_vars, refusal_recorder(tower))
+    built = start_tower(f"{tower} encoder replica", settings, build, config.env_vars, refusal_recorder(tower),
+                        wait_for_volume=True)
     start.mark(BUILD)
     return built, start
 

@@ -200,7 +200,7 @@ def _input_dataset(ray_data: Any, pending: list[Shard]) -> Any:
     return ray_data.from_arrow([table.slice(start, ROWS_PER_BLOCK) for start in range(0, len(rows), ROWS_PER_BLOCK)])
 
 
-def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Shard]) -> Any:
+def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Shard], weights: str) -> Any:
     import ray.data
 
     from siglip_serve.bulk.stages import ImageEmbedActor, TextEmbedActor, check_texts, decode_batch
@@ -231,12 +231,12 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
         actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor
         buckets = settings.buckets
         constructor: dict[str, Any] = {"settings": settings, "model": model, "record": record,
-                                       "keep_env": list(config.env_vars)}
+                                       "keep_env": list(config.env_vars), "weights": weights}
     else:
         ds = ds.map_batches(check_texts, batch_format="numpy",
                             fn_kwargs={"max_chars": config.max_text_chars, "model": model})
         actor, buckets = TextEmbedActor, settings.text_buckets
-        constructor = {"settings": settings, "model": model, "keep_env": list(config.env_vars)}
+        constructor = {"settings": settings, "model": model, "keep_env": list(config.env_vars), "weights": weights}
     # Nothing from the model's files: with --address this driver runs on the head. Each actor sets its
     # backend's environment itself, on its node, before it imports torch (serve/towers/replica_start.py).
     env = {**extra_backends_env(), **config.env_vars}
@@ -289,7 +289,10 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
     items = list_items(spec.source, spec.column)
     if spec.encoding not in ENCODING_TYPES:
         raise PlanError(f"encoding {spec.encoding!r}: one of {', '.join(ENCODING_TYPES)}")
-    parts = (spec.modality, config.model, weights_id(config), preprocessing_id(config, spec.modality))
+    # The config's weights; an encoder built from a compiled artifact refuses to start unless the artifact
+    # holds exactly these (bulk/stages.py check_artifact_weights).
+    weights = weights_id(config)
+    parts = (spec.modality, config.model, weights, preprocessing_id(config, spec.modality))
     # Another encoding is another output: its shards are named apart (float keeps the names it had).
     fingerprint = "|".join(parts if spec.encoding == "float" else (*parts, spec.encoding))
     shards = plan_shards(items, spec.shard_size, fingerprint)
@@ -302,7 +305,7 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
              len(items), spec.modality, len(shards), spec.shard_size, done_before, spec.output, len(pending))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     plan = Plan(0, 0, {})
-    columns = {"model": config.model, "backend": config.backend, "weights": weights_id(config),
+    columns = {"model": config.model, "backend": config.backend, "weights": weights,
                "preprocessing": preprocessing_id(config, spec.modality), "encoding": spec.encoding}
     assembler = ShardAssembler(output, {shard.index: shard for shard in pending}, columns, spec.encoding)
     cpu_before, timed_from = tree_cpu_seconds(os.getpid()), time.monotonic()
@@ -316,7 +319,8 @@ def run_job(config: ServiceConfig, spec: JobSpec) -> BulkResult:
             plan = plan_workers(config, spec, ray.cluster_resources())
             log.info("%d encoder actor(s) (%s), %d decode worker(s)", plan.encoders, plan.encoder_options,
                      plan.decode_workers)
-            stream = _stream(_pipeline(config, spec, plan, pending), assembler, sum(len(s.items) for s in pending))
+            stream = _stream(_pipeline(config, spec, plan, pending, weights), assembler,
+                             sum(len(s.items) for s in pending))
             cpu_after = tree_cpu_seconds(os.getpid())  # before Ray stops: its processes are counted alive
             steady = stream.steady()
         finally:

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from siglip_serve.bulk.inputs import read_bytes
 from siglip_serve.bulk.repeats import Record, digest
-from siglip_serve.core.errors import Rejected
+from siglip_serve.core.errors import Rejected, UserError
 from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.image_errors import ImageRejected
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
@@ -166,11 +166,43 @@ def check_texts(batch: Batch, *, max_chars: int, model: str) -> Batch:
     return {**batch, "error_type": np.array(error_types, dtype=object), "message": np.array(messages, dtype=object)}
 
 
+# A checkpoint's weights as the job names them (bulk/job.py weights_id): its file's sha256.
+CHECKPOINT_DIGEST = "checkpoint-sha256:"
+
+
+class ArtifactWeightsMismatch(UserError, RuntimeError):
+    """The compiled artifact holds other weights than the ones the job's shards are named for."""
+
+
+def check_artifact_weights(description: Mapping[str, Any], weights: str) -> None:
+    """The job names its shards and rows for `weights` (bulk/job.py weights_id, read from the config on the
+    driver, which may not see the artifact); an encoder built from a compiled artifact must hold exactly
+    those, or a recompile from other weights into the same output would file two models' embeddings under
+    one name. Raises ArtifactWeightsMismatch; a tower with no artifact was built from `weights` itself."""
+    manifest = description.get("manifest")
+    if not isinstance(manifest, Mapping):
+        return
+    source, digest = str(manifest.get("weights")), str(manifest.get("weights_sha256") or "")
+    if weights.startswith(CHECKPOINT_DIGEST):
+        if digest and weights.removeprefix(CHECKPOINT_DIGEST).startswith(digest):
+            return
+    elif source == weights:
+        return
+    raise ArtifactWeightsMismatch(
+        f"artifact {description.get('artifact_dir')} was compiled from {source} (sha256 {digest or 'unknown'}...) "
+        f"but this job's shards are named for {weights}: compile the artifact from the job's weights, or give the "
+        f"job the weights the artifact was compiled from (--pretrained / --checkpoint), so that no output mixes "
+        f"two models under one name")
+
+
 class _Embedder:
     """What both towers' actors share: rows in, rows with `embedding` out, the failed rows zeros; the
     service's metric names for what they embed and each forward pass."""
 
-    def __init__(self, modality: str, tower: Tower, model: str, record: Record | None = None) -> None:
+    def __init__(self, modality: str, tower: Tower, model: str, record: Record | None = None,
+                 weights: str | None = None) -> None:
+        if weights is not None:
+            check_artifact_weights(tower.describe(), weights)
         self.modality = modality
         self.metrics = bulk_metrics(model)
         self.record = record
@@ -210,7 +242,7 @@ class ImageEmbedActor(_Embedder):
     """One image tower on one device (a logical NeuronCore, a GPU, a CPU share): the service's encoder."""
 
     def __init__(self, settings: ModelSettings, model: str, record: Record | None = None,
-                 keep_env: Sequence[str] = ()) -> None:
+                 keep_env: Sequence[str] = (), weights: str | None = None) -> None:
         def build() -> Tower:
             from siglip_serve.models.backends.implementation import create_encoder
             from siglip_serve.models.image_only import leave_out_transformers
@@ -218,7 +250,8 @@ class ImageEmbedActor(_Embedder):
             leave_out_transformers(settings.model)
             return create_encoder(settings)
 
-        super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), model, record)
+        super().__init__("image", start_tower("bulk image encoder", settings, build, keep_env), model, record,
+                         weights)
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return np.ascontiguousarray(batch["pixels"][rows])
@@ -227,13 +260,14 @@ class ImageEmbedActor(_Embedder):
 class TextEmbedActor(_Embedder):
     """One text tower: the service's text encoder (tokenizer and buckets included)."""
 
-    def __init__(self, settings: ModelSettings, model: str, keep_env: Sequence[str] = ()) -> None:
+    def __init__(self, settings: ModelSettings, model: str, keep_env: Sequence[str] = (),
+                 weights: str | None = None) -> None:
         def build() -> Tower:
             from siglip_serve.models.backends.implementation import create_text_encoder
 
             return create_text_encoder(settings)
 
-        super().__init__("text", start_tower("bulk text encoder", settings, build, keep_env), model)
+        super().__init__("text", start_tower("bulk text encoder", settings, build, keep_env), model, None, weights)
 
     def _inputs(self, batch: Batch, rows: np.ndarray) -> Any:
         return [str(text) for text in batch["item"][rows]]

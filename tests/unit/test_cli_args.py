@@ -92,7 +92,9 @@ def test_every_config_key_is_also_an_environment_variable_below_the_flags(caplog
     """SIGLIP_<KEY> in any case; a list as JSON; a flag or --set over the variable, the variable over the
     default; a SIGLIP_ name that is no key is named in a warning; $SIGLIP_API_KEY is never a setting."""
     environ = {"SIGLIP_REPLICAS": "3", "siglip_buckets": "[1, 4]", "SIGLIP_MAX_QUEUED_REQUESTS": "8",
-               "SIGLIP_LOG_LEVEL": "WARNING", "SIGLIP_API_KEY": "from-env", "SIGLIP_REPLCIAS": "9", "PATH": "/bin"}
+               "SIGLIP_LOG_LEVEL": "WARNING", "SIGLIP_API_KEY": "from-env", "SIGLIP_REPLCIAS": "9", "PATH": "/bin",
+               # Variables of ours that are no keys: the HAProxy front end's, the systemd unit's.
+               "SIGLIP_HAPROXY_LIMITS_DIR": "/tmp/x", "SIGLIP_SERVE_MODEL": "--model tiny-siglip"}
     plain = cli.build_parser().parse_args(["--model", "tiny-siglip"])
     with caplog.at_level(logging.WARNING, logger="siglip_serve"):
         config = ServiceConfig.from_args(cli.run_settings(plain, environ))

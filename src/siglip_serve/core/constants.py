@@ -105,5 +105,21 @@ def package_version(distribution: str) -> str | None:
     except importlib.metadata.PackageNotFoundError:
         return None
 
+# The other SIGLIP_ variables, none of them a config key. `siglip-serve run` sets the HAProxy ones for the Ray it
+# starts (launcher/haproxy_front.py), and the session one for its child (launcher/session.py); the tests set
+# the TorchNeuron runtime (models/backends/neuron_native.py); the multi-core bench hands its workers their spec
+# (measure/multicore.py); the load test reads its key (loadtest/).
+HAPROXY_HEADER_TIMEOUT_ENV = "SIGLIP_HAPROXY_HEADER_TIMEOUT_S"
+HAPROXY_LOCAL_ONLY_ENV = "SIGLIP_HAPROXY_LOCAL_ONLY"
+HAPROXY_LIMITS_DIR_ENV = "SIGLIP_HAPROXY_LIMITS_DIR"
+OWN_SESSION_ENV = "SIGLIP_SERVE_OWN_SESSION"
+TORCHNEURON_RUNTIME_ENV = "SIGLIP_SERVE_TORCHNEURON_RUNTIME"
+MULTICORE_WORKER_ENV = "SIGLIP_MULTICORE_WORKER"
+LOADTEST_API_KEY_ENV = "SIGLIP_LOADTEST_API_KEY"
+# deploy/systemd/siglip-serve.service: the model flags its ExecStart= expands (systemd puts it in the environment).
+UNIT_MODEL_ENV = "SIGLIP_SERVE_MODEL"
+
 # The SIGLIP_ variables that are not config keys (a run warns of any other SIGLIP_ name it cannot place).
-NOT_SETTINGS_ENV = frozenset({API_KEY_ENV, TRACES_FILE_ENV, EXTRA_BACKENDS_ENV})
+NOT_SETTINGS_ENV = frozenset({API_KEY_ENV, TRACES_FILE_ENV, EXTRA_BACKENDS_ENV, HAPROXY_HEADER_TIMEOUT_ENV,
+                              HAPROXY_LOCAL_ONLY_ENV, HAPROXY_LIMITS_DIR_ENV, OWN_SESSION_ENV, TORCHNEURON_RUNTIME_ENV,
+                              MULTICORE_WORKER_ENV, LOADTEST_API_KEY_ENV, UNIT_MODEL_ENV})

@@ -18,9 +18,11 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from siglip_serve.core.constants import HAPROXY_LIMITS_DIR_ENV
+
 # Directory of the per-backend limits files (`<backend>.json`), set by launcher/haproxy_front.py in the
 # environment Ray starts with; unset, nothing is written (Serve's proxy, or no front end of ours).
-LIMITS_DIR_ENV = "SIGLIP_HAPROXY_LIMITS_DIR"
+LIMITS_DIR_ENV = HAPROXY_LIMITS_DIR_ENV
 # The convention of Heroku's router and New Relic's agents ("t=" then a time since the epoch); HAProxy
 # writes milliseconds. HAProxy replaces any value a client sends.
 REQUEST_START_HEADER = "x-request-start"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -107,7 +108,32 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"refused: give --api-key-file PATH or {API_KEY_ENV} (a key here shows in ps)")
     run.add_argument("--set", action="append", default=[], type=_run_setting, metavar="KEY=VALUE",
                      help="any config field but api_key, as in the Serve YAML args (repeatable)")
+    run.add_argument("--config", metavar="FILE",
+                     help="a YAML mapping of config fields (the Serve YAML args:), under SIGLIP_<KEY> variables and "
+                          "every flag; read again on SIGHUP: a live setting changes in place, a change that needs a "
+                          "restart is refused, naming it (docs/guides/configuration.md)")
     return run
+
+
+def config_file_values(path: str) -> dict[str, Any]:
+    """`--config FILE`'s mapping of config fields; ConfigError naming the file when it cannot be read or is no
+    mapping (its values are checked with the rest, by ServiceConfig)."""
+    import yaml
+
+    from siglip_serve.serve.plan.config import ConfigError
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config: {path} is not YAML: {exc}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"--config: {path} holds a {type(document).__name__}, not a mapping of config fields")
+    return {str(key).replace("-", "_"): value for key, value in document.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +175,9 @@ def _start(args: argparse.Namespace, timeline: Timeline, own_session: bool = Fal
     from siglip_serve.launcher.startup import Placeholder
 
     placeholder = None
+    # Until the service takes SIGHUP (launcher/runner.py), one would end this process: noted, the settings are
+    # being read now.
+    signal.signal(signal.SIGHUP, lambda *_: log.info("SIGHUP while starting: the settings are being read now"))
     try:
         if not args.address:
             # Before the Ray this command starts (and its raylet) reads the variable: ranges become comma lists.
@@ -169,20 +198,22 @@ def _start(args: argparse.Namespace, timeline: Timeline, own_session: bool = Fal
 
 
 def run_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The config `run` asks for: SIGLIP_<KEY> variables in `environ` (core/constants.py), then the model
-    flags, --set, --log-level and the service flags, each over what comes before it. $SIGLIP_API_KEY keeps
-    its own path (service_config): a key never travels in the settings from the environment."""
+    """The config `run` asks for: --config FILE's fields, then SIGLIP_<KEY> variables in `environ`
+    (core/constants.py), then the model flags, --set, --log-level and the service flags, each over what comes
+    before it. $SIGLIP_API_KEY keeps its own path (service_config): a key never travels in the settings from
+    the environment."""
     from siglip_serve.serve.plan.config import ServiceConfig
 
     environment, strays = environment_values(ServiceConfig, environ or {}, exclude={"api_key"})
     for name in strays:
         log.warning("%s is neither a config key nor a variable siglip-serve reads: ignored", name)
-    settings = {**environment, **model_values(args), **settings_values(args.set),
+    from_file = config_file_values(args.config) if getattr(args, "config", None) else {}
+    settings = {**from_file, **environment, **model_values(args), **settings_values(args.set),
                 **option_values(args, SERVICE_OPTIONS)}
     if args.log_level is not None:
         settings["log_level"] = args.log_level
-    if args.api_key_file:  # the replicas' working directory is not ours
-        settings["api_key_file"] = os.path.abspath(args.api_key_file)
+    if settings.get("api_key_file"):  # the replicas' working directory is not ours
+        settings["api_key_file"] = os.path.abspath(settings["api_key_file"])
     if settings.get("api_keys_file"):
         settings["api_keys_file"] = os.path.abspath(settings["api_keys_file"])
     return settings
@@ -247,6 +278,10 @@ def print_plan(args: argparse.Namespace) -> int:
 def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own_session: bool = False) -> int:
     """Checks that need the config, then the service; exits the process when it stops."""
     config = service_config(args, os.environ)
+    from siglip_serve.launcher.reload import Reload
+
+    # What SIGHUP reads again: the settings as asked, before the checks below fill a default in.
+    reload = Reload((lambda: service_config(args, os.environ)) if args.config else None, config)
     from siglip_serve.core.backends import TEXT
     from siglip_serve.launcher.runner import run_service
     from siglip_serve.models.backends.implementation import check_backend_available, check_tower
@@ -279,7 +314,7 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
                  os.getpid(), os.getpid())
     code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
                        args.metrics_host, placeholder, timeline, args.front_end, args.haproxy_metrics_port or None,
-                       timings=args.timings, dashboard=args.dashboard)
+                       timings=args.timings, dashboard=args.dashboard, reload=reload)
     if own_session:
         from siglip_serve.launcher.session import end_leftovers
 

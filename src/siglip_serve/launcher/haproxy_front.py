@@ -56,6 +56,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from siglip_serve.core.constants import HAPROXY_HEADER_TIMEOUT_ENV, HAPROXY_LOCAL_ONLY_ENV
 from siglip_serve.core.front_door import (
     CLIENT_SEND_TIMEOUT_S,
     LIMITS_DIR_ENV,
@@ -68,8 +69,8 @@ from siglip_serve.core.lanes import LANE_STEP_S, PRIORITY_HEADER, TENANT_STEP_S,
 
 ENABLE_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
-HEADER_TIMEOUT_ENV = "SIGLIP_HAPROXY_HEADER_TIMEOUT_S"
-LOCAL_ONLY_ENV = "SIGLIP_HAPROXY_LOCAL_ONLY"
+HEADER_TIMEOUT_ENV = HAPROXY_HEADER_TIMEOUT_ENV
+LOCAL_ONLY_ENV = HAPROXY_LOCAL_ONLY_ENV
 SCRIPT = "siglip-serve-haproxy"
 FRONT_ENDS = ("haproxy", "python")
 DEFAULT_HEADER_TIMEOUT_S = CLIENT_SEND_TIMEOUT_S

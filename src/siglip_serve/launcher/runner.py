@@ -14,17 +14,21 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
 from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.preflight import RAY_HOST
+from siglip_serve.launcher.reload import Reload
 from siglip_serve.launcher.startup import Placeholder, replica_progress, wait_with_progress
 from siglip_serve.launcher.timeline import Timeline
 from siglip_serve.serve.plan.config import ServiceConfig
 
 if TYPE_CHECKING:
+    from ray.serve import Application
+
     from siglip_serve.serve.plan.cluster_fit import Growth
     from siglip_serve.serve.plan.service_plan import ServicePlan
 
@@ -99,11 +103,28 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
         time.sleep(poll_s)
 
 
+def reconfigure(reload: Reload, app_of: Callable[[dict[str, Any]], Application], quiet: dict[str, Any]) -> None:
+    """SIGHUP: the settings read again; a change of live settings deployed as the ingress's user_config alone, under
+    the same version, so Serve reconfigures the running replicas (launcher/reload.py)."""
+    from ray import serve
+
+    live = reload.changed()
+    if live is None:
+        return
+    try:
+        serve.run(app_of(live), name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet)
+    except Exception as exc:  # broad on purpose: whatever Serve raised, the service serves on as it was
+        log.error("reload failed: %s: %s; the settings in force stay", type(exc).__name__, exc)
+        return
+    reload.applied(live)
+    log.info("reload: live settings in force")
+
+
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
                 address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
                 placeholder: Placeholder | None = None, timeline: Timeline | None = None,
                 front_end: str = "haproxy", haproxy_metrics_port: int | None = None, timings: bool = False,
-                dashboard: bool = False) -> int:
+                dashboard: bool = False, reload: Reload | None = None) -> int:
     """`front_end`: "haproxy" (Serve's HAProxy mode with our limits, launcher/haproxy_front.py) or
     "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own. `haproxy_metrics_port`:
     HAProxy's Prometheus exporter (None: a free port).
@@ -111,7 +132,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     `timeline` holds the command's phases so far (launcher/timeline.py), from its start, which the "ready in"
     line counts from; `timings`: print it, with each tower replica's, once ready; `dashboard`: start Ray's
     dashboard with the Ray started here (off: its head process and modules are CPU the replicas' start
-    would share)."""
+    would share); `reload`: what SIGHUP reads again (default: nothing, the keys file touched)."""
     timeline = Timeline(time.time()) if timeline is None else timeline
     timeline.mark(phases.CHECKS)
     began = time.monotonic() - timeline.elapsed()  # the command's start, on the clock progress lines use
@@ -133,7 +154,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     import ray
     from ray import serve
 
-    from siglip_serve.serve.app import build, plan_on_cluster
+    from siglip_serve.serve.app import build, plan_on_cluster, run_version
     from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
     from siglip_serve.serve.plan.placement import auto_device
     from siglip_serve.serve.plan.planner import plan_service
@@ -170,19 +191,18 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     else:
         init_args["address"] = address
     log.info("starting Ray (%s)", "local" if started_ray else address)
+    hup = threading.Event()  # SIGHUP: read the settings again (launcher/reload.py), from the loop below
     signal.signal(signal.SIGTERM, request_stop)  # a signal while Ray starts stops it after, cleanly
     signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGHUP, lambda *_: hup.set())
     timeline.mark(phases.RAY_IMPORTS)
     context = ray.init(**init_args)
     timeline.mark(phases.RAY_INIT)
     # After ray.init: Ray's core worker installs a SIGTERM handler that aborts the process.
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    if config.api_keys_file is not None:
-        keys_file = config.api_keys_file
-        # The ingress replicas read the keys file again when its modification time changes (serve/shared/tenants.py):
-        # SIGHUP marks it changed, the usual "reload your configuration" signal of a daemon.
-        signal.signal(signal.SIGHUP, lambda *_: os.utime(keys_file))
+    signal.signal(signal.SIGHUP, lambda *_: hup.set())
+    reload = reload if reload is not None else Reload(None, config)
     try:
         from siglip_serve.serve.shared import registry
 
@@ -201,7 +221,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                 return 0
         else:
             check_cluster_fits(plan, growth)
-        app = build(config, plan)
+        version = run_version(config, plan)
+        app = build(config, plan, version=version)
         quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
         # Serve's controller and proxy log every replica change and every client that goes away
         # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
@@ -225,8 +246,10 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                      timeline.elapsed(), replica_progress(APP_NAME, replicas), host, port)
             if timings:
                 print_timeline(timeline)
-        while not stop.wait(1.0):
-            pass
+        while not stop.wait(0.5):
+            if hup.is_set():
+                hup.clear()
+                reconfigure(reload, lambda live: build(config, plan, live=live, version=version), quiet)
         drain(APP_NAME, config.drain_timeout_s)
         return 0
     finally:

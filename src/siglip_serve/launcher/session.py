@@ -7,11 +7,12 @@ A supervisor that signals the group (`kill -TERM -- -PGID`) therefore ended Ray 
 could not drain, waited 60 s for the GCS, exited 1, and HAProxy, started by a Ray worker, kept the port.
 
 Here the command runs again as a child in a new session, and this process relays SIGTERM and SIGINT to
-it: the child drains and stops its Ray as on a signal sent to it alone. Whatever is left of its session
+it: the child drains and stops its Ray as on a signal sent to it alone; and SIGHUP, on which it reads its
+settings again. Whatever is left of its session
 after Ray has stopped (multiprocessing's resource tracker, started in a replica; HAProxy, should its
 manager die first) is killed, by the child and again by this process once the child has exited, so
-the ports are free when this process exits with the child's code. Should this process die (SIGKILL,
-or SIGHUP, which it does not relay), the child gets SIGTERM and stops the same way on its own.
+the ports are free when this process exits with the child's code. Should this process die (SIGKILL), the
+child gets SIGTERM and stops the same way on its own.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ from types import FrameType
 
 import psutil
 
+from siglip_serve.core.constants import OWN_SESSION_ENV
+
 log = logging.getLogger("siglip_serve")
 
 # Set in the child's environment: it is the service, not another relay. The child removes it at once,
 # so Ray's workers, which inherit its environment, do not carry it.
-CHILD_ENV = "SIGLIP_SERVE_OWN_SESSION"
-RELAYED = (signal.SIGTERM, signal.SIGINT)
+CHILD_ENV = OWN_SESSION_ENV
+# SIGHUP too: the service reads its settings again (launcher/reload.py; systemd's ExecReload= signals this process).
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # How long the child's leftovers get to exit by themselves after the child has stopped Ray.
 LEFTOVER_GRACE_S = 1.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

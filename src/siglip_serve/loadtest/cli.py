@@ -25,6 +25,7 @@ import httpx
 import psutil
 
 from siglip_serve.core.cli import key_value, run_main, setup_logging
+from siglip_serve.core.constants import LOADTEST_API_KEY_ENV
 from siglip_serve.core.errors import UserError
 from siglip_serve.core.poll import poll
 from siglip_serve.loadtest.options import OPTIONS, STEP_OPTIONS, add_options, locust_arguments, parse_duration
@@ -39,7 +40,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness pol
 
 HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parent
-API_KEY_ENV = "SIGLIP_LOADTEST_API_KEY"
+API_KEY_ENV = LOADTEST_API_KEY_ENV
 
 
 class NotReady(UserError, RuntimeError):

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from siglip_serve.core.constants import LOADTEST_API_KEY_ENV
 from siglip_serve.loadtest.options import add_options
 from siglip_serve.loadtest.recorder import Recorder, rewrite_final_csv
 from siglip_serve.loadtest.validate import check_response
@@ -53,7 +54,7 @@ class Setup:
 def _options(parser: Any) -> None:
     group = parser.add_argument_group("siglip-serve")
     add_options(group)
-    group.add_argument("--api-key", default="", env_var="SIGLIP_LOADTEST_API_KEY",
+    group.add_argument("--api-key", default="", env_var=LOADTEST_API_KEY_ENV,
                        help="Authorization: Bearer KEY (or env SIGLIP_LOADTEST_API_KEY)")
     group.add_argument("--results-json", default="", help="write the recorder's results here at the end")
 

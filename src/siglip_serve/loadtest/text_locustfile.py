@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from siglip_serve.core.constants import LOADTEST_API_KEY_ENV
 from siglip_serve.loadtest.validate import check_response, error_reason
 from siglip_serve.measure.corpus import load_corpus
 
@@ -44,7 +45,7 @@ def _options(parser: Any) -> None:
     group.add_argument("--texts-per-request", type=int, default=8, help="TextUser: texts in each request (default 8)")
     group.add_argument("--labels", type=int, default=5, help=f"ClassifyUser: labels per request (1-{len(LABELS)})")
     group.add_argument("--template", default="a photo of {}", help="ClassifyUser: prompt template")
-    group.add_argument("--text-api-key", default="", env_var="SIGLIP_LOADTEST_API_KEY",
+    group.add_argument("--text-api-key", default="", env_var=LOADTEST_API_KEY_ENV,
                        help="Authorization: Bearer KEY (or env SIGLIP_LOADTEST_API_KEY)")
 
 

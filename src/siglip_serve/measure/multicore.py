@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from siglip_serve.core.cli import SettingsError, add_log_level, run_main, setup_logging
-from siglip_serve.core.constants import LNC_ENV
+from siglip_serve.core.constants import LNC_ENV, MULTICORE_WORKER_ENV
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.results import Machine, MulticoreResult, MulticoreWorker
 from siglip_serve.measure.seed import SEED_INSTANCE_METHOD, SEED_REFERENCE, measured_like_the_seed, seed_rows_for
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # the workers never plan
 
 log = logging.getLogger("siglip_serve.multicore")
 
-WORKER_SPEC_ENV = "SIGLIP_MULTICORE_WORKER"
+WORKER_SPEC_ENV = MULTICORE_WORKER_ENV
 _TAG = "@@siglip-multicore"
 READY_TIMEOUT_S = 1800.0  # loading a compiled SO400M artifact takes a while per core
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
 from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.live_settings import LIVE_KEYS, live_settings
 from siglip_serve.serve.plan.planner import plan_service
 from siglip_serve.serve.plan.served_models import served_models
 from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ModelPlan, ServicePlan
@@ -57,10 +59,12 @@ def _kept_image(own: ServiceConfig, model: ModelPlan) -> Application | None:
     return serve.deployment(**kept.deployment.options())(ImageReplica).bind(own, kept)
 
 
-def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = ()) -> Application:
+def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = (),
+          live: dict[str, Any] | None = None, version: str | None = None) -> Application:
     """The application of `plan` (serve/plan/planner.py): each model's towers' deployments and the ingress, serving
     the contract's routes and `routes`; under `model_apps` the ingress alone (each model's towers are
-    `build_model_app`'s)."""
+    `build_model_app`'s). `live`: the ingress's user_config (default: `config`'s live settings); `version`: every
+    deployment's, for `serve.run` (`pinned`)."""
     configs = {model.name: model.config for model in served_models(config)}
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
@@ -69,7 +73,7 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
         image_size, embed_dim = model_geometry(own.model)
         infos[model.name] = ModelInfo(model.name, embed_dim, image_size, own.weights_source)
         if not config.model_apps:
-            towers[model.name] = _towers(own, model)
+            towers[model.name] = {tower: pinned(bound, version) for tower, bound in _towers(own, model).items()}
         image = model.image
         log.info("model %s: %s on %s, %s encoder replica(s)%s%s, buckets %s, %d text replica(s)", model.name,
                  own.model, own.backend,
@@ -81,8 +85,30 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     front = plan.ingress
     log.info("ingress: %s replica(s) for %d model(s)", front.replicas if front.max_replicas == front.replicas else
              f"{front.replicas}..{front.max_replicas} autoscaled", len(plan.models))
-    ingress = serve.deployment(IngressDeployment, **front.deployment.options())
-    return ingress.bind(towers, config, plan, infos, (*ROUTES, *routes))
+    # The live settings travel as the ingress's user_config too, so a Serve config's `deployments:` entry for it
+    # changes them in place (serve/plan/live_settings.py); the args stay the start's.
+    ingress = serve.deployment(IngressDeployment, **front.deployment.options(),
+                               user_config=live_settings(config) if live is None else live)
+    return pinned(ingress.bind(towers, config, plan, infos, (*ROUTES, *routes)), version)
+
+
+def pinned(app: Application, version: str | None) -> Application:
+    """`app` with its deployment's version set (None: as it is). `serve.run` gives a deployment without one a random
+    code version each time (ray/serve/_private/client.py ServeControllerClient.deploy_applications), which
+    restarts its replicas (ray/serve/_private/version.py DeploymentVersion.requires_actor_restart); with the same
+    one, a change of user_config alone reconfigures them in place. Serve's declarative path (a Serve config) sets
+    its own, from the args (ray/serve/_private/application_state.py)."""
+    if version is None:
+        return app
+    app._bound_deployment = app._bound_deployment.options(version=version, _internal=True)
+    return app
+
+
+def run_version(config: ServiceConfig, plan: ServicePlan) -> str:
+    """The version `siglip-serve run` pins its deployments to: a hash of what they are built from but the live
+    settings, as Serve's code version of a Serve config hashes its args."""
+    built = config.model_dump_json(exclude=set(LIVE_KEYS)) + plan.model_dump_json()
+    return hashlib.sha256(built.encode()).hexdigest()[:16]
 
 
 def text_by_shape(config: ServiceConfig) -> ServiceConfig:

@@ -25,6 +25,7 @@ from typing import Any, cast
 import torch
 
 from siglip_serve.core.backends import IMAGE, TEXT
+from siglip_serve.core.constants import TORCHNEURON_RUNTIME_ENV
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactChecks, ArtifactRunner, checked_artifact, manifest_model_info
 from siglip_serve.models.backends.implementation import Implementation
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 
 # "module:Class" of another NativeRuntime for replicas; the tests put the recording double here to
 # serve through the real application on a CPU. Unset (always, in production): TorchNeuron.
-RUNTIME_ENV = "SIGLIP_SERVE_TORCHNEURON_RUNTIME"
+RUNTIME_ENV = TORCHNEURON_RUNTIME_ENV
 
 
 def runtime_from_env() -> NativeRuntime:

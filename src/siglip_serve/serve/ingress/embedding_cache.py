@@ -222,6 +222,16 @@ class EmbeddingCache:
             return vector
         self._entries[key] = _Entry(vector, cost)
         self.bytes += cost
+        self._evict()
+        return vector
+
+    def resize(self, max_bytes: int) -> None:
+        """A new bound (`embedding_cache_mib`, a live setting: serve/plan/live_settings.py): the least recently
+        used out first down to it; 0 turns the cache off and empties it."""
+        self.max_bytes = max(0, int(max_bytes))
+        self._evict()
+
+    def _evict(self) -> None:
         evicted: dict[str, int] = {}
         while self.bytes > self.max_bytes:
             old_key, old = self._entries.popitem(last=False)
@@ -233,7 +243,6 @@ class EmbeddingCache:
                 self.events.evictions(tower, count)
         if self.events is not None:
             self.events.size(self.bytes)
-        return vector
 
     def _count(self, what: str, tower: str, count: int = 1) -> None:
         if what == "hit":

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import Request
@@ -38,7 +39,7 @@ from siglip_serve.core.lanes import (
 )
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.ingress.fair_slots import FairSlots
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.tenants import Tenants, lane_map, load_keys
 
@@ -157,19 +158,41 @@ class FrontDoor:
         self.config = config
         self.app_name = app_name
         self.replica_name = replica_name
-        self.tenants = Tenants(config.api_keys_file, config.resolve_api_key(os.environ), 1.0 / max(1, ingress_replicas),
-                               whole_lane=Lane.INTERACTIVE if limits.interactive_server else None)
+        self._share = 1.0 / max(1, ingress_replicas)
+        self.tenants = self._tenants(config, limits)
         self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s,
                                   limits.ongoing_beside_others)
         # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
-        written = write_limits(limits, app_name, lane_map=lane_map(load_keys(config.api_keys_file))
-                               if config.api_keys_file else None)
+        written = self._write_limits(config, limits)
         if written is None and limits.interactive_server:
             log.warning("interactive_ingress: no HAProxy front end of ours here (Serve's proxy spreads requests over "
                         "every ingress replica), so no replica is kept for the interactive lane")
         self.draining = False
         self.requests_in_handler = 0
         self._drain_watch: asyncio.Task[None] | None = None
+
+    def _tenants(self, config: ServiceConfig, limits: FrontDoorLimits) -> Tenants:
+        return Tenants(config.api_keys_file, config.resolve_api_key(os.environ), self._share,
+                       whole_lane=Lane.INTERACTIVE if limits.interactive_server else None)
+
+    def _write_limits(self, config: ServiceConfig, limits: FrontDoorLimits) -> Path | None:
+        return write_limits(limits, self.app_name, lane_map=lane_map(load_keys(config.api_keys_file))
+                            if config.api_keys_file else None)
+
+    def reconfigure(self, config: ServiceConfig, limits: FrontDoorLimits) -> None:
+        """The live settings (serve/plan/live_settings.py) in force for the next request: the keys (read first:
+        a key file that cannot be read raises ConfigError with nothing changed), the queue's bound, the deadline
+        and Retry-After. Requests at work keep the deadline they began with. The count at work is the
+        deployment's (Serve's max_ongoing_requests), fixed at start."""
+        try:  # tenants.py load_keys: ValueError for a keys file unreadable or invalid, before anything is written
+            # The same file keeps its Tenants, which reads it again when it changes, and each key's rate state.
+            tenants = self.tenants if config.api_keys_file == self.config.api_keys_file else self._tenants(config,
+                                                                                                              limits)
+            self._write_limits(config, limits)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.tenants, self.config = tenants, config
+        self.slots.queued, self.slots.retry_after_s = limits.max_queued_requests, limits.retry_after_s
 
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.config.retry_after_s)}

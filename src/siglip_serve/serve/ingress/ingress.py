@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ray import serve
@@ -132,6 +132,25 @@ class Ingress:
         rows = ItemRows(images, self.fetcher, self.cache, scopes)
         return Served(name, config, model, towers, images,
                       Scheduler(config, model, metrics, self.door, towers, rows))
+
+    def reconfigure(self, config: ServiceConfig) -> None:
+        """`config` (the args with the deployment's user_config over them, serve/plan/live_settings.py) in force
+        for the next request: the front door's keys and limits first, which raise ConfigError with nothing
+        changed, then the log level, the cache's bound, the URL fetcher (fetches under way finish with the one they
+        began with) and each tower client's Retry-After."""
+        limits = replace(self.plan.ingress.limits, max_queued_requests=config.max_queued_requests,
+                         request_timeout_s=config.request_timeout_s, retry_after_s=config.retry_after_s)
+        self.door.reconfigure(config, limits)
+        configure_replica_logging(config.log_level)
+        self.cache.resize(config.embedding_cache_bytes)
+        if config.url_fetch != self.fetcher.settings:
+            self.fetcher = UrlFetcher(config.url_fetch)
+            for served in self.served.values():
+                served.scheduler.rows.fetcher = self.fetcher
+        for served in self.served.values():
+            for link in (*served.towers.links.values(), *served.towers.kept.values()):
+                link.client.retry_after_s = config.retry_after_s
+        self.config = config
 
     def serving(self, name: str | None) -> Served:
         """The model a request names (None: the default), or 404 naming the ones served."""

@@ -192,7 +192,7 @@ class Scheduler:
                 return await link.client.embed(items, wall_deadline, tracing.inject())
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
-                           f"request did not finish within {self.config.request_timeout_s:g} s") from None
+                           f"request did not finish within {self.door.config.request_timeout_s:g} s") from None
         except ImageRejected as exc:  # a JPEG the device decoder refused (device_jpeg_decode)
             raise rejection_error(exc) from None
 

@@ -1,0 +1,97 @@
+"""`siglip-serve run --config FILE` reloads on SIGHUP (launcher/reload.py) as systemd's ExecReload= sends it, to the
+main process: a limit and the keys file changed in the file are in force after the signal, a change that needs a
+restart is refused and logged naming its key, and every replica is the same process throughout. A real
+subprocess on loopback, with a Ray of its own."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+
+from siglip_serve.core.poll import poll
+from siglip_serve.launcher.preflight import free_port
+from tests.helpers import wait_until_ready
+
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 150
+OLD_KEY, NEW_KEY = "old-key", "new-key"
+BASE = "model: tiny-siglip\nreplicas: 1\ntext_replicas: 0\ningress_replicas: 1\ntorch_threads: 1\n"
+
+
+def keys_file(path: Path, *keys: str) -> Path:
+    path.write_text("".join(f'[[keys]]\nname = "{key}"\nkey = "{key}"\n' for key in keys))
+    return path
+
+
+def replica_processes(proc: subprocess.Popen[str]) -> set[tuple[int, str]]:
+    """(pid, title) of every Serve replica of the service (Ray titles them ray::ServeReplica:APP:DEPLOYMENT)."""
+    found = set()
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            title = " ".join(child.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "ServeReplica:" in title:
+            found.add((child.pid, title.split("ServeReplica:", 1)[1].split()[0]))
+    return found
+
+
+def post(url: str, key: str, jpeg: bytes) -> httpx.Response:
+    return httpx.post(url + "/v1/embeddings/image", content=jpeg, timeout=60,
+                      headers={"Content-Type": "image/jpeg", "Authorization": f"Bearer {key}"})
+
+
+def test_sighup_puts_a_changed_limit_and_keys_file_in_force_and_refuses_a_restart(
+        tmp_path: Path, photo_jpegs: list[bytes]) -> None:
+    first, second = keys_file(tmp_path / "first.toml", OLD_KEY), keys_file(tmp_path / "second.toml", OLD_KEY, NEW_KEY)
+    config = tmp_path / "config.yaml"
+    config.write_text(BASE + f"api_keys_file: {first}\n")
+    port = free_port()
+    proc = subprocess.Popen([str(BIN / "siglip-serve"), "run", "--config", str(config), "--port", str(port),
+                             "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}"
+    jpeg = photo_jpegs[0]
+
+    def reload(text: str, says: str) -> None:
+        config.write_text(BASE + text)
+        seen = len(lines)
+        proc.send_signal(signal.SIGHUP)  # ExecReload=/bin/kill -HUP $MAINPID
+        _, logged, _ = poll(lambda: "".join(lines[seen:]), lambda out: says in out, 60, interval_s=0.2)
+        assert logged, "".join(lines)[-3000:]
+
+    try:
+        wait_until_ready(url + "/readyz", START_TIMEOUT_S, proc, lambda: "".join(lines)[-3000:])
+        assert post(url, OLD_KEY, jpeg).status_code == 200 and post(url, NEW_KEY, jpeg).status_code == 401
+        _, both, _ = poll(lambda: replica_processes(proc), lambda found: len(found) == 2, 60, interval_s=0.5)
+        assert both, replica_processes(proc)
+        before = replica_processes(proc)
+
+        # A deadline no request meets: 504 naming it, the documented refusal, from the new keys file's key.
+        reload(f"api_keys_file: {second}\nrequest_timeout_s: 0.001\n", "reload: live settings in force")
+        answer, done, _ = poll(lambda: post(url, NEW_KEY, jpeg), lambda a: a.status_code == 504, 60, interval_s=0.3)
+        assert done and "0.001 s" in answer.json()["error"]["message"], answer.text
+
+        reload(f"api_keys_file: {second}\nrequest_timeout_s: 0.001\ndecode_threads: 2\n",
+               "decode_threads cannot change without a restart")
+        assert post(url, NEW_KEY, jpeg).status_code == 504
+
+        reload(f"api_keys_file: {second}\n", "reload: live settings in force")  # the default deadline again
+        _, back, _ = poll(lambda: post(url, NEW_KEY, jpeg).status_code, lambda code: code == 200, 60, interval_s=0.3)
+        assert back
+        assert replica_processes(proc) == before  # no replica restarted
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=240) == 0, "".join(lines)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)

@@ -1,0 +1,82 @@
+"""`siglip-serve run --config FILE` and its SIGHUP (launcher/reload.py): the file under the variables and flags, read
+again on SIGHUP, a live change handed on, one that needs a restart refused naming its keys; the systemd unit's
+ExecReload= and the session relay that carries it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from siglip_serve.launcher import cli, session
+from siglip_serve.launcher.reload import Reload
+from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from tests.helpers import read_unit
+
+
+def _settings(path: Path, *argv: str, environ: dict[str, str] | None = None) -> ServiceConfig:
+    args = cli.build_parser().parse_args(["--config", str(path), *argv])
+    return ServiceConfig.from_args(cli.run_settings(args, environ or {}))
+
+
+def test_the_file_is_under_the_variables_and_the_flags(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("model: tiny-siglip\nretry_after_s: 3\nrequest-timeout-s: 12\ndecode_threads: 2\n")
+    config = _settings(path)
+    assert (config.model, config.retry_after_s, config.request_timeout_s, config.decode_threads) == (
+        "tiny-siglip", 3, 12.0, 2)
+    config = _settings(path, "--set", "retry_after_s=5", environ={"SIGLIP_RETRY_AFTER_S": "4",
+                                                                  "SIGLIP_DECODE_THREADS": "6"})
+    assert (config.retry_after_s, config.decode_threads) == (5, 6)
+
+
+@pytest.mark.parametrize(("text", "error"), [("- a\n- b\n", "holds a list, not a mapping"),
+                                             ("a: [\n", "is not YAML")])
+def test_a_file_that_is_no_mapping_is_refused_naming_it(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        _settings(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        _settings(tmp_path / "gone.yaml")
+
+
+def test_sighup_hands_on_a_live_change_and_refuses_one_that_needs_a_restart(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("model: tiny-siglip\n")
+    args = cli.build_parser().parse_args(["--config", str(path)])
+    reload = Reload(lambda: cli.service_config(args, {}), cli.service_config(args, {}))
+    caplog.set_level(logging.INFO, "siglip_serve")
+    assert reload.changed() is None and "no setting changed" in caplog.text
+
+    path.write_text("model: tiny-siglip\nretry_after_s: 9\n")
+    live = reload.changed()
+    assert live is not None and live["retry_after_s"] == 9 and "retry_after_s 1 -> 9" in caplog.text
+    reload.applied(live)
+    assert reload.changed() is None
+
+    path.write_text("model: tiny-siglip\nretry_after_s: 2\ndecode_threads: 2\nmax_images_per_request: 4\n")
+    assert reload.changed() is None
+    assert "decode_threads, max_images_per_request cannot change without a restart" in caplog.text
+    path.write_text("model: tiny-siglip\nretry_after_s: 0\n")
+    assert reload.changed() is None and "reload refused: invalid siglip-serve config" in caplog.text
+    assert reload.in_force["retry_after_s"] == 9
+
+
+def test_without_a_file_sighup_touches_the_keys_file_only(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "a"\nkey = "a"\n')
+    before = keys.stat().st_mtime_ns
+    reload = Reload(None, ServiceConfig.from_args({"model": "tiny-siglip", "api_keys_file": str(keys)}))
+    os.utime(keys, ns=(before - 10**9, before - 10**9))
+    assert reload.changed() is None
+    assert keys.stat().st_mtime_ns > before - 10**9
+
+
+def test_the_unit_reloads_by_sighup_to_the_main_process_which_relays_it() -> None:
+    assert read_unit()["Service"]["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert signal.SIGHUP in session.RELAYED

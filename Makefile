@@ -77,4 +77,4 @@ bench: $(STAMP)
 	$(BIN)/siglip-serve bench --model ViT-B-16-SigLIP --random-weights --json bench-vit-b16.json
 
 clean:
-	rm -rf $(VENV) $(VENV)-moto .pytest_cache
+	rm -rf $(VENV) $(VENV)-moto $(VENV)-latest .pytest_cache

@@ -34,6 +34,7 @@ import pytest
 
 from siglip_serve.core.constants import LNC_ENV
 from siglip_serve.launcher.preflight import free_port
+from siglip_serve.models.neuron.manifest import MANIFEST_NAME
 from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
 from tests.helpers import REPO, jpeg_bytes, neuronx_double, tiny_settings, worker_pythonpath
 
@@ -143,6 +144,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         with neuronx_double():
             artifact = compile_artifact(tiny_settings(model=MODEL, random_weights=True), CompileOptions(lnc=2),
                                         cluster.artifacts).artifact_dir
+        # Labelled as compiled from the config's pretrained weights, as a real deploy's artifact is: the double
+        # compiled seeded ones (nothing here may fetch weights), and the bulk job's encoders refuse an artifact
+        # of other weights than the job names its shards for (bulk/stages.py check_artifact_weights).
+        manifest = artifact / MANIFEST_NAME
+        recorded = json.loads(manifest.read_text())
+        recorded["weights"]["source"] = "pretrained:webli"
+        manifest.write_text(json.dumps(recorded))
         cluster.artifact = artifact  # type: ignore[attr-defined]
         yield cluster
     finally:

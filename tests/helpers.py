@@ -16,8 +16,10 @@ import shlex
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,6 +317,51 @@ def streamed_png(width: int, height: int, bit_depth: int, colour_type: int, row:
         parts.append(comp.compress(line * min(step, height - start)))
     parts.append(comp.flush())
     return png_file(width, height, bit_depth, colour_type, b"".join(parts))
+
+
+# -- requests in the background while a test changes the service -------------------------------
+
+class BackgroundLoad:
+    """One thread per (label, JSON body) posting it to `path` back to back until the block ends; each answer's
+    status (or transport error, or a non-200's first words) counted under its label in `got`. A change made
+    under it that drops or fails a request shows there."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], bodies: list[tuple[str, dict[str, Any]]],
+                 path: str = "/v1/embeddings") -> None:
+        self.base_url, self.headers, self.path = base_url, headers, path
+        self.stop = threading.Event()
+        self.got: Counter[tuple[str, str]] = Counter()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(label, body), daemon=True) for label, body in bodies]
+
+    def _run(self, label: str, body: dict[str, Any]) -> None:
+        with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=60) as client:
+            while not self.stop.is_set():
+                try:
+                    answer = client.post(self.path, json=body)
+                    outcome = "200" if answer.status_code == 200 else f"{answer.status_code} {answer.text[:200]}"
+                except httpx.TransportError as exc:
+                    outcome = f"transport {type(exc).__name__}"
+                with self.lock:
+                    self.got[(label, outcome)] += 1
+
+    def total(self) -> int:
+        with self.lock:
+            return sum(self.got.values())
+
+    def outcomes(self) -> set[str]:
+        with self.lock:
+            return {outcome for _, outcome in self.got}
+
+    def __enter__(self) -> BackgroundLoad:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
 
 
 # -- an image server on a loopback address (images by URL) --------------------------------------

@@ -6,9 +6,7 @@ ones in force. The session's Ray; loopback only."""
 from __future__ import annotations
 
 import base64
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import pytest
 from siglip_serve.core.poll import poll
 from siglip_serve.serve.plan.live_settings import INGRESS_DEPLOYMENT
 from siglip_serve.serve.serve_yaml import BUILDER
-from tests.helpers import ServeCluster, delete_apps
+from tests.helpers import BackgroundLoad, ServeCluster, delete_apps
 
 APP = "live"
 ROUTE = "/live"
@@ -62,42 +60,6 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-class Load:
-    """Two threads posting one small image with OLD_KEY, back to back, until stopped: every outcome counted."""
-
-    def __init__(self, base_url: str, image: str) -> None:
-        self.base_url, self.image = base_url, image
-        self.stop = threading.Event()
-        self.got: Counter[str] = Counter()
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.base_url, headers=auth(OLD_KEY), timeout=60) as client:
-            while not self.stop.is_set():
-                try:
-                    answer = client.post("/v1/embeddings", json={"input": self.image, "modality": "image"})
-                    outcome = "200" if answer.status_code == 200 else f"{answer.status_code} {answer.text[:200]}"
-                except httpx.TransportError as exc:
-                    outcome = f"transport {type(exc).__name__}"
-                with self.lock:
-                    self.got[outcome] += 1
-
-    def total(self) -> int:
-        with self.lock:
-            return sum(self.got.values())
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=90)
-
-
 @pytest.fixture(scope="module")
 def client(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     directory = tmp_path_factory.mktemp("live")
@@ -121,7 +83,8 @@ def test_a_limit_and_the_keys_file_change_in_place_under_load(client: httpx.Clie
     assert answers(client, OLD_KEY, image).status_code == 200
     second = keys_file(directory / "second.toml", OLD_KEY, NEW_KEY)
     before = replicas(client, OLD_KEY)
-    with Load(client.base_url, image) as load:
+    body = {"input": image, "modality": "image"}
+    with BackgroundLoad(client.base_url, auth(OLD_KEY), [("a", body), ("b", body)]) as load:
         poll(load.total, lambda n: n >= 10, 60, interval_s=0.2)
         apply({"api_keys_file": second, "embedding_cache_mib": 1})
         _, switched, _ = poll(lambda: answers(client, NEW_KEY, image).status_code, lambda c: c == 200, 60,
@@ -131,8 +94,7 @@ def test_a_limit_and_the_keys_file_change_in_place_under_load(client: httpx.Clie
         assert cache["enabled"] and cache["max_bytes"] == 1024 * 1024, cache
         count = load.total()
         poll(load.total, lambda n: n >= count + 10, 60, interval_s=0.2)
-    outcomes = dict(load.got)
-    assert set(outcomes) == {"200"}, outcomes
+    assert load.outcomes() == {"200"}, dict(load.got)
 
     # A deadline no request meets: every request now answers 504 naming it, the documented refusal.
     apply({"api_keys_file": second, "request_timeout_s": 0.001})

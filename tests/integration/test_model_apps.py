@@ -6,8 +6,6 @@ same processes throughout. The session's Ray; loopback only."""
 from __future__ import annotations
 
 import base64
-import threading
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +18,7 @@ from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.served_models import model_app_name
 from siglip_serve.serve.serve_yaml import model_apps_config
-from tests.helpers import API_KEY, AUTH, ServeCluster, TinyReference, delete_apps
+from tests.helpers import API_KEY, AUTH, BackgroundLoad, ServeCluster, TinyReference, delete_apps
 
 FRONT = "swap"
 ROUTE = "/swap"
@@ -87,42 +85,6 @@ def client(serve_cluster: ServeCluster) -> Iterator[httpx.Client]:
     delete_apps([name for name in ours if name in serve.status().applications])
 
 
-class Load:
-    """A few threads posting JSON embeddings naming each staying model, back to back, until stopped: every
-    answer's status (or transport error) counted per model."""
-
-    def __init__(self, base_url: str, image: str) -> None:
-        self.base_url, self.image = base_url, image
-        self.stop = threading.Event()
-        self.got: Counter[tuple[str, str]] = Counter()
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(STAYING[i % 2]["name"],), daemon=True)
-                        for i in range(LOAD_THREADS)]
-
-    def _run(self, model: str) -> None:
-        with httpx.Client(base_url=self.base_url, headers=AUTH, timeout=60) as client:
-            while not self.stop.is_set():
-                try:
-                    answer = client.post("/v1/embeddings", json={"input": self.image, "modality": "image",
-                                                                 "model": model})
-                    outcome = str(answer.status_code) if answer.status_code == 200 else (
-                        f"{answer.status_code} {answer.text[:200]}")
-                except httpx.TransportError as exc:
-                    outcome = f"transport {type(exc).__name__}"
-                with self.lock:
-                    self.got[(model, outcome)] += 1
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=90)
-
-
 def test_adding_and_removing_a_model_restarts_and_drops_nothing_of_the_others(
         serve_cluster: ServeCluster, client: httpx.Client, photo_jpegs: list[bytes]) -> None:
     image = "data:image/jpeg;base64," + base64.b64encode(photo_jpegs[0]).decode()
@@ -130,7 +92,9 @@ def test_adding_and_removing_a_model_restarts_and_drops_nothing_of_the_others(
     assert all(before.values()), before
     embedder, info = load_embedder(ModelSettings(model="tiny-siglip", seed=2))
     want = TinyReference(embedder, info.image_size).embed(photo_jpegs[0])
-    with Load(serve_cluster.base_url + ROUTE, image) as load:
+    bodies = [(name, {"input": image, "modality": "image", "model": name})
+              for name in (STAYING[i % 2]["name"] for i in range(LOAD_THREADS))]
+    with BackgroundLoad(serve_cluster.base_url + ROUTE, AUTH, bodies) as load:
         apply([*STAYING, THIRD])
         _, added, _ = poll(lambda: settled(client, ["old", "new", "third"]), bool, 120, interval_s=0.5)
         assert added, app_statuses()
@@ -144,8 +108,8 @@ def test_adding_and_removing_a_model_restarts_and_drops_nothing_of_the_others(
         _, removed, _ = poll(lambda: settled(client, ["old", "new"]), bool, 120, interval_s=0.5)
         assert removed, app_statuses()
         # The replaced ingress replica drains for a while after the roll: the load runs on past it.
-        count = sum(load.got.values())
-        poll(lambda: sum(load.got.values()), lambda n: n >= count + 20, 10, interval_s=0.2)
+        count = load.total()
+        poll(load.total, lambda n: n >= count + 20, 10, interval_s=0.2)
     after = {model["name"]: tower_processes(model["name"]) for model in STAYING}
     outcomes = dict(load.got)
     assert {outcome for _, outcome in outcomes} == {"200"}, outcomes

@@ -151,7 +151,7 @@ def stand_in_ingress(image: TowerHandle, text: TowerHandle | None, **args: Any) 
                                       "text_replicas": 1 if text else 0, **args})
     records = STAND_IN_RECORDS if text else STAND_IN_RECORDS[:1]
     towers = {"image": image, **({"text": text} if text else {})}
-    return Ingress({"tiny-siglip": towers}, config, plan_service(config),  # type: ignore[dict-item]
+    return Ingress({"tiny-siglip": towers}, plan_service(config),  # type: ignore[dict-item]
                    {"tiny-siglip": ModelInfo("tiny-siglip", 4, (64, 64), "random")}, replica=("test", "ingress-1"),
                    live_replicas=lambda app: list(records), refusal=lambda app, tower: None)
 

@@ -54,6 +54,14 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
                    "loadtest", "bulk"}) | SERVE_ROOMS,
 }
 
+# Modules a package may not import although its row allows their package: a replica reads its own slice of the
+# plan (serve/plan/replica_slices.py), never the config the plan was made from.
+CONFIG_MODULES = frozenset({"serve.plan.config", "serve.plan.served_models"})
+NOT_IMPORTED: dict[str, frozenset[str]] = {
+    "serve.ingress": CONFIG_MODULES,
+    "serve.ingress.endpoints": CONFIG_MODULES,
+    "serve.towers": CONFIG_MODULES,
+}
 
 def package_of(module: str, packages: set[str]) -> str:
     """The deepest package (a name without the `siglip_serve.` prefix) that holds `module`."""
@@ -67,7 +75,8 @@ def package_of(module: str, packages: set[str]) -> str:
 
 
 def violations(modules: Mapping[str, set[str]], packages: set[str],
-               rows: Mapping[str, frozenset[str]] = MAY_IMPORT) -> list[str]:
+               rows: Mapping[str, frozenset[str]] = MAY_IMPORT,
+               not_imported: Mapping[str, frozenset[str]] = NOT_IMPORTED) -> list[str]:
     found = [f"package {name or ROOT} has no row in tools/layers.py MAY_IMPORT" for name in sorted(packages | {""})
              if name not in rows]
     for module, targets in sorted(modules.items()):
@@ -79,6 +88,10 @@ def violations(modules: Mapping[str, set[str]], packages: set[str],
                 upward.setdefault(there, []).append(target)
         found += [f"{module} imports {', '.join(names)}: {here or ROOT} may import only "
                   f"{', '.join(sorted(rows[here])) or 'nothing of the project'}" for names in upward.values()]
+        banned = sorted({name for target in targets for name in not_imported.get(here, ())
+                         if target == f"{ROOT}.{name}" or target.startswith(f"{ROOT}.{name}.")})
+        found += [f"{module} imports {ROOT}.{name}: {here} reads its slice of the plan, not the config"
+                  for name in banned]
     return found
 
 

@@ -84,7 +84,7 @@ def test_an_image_only_artifact_is_refused_by_the_text_replica_naming_its_node(
     as_replica(artifact, monkeypatch)  # what the replica sets on itself, restored after this test
     monkeypatch.setenv(RUNTIME_ENV, "tests.doubles.torchneuron_runtime:RecordingRuntime")
     with pytest.raises(ReplicaRefused, match="siglip-serve compile --backend neuron-native --text") as err:
-        TextReplica(config, plan_service(config).model.text)  # type: ignore[arg-type]
+        TextReplica(plan_service(config).model.run, plan_service(config).model.text)  # type: ignore[arg-type]
     assert str(err.value).startswith(f"text encoder replica on node {socket.gethostname()}")
     assert "\n" not in str(err.value)
 

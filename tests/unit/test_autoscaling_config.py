@@ -93,10 +93,15 @@ def test_busy_cores_start_counting_at_the_first_read() -> None:
 
     meter = BusyCores()
     assert meter.read() == 0.0  # the replica's start is not load
-    end = time.process_time() + 0.05
-    while time.process_time() < end:  # one core busy for 50 ms
+    wall, cpu = time.monotonic(), time.process_time()
+    end = cpu + 0.05
+    while time.process_time() < end:  # one core busy for 50 ms of its own time
         pass
-    assert 0.5 < meter.read() <= 1.5
+    # What this process used over the same window, measured here: a loaded machine (the suite's other worker)
+    # gives the loop less than a whole core, and the meter must say so, not 1.
+    used = (time.process_time() - cpu) / (time.monotonic() - wall)
+    read = meter.read()
+    assert 0 < read <= 1.5 and abs(read - used) < 0.1, (read, used)
 
 
 def test_a_local_ray_gets_cpus_for_the_ingress_ceiling() -> None:

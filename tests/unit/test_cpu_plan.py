@@ -155,9 +155,10 @@ def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -
     before = torch.get_num_threads()
     try:
         config = ServiceConfig(model="tiny-siglip", random_weights=True, text_num_cpus=2)
-        text = plan_service(config).model.text
+        model = plan_service(config).model
+        text = model.text
         assert text is not None and text.torch_threads == 2
-        replica = TextReplica(config, text)
+        replica = TextReplica(model.run, text)
         assert isinstance(replica.tower, TextEncoder) and replica.tower.runner.threads == 2
     finally:
         torch.set_num_threads(before)

@@ -21,6 +21,8 @@ from siglip_serve.serve.ingress.embedding_cache import (
     cache_scope,
 )
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.plan.service_plan import ModelPlan
 
 DIM = 16
 ENTRY = DIM * 4 + ENTRY_OVERHEAD_BYTES  # what one float32 vector of DIM costs
@@ -207,31 +209,38 @@ def test_a_waiter_that_is_cancelled_does_not_cancel_the_computation_the_others_w
     asyncio.run(main())
 
 
+def _model(config: ServiceConfig) -> ModelPlan:
+    """The plan's record of `config`'s model, which the ingress's cache scope is read from."""
+    return plan_service(config).model
+
+
 def test_every_part_of_the_scope_changes_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = ServiceConfig(model="tiny-siglip")
-    scope = cache_scope(base, "image", (64, 64))
-    assert cache_scope(ServiceConfig(model="tiny-siglip"), "image", (64, 64)) == scope  # stable
+    scope = cache_scope(_model(base), "image", (64, 64))
+    assert cache_scope(_model(ServiceConfig(model="tiny-siglip")), "image", (64, 64)) == scope  # stable
     changed = {
-        "tower": cache_scope(base, "text", (64, 64)),
-        "image size": cache_scope(base, "image", (96, 96)),
-        "model": cache_scope(ServiceConfig(model="tiny-siglip2"), "image", (64, 64)),
-        "weights": cache_scope(ServiceConfig(model="tiny-siglip", seed=1), "image", (64, 64)),
-        "backend": cache_scope(ServiceConfig(model="tiny-siglip", backend="cuda"), "image", (64, 64)),
-        "dtype": cache_scope(ServiceConfig(model="tiny-siglip", backend="cuda", cuda_dtype="fp32"), "image", (64, 64)),
-        "fast_jpeg_decode": cache_scope(ServiceConfig(model="tiny-siglip", fast_jpeg_decode=False), "image", (64, 64)),
-        "device_jpeg_decode": cache_scope(ServiceConfig(model="tiny-siglip", device_jpeg_decode=True), "image",
+        "tower": cache_scope(_model(base), "text", (64, 64)),
+        "image size": cache_scope(_model(base), "image", (96, 96)),
+        "model": cache_scope(_model(ServiceConfig(model="tiny-siglip2")), "image", (64, 64)),
+        "weights": cache_scope(_model(ServiceConfig(model="tiny-siglip", seed=1)), "image", (64, 64)),
+        "backend": cache_scope(_model(ServiceConfig(model="tiny-siglip", backend="cuda")), "image", (64, 64)),
+        "dtype": cache_scope(_model(ServiceConfig(model="tiny-siglip", backend="cuda", cuda_dtype="fp32")), "image",
+                             (64, 64)),
+        "fast_jpeg_decode": cache_scope(_model(ServiceConfig(model="tiny-siglip", fast_jpeg_decode=False)), "image",
+                                        (64, 64)),
+        "device_jpeg_decode": cache_scope(_model(ServiceConfig(model="tiny-siglip", device_jpeg_decode=True)), "image",
                                           (64, 64)),
     }
     monkeypatch.setattr(cache_module, "PREPROCESS_VERSION", "squash-bicubic-uint8-v2")
-    changed["preprocessing"] = cache_scope(base, "image", (64, 64))
+    changed["preprocessing"] = cache_scope(_model(base), "image", (64, 64))
     monkeypatch.undo()
     checkpoint = tmp_path / "weights.pt"
     checkpoint.write_bytes(b"first weights")
     real = ServiceConfig(model="ViT-B-16-SigLIP", checkpoint=checkpoint)
-    before = cache_scope(real, "image", (224, 224))
+    before = cache_scope(_model(real), "image", (224, 224))
     checkpoint.write_bytes(b"other weights, same path")
     os.utime(checkpoint, ns=(1, 1))
-    changed["checkpoint replaced"] = cache_scope(real, "image", (224, 224))
+    changed["checkpoint replaced"] = cache_scope(_model(real), "image", (224, 224))
     assert changed["checkpoint replaced"] != before
     for part, other in changed.items():
         assert other != scope, part

@@ -145,7 +145,7 @@ def test_the_interactive_lane_goes_to_the_kept_replica_while_it_is_warm_and_the_
     config = _config(keys)
     shared, kept = ImageHandle(), ImageHandle()
     records = [_record("Encoder", "e-1"), _record("Encoder", "e-2")]  # the kept replica still loads
-    ingress = Ingress({MODEL.name: {"image": shared, KEPT_IMAGE: kept}}, config,  # type: ignore[dict-item]
+    ingress = Ingress({MODEL.name: {"image": shared, KEPT_IMAGE: kept}},  # type: ignore[dict-item]
                       plan_service(config), {MODEL.name: MODEL}, replica=("test", "ingress-1"),
                       live_replicas=lambda app: list(records), refusal=lambda app, tower: None)
     towers = ingress.towers

@@ -114,6 +114,23 @@ def test_an_upward_import_fails_the_layer_lint(tmp_path: Path, name: str, text: 
     assert tool.main([str(package)]) == 1
 
 
+def test_a_replica_importing_the_config_fails_the_layer_lint(tmp_path: Path) -> None:
+    """serve.ingress may import serve.plan, but not the config module in it: it reads its slice of the plan."""
+    tool = layers()
+    files = {"serve/ingress/__init__.py": "", "serve/plan/__init__.py": "", "serve/plan/config.py": "",
+             "serve/plan/service_plan.py": "",
+             "serve/ingress/ingress.py": "from siglip_serve.serve.plan import service_plan\n"}
+    (tmp_path / "siglip_serve" / "serve" / "ingress").mkdir(parents=True)
+    (tmp_path / "siglip_serve" / "serve" / "plan").mkdir(parents=True)
+    package = _tree(tmp_path, files)
+    assert tool.main([str(package)]) == 0
+    package = _tree(tmp_path, {**files, "serve/ingress/ingress.py": "from siglip_serve.serve.plan.config import X\n"})
+    found = tool.violations(checker().graph(package), tool.packages_in(package))
+    assert found == ["siglip_serve.serve.ingress.ingress imports siglip_serve.serve.plan.config: serve.ingress reads "
+                     "its slice of the plan, not the config"], found
+    assert tool.main([str(package)]) == 1
+
+
 def test_a_package_without_a_row_fails_the_layer_lint(tmp_path: Path) -> None:
     package = _tree(tmp_path, {})
     (package / "plugins").mkdir()

@@ -67,7 +67,12 @@ def test_the_application_is_built_from_the_plan_as_it_is(monkeypatch: pytest.Mon
         assert deployment.max_ongoing_requests == planned.max_ongoing_requests
         assert deployment.ray_actor_options == planned.ray_actor_options
     assert towers["Encoder"].num_replicas == 3 and ingress.num_replicas == 2
-    assert towers["Encoder"].init_args[1] == plan.model.image  # each replica reads its own part
+    # Each deployment is bound with its own slice of the plan, never the config (serve/plan/replica_slices.py).
+    assert towers["Encoder"].init_args == (plan.model.run, plan.model.image)
+    assert towers["TextEncoder"].init_args == (plan.model.run, plan.model.text)
+    assert ingress.init_args[1] == plan and plan.ingress.front.live.request_timeout_s == 12
+    assert plan.model.front.weights == config.weights_source and plan.model.run.settings == config.model_settings()
+    assert not any(isinstance(arg, ServiceConfig) for bound in (ingress, *towers.values()) for arg in bound.init_args)
     assert plan.model.image.deployment.graceful_shutdown_timeout_s == 12
 
 

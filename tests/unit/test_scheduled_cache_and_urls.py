@@ -117,7 +117,7 @@ def _fetching(served: Ingress, answer: Any) -> list[str]:
         asked.append(request.url.path)
         return await answer(request)
 
-    served.serving(None).scheduler.rows.fetcher = UrlFetcher(served.config.url_fetch,
+    served.serving(None).scheduler.rows.fetcher = UrlFetcher(served.front.url_fetch,
                                                              transport=httpx.MockTransport(handler))
     return asked
 

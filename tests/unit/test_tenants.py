@@ -140,6 +140,7 @@ def test_with_a_replica_kept_for_the_interactive_lane_its_keys_get_their_whole_r
     the traffic (half each), and the interactive lane's requests all meet the third, which allows their whole rate."""
     from siglip_serve.core.front_door import LIMITS_DIR_ENV, FrontDoorLimits
     from siglip_serve.serve.ingress.front_door import FrontDoor
+    from siglip_serve.serve.plan.planner import front_settings
 
     monkeypatch.delenv(LIMITS_DIR_ENV, raising=False)  # no HAProxy of ours: what the log line below is about
 
@@ -149,7 +150,8 @@ def test_with_a_replica_kept_for_the_interactive_lane_its_keys_get_their_whole_r
     config = ServiceConfig.from_args({"model": "tiny-siglip", "api_keys_file": str(path),
                                       "interactive_ingress": interactive_ingress})
     limits = FrontDoorLimits(4, 8, 10.0, 1, interactive_server=interactive_ingress)
-    door = FrontDoor(config, limits, "siglip", "r", 2 if interactive_ingress else 3)  # IngressPlan.sharing_replicas
+    # ingress_replicas: IngressPlan.sharing_replicas
+    door = FrontDoor(front_settings(config), limits, "siglip", "r", 2 if interactive_ingress else 3)
 
     def passing(key: str) -> int:  # a burst is one second's requests at the replica's rate
         for count in range(10):

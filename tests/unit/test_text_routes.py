@@ -101,7 +101,7 @@ def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = Non
                                       "text_replicas": 1 if handle else 0, **args})
     found = records if records is not None else [IMAGE_RECORD, *([TEXT_RECORD] if handle else [])]
     towers = {"image": HandleOptions(), **({"text": handle} if handle else {})}
-    return Ingress({MODEL.name: towers}, config, plan_service(config), {MODEL.name: MODEL},  # type: ignore[dict-item]
+    return Ingress({MODEL.name: towers}, plan_service(config), {MODEL.name: MODEL},  # type: ignore[dict-item]
                    replica=("test", "ingress-1"),
                    live_replicas=lambda app: list(found), refusal=lambda app, tower: (refusals or {}).get(tower))
 
@@ -318,7 +318,7 @@ def test_an_ingress_of_two_models_reads_the_registry_once_per_probe_and_counts_e
         return [{**IMAGE_RECORD, registry.SERVED_AS: "old"}]  # only the default model's replica is warm
 
     ingress = Ingress({"old": {"image": HandleOptions()}, "new": {"image": HandleOptions()}},  # type: ignore[dict-item]
-                      config, plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
+                      plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
                       live_replicas=live, refusal=lambda app, tower: None)
     status, body = ready_answer(ingress)
     assert status == 200 and body["models"] == {"old": True, "new": False}
@@ -337,7 +337,7 @@ def test_the_check_before_the_body_passes_where_any_model_can_do_the_work() -> N
     records = [{**IMAGE_RECORD, registry.SERVED_AS: name} for name in ("old", "new")]
     ingress = Ingress({"old": {"image": HandleOptions()},  # type: ignore[dict-item]
                        "new": {"image": HandleOptions(), "text": TextHandle()}},
-                      config, plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
+                      plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
                       live_replicas=lambda app: [*records, {**TEXT_RECORD, registry.SERVED_AS: "new"}],
                       refusal=lambda app, tower: None)
     ingress.require("text")
@@ -361,7 +361,7 @@ def test_a_model_still_loading_answers_503_for_its_own_requests_only() -> None:
     warm = [{**IMAGE_RECORD, registry.SERVED_AS: "old"}, {**TEXT_RECORD, registry.SERVED_AS: "old"}]
     ingress = Ingress({"old": {"image": HandleOptions(), "text": TextHandle()},  # type: ignore[dict-item]
                        "new": {"image": HandleOptions(), "text": TextHandle()}},
-                      config, plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
+                      plan_service(config), {"old": MODEL, "new": MODEL}, replica=("test", "ingress-1"),
                       live_replicas=lambda app: warm, refusal=lambda app, tower: None)
     status, body = ready_answer(ingress)
     assert status == 200 and body["models"] == {"old": True, "new": False}

@@ -90,6 +90,10 @@ def test_the_first_answer_is_marked_once_after_the_start() -> None:
 
 @pytest.mark.parametrize("tower", ["image", "text"])
 def test_each_tower_replica_publishes_its_start_phase_by_phase(tower: str) -> None:
+    # An image replica first in a fresh process keeps transformers out of it (models/image_only.py), which a text
+    # replica built next in the same process needs: open_clip imported first, as a replica of either would.
+    import open_clip  # noqa: F401
+
     from siglip_serve.serve.plan.planner import plan_service
     from siglip_serve.serve.towers.image_deployment import ImageReplica
     from siglip_serve.serve.towers.text_deployment import TextReplica
@@ -97,8 +101,8 @@ def test_each_tower_replica_publishes_its_start_phase_by_phase(tower: str) -> No
     config = ServiceConfig(model="tiny-siglip", random_weights=True, buckets=(1, 4), text_buckets=(2, 8))
     before = torch.get_num_threads()
     try:
-        towers = plan_service(config.model_copy(update={"replicas": 1, "text_replicas": 1})).model.towers
-        replica = (ImageReplica if tower == "image" else TextReplica)(config, towers[tower])
+        model = plan_service(config.model_copy(update={"replicas": 1, "text_replicas": 1})).model
+        replica = (ImageReplica if tower == "image" else TextReplica)(model.run, model.towers[tower])
     finally:
         torch.set_num_threads(before)
     start = replica.info[START_KEY]

@@ -19,6 +19,10 @@ class UserError(Exception):
     exit_code: int = 2
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration does not validate; the message lists every problem."""
+
+
 class BackendUnavailable(UserError, RuntimeError):
     """This machine cannot run the backend; the message is one line saying what to install or fix."""
 

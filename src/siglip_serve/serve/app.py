@@ -21,8 +21,8 @@ from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, clus
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.live_settings import LIVE_KEYS, live_settings
 from siglip_serve.serve.plan.planner import plan_service
-from siglip_serve.serve.plan.served_models import served_models
-from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ModelPlan, ServicePlan
+from siglip_serve.serve.plan.replica_slices import TowerRun
+from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ModelPlan, ServicePlan, TowerPlan
 from siglip_serve.serve.shared import tracing
 from siglip_serve.serve.towers.image_deployment import ImageReplica
 from siglip_serve.serve.towers.text_deployment import TextReplica
@@ -41,22 +41,27 @@ def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bo
     return plan
 
 
-def _towers(own: ServiceConfig, model: ModelPlan) -> dict[str, Application]:
-    """One model's towers' deployments, bound: "image", and "text" where it has one."""
-    towers = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica).bind(own, model.image)}
-    if (kept := _kept_image(own, model)) is not None:
+def _towers(model: ModelPlan) -> dict[str, Application]:
+    """One model's towers' deployments, each bound with its slice of the plan: "image", and "text" where it has
+    one."""
+    towers = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica).bind(model.run, model.image)}
+    if (kept := _kept_image(model)) is not None:
         towers[KEPT_IMAGE] = kept
     if model.text is not None:
-        towers["text"] = serve.deployment(**model.text.deployment.options())(TextReplica).bind(own, model.text)
+        towers["text"] = _text(model.run, model.text)
     return towers
 
 
-def _kept_image(own: ServiceConfig, model: ModelPlan) -> Application | None:
+def _text(run: TowerRun, text: TowerPlan) -> Application:
+    return serve.deployment(**text.deployment.options())(TextReplica).bind(run, text)
+
+
+def _kept_image(model: ModelPlan) -> Application | None:
     """The image replica kept for the interactive lane (`interactive_encoder`), bound, or None."""
     kept = model.image.kept()
     if kept is None:
         return None
-    return serve.deployment(**kept.deployment.options())(ImageReplica).bind(own, kept)
+    return serve.deployment(**kept.deployment.options())(ImageReplica).bind(model.run, kept)
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = (),
@@ -65,22 +70,20 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     the contract's routes and `routes`; under `model_apps` the ingress alone (each model's towers are
     `build_model_app`'s). `live`: the ingress's user_config (default: `config`'s live settings); `version`: every
     deployment's, for `serve.run` (`pinned`)."""
-    configs = {model.name: model.config for model in served_models(config)}
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
-        own = configs[model.name]
-        image_size, embed_dim = model_geometry(own.model)
-        infos[model.name] = ModelInfo(model.name, embed_dim, image_size, own.weights_source)
+        image_size, embed_dim = model_geometry(model.model)
+        infos[model.name] = ModelInfo(model.name, embed_dim, image_size, model.front.weights)
         if not config.model_apps:
-            towers[model.name] = {tower: pinned(bound, version) for tower, bound in _towers(own, model).items()}
+            towers[model.name] = {tower: pinned(bound, version) for tower, bound in _towers(model).items()}
         image = model.image
         log.info("model %s: %s on %s, %s encoder replica(s)%s%s, buckets %s, %d text replica(s)", model.name,
-                 own.model, own.backend,
+                 model.model, model.backend,
                  image.replicas if image.min_replicas == image.replicas else
                  f"{image.min_replicas}..{image.replicas} autoscaled",
                  " (one kept for the interactive lane)" if image.interactive is not None else "",
-                 f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "", list(own.buckets),
+                 f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "", list(model.front.buckets),
                  model.text.replicas if model.text else 0)
     front = plan.ingress
     log.info("ingress: %s replica(s) for %d model(s)", front.replicas if front.max_replicas == front.replicas else
@@ -89,7 +92,7 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     # changes them in place (serve/plan/live_settings.py); the args stay the start's.
     ingress = serve.deployment(IngressDeployment, **front.deployment.options(),
                                user_config=live_settings(config) if live is None else live)
-    return pinned(ingress.bind(towers, config, plan, infos, (*ROUTES, *routes)), version)
+    return pinned(ingress.bind(towers, plan, infos, (*ROUTES, *routes)), version)
 
 
 def pinned(app: Application, version: str | None) -> Application:
@@ -107,7 +110,8 @@ def pinned(app: Application, version: str | None) -> Application:
 def run_version(config: ServiceConfig, plan: ServicePlan) -> str:
     """The version `siglip-serve run` pins its deployments to: a hash of what they are built from but the live
     settings, as Serve's code version of a Serve config hashes its args."""
-    built = config.model_dump_json(exclude=set(LIVE_KEYS)) + plan.model_dump_json()
+    built = (config.model_dump_json(exclude=set(LIVE_KEYS))
+             + plan.model_dump_json(exclude={"ingress": {"front": {"live"}}}))
     return hashlib.sha256(built.encode()).hexdigest()[:16]
 
 
@@ -159,13 +163,12 @@ def build_model_app(args: dict[str, Any] | None = None) -> Application:
             raise ConfigError("build_model_app builds one model: its args hold exactly one models: entry and no "
                               "model_apps (the front application's args hold those)")
         plan = plan_on_cluster(config, cluster_growth(config)) if ray.is_initialized() else plan_service(config)
-        model, own = plan.model, served_models(config)[0].config
+        model = plan.model
         log.info("model %s: its own application, %d image and %d text replica(s)", model.name,
                  model.image.replicas, model.text.replicas if model.text else 0)
-        text = () if model.text is None else (
-            serve.deployment(**model.text.deployment.options())(TextReplica).bind(own, model.text),)
-        kept = () if (bound := _kept_image(own, model)) is None else (bound,)
-        return serve.deployment(**model.image.deployment.options())(ImageReplica).bind(own, model.image,
+        text = () if model.text is None else (_text(model.run, model.text),)
+        kept = () if (bound := _kept_image(model)) is None else (bound,)
+        return serve.deployment(**model.image.deployment.options())(ImageReplica).bind(model.run, model.image,
                                                                                        companions=(*text, *kept))
     except UserError as exc:
         log.error("%s", exc)

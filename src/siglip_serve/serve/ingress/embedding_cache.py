@@ -36,7 +36,7 @@ import numpy as np
 from siglip_serve.models.preprocess import PREPROCESS_VERSION
 
 if TYPE_CHECKING:
-    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.service_plan import ModelPlan
 
 MiB = 1024 * 1024
 # An entry's bookkeeping beside its vector's bytes: the ndarray object (~112 bytes), the key tuple and
@@ -49,25 +49,26 @@ class CacheKey(NamedTuple):
     digest: bytes
 
 
-def cache_scope(config: ServiceConfig, tower: str, image_size: tuple[int, int]) -> bytes:
+def cache_scope(model: ModelPlan, tower: str, image_size: tuple[int, int]) -> bytes:
     """Everything besides the payload that decides an embedding, as one digest. Every model setting is in
     it (backend, dtype, artifacts, tokenizer...), and the weights by their source and, for a checkpoint
     file, its size and modification time: a replaced checkpoint at the same path is another scope."""
-    weights = config.weights_source
-    if config.checkpoint is not None:
+    settings, front = model.run.settings, model.front
+    weights = front.weights
+    if settings.checkpoint is not None:
         try:
-            stat = os.stat(config.checkpoint)
+            stat = os.stat(settings.checkpoint)
             weights += f":{stat.st_size}:{stat.st_mtime_ns}"
         except OSError:  # not on this node: the encoder replicas have it, the path still names it
             pass
     parts: dict[str, Any] = {
         "tower": tower,
-        "settings": config.model_settings().model_dump(mode="json"),
+        "settings": settings.model_dump(mode="json"),
         "weights": weights,
         "preprocessing": PREPROCESS_VERSION,
         "image_size": list(image_size),
-        "fast_jpeg_decode": config.fast_jpeg_decode,
-        "device_jpeg_decode": config.device_jpeg_decode,
+        "fast_jpeg_decode": front.fast_jpeg_decode,
+        "device_jpeg_decode": front.device_jpeg_decode,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
 
@@ -111,10 +112,6 @@ class EmbeddingCache:
         self._in_flight: dict[CacheKey, asyncio.Future[Any]] = {}
         self.bytes = 0
         self.hits = self.misses = self.evictions = self.coalesced = self.bypassed = 0
-
-    @classmethod
-    def from_config(cls, config: ServiceConfig, events: CacheEvents | None = None) -> EmbeddingCache:
-        return cls(config.embedding_cache_bytes, events)
 
     @property
     def enabled(self) -> bool:

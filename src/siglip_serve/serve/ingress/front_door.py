@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import Request
 
 from siglip_serve.core import lanes
+from siglip_serve.core.errors import ConfigError
 from siglip_serve.core.front_door import REQUEST_START_HEADER, FrontDoorLimits, waited_seconds, write_limits
 from siglip_serve.core.lanes import (
     MAX_PRIORITY,
@@ -39,7 +40,7 @@ from siglip_serve.core.lanes import (
 )
 from siglip_serve.serve.http.errors import ApiError, ErrorType
 from siglip_serve.serve.ingress.fair_slots import FairSlots
-from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.replica_slices import FrontSettings
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.tenants import Tenants, lane_map, load_keys
 
@@ -151,19 +152,19 @@ class FrontDoor:
     """What every request of one ingress replica passes before its body is read: the API key, its place among
     the requests the replica works on (`RequestSlots`) and its one deadline; and whether the replica drains."""
 
-    def __init__(self, config: ServiceConfig, limits: FrontDoorLimits, app_name: str, replica_name: str,
+    def __init__(self, front: FrontSettings, limits: FrontDoorLimits, app_name: str, replica_name: str,
                  ingress_replicas: int = 1) -> None:
-        """`limits`: the plan's (serve/plan/service_plan.py IngressPlan); `ingress_replicas`: how many share each
-        key's rate (IngressPlan.sharing_replicas: not the one HAProxy keeps for the interactive lane)."""
-        self.config = config
+        """`front`, `limits`: the plan's (serve/plan/service_plan.py IngressPlan); `ingress_replicas`: how many share
+        each key's rate (IngressPlan.sharing_replicas: not the one HAProxy keeps for the interactive lane)."""
+        self.front = front
         self.app_name = app_name
         self.replica_name = replica_name
         self._share = 1.0 / max(1, ingress_replicas)
-        self.tenants = self._tenants(config, limits)
-        self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, config.retry_after_s,
+        self.tenants = self._tenants(front, limits)
+        self.slots = RequestSlots(limits.max_ongoing_requests, limits.max_queued_requests, limits.retry_after_s,
                                   limits.ongoing_beside_others)
         # For HAProxy (launcher/haproxy_front.py), before this replica is its server: the same limits there.
-        written = self._write_limits(config, limits)
+        written = self._write_limits(front, limits)
         if written is None and limits.interactive_server:
             log.warning("interactive_ingress: no HAProxy front end of ours here (Serve's proxy spreads requests over "
                         "every ingress replica), so no replica is kept for the interactive lane")
@@ -171,31 +172,31 @@ class FrontDoor:
         self.requests_in_handler = 0
         self._drain_watch: asyncio.Task[None] | None = None
 
-    def _tenants(self, config: ServiceConfig, limits: FrontDoorLimits) -> Tenants:
-        return Tenants(config.api_keys_file, config.resolve_api_key(os.environ), self._share,
+    def _tenants(self, front: FrontSettings, limits: FrontDoorLimits) -> Tenants:
+        return Tenants(front.live.api_keys_file, front.resolve_api_key(os.environ), self._share,
                        whole_lane=Lane.INTERACTIVE if limits.interactive_server else None)
 
-    def _write_limits(self, config: ServiceConfig, limits: FrontDoorLimits) -> Path | None:
-        return write_limits(limits, self.app_name, lane_map=lane_map(load_keys(config.api_keys_file))
-                            if config.api_keys_file else None)
+    def _write_limits(self, front: FrontSettings, limits: FrontDoorLimits) -> Path | None:
+        keys_file = front.live.api_keys_file
+        return write_limits(limits, self.app_name, lane_map=lane_map(load_keys(keys_file)) if keys_file else None)
 
-    def reconfigure(self, config: ServiceConfig, limits: FrontDoorLimits) -> None:
+    def reconfigure(self, front: FrontSettings, limits: FrontDoorLimits) -> None:
         """The live settings (serve/plan/live_settings.py) in force for the next request: the keys (read first:
         a key file that cannot be read raises ConfigError with nothing changed), the queue's bound, the deadline
         and Retry-After. Requests at work keep the deadline they began with. The count at work is the
         deployment's (Serve's max_ongoing_requests), fixed at start."""
         try:  # tenants.py load_keys: ValueError for a keys file unreadable or invalid, before anything is written
             # The same file keeps its Tenants, which reads it again when it changes, and each key's rate state.
-            tenants = self.tenants if config.api_keys_file == self.config.api_keys_file else self._tenants(config,
-                                                                                                              limits)
-            self._write_limits(config, limits)
+            same = front.live.api_keys_file == self.front.live.api_keys_file
+            tenants = self.tenants if same else self._tenants(front, limits)
+            self._write_limits(front, limits)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        self.tenants, self.config = tenants, config
+        self.tenants, self.front = tenants, front
         self.slots.queued, self.slots.retry_after_s = limits.max_queued_requests, limits.retry_after_s
 
     def retry_after(self) -> dict[str, str]:
-        return {"Retry-After": str(self.config.retry_after_s)}
+        return {"Retry-After": str(self.front.live.retry_after_s)}
 
     def check_auth(self, request: Request) -> Ticket:
         """The request's tenant and lane (its key's, moved down by X-Priority): 401 without a right key, 429
@@ -217,7 +218,7 @@ class FrontDoor:
         place included. With tracing on, the request's span (continuing the client's `traceparent`)
         is open meanwhile."""
         self.watch_for_drain()
-        timeout = self.config.request_timeout_s
+        timeout = self.front.live.request_timeout_s
         deadline = Deadline(request.headers.get(REQUEST_START_HEADER), timeout)
         self.requests_in_handler += 1
         try:

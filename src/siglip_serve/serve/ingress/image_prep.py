@@ -22,7 +22,7 @@ from siglip_serve.models.preprocess import ImageHeader, preprocess_image, probe_
 from siglip_serve.serve.http.errors import ApiError, ErrorType, rejection_error
 from siglip_serve.serve.http.http_body import decode_base64_image
 from siglip_serve.serve.ingress.decode_queue import FairDecodeQueue
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.replica_slices import ModelFront
 
 # Up to this much input a request's headers are read on the event loop: a ~70 KB photo's base64 and
 # header cost ~40 us there, a hop to a thread ~80 us of CPU. Larger inputs (a PNG's metadata chunks
@@ -35,12 +35,12 @@ DEVICE_JPEG_MODES = ("RGB", "L")
 
 
 class ImagePrep:
-    def __init__(self, config: ServiceConfig, image_size: tuple[int, int],
+    def __init__(self, front: ModelFront, image_size: tuple[int, int],
                  observe_seconds: Callable[[float], None]) -> None:
-        self.config = config
+        self.front = front
         self.image_size = image_size
-        self.limits = config.image_limits
-        self.decoder = FairDecodeQueue(config.decode_threads, config.decode_memory_budget_bytes)
+        self.limits = front.image_limits
+        self.decoder = FairDecodeQueue(front.decode_threads, front.decode_memory_budget_bytes)
         self._observe_seconds = observe_seconds  # siglip_preprocess_seconds
 
     def file_bytes(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[bytes]:
@@ -63,16 +63,16 @@ class ImagePrep:
             except (ImageRejected, ApiError) as exc:
                 raise rejection_error(exc, label) from None
         total = sum(header.pixels for _, header in out)
-        if total > self.config.max_request_pixels:
+        if total > self.front.max_request_pixels:
             raise ApiError(413, ErrorType.IMAGE_TOO_LARGE,
                            f"the request's {len(out)} images hold {total / 1e6:.1f} megapixels together, over the "
-                           f"{self.config.max_request_pixels / 1e6:g} megapixel per-request limit; "
+                           f"{self.front.max_request_pixels / 1e6:g} megapixel per-request limit; "
                            "send fewer per request")
         return out
 
     def _prepare(self, raw: bytes) -> np.ndarray:
         began = time.perf_counter()
-        array = preprocess_image(raw, self.image_size, self.limits, self.config.fast_jpeg_decode)
+        array = preprocess_image(raw, self.image_size, self.limits, self.front.fast_jpeg_decode)
         self._observe_seconds(time.perf_counter() - began)
         return array
 
@@ -83,7 +83,7 @@ class ImagePrep:
             probed = self.probe(items, labels)
         else:
             probed = await asyncio.to_thread(self.probe, items, labels)
-        if self.config.device_jpeg_decode and all(header.format == "JPEG" and header.mode in DEVICE_JPEG_MODES
+        if self.front.device_jpeg_decode and all(header.format == "JPEG" and header.mode in DEVICE_JPEG_MODES
                                                   for _, header in probed):
             return JpegFiles(tuple(raw for raw, _ in probed))
         turn = object()  # this request's queue in the fair decode queue

@@ -4,13 +4,13 @@
 - `fetcher` (serve/ingress/url_fetch.py): image URLs under `url_fetch_allowlist`, at most `url_fetch_concurrency` at
 once; - `cache` (serve/ingress/embedding_cache.py): the embeddings this replica computed, by what was sent and the model
   (`embedding_cache_mib`), one for every model;
-- `served`: per model it serves (serve/plan/served_models.py), by the name requests' `model` gives, its parts:
+- `served`: per model it serves (the plan's models), by the name requests' `model` gives, its parts:
   - `towers` (serve/ingress/tower_link.py): a link per tower (image, text), built by one factory, and their readiness
     from what their warm replicas published;
   - `images` (serve/ingress/image_prep.py): every image checked from its header, then decoded on the fair decode queue;
   - `scheduler` (serve/ingress/schedule.py): the one call every route's work goes through.
   `towers` on the ingress itself is the default model's: it alone decides whether the service is ready.
-  Under `model_apps` each model's towers are another Serve application's (serve/plan/served_models.py
+  Under `model_apps` each model's towers are another Serve application's (serve/plan/service_plan.py
   `model_app_name`): the ingress reaches them by name and reads that application's registry records.
 
 The routes (serve/ingress/endpoints/) are thin functions of this object; serve/ingress/http_app.py puts them on a
@@ -37,9 +37,8 @@ from siglip_serve.serve.ingress.item_rows import ItemRows
 from siglip_serve.serve.ingress.schedule import Scheduler
 from siglip_serve.serve.ingress.tower_link import LiveReplicas, RegistryLook, Towers, tower_link
 from siglip_serve.serve.ingress.url_fetch import UrlFetcher
-from siglip_serve.serve.plan.config import ServiceConfig
-from siglip_serve.serve.plan.served_models import model_app_name, served_models
-from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ServicePlan
+from siglip_serve.serve.plan.replica_slices import FrontSettings
+from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ModelPlan, ServicePlan, model_app_name
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.metrics import EmbeddingCacheMetrics, IngressMetrics
 from siglip_serve.serve.shared.replica_grpc import bind_to_node_address
@@ -50,11 +49,11 @@ log = logging.getLogger("siglip_serve.ingress")
 
 @dataclass
 class Served:
-    """One model this ingress serves: its name, config and geometry, its towers' links, its images' checks and
+    """One model this ingress serves: its name, plan and geometry, its towers' links, its images' checks and
     the scheduling call over them."""
 
     name: str
-    config: ServiceConfig
+    plan: ModelPlan
     model: ModelInfo
     towers: Towers
     images: ImagePrep
@@ -69,26 +68,28 @@ class Served:
         """Why this model serves no text (null when it does): the setting, or what the start found."""
         if "text" in self.towers:
             return None
-        return self.config.text_off_reason or "text_replicas: 0"
+        return self.plan.front.text_off_reason or "text_replicas: 0"
 
 
 class Ingress:
-    def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], config: ServiceConfig, plan: ServicePlan,
+    def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], plan: ServicePlan,
                  models: Mapping[str, ModelInfo], replica: tuple[str, str] | None = None,
                  live_replicas: LiveReplicas = registry.live_replicas,
                  refusal: Callable[[str, str], str | None] = registry.refusal,
                  endpoints: tuple[Sequence[str], Sequence[str]] = ((), ())) -> None:
         """`towers`: per served model, its towers' handles ("image", and "text" where it has one; none under
         `model_apps`, whose models' applications are found by name); `plan`: the
-        service's (serve/plan/planner.py): each tower's replicas, this ingress's limits; `models`: each model's
+        service's (serve/plan/planner.py): each tower's replicas, each model's checks, this ingress's limits and
+        settings (its slice: serve/plan/replica_slices.py); `models`: each model's
         geometry; `replica`: (application, replica id), read from Serve's replica context when not given;
         `live_replicas`, `refusal`: how the registry is read (every live replica's record; a tower's last
         refusal to start); `endpoints`: the metrics' `endpoint` labels of the routes served
         (serve/ingress/http_app.py `endpoint_labels`)."""
-        configure_replica_logging(config.log_level)
+        front = plan.ingress.front
+        configure_replica_logging(front.live.log_level)
         bind_to_node_address()
-        tracing.configure(config.tracing, "ingress")
-        self.config = config
+        tracing.configure(front.tracing, "ingress")
+        self.front = front
         self.metrics = IngressMetrics(*endpoints, models=[model.name for model in plan.models])
         if replica is None:
             context = serve.get_replica_context()
@@ -96,19 +97,18 @@ class Ingress:
         self.app_name, self.replica_name = replica
         self._refusal = refusal
         self.plan = plan
-        self.door = FrontDoor(config, plan.ingress.limits, self.app_name, self.replica_name,
+        self.door = FrontDoor(front, plan.ingress.limits, self.app_name, self.replica_name,
                               plan.ingress.sharing_replicas)
-        self.fetcher = UrlFetcher(config.url_fetch)
+        self.fetcher = UrlFetcher(front.url_fetch)
         # Built with the cache off too: the contract's metric names are exported by every ingress.
-        self.cache = EmbeddingCache.from_config(config, EmbeddingCacheMetrics())
+        self.cache = EmbeddingCache(front.live.embedding_cache_bytes, EmbeddingCacheMetrics())
         self.look = RegistryLook(self.app_name, live_replicas)
-        configs = {model.name: model.config for model in served_models(config)}
-        self.served = {model.name: self._serve(model.name, configs[model.name], models[model.name],
-                                               towers.get(model.name), live_replicas) for model in plan.models}
+        self.served = {model.name: self._serve(model, models[model.name], towers.get(model.name), live_replicas)
+                       for model in plan.models}
 
-    def _serve(self, name: str, config: ServiceConfig, model: ModelInfo,
-               handles: Mapping[str, DeploymentHandle] | None, live_replicas: LiveReplicas) -> Served:
-        planned = self.plan.named(name).towers
+    def _serve(self, own: ModelPlan, model: ModelInfo, handles: Mapping[str, DeploymentHandle] | None,
+               live_replicas: LiveReplicas) -> Served:
+        name, planned, retry_after_s = own.name, own.towers, self.front.live.retry_after_s
         look = self.look
         if handles is None:  # `model_apps`: the towers are the model's own application's, found by name
             app = model_app_name(self.app_name, name)
@@ -122,35 +122,35 @@ class Ingress:
         kept_plan = planned["image"].kept()
         # The interactive lane's ingress replicas: the one kept for it (`interactive_ingress`), or every one.
         senders = 1 if self.plan.ingress.limits.interactive_server else sharing
-        kept = ({"image": tower_link(handles[KEPT_IMAGE], config, kept_plan, senders, kept=True)}
+        kept = ({"image": tower_link(handles[KEPT_IMAGE], own.front, kept_plan, senders, retry_after_s, kept=True)}
                 if kept_plan is not None and KEPT_IMAGE in handles else {})
-        towers = Towers({tower: tower_link(handle, config, planned[tower], sharing)
+        towers = Towers({tower: tower_link(handle, own.front, planned[tower], sharing, retry_after_s)
                          for tower, handle in handles.items() if tower in planned}, look, kept)
         metrics = self.metrics.of(name)
-        images = ImagePrep(config, model.image_size, metrics.preprocessed)
-        scopes = {tower: cache_scope(config, tower, model.image_size) for tower in ("image", "text")}
+        images = ImagePrep(own.front, model.image_size, metrics.preprocessed)
+        scopes = {tower: cache_scope(own, tower, model.image_size) for tower in ("image", "text")}
         rows = ItemRows(images, self.fetcher, self.cache, scopes)
-        return Served(name, config, model, towers, images,
-                      Scheduler(config, model, metrics, self.door, towers, rows))
+        return Served(name, own, model, towers, images, Scheduler(own.front, model, metrics, self.door, towers, rows))
 
-    def reconfigure(self, config: ServiceConfig) -> None:
-        """`config` (the args with the deployment's user_config over them, serve/plan/live_settings.py) in force
-        for the next request: the front door's keys and limits first, which raise ConfigError with nothing
-        changed, then the log level, the cache's bound, the URL fetcher (fetches under way finish with the one they
-        began with) and each tower client's Retry-After."""
-        limits = replace(self.plan.ingress.limits, max_queued_requests=config.max_queued_requests,
-                         request_timeout_s=config.request_timeout_s, retry_after_s=config.retry_after_s)
-        self.door.reconfigure(config, limits)
-        configure_replica_logging(config.log_level)
-        self.cache.resize(config.embedding_cache_bytes)
-        if config.url_fetch != self.fetcher.settings:
-            self.fetcher = UrlFetcher(config.url_fetch)
+    def reconfigure(self, front: FrontSettings) -> None:
+        """`front` (the plan's, with the deployment's user_config over its live settings:
+        serve/plan/live_settings.py) in force for the next request: the front door's keys and limits first, which
+        raise ConfigError with nothing changed, then the log level, the cache's bound, the URL fetcher (fetches
+        under way finish with the one they began with) and each tower client's Retry-After."""
+        live = front.live
+        limits = replace(self.plan.ingress.limits, max_queued_requests=live.max_queued_requests,
+                         request_timeout_s=live.request_timeout_s, retry_after_s=live.retry_after_s)
+        self.door.reconfigure(front, limits)
+        configure_replica_logging(live.log_level)
+        self.cache.resize(live.embedding_cache_bytes)
+        if front.url_fetch != self.fetcher.settings:
+            self.fetcher = UrlFetcher(front.url_fetch)
             for served in self.served.values():
                 served.scheduler.rows.fetcher = self.fetcher
         for served in self.served.values():
             for link in (*served.towers.links.values(), *served.towers.kept.values()):
-                link.client.retry_after_s = config.retry_after_s
-        self.config = config
+                link.client.retry_after_s = live.retry_after_s
+        self.front = front
 
     def serving(self, name: str | None) -> Served:
         """The model a request names (None: the default), or 404 naming the ones served."""
@@ -235,24 +235,25 @@ class Ingress:
         images = [r for r in records if towers["image"].mine(r)]
         lnc = next((r.get("lnc") or r.get("neuron_logical_nc_config") for r in images
                     if r.get("lnc") or r.get("neuron_logical_nc_config")), None)
-        config, model = served.config, served.model
+        own, model = served.plan, served.model
         image = towers["image"].plan
+        scaling = self.plan.ingress.deployment.autoscaling_config
         return {
             "id": served.name,
             "object": "model",
             "owned_by": "siglip-serve",
-            "model": config.model,
+            "model": own.model,
             "default": served.name == self.plan.model.name,
             "embedding_dim": model.embed_dim,
             "image_size": list(model.image_size),
-            "backend": config.backend,
-            "weights": config.weights_source,
+            "backend": own.backend,
+            "weights": own.front.weights,
             "lnc": int(lnc) if lnc is not None else None,
-            "buckets": list(config.buckets),
+            "buckets": list(own.front.buckets),
             "replicas_expected": image.replicas,
             "ingress_replicas": self.plan.ingress.replicas,
-            "ingress_autoscaling": (config.ingress_autoscaling.model_dump(include={"min_replicas", "max_replicas"})
-                                    if config.ingress_autoscaling is not None else None),
+            "ingress_autoscaling": ({key: scaling[key] for key in ("min_replicas", "max_replicas")}
+                                    if scaling is not None else None),
             "ingress_replica": self.replica_name,
             "replicas_min_ready": image.min_ready,
             "replicas": images,

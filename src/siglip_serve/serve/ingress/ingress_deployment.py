@@ -17,12 +17,11 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from siglip_serve.core.errors import ConfigError
 from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.serve.ingress.http_app import Probe, Route, endpoint_labels, http_app
 from siglip_serve.serve.ingress.ingress import Ingress
-from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.ingress_scaling import BUSY_CORES, BusyCores
-from siglip_serve.serve.plan.live_settings import apply_live
 from siglip_serve.serve.plan.service_plan import ServicePlan
 
 log = logging.getLogger("siglip_serve.ingress")
@@ -30,25 +29,25 @@ log = logging.getLogger("siglip_serve.ingress")
 
 @serve.ingress()
 class IngressDeployment:
-    def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], config: ServiceConfig, plan: ServicePlan,
+    def __init__(self, towers: Mapping[str, Mapping[str, DeploymentHandle]], plan: ServicePlan,
                  models: Mapping[str, ModelInfo], routes: Sequence[Route | Probe] = ()) -> None:
-        """`towers`: per served model, its towers' handles (Serve turns each bound deployment into one); `routes`:
-        every route its app serves."""
+        """`towers`: per served model, its towers' handles (Serve turns each bound deployment into one); `plan`:
+        the service's, the ingress's slice (serve/plan/replica_slices.py); `routes`: every route its app serves."""
         self.routes = tuple(routes)
-        self.args = config
-        self.ingress = Ingress(towers, config, plan, models, endpoints=endpoint_labels(self.routes))
+        self.start = plan.ingress.front
+        self.ingress = Ingress(towers, plan, models, endpoints=endpoint_labels(self.routes))
         self._busy_cores = BusyCores()
         self._started = False
 
     async def reconfigure(self, user_config: Any) -> None:
-        """Serve's in-place update: the deployment's user_config, the live settings over the args
-        (serve/plan/live_settings.py). Serve calls it once after the constructor, where a bad one raises and the
+        """Serve's in-place update: the deployment's user_config, the live settings over the plan's, which are the
+        args' (serve/plan/live_settings.py). Serve calls it once after the constructor, where a bad one raises and the
         replica refuses to start, and again on each change of user_config alone, on the running replica
         (ray/serve/_private/replica.py ReplicaBase.reconfigure). There a bad one keeps the settings in force and
         logs why: a raise would make Serve stop the replica and start another with the same user_config
         (ray/serve/_private/deployment_state.py DeploymentState._check_startup_replicas), which refuses in turn."""
         try:
-            self.ingress.reconfigure(apply_live(self.args, user_config))
+            self.ingress.reconfigure(self.start.with_live(user_config))
         except ConfigError as exc:
             if not self._started:
                 raise

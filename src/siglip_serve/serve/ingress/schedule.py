@@ -42,7 +42,7 @@ from siglip_serve.serve.http.errors import ApiError, ErrorType, rejection_error
 from siglip_serve.serve.ingress.front_door import FrontDoor
 from siglip_serve.serve.ingress.item_rows import ItemRows
 from siglip_serve.serve.ingress.tower_link import Towers
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.replica_slices import ModelFront
 from siglip_serve.serve.shared import tracing
 from siglip_serve.serve.shared.metrics import ModelMetrics
 
@@ -92,15 +92,15 @@ def zero_shot(images: np.ndarray, texts: np.ndarray, scale: float, bias: float) 
     return 1.0 / (1.0 + np.exp(-logits))
 
 
-def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConfig, what: str = "texts") -> None:
+def check_texts(texts: Sequence[str], labels: Sequence[str], front: ModelFront, what: str = "texts") -> None:
     """Limits before any tokenizing: count (422), then each text by core/texts.py's check (bulk's too):
     empty or blank (422), characters per text (413)."""
-    if len(texts) > config.max_texts_per_request:
+    if len(texts) > front.max_texts_per_request:
         raise ApiError(422, ErrorType.TOO_MANY_TEXTS,
-                       f"{len(texts)} {what} in one request; the limit is {config.max_texts_per_request}")
+                       f"{len(texts)} {what} in one request; the limit is {front.max_texts_per_request}")
     for text, label in zip(texts, labels, strict=True):
         try:
-            check_text(text, config.max_text_chars)
+            check_text(text, front.max_text_chars)
         except TextRejected as exc:
             raise rejection_error(exc, label) from None
 
@@ -109,7 +109,7 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], config: ServiceConf
 class Scheduler:
     """The call, on the ingress's parts (serve/ingress/ingress.py)."""
 
-    config: ServiceConfig
+    front: ModelFront
     model: ModelInfo
     metrics: ModelMetrics  # this model's share of the ingress's collectors
     door: FrontDoor
@@ -127,7 +127,7 @@ class Scheduler:
         tower can be off, and the message says why it is."""
         if all(need in self.capabilities for need in needs):
             return
-        why = self.config.text_off_reason or "text_replicas: 0"
+        why = self.front.text_off_reason or "text_replicas: 0"
         raise ApiError(404, ErrorType.NOT_FOUND,
                        f"this service serves no text tower ({why}); send images, or set tokenizer: DIR / "
                        "text_replicas: N and restart")
@@ -156,17 +156,17 @@ class Scheduler:
 
     async def embed(self, work: Work, deadline: float) -> Scheduled:
         """Checked, admitted and encoded: every item's row in input order (steps 1-4 of the module's list)."""
-        cut = check_dimensions(work.dimensions, self.model.embed_dim, self.config.allow_dimension_truncation)
+        cut = check_dimensions(work.dimensions, self.model.embed_dim, self.front.allow_dimension_truncation)
         images = [i for i, item in enumerate(work.items) if item.kind == "image"]
         texts = [i for i, item in enumerate(work.items) if item.kind == "text"]
-        if len(images) > self.config.max_images_per_request:
+        if len(images) > self.front.max_images_per_request:
             raise ApiError(422, ErrorType.TOO_MANY_IMAGES,
-                           f"{len(images)} images in one request; the limit is {self.config.max_images_per_request}")
+                           f"{len(images)} images in one request; the limit is {self.front.max_images_per_request}")
         needs = [tower for tower, places in (("image", images), ("text", texts)) if places]
         self.require(*needs, *([SCORE] if work.score else []))
         text_values = [str(work.items[i].value) for i in texts]
         if texts:
-            check_texts(text_values, [work.items[i].label for i in texts], self.config, work.texts_called)
+            check_texts(text_values, [work.items[i].label for i in texts], self.front, work.texts_called)
         for tower in needs:
             await self.admit(tower)
         logit = self._logit() if work.score else None
@@ -192,7 +192,7 @@ class Scheduler:
                 return await link.client.embed(items, wall_deadline, tracing.inject())
         except DeadlineExceeded:
             raise ApiError(504, ErrorType.DEADLINE_EXCEEDED,
-                           f"request did not finish within {self.door.config.request_timeout_s:g} s") from None
+                           f"request did not finish within {self.door.front.live.request_timeout_s:g} s") from None
         except ImageRejected as exc:  # a JPEG the device decoder refused (device_jpeg_decode)
             raise rejection_error(exc) from None
 
@@ -235,7 +235,7 @@ class Scheduler:
             ticket = lanes.current()
             lane = ticket.lane.name.lower()
             self.metrics.tenant_request(seconds, lane, ticket.tenant, status)
-            if self.config.access_log:  # Serve's own access line cannot carry the tenant: ours beside it
+            if self.door.front.access_log:  # Serve's own access line cannot carry the tenant: ours beside it
                 access_log.info("%s %s %.1fms tenant=%s lane=%s", endpoint, status, seconds * 1e3, ticket.tenant, lane)
             tracing.annotate(**{"http.response.status_code": int(status), "siglip.endpoint": endpoint,
                                 "siglip.tenant": ticket.tenant, "siglip.lane": lane})

@@ -21,7 +21,7 @@ from ray.serve.handle import DeploymentHandle
 
 from siglip_serve.core.lanes import Lane
 from siglip_serve.serve.ingress.tower_client import TowerClient
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.replica_slices import ModelFront
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
 
@@ -70,15 +70,16 @@ class TowerLink:
                 "replicas_min_ready": self.plan.min_ready}
 
 
-def tower_link(handle: DeploymentHandle, config: ServiceConfig, plan: TowerPlan, ingress_replicas: int,
-               kept: bool = False) -> TowerLink:
+def tower_link(handle: DeploymentHandle, front: ModelFront, plan: TowerPlan, ingress_replicas: int,
+               retry_after_s: int, kept: bool = False) -> TowerLink:
     """The link to a tower's deployment, sized from its plan (the replicas its deployment runs) and the ingress
-    replicas sharing it; `kept`: the deployment of the replica kept for the interactive lane (`TowerPlan.kept`)."""
+    replicas sharing it, calling as its model's `front` says; `kept`: the deployment of the replica kept for the
+    interactive lane (`TowerPlan.kept`)."""
     replicas = plan.shared_replicas
-    client = TowerClient(handle, replicas, ingress_replicas, plan.largest_bucket, config.retry_after_s,
-                           max_in_flight=replicas * plan.deployment.max_ongoing_requests,
-                           model_on_host_cores=config.model_on_host_cores, tower=plan.tower,
-                           grpc=config.tower_calls_by_grpc)
+    client = TowerClient(handle, replicas, ingress_replicas, plan.largest_bucket, retry_after_s,
+                         max_in_flight=replicas * plan.deployment.max_ongoing_requests,
+                         model_on_host_cores=front.model_on_host_cores, tower=plan.tower,
+                         grpc=front.tower_calls_by_grpc)
     return TowerLink(plan.tower, client, plan, kept=kept)
 
 

@@ -58,7 +58,7 @@ from siglip_serve.serve.http.embed_request import Item
 from siglip_serve.serve.http.errors import rejection_error
 from siglip_serve.serve.http.url_errors import UrlFetchFailed, UrlNotAllowed, UrlRejected, UrlTimeout, UrlTooLarge
 from siglip_serve.serve.ingress.fair_slots import FairSlots
-from siglip_serve.serve.plan.config import FetchSettings
+from siglip_serve.serve.plan.live_settings import FetchSettings
 from siglip_serve.serve.plan.url_allowlist import SETTING, Address, Allowlist, address_class, literal_address
 
 log = logging.getLogger(__name__)

@@ -3,44 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from siglip_serve.core.backends import TEXT, BackendRecord, backend_record
-from siglip_serve.core.cli import LogLevel
 from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
 from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
-from siglip_serve.core.errors import UserError, describe_validation
+from siglip_serve.core.errors import ConfigError as ConfigError
+from siglip_serve.core.errors import describe_validation
 from siglip_serve.models.cli_args import model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.serve.plan.live_settings import FetchSettings as FetchSettings
+from siglip_serve.serve.plan.live_settings import LiveSettings, MiB, keys_problem
+from siglip_serve.serve.plan.replica_slices import resolve_api_key
 from siglip_serve.serve.plan.scaling import Autoscaling as Autoscaling
 from siglip_serve.serve.plan.scaling import IngressAutoscaling as IngressAutoscaling
 from siglip_serve.serve.plan.service_plan import image_devices
-from siglip_serve.serve.plan.url_allowlist import Allowlist
-
-MiB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class FetchSettings:
-    """What serve/ingress/url_fetch.py's UrlFetcher needs, picklable (bulk passes it to its decode tasks);
-    ServiceConfig.url_fetch builds it."""
-
-    allowlist: tuple[str, ...] = ()
-    max_bytes: int = 20 * 1024 * 1024
-    concurrency: int = 16
-    timeout_s: float = 10.0
-
-
-class ConfigError(UserError, ValueError):
-    """The config does not validate; the message lists every problem."""
-
-
-class ServiceConfig(ModelSettings):
-    """Model settings plus how the service runs them. Field names are the YAML `args:` keys."""
+class ServiceConfig(LiveSettings, ModelSettings):
+    """Model settings, the live ones (serve/plan/live_settings.py) and how the service runs them. Field names are
+    the YAML `args:` keys."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -100,14 +85,6 @@ class ServiceConfig(ModelSettings):
     ingress_max_ongoing_requests: int | Literal["auto"] = Field(
         "auto", description="requests each ingress replica works on at once (reading, decoding, encoding), or "
                             "'auto': twice the images its share of the encoder calls carries, plus decode_threads")
-    # Waiting costs a connection, not memory: under HAProxy they wait in HAProxy's queue (docs/operations.md).
-    max_queued_requests: int = Field(256, ge=1, description="requests that may wait for each ingress replica "
-                                                            "beyond those it works on; past it: 503 at once")
-    # Time queued in HAProxy before the ingress, reading the body, decoding, queueing and encoding all
-    # count; past it the remaining work is dropped.
-    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the front end "
-                                                             "has its headers; past it: 504")
-    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds of a 503")
     share_beside_others: float = Field(1.0, gt=0, le=1, description="the share of an ingress replica's requests at "
                                        "work that one tenant's requests in one lane may hold while another tenant's "
                                        "of the same lane, or any of a higher lane, are there or arrived within the "
@@ -143,9 +120,6 @@ class ServiceConfig(ModelSettings):
                                                         f"config: prefer api_key_file or the {API_KEY_ENV} "
                                                         "environment variable; not on run's command line)")
     api_key_file: str | None = Field(None, description="require the key on this file's first line")
-    # Several keys, each a tenant with its lane, weight and rate (serve/shared/tenants.py); read again when it changes.
-    api_keys_file: str | None = Field(None, description="a TOML file of API keys, each a tenant (name, key or "
-                                                        "sha256, lane, weight, rate_per_s): docs/http-api.md")
     # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
     # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or
     # neuron needs a GPU / NeuronCore of its own (and on neuron an artifact compiled with --text).
@@ -163,27 +137,6 @@ class ServiceConfig(ModelSettings):
     # below the model's size is refused unless the operator accepts that here.
     allow_dimension_truncation: bool = Field(False, description="honour `dimensions` below the model's size by "
                                              "truncating and re-normalising (lossy); off: such requests get 400")
-    # Off by default: a URL names a place the server goes to, on its own network (serve/ingress/url_fetch.py).
-    url_fetch_allowlist: tuple[str, ...] = Field((), description="image URLs are fetched only from these: host "
-                                                 "names, *.domains (every name under one), CIDRs (which also allow "
-                                                 "internal addresses, e.g. 10.0.0.0/8) or * (any name whose addresses "
-                                                 "are public); empty: every URL is refused (400 url_not_allowed)")
-    url_fetch_concurrency: int = Field(16, ge=1, le=1024, description="URL fetches each ingress replica runs at "
-                                                                      "once; more wait, taking turns round-robin "
-                                                                      "across requests, within their deadline; a "
-                                                                      "quarter of them only start a request's first "
-                                                                      "URL")
-    url_fetch_timeout_s: float = Field(10.0, gt=0, description="seconds one URL's fetch may take once its turn "
-                                                               "comes (resolving, connecting, every redirect, the "
-                                                               "whole body), within the request's deadline, which "
-                                                               "alone bounds the wait for a turn; past either: 504 "
-                                                               "url_timeout")
-    # Per ingress replica, in its memory; hits answer without decoding or a forward pass
-    # (serve/ingress/embedding_cache.py).
-    embedding_cache_mib: float = Field(0, ge=0, description="MiB of embeddings each ingress replica keeps, keyed by "
-                                                            "the bytes (or text) sent and the model, weights and "
-                                                            "preprocessing, least recently used out first; 0: no "
-                                                            "cache")
     # Ray still sets NEURON_RT_VISIBLE_CORES per replica itself.
     env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
                                                                        "replica (Ray runtime_env), e.g. "
@@ -208,24 +161,10 @@ class ServiceConfig(ModelSettings):
                                                 "(siglip_serve.serve.app:build_model_app), and this application "
                                                 "holds the ingress alone, so models can be added and removed "
                                                 "without restarting the others (docs/operations.md)")
-    log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
                                                "every replica")
     tracing: bool = Field(False, description="OpenTelemetry spans per request stage, exported over OTLP/HTTP to "
                                              "OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)")
-
-    @field_validator("url_fetch_allowlist", mode="before")
-    @classmethod
-    def _split_allowlist(cls, value: object) -> object:
-        if isinstance(value, str):  # `--set url_fetch_allowlist=a.example.com,10.0.0.0/8`
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
-
-    @field_validator("url_fetch_allowlist")
-    @classmethod
-    def _parse_allowlist(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        Allowlist.parse(value)  # raises ValueError naming the entry that is none of the forms
-        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -252,10 +191,8 @@ class ServiceConfig(ModelSettings):
             raise ValueError(f"ingress_replicas: {self.ingress_replicas} and ingress_autoscaling contradict; with "
                              "ingress_autoscaling the count is its min_replicas..max_replicas (leave "
                              "ingress_replicas unset)")
-        for kept in ("interactive_ingress", "interactive_encoder"):
-            if getattr(self, kept) and self.api_keys_file is None:
-                raise ValueError(f"{kept} needs api_keys_file: only a key's default lane puts a request in the "
-                                 "interactive lane (a request can move itself down, never up)")
+        if problem := keys_problem(self.api_keys_file, self.single_key, self.needs_keys):
+            raise ValueError(problem)
         if self.interactive_ingress and self.ingress_autoscaling is not None:
             raise ValueError("interactive_ingress and ingress_autoscaling contradict: the interactive replica's "
                              "count is one, whatever the others' load; name ingress_replicas instead")
@@ -303,37 +240,20 @@ class ServiceConfig(ModelSettings):
     @property
     def url_fetch(self) -> FetchSettings:
         """What serve/ingress/url_fetch.py's UrlFetcher takes: the allowlist, the image byte limit, the bounds."""
-        return FetchSettings(allowlist=self.url_fetch_allowlist, max_bytes=self.max_body_bytes,
-                             concurrency=self.url_fetch_concurrency, timeout_s=self.url_fetch_timeout_s)
+        return self.fetch_settings(self.max_body_bytes)
 
     @property
-    def embedding_cache_bytes(self) -> int:
-        return int(self.embedding_cache_mib * MiB)
+    def single_key(self) -> bool:
+        return self.api_key is not None or self.api_key_file is not None
 
-    @model_validator(mode="after")
-    def _keys_file(self) -> ServiceConfig:
-        if self.api_keys_file is not None:
-            if self.api_key is not None or self.api_key_file is not None:
-                raise ValueError("give api_keys_file or the single key (api_key, api_key_file), not both")
-        return self
+    @property
+    def needs_keys(self) -> tuple[str, ...]:
+        """The settings set that need api_keys_file."""
+        return tuple(kept for kept in ("interactive_ingress", "interactive_encoder") if getattr(self, kept))
 
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
-        """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY (none
-        with `api_keys_file`: serve/shared/tenants.py has the keys)."""
-        if self.api_keys_file is not None:
-            return None
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        if self.api_key_file is not None:
-            try:
-                with open(self.api_key_file, encoding="utf-8") as handle:
-                    key = handle.readline().strip()
-            except OSError as exc:
-                raise ConfigError(f"api_key_file: cannot read {self.api_key_file}: {exc.strerror}") from None
-            if not key:
-                raise ConfigError(f"api_key_file: {self.api_key_file} is empty")
-            return key
-        return environ.get(API_KEY_ENV) or None
+        """The key clients must send (serve/plan/replica_slices.py resolve_api_key)."""
+        return resolve_api_key(self.api_key, self.api_key_file, self.api_keys_file, environ)
 
     def model_settings(self) -> ModelSettings:
         return model_settings_of(self)

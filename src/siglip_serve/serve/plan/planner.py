@@ -21,7 +21,9 @@ from siglip_serve.core.front_door import FrontDoorLimits
 from siglip_serve.serve.plan import cpu_plan
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.ingress_scaling import policy
+from siglip_serve.serve.plan.live_settings import LiveSettings, live_settings
 from siglip_serve.serve.plan.placement import Plan, declare_hint, plan
+from siglip_serve.serve.plan.replica_slices import FrontSettings, ModelFront, TowerRun
 from siglip_serve.serve.plan.served_models import ServedModel, served_models
 from siglip_serve.serve.plan.service_plan import (
     DeploymentPlan,
@@ -187,7 +189,8 @@ def _ingress(config: ServiceConfig, image_replicas: int, surge: bool = False) ->
                                 max_ongoing_requests=held, max_queued_requests=held,
                                 max_surge_percent=INGRESS_SURGE_PERCENT if surge else None)
     return IngressPlan(deployment=deployment, ask=ReplicaAsk(num_cpus=config.ingress_num_cpus), replicas=count,
-                       max_replicas=scaling.max_replicas if scaling is not None else count, limits=limits)
+                       max_replicas=scaling.max_replicas if scaling is not None else count, limits=limits,
+                       front=front_settings(config))
 
 
 def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: str) -> ModelPlan:
@@ -204,7 +207,28 @@ def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: s
     texts = config.text_replica_count
     text = (_tower(config, asks, "text", served.name, f"TextEncoder{suffix}", asks.text, texts, texts,
                    config.text_buckets[-1], cpu_plan.text_torch_threads(config), None) if texts else None)
-    return ModelPlan(name=served.name, model=config.model, backend=config.backend, image=image, text=text)
+    return ModelPlan(name=served.name, model=config.model, backend=config.backend, image=image, text=text,
+                     run=TowerRun(settings=config.model_settings(), batch_wait_timeout_s=config.batch_wait_timeout_s,
+                                  env_vars=dict(config.env_vars), log_level=config.log_level, tracing=config.tracing),
+                     front=_model_front(config))
+
+
+def _model_front(config: ServiceConfig) -> ModelFront:
+    return ModelFront(
+        weights=config.weights_source, buckets=tuple(config.buckets), image_limits=config.image_limits,
+        max_request_pixels=config.max_request_pixels, max_images_per_request=config.max_images_per_request,
+        max_texts_per_request=config.max_texts_per_request, max_text_chars=config.max_text_chars,
+        allow_dimension_truncation=config.allow_dimension_truncation, fast_jpeg_decode=config.fast_jpeg_decode,
+        device_jpeg_decode=config.device_jpeg_decode, decode_threads=config.decode_threads,
+        decode_memory_budget_bytes=config.decode_memory_budget_bytes, text_off_reason=config.text_off_reason,
+        model_on_host_cores=config.model_on_host_cores, tower_calls_by_grpc=config.tower_calls_by_grpc)
+
+
+def front_settings(config: ServiceConfig) -> FrontSettings:
+    """What every ingress replica holds once for every model (serve/plan/replica_slices.py)."""
+    return FrontSettings(live=LiveSettings.model_validate(live_settings(config)), max_body_bytes=config.max_body_bytes,
+                         api_key=config.api_key, api_key_file=config.api_key_file, needs_keys=config.needs_keys,
+                         tracing=config.tracing, access_log=config.access_log)
 
 
 def _kept_for_interactive(image: TowerPlan, name: str) -> TowerPlan:

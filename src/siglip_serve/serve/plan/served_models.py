@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from siglip_serve.core.errors import describe_validation
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.service_plan import model_app_name as model_app_name
 
 # What an entry may set: the model itself and its towers' placement. Everything else is the service's.
 PER_MODEL: frozenset[str] = frozenset(ModelSettings.model_fields) | {
@@ -38,11 +39,6 @@ FRONT_ONLY: frozenset[str] = frozenset({
     "ingress_replicas", "ingress_autoscaling", "ingress_num_cpus", "ingress_max_ongoing_requests", "access_log",
     "share_beside_others", "interactive_ingress",
 })
-
-
-def model_app_name(front: str, name: str) -> str:
-    """The Serve application of model `name`'s towers under `model_apps`, beside the front application `front`."""
-    return f"{front}-{name}"
 
 
 def model_app_args(args: dict[str, Any], name: str) -> dict[str, Any]:

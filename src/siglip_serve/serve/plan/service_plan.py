@@ -6,7 +6,8 @@ Ray's size) and the benchmarks read its fields, and `siglip-serve run --print-pl
 Each deployment's part is named as Serve names it (Ray Serve's `DeploymentSchema`, ray/serve/schema.py):
 a count or an autoscaling config, `ray_actor_options` (resources and runtime_env), `max_ongoing_requests`,
 graceful timeouts; beside it what Serve does not take: torch threads, readiness floors, the front door's
-limits. Models are a list, one per served model (one today). Torch-free: the ingress reads it.
+limits, and what each deployment's replicas read instead of the config (serve/plan/replica_slices.py). Models are
+a list, one per served model. Torch-free: the ingress reads it.
 """
 
 from __future__ import annotations
@@ -14,14 +15,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.core.front_door import FrontDoorLimits
+from siglip_serve.serve.plan.replica_slices import FrontSettings, ModelFront, PlanRecord, TowerRun
 
 GPU = "GPU"
 # Among a model's tower handles (serve/app.py to the ingress): the image replica kept for the interactive lane.
 KEPT_IMAGE = "image:interactive"
+
+
+def model_app_name(front: str, name: str) -> str:
+    """The Serve application of model `name`'s towers under `model_apps`, beside the front application `front`."""
+    return f"{front}-{name}"
 
 
 def image_devices(backend_resources: Mapping[str, float], neuron_cores_per_replica: int | None) -> dict[str, float]:
@@ -34,11 +41,7 @@ def image_devices(backend_resources: Mapping[str, float], neuron_cores_per_repli
     return {name: amount for name, amount in devices.items() if amount}
 
 
-class _Data(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ReplicaAsk(_Data):
+class ReplicaAsk(PlanRecord):
     """What one replica (or bulk actor) asks Ray for: CPUs and its backend's device resources."""
 
     num_cpus: float
@@ -60,7 +63,7 @@ class ReplicaAsk(_Data):
         return options
 
 
-class DeploymentPlan(_Data):
+class DeploymentPlan(PlanRecord):
     """What `serve.deployment` takes for one deployment: a count or `autoscaling_config`, never both."""
 
     name: str
@@ -78,7 +81,7 @@ class DeploymentPlan(_Data):
         return self.model_dump(exclude_none=True)
 
 
-class TowerPlan(_Data):
+class TowerPlan(PlanRecord):
     """One tower's deployment (image or text) and what its replicas and the ingress's link read."""
 
     tower: str
@@ -110,7 +113,7 @@ class TowerPlan(_Data):
                                        "min_replicas": 1, "min_ready": 1})
 
 
-class IngressPlan(_Data):
+class IngressPlan(PlanRecord):
     deployment: DeploymentPlan
     ask: ReplicaAsk
     # A fixed count, or the autoscaling floor: what each ingress plans its share of the tower calls for
@@ -118,6 +121,7 @@ class IngressPlan(_Data):
     replicas: int
     max_replicas: int
     limits: FrontDoorLimits  # per ingress replica (serve/ingress/front_door.py, HAProxy's maxconn and queue)
+    front: FrontSettings
 
     @property
     def sharing_replicas(self) -> int:
@@ -126,7 +130,7 @@ class IngressPlan(_Data):
         return self.replicas - 1 if self.limits.interactive_server else self.replicas
 
 
-class ModelPlan(_Data):
+class ModelPlan(PlanRecord):
     """One served model: its towers on its own replicas."""
 
     name: str  # what requests' `model` names
@@ -134,13 +138,15 @@ class ModelPlan(_Data):
     backend: str
     image: TowerPlan
     text: TowerPlan | None = None
+    run: TowerRun  # what its tower replicas run with
+    front: ModelFront  # what the ingress checks of its requests
 
     @property
     def towers(self) -> dict[str, TowerPlan]:
         return {"image": self.image, **({"text": self.text} if self.text is not None else {})}
 
 
-class ServicePlan(_Data):
+class ServicePlan(PlanRecord):
     models: tuple[ModelPlan, ...]
     ingress: IngressPlan
 

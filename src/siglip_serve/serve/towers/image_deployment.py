@@ -16,7 +16,7 @@ import numpy as np
 
 from siglip_serve.core.constants import LNC_ENV, VISIBLE_CORES_ENV
 from siglip_serve.models.device_decode import JpegFiles
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.replica_slices import TowerRun
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
 from siglip_serve.serve.shared.metrics import TowerMetrics
@@ -28,14 +28,14 @@ log = logging.getLogger("siglip_serve.encoder")
 class ImageReplica(TowerReplica):
     """The image tower; published (serve/shared/registry.py) once warm with the cores it sees."""
 
-    def __init__(self, config: ServiceConfig, plan: TowerPlan, companions: Sequence[Any] = ()) -> None:
+    def __init__(self, run: TowerRun, plan: TowerPlan, companions: Sequence[Any] = ()) -> None:
         """`companions`: the model's other towers' handles where this tower is its own application's ingress
         (serve/app.py `build_model_app`): bound here only so that Serve deploys them in that application."""
-        tower, start = build_tower(config, plan, "image")
+        tower, start = build_tower(run, plan, "image")
         from siglip_serve.models.encoder import EncoderInputError
 
         self._input_error = EncoderInputError
-        super().__init__(config, tower, TowerMetrics(plan.model, tower="image"), start)
+        super().__init__(run, tower, TowerMetrics(plan.model, tower="image"), start)
         # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
         held: dict[str, str | None] = {registry.SERVED_AS: plan.model, registry.DEPLOYMENT: plan.deployment.name}
         held.update({name.lower(): os.environ.get(name) for name in plan.visible_devices_env})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.replica_slices import TowerRun
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
 from siglip_serve.serve.shared.metrics import TowerMetrics
@@ -23,9 +23,9 @@ class TextReplica(TowerReplica):
     """The text tower and its tokenizer; its published record (context length, buckets, tokenizer, the
     zero-shot logit scale, exponentiated, and bias) is what /v1/models and the scores read."""
 
-    def __init__(self, config: ServiceConfig, plan: TowerPlan) -> None:
-        tower, start = build_tower(config, plan, "text")
-        super().__init__(config, tower, TowerMetrics(plan.model, tower="text"), start)
+    def __init__(self, run: TowerRun, plan: TowerPlan) -> None:
+        tower, start = build_tower(run, plan, "text")
+        super().__init__(run, tower, TowerMetrics(plan.model, tower="text"), start)
         self.publish({registry.SERVED_AS: plan.model})
         log.info("text encoder replica ready: %s", self.info)
 

@@ -29,7 +29,7 @@ from ray.serve.exceptions import RayServeException
 from siglip_serve.core.errors import DeadlineExceeded
 from siglip_serve.core.lanes import Lane, Ticket
 from siglip_serve.models.image_only import leave_out_transformers
-from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.replica_slices import TowerRun
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry, tracing
 from siglip_serve.serve.shared.batcher import Batcher
@@ -47,22 +47,21 @@ WARMUP_ITERATIONS = 2
 class TowerReplica:
     """What both towers' replicas share; a tower says how it checks a chunk and encodes a batch."""
 
-    def __init__(self, config: ServiceConfig, tower: Any, metrics: TowerMetrics,
+    def __init__(self, run: TowerRun, tower: Any, metrics: TowerMetrics,
                  start: StartMarks | None = None) -> None:
-        """`start`: the phases of this replica's start so far (serve/towers/start_marks.py), published with its
-        record."""
-        self.config = config
+        """`run`: what its model's tower replicas run with (the plan's, serve/plan/replica_slices.py); `start`: the
+        phases of this replica's start so far (serve/towers/start_marks.py), published with its record."""
         self.tower = tower
         self.metrics = metrics
         self.start = StartMarks() if start is None else start
         bind_to_node_address()
-        tracing.configure(config.tracing, f"{tower.tower}-encoder")
+        tracing.configure(run.tracing, f"{tower.tower}-encoder")
         warm = self.tower.warmup(iterations=WARMUP_ITERATIONS, on_bucket=self.start.warmed)
         self.warmup_seconds = {str(b): round(s, 6) for b, s in warm.items()}
         # Every forward pass on one thread: torch's OpenMP keeps a thread team per calling thread, and
         # teams of asyncio.to_thread's rotating workers spin on the same cores after their pass.
         self.forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-        self.batcher = Batcher(self._embed_batch, self.tower.max_batch_size, len, config.batch_wait_timeout_s,
+        self.batcher = Batcher(self._embed_batch, self.tower.max_batch_size, len, run.batch_wait_timeout_s,
                                on_batch=metrics.batch_started)
 
     # -- what a tower says -------------------------------------------------------------------
@@ -178,12 +177,12 @@ class TowerReplica:
         return results
 
 
-def build_tower(config: ServiceConfig, plan: TowerPlan, tower: str) -> tuple[Any, StartMarks]:
+def build_tower(run: TowerRun, plan: TowerPlan, tower: str) -> tuple[Any, StartMarks]:
     """`tower`'s model ("image" or "text") built in this replica, the start marked phase by phase up to the build:
     its logging, the backend's environment, then torch and the model (a refusal is one line naming the node)."""
     start = StartMarks.at_constructor()
-    configure_replica_logging(config.log_level)
-    settings = config.model_settings().model_copy(update={"torch_threads": plan.torch_threads})
+    configure_replica_logging(run.log_level)
+    settings = run.settings.model_copy(update={"torch_threads": plan.torch_threads})
 
     def build() -> Any:
         # Imported here, not at module level: the backend's environment must be set before torch is imported,
@@ -196,7 +195,7 @@ def build_tower(config: ServiceConfig, plan: TowerPlan, tower: str) -> tuple[Any
         create = implementation.create_encoder if tower == "image" else implementation.create_text_encoder
         return create(settings)
 
-    built = start_tower(f"{tower} encoder replica", settings, build, config.env_vars, refusal_recorder(tower),
+    built = start_tower(f"{tower} encoder replica", settings, build, run.env_vars, refusal_recorder(tower),
                         wait_for_volume=True)
     start.mark(BUILD)
     return built, start

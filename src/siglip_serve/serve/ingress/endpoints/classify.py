@@ -126,7 +126,7 @@ def prompts_of(labels: Sequence[str], template: str) -> list[str]:
 
 
 async def classify(ingress: Ingress, request: Request, deadline: float) -> Response:
-    body = await read_body(request, ingress.config.max_body_bytes)
+    body = await read_body(request, ingress.front.max_body_bytes)
     asked = await read_classify(request, body)
     served = ingress.serving(asked.model)
     if not asked.images:

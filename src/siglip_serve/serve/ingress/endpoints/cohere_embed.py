@@ -172,7 +172,7 @@ def render_cohere(embeddings: np.ndarray, model: str, encodings: Sequence[str], 
 
 
 async def embed_v2(ingress: Ingress, request: Request, deadline: float) -> Response:
-    parsed = await read_json(request, ingress.config.max_body_bytes, CohereEmbedRequest)
+    parsed = await read_json(request, ingress.front.max_body_bytes, CohereEmbedRequest)
     served = ingress.serving(parsed.model)
     items = read_cohere_items(parsed)
     texts = [str(item.value) for item in items if item.kind == "text"]

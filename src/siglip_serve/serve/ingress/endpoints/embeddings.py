@@ -199,7 +199,7 @@ def read_items(request: EmbeddingsRequest) -> list[Item]:
 
 
 async def embeddings(ingress: Ingress, request: Request, deadline: float) -> Response:
-    parsed = await read_json(request, ingress.config.max_body_bytes, EmbeddingsRequest)
+    parsed = await read_json(request, ingress.front.max_body_bytes, EmbeddingsRequest)
     served = ingress.serving(parsed.model)
     items = read_items(parsed)
     encoding, read_as = parsed.encoding(), [item.kind for item in items]

@@ -27,7 +27,7 @@ async def embeddings_image(ingress: Ingress, request: Request, deadline: float) 
     multipart = is_multipart(request)
     if not multipart:
         check_image_content_type(request)
-    body = await read_body(request, ingress.config.max_body_bytes)
+    body = await read_body(request, ingress.front.max_body_bytes)
     if not multipart:
         work = Work("image", [Item("image", body, "image")])
     else:

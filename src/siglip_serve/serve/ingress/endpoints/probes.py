@@ -54,11 +54,11 @@ async def readyz(ingress: Ingress, _: Request) -> Response:
 
 def service_limits(ingress: Ingress) -> ServiceLimits:
     """What this service checks that its document states: its models' names and sizes, the per-request limits."""
-    config = ingress.config
+    front = ingress.serving(None).plan.front  # the request limits are the service's: every model's the same
     return ServiceLimits(
-        tuple(ModelLimits(name, served.model.embed_dim, served.config.allow_dimension_truncation)
+        tuple(ModelLimits(name, served.model.embed_dim, served.plan.front.allow_dimension_truncation)
               for name, served in ingress.served.items()),
-        config.max_text_chars, config.max_texts_per_request, config.max_images_per_request)
+        front.max_text_chars, front.max_texts_per_request, front.max_images_per_request)
 
 
 async def openapi(ingress: Ingress, request: Request) -> Response:

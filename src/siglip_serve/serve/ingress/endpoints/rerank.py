@@ -151,7 +151,7 @@ class RerankResponse(Answer):
 
 async def rerank(ingress: Ingress, request: Request, deadline: float) -> Response:
     """The query's row scored against every document's, as classify scores labels."""
-    parsed = await read_json(request, ingress.config.max_body_bytes, RerankRequest)
+    parsed = await read_json(request, ingress.front.max_body_bytes, RerankRequest)
     served = ingress.serving(parsed.model)
 
     def render(done: Scheduled) -> Response:

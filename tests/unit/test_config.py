@@ -37,7 +37,6 @@ def test_buckets_parse_and_sort(buckets: object, expected: tuple[int, ...]) -> N
         ({"buckets": [0, 2]}, "buckets"),
         ({"buckets": [2, 2]}, "distinct"),
         ({"replicas": 0}, "replicas"),
-        ({"replicas": "auto", "backend": "zeros-no-model"}, "neuron_cores_per_replica"),
         ({"backend": "tpu"}, "backend"),
         ({"max_images_per_request": 0}, "max_images_per_request"),
         ({"request_timeout_s": 0}, "request_timeout_s"),

@@ -14,6 +14,7 @@ from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan import cpu_plan
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.plan.policy import policy_of
 
 GiB = 2**30
 
@@ -40,10 +41,10 @@ def test_measured_models_fall_on_the_measured_side_of_the_split() -> None:
 
 
 def test_config_defaults_to_auto_on_cpu_only() -> None:
-    assert ServiceConfig.from_args({}).replica_setting == "auto"
-    assert ServiceConfig.from_args({"backend": "neuron"}).replica_setting == 1
-    assert ServiceConfig.from_args({"backend": "cuda"}).replica_setting == 1
-    assert ServiceConfig.from_args({"replicas": 3}).replica_setting == 3
+    assert policy_of(ServiceConfig.from_args({})).replica_setting == "auto"
+    assert policy_of(ServiceConfig.from_args({"backend": "neuron"})).replica_setting == 1
+    assert policy_of(ServiceConfig.from_args({"backend": "cuda"})).replica_setting == 1
+    assert policy_of(ServiceConfig.from_args({"replicas": 3})).replica_setting == 3
 
 
 def test_small_model_gets_a_replica_per_core_with_one_thread(machine) -> None:

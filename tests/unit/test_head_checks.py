@@ -19,6 +19,7 @@ from siglip_serve.models.loading import ModelLoadError
 from siglip_serve.models.neuron.env import CC_FLAGS_ENV, NEFF_CACHE_ENV
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.app import build_app_with_routes
+from siglip_serve.serve.plan.policy import policy_of
 from tests.helpers import REPO
 
 
@@ -52,11 +53,11 @@ def test_the_builder_leaves_text_off_by_default_where_only_a_worker_could_find_t
     from siglip_serve.serve.plan.config import ServiceConfig
 
     config = text_by_shape(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True}))
-    assert config.text_replica_count == 0 and "text_replicas: 1" in (config.text_off_reason or "")
+    assert policy_of(config).text_replicas == 0 and "text_replicas: 1" in (config.text_off_reason or "")
     asked = text_by_shape(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True,
                                                    "text_replicas": 1}))
-    assert asked.text_replica_count == 1
-    assert text_by_shape(ServiceConfig.from_args({"model": "tiny-siglip"})).text_replica_count == 1  # bundled
+    assert policy_of(asked).text_replicas == 1
+    assert policy_of(text_by_shape(ServiceConfig.from_args({"model": "tiny-siglip"}))).text_replicas == 1  # bundled
 
 
 def test_the_replica_modules_import_no_torch() -> None:

@@ -18,6 +18,7 @@ import yaml
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.placement import plan
 from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.plan.policy import policy_of
 from tests.helpers import REPO
 
 MANIFEST = REPO / "deploy" / "kuberay" / "rayservice.yaml"
@@ -133,7 +134,7 @@ def test_the_first_deploy_on_the_bare_head_is_not_refused(manifest: dict) -> Non
     config = ServiceConfig.from_args(yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"])
     head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
     growth = cluster_growth(config, {})  # said by the manifest itself, not only by KubeRay's environment
-    assert growth.grows and isinstance(config.replica_setting, int)
+    assert growth.grows and isinstance(policy_of(config).replica_setting, int)
     check_cluster_fits(plan_service(config), growth, {"CPU": float(head["num-cpus"])})
 
 

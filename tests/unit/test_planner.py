@@ -28,6 +28,15 @@ def test_the_plan_is_data_that_survives_json() -> None:
     assert plan.ingress.deployment.num_replicas is None and plan.ingress.deployment.autoscaling_config is not None
 
 
+def test_auto_over_replicas_that_hold_no_device_is_refused_by_the_planner_naming_the_fix() -> None:
+    """`replicas: auto` counts the device each image replica holds, or the host's cores on cpu; a backend whose
+    replicas hold neither is refused where the count is made, naming the setting that gives them one."""
+    config = ServiceConfig.from_args({"replicas": "auto", "backend": "zeros-no-model"})
+    with pytest.raises(ConfigError, match="replicas hold none: set neuron_cores_per_replica: 1, or name a count"):
+        plan_service(config)
+    assert plan_service(config.model_copy(update={"replicas": 2})).model.image.replicas == 2
+
+
 def test_auto_counts_the_device_a_registered_backend_names() -> None:
     """No literal resource name: a backend registered with a device of its own is counted in it."""
     chip = CPU.__class__(**{**CPU.as_dict(), "name": "chip-test", "ray_resource": "chip", "per_replica": 1.0,

@@ -9,6 +9,7 @@ import pytest
 
 from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.policy import policy_of
 
 
 def replica_envs(config: ServiceConfig) -> dict[str, dict[str, Any]]:
@@ -58,18 +59,19 @@ def test_on_cpu_by_default_the_ingress_runs_the_mode_and_the_towers_do_not() -> 
     # Explicitly off: a Ray that `siglip-serve run` started in the mode hands its environment to every worker.
     assert envs["Encoder"]["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
     assert envs["TextEncoder"]["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
-    assert config.tower_calls_by_grpc  # the ingress's own choice: every replica serves gRPC
+    assert policy_of(config).tower_calls_by_grpc  # the ingress's own choice: every replica serves gRPC
 
 
 @pytest.mark.parametrize(("backend", "on"), [("cpu", False), ("cuda", True), ("neuron", True),
                                              ("neuron-native", True), ("zeros-no-model", True)])
 def test_the_mode_is_on_by_default_where_the_model_is_not_on_the_hosts_cores(backend: str, on: bool) -> None:
     # On cpu the mode cost ViT-B-16 about 15 % of its img/s and doubled its p99 (docs/capacity.md).
-    default = ServiceConfig.model_construct(backend=backend, throughput_optimized=None)
-    assert default.serve_throughput_mode is on and default.tower_calls_by_grpc
+    default = policy_of(ServiceConfig.model_construct(backend=backend, throughput_optimized=None))
+    assert default.towers_throughput_mode is on and default.tower_calls_by_grpc
     assert default.ingress_throughput_mode  # the ingress runs it on every backend unless turned off
-    assert ServiceConfig.model_construct(backend=backend, throughput_optimized=not on).serve_throughput_mode is not on
-    off = ServiceConfig.model_construct(backend=backend, throughput_optimized=False)
+    flipped = policy_of(ServiceConfig.model_construct(backend=backend, throughput_optimized=not on))
+    assert flipped.towers_throughput_mode is not on
+    off = policy_of(ServiceConfig.model_construct(backend=backend, throughput_optimized=False))
     assert not off.ingress_throughput_mode and not off.tower_calls_by_grpc
 
 

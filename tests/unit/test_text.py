@@ -15,6 +15,7 @@ from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS,
 from siglip_serve.serve.http.errors import ApiError
 from siglip_serve.serve.ingress.endpoints.classify import prompts_of
 from siglip_serve.serve.ingress.schedule import zero_shot
+from siglip_serve.serve.plan.policy import policy_of
 from tests.helpers import CHECKPOINT_MODEL, LABEL_WORDS, SRC, forced_checkpoint, jpeg_bytes, small_tokenizer
 
 TEXTS = ["a photo of a cat", "A DOG, running!", "rocket astronaut coffee", "zzz unknownword", "x",
@@ -176,11 +177,11 @@ def test_text_config_defaults_and_limits() -> None:
     def text_neuron_cores(config: ServiceConfig) -> float:
         return plan(config).text.devices.get("neuron_cores", 0)
 
-    assert ServiceConfig.from_args({"model": "tiny-siglip"}).text_replica_count == 1
+    assert policy_of(ServiceConfig.from_args({"model": "tiny-siglip"})).text_replicas == 1
     for backend in ("cuda", "neuron"):
-        assert ServiceConfig.from_args({"model": "tiny-siglip", "backend": backend}).text_replica_count == 0
+        assert policy_of(ServiceConfig.from_args({"model": "tiny-siglip", "backend": backend})).text_replicas == 0
     neuron = ServiceConfig.from_args({"model": "tiny-siglip", "backend": "neuron", "text_replicas": 1})
-    assert neuron.text_replica_count == 1 and text_neuron_cores(neuron) == 1
+    assert policy_of(neuron).text_replicas == 1 and text_neuron_cores(neuron) == 1
     simulated = ServiceConfig.from_args({"model": "tiny-siglip", "neuron_cores_per_replica": 1})
     assert text_neuron_cores(simulated) == 0  # only the neuron backend puts text on a NeuronCore
     config = ServiceConfig.from_args({"model": "tiny-siglip", "text_buckets": "1,8", "max_text_chars": 10})
@@ -215,14 +216,14 @@ def test_the_default_turns_text_off_in_seconds_without_a_tokenizer_or_hub(
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     began = time.monotonic()
     config = preflight_tokenizer(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True}))
-    assert config.text_replica_count == 0 and "127.0.0.1:9 is unreachable" in (config.text_off_reason or "")
+    assert policy_of(config).text_replicas == 0 and "127.0.0.1:9 is unreachable" in (config.text_off_reason or "")
     assert "text routes off" in caplog.text and "tokenizer: DIR" in caplog.text
     with pytest.raises(ModelLoadError, match=r"text_replicas: 1 needs ViT-B-16-SigLIP's tokenizer.*tokenizer: DIR"):
         preflight_tokenizer(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True,
                                                      "text_replicas": 1}))
     assert time.monotonic() - began < 10
     tiny = preflight_tokenizer(ServiceConfig.from_args({"model": "tiny-siglip"}))  # its tokenizer is bundled
-    assert tiny.text_replica_count == 1 and tiny.text_off_reason is None
+    assert policy_of(tiny).text_replicas == 1 and tiny.text_off_reason is None
 
 
 @pytest.mark.cuda

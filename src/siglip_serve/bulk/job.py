@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from siglip_serve.bulk.inputs import ERRORS_FOLDER, OutputFolder, Shard, list_items, plan_shards
 from siglip_serve.bulk.repeats import DEFAULT_MIB, start_record
+from siglip_serve.core.backends import backend_record
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.load_results import BulkResult, SteadyState
 from siglip_serve.measure.results import Machine
@@ -116,7 +117,7 @@ def local_cpus(config: ServiceConfig, spec: JobSpec, cores: int) -> int:
     229 img/s at 5.3 CPU-ms per image, 2 decoders beside a 2-thread encoder 537 at 3.3; a large model
     keeps every core busy with its own threads and the decoders take little."""
     encoders = spec.encoders or 1
-    extra = encoders if config.model_on_host_cores else 0
+    extra = encoders if backend_record(config.backend).host_cores else 0
     return max(cores + extra, (spec.decode_workers or 0) + encoders)
 
 

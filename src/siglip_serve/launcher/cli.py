@@ -286,6 +286,7 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
     from siglip_serve.launcher.runner import run_service
     from siglip_serve.models.backends.implementation import check_backend_available, check_tower
     from siglip_serve.serve.plan.model_checks import preflight_tokenizer, preflight_weights
+    from siglip_serve.serve.plan.policy import policy_of
     from siglip_serve.serve.plan.served_models import served_models
 
     # Before Ray starts, for every model served: a missing SDK/GPU/artifact or unreachable weights is one line
@@ -305,7 +306,7 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
         preflight_weights(model.config)
     config = preflight_tokenizer(config)
     for model in served_models(config):
-        if model.config.text_replica_count:
+        if policy_of(model.config).text_replicas:
             # The replicas run on this machine (a Ray of our own) or were checked here by the user: refused
             # now, in one line, not as text replicas refusing after Ray started.
             check_tower(model.config.model_settings(), TEXT)

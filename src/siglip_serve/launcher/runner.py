@@ -25,6 +25,7 @@ from siglip_serve.launcher.reload import Reload
 from siglip_serve.launcher.startup import Placeholder, replica_progress, wait_with_progress
 from siglip_serve.launcher.timeline import Timeline
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.policy import policy_of
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -149,7 +150,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         use_front_end(front_end, local_only=metrics_host in LOOPBACK, metrics_port=haproxy_metrics_port)
         # The Ray we start runs Serve's mode everywhere, as Ray's guide sets it on the whole cluster (the
         # replicas get it from their runtime_env either way); an operator's own value wins.
-        for name, value in config.serve_mode_env().items():
+        for name, value in policy_of(config).ingress_mode_env().items():
             os.environ.setdefault(name, value)
     import ray
     from ray import serve

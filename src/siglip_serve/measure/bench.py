@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from siglip_serve.core.backends import NO_MODEL_BACKEND
+from siglip_serve.core.backends import NO_MODEL_BACKEND, backend_record
 from siglip_serve.measure.bound import judge
 from siglip_serve.measure.client_pool import auto_client_processes
 from siglip_serve.measure.results import BenchResult, ClientCpu, EncoderRow, Machine, PreprocessResult
@@ -110,7 +110,7 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
             image = plan.model.image
             result.replicas, result.ingress_replicas = image.replicas, plan.ingress.replicas
             shape = f"{image.replicas} encoder replica(s)"
-            if config.model_on_host_cores:
+            if backend_record(config.backend).host_cores:
                 result.torch_threads = image.torch_threads or usable_cpus()
                 shape += f" x {result.torch_threads} torch thread(s)"
             shape += f", {result.ingress_replicas} ingress replica(s)"
@@ -155,7 +155,7 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         print(f"\nserved / bare (saturation): {served:.1f} / {bare:.1f} = {served / bare:.3f}")
         if result.host_ceiling is not None:
             # Each replica has a device of its own on an accelerator; on cpu they share the one host.
-            device = bare * (result.replicas or 1 if not config.model_on_host_cores else 1)
+            device = bare * (result.replicas or 1 if not backend_record(config.backend).host_cores else 1)
             top = max(result.served, key=lambda row: row.concurrency)
             result.bound = judge(result.host_ceiling.images_per_second, device, served,
                                  busiest_client(top.client_cpu, result.host_ceiling.client_cpu))

@@ -44,4 +44,4 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> ModelSetti
 
 def model_settings_of(settings: ModelSettings) -> ModelSettings:
     """The plain ModelSettings inside any subclass (e.g. the service config), for pickling to workers."""
-    return ModelSettings(**{name: getattr(settings, name) for name in ModelSettings.model_fields})
+    return settings.model_settings()

@@ -138,3 +138,8 @@ class ModelSettings(BaseModel):
     @property
     def max_batch_size(self) -> int:
         return self.buckets[-1]
+
+    def model_settings(self) -> ModelSettings:
+        """The plain ModelSettings inside any subclass (the service's config), for pickling to workers and for the
+        plan."""
+        return ModelSettings(**{name: getattr(self, name) for name in ModelSettings.model_fields})

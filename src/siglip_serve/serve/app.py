@@ -21,6 +21,7 @@ from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, clus
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.live_settings import LIVE_KEYS, live_settings
 from siglip_serve.serve.plan.planner import plan_service
+from siglip_serve.serve.plan.policy import policy_of
 from siglip_serve.serve.plan.replica_slices import TowerRun
 from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ModelPlan, ServicePlan, TowerPlan
 from siglip_serve.serve.shared import tracing
@@ -123,7 +124,7 @@ def text_by_shape(config: ServiceConfig) -> ServiceConfig:
     (`siglip-serve run` decides it by looking, serve/plan/model_checks.py preflight_tokenizer.)"""
     from siglip_serve.models.text import BUNDLED_TOKENIZERS
 
-    if (config.text_replicas is not None or config.tokenizer is not None or config.text_replica_count == 0
+    if (config.text_replicas is not None or config.tokenizer is not None or policy_of(config).text_replicas == 0
             or config.models):  # several models: each entry's text tower as it says (its default on cpu: on)
         return config
     if config.model in BUNDLED_TOKENIZERS:

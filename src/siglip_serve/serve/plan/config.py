@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from siglip_serve.core.backends import TEXT, BackendRecord, backend_record
+from siglip_serve.core.backends import backend_record
 from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
-from siglip_serve.core.constants import SERVE_THROUGHPUT_ENV
 from siglip_serve.core.errors import ConfigError as ConfigError
 from siglip_serve.core.errors import describe_validation
-from siglip_serve.models.cli_args import model_settings_of
 from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.live_settings import FetchSettings as FetchSettings
@@ -20,10 +18,36 @@ from siglip_serve.serve.plan.live_settings import LiveSettings, MiB, keys_proble
 from siglip_serve.serve.plan.replica_slices import resolve_api_key
 from siglip_serve.serve.plan.scaling import Autoscaling as Autoscaling
 from siglip_serve.serve.plan.scaling import IngressAutoscaling as IngressAutoscaling
-from siglip_serve.serve.plan.service_plan import image_devices
 
 
-class ServiceConfig(LiveSettings, ModelSettings):
+class FrontDoorKey(BaseModel):
+    """The one API key of a service without tenants (`api_keys_file`, a live setting, holds several)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # A key in args shows in the Serve config; `siglip-serve run` refuses it on its command line.
+    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in the Serve "
+                                                        f"config: prefer api_key_file or the {API_KEY_ENV} "
+                                                        "environment variable; not on run's command line)")
+    api_key_file: str | None = Field(None, description="require the key on this file's first line")
+
+    @property
+    def single_key(self) -> bool:
+        return self.api_key is not None or self.api_key_file is not None
+
+
+class Observability(BaseModel):
+    """What the service says about its requests beside the metrics (the log level is a live setting)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
+                                               "every replica")
+    tracing: bool = Field(False, description="OpenTelemetry spans per request stage, exported over OTLP/HTTP to "
+                                             "OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)")
+
+
+class ServiceConfig(LiveSettings, FrontDoorKey, Observability, ModelSettings):
     """Model settings, the live ones (serve/plan/live_settings.py) and how the service runs them. Field names are
     the YAML `args:` keys."""
 
@@ -115,11 +139,6 @@ class ServiceConfig(LiveSettings, ModelSettings):
                                                                             "one ingress may hold; past it a decode "
                                                                             "waits its turn")
     max_images_per_request: int = Field(64, ge=1, description="images in one request")
-    # A key in args shows in the Serve config; `siglip-serve run` refuses it on its command line.
-    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in the Serve "
-                                                        f"config: prefer api_key_file or the {API_KEY_ENV} "
-                                                        "environment variable; not on run's command line)")
-    api_key_file: str | None = Field(None, description="require the key on this file's first line")
     # The text tower (POST /v1/embeddings with text, /v1/classify) runs in its own replicas with its own
     # batcher, so texts never queue behind images nor images behind texts. A text replica on cuda or
     # neuron needs a GPU / NeuronCore of its own (and on neuron an artifact compiled with --text).
@@ -161,20 +180,6 @@ class ServiceConfig(LiveSettings, ModelSettings):
                                                 "(siglip_serve.serve.app:build_model_app), and this application "
                                                 "holds the ingress alone, so models can be added and removed "
                                                 "without restarting the others (docs/operations.md)")
-    access_log: bool = Field(False, description="Ray Serve's access log: one line per request from the proxy and "
-                                               "every replica")
-    tracing: bool = Field(False, description="OpenTelemetry spans per request stage, exported over OTLP/HTTP to "
-                                             "OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_classify_cache(cls, data: Any) -> Any:
-        # Said plainly, not as pydantic's "extra inputs are not permitted": classify's labels have no cache of
-        # their own.
-        if isinstance(data, Mapping) and "classify_cache_size" in data:
-            raise ValueError("classify_cache_size is not a setting: classify's labels are kept in the embedding "
-                             "cache with every other text and image; size it with embedding_cache_mib")
-        return data
 
     @model_validator(mode="after")
     def _check_serving(self) -> ServiceConfig:
@@ -201,36 +206,9 @@ class ServiceConfig(LiveSettings, ModelSettings):
                              "load; name replicas instead")
         if self.model_apps and not self.models:
             raise ValueError("model_apps: true needs models: (each model's towers in an application of its own)")
-        if self.device_jpeg_decode and not self.backend_record.device_decode:
+        if self.device_jpeg_decode and not backend_record(self.backend).device_decode:
             raise ValueError(f"device_jpeg_decode needs backend cuda (nvJPEG), not {self.backend}")
-        # `auto` counts the device the image replicas hold, or the host's cores the model runs on.
-        holds = image_devices(self.backend_record.resources, self.neuron_cores_per_replica)
-        if self.replica_setting == "auto" and not holds and not self.model_on_host_cores:
-            raise ValueError(f"replicas: auto counts the device each image replica holds (or cores on cpu); on "
-                             f"{self.backend} replicas hold none: set neuron_cores_per_replica: 1, or name a count")
         return self
-
-    @property
-    def replica_setting(self) -> int | Literal["auto"]:
-        """`replicas` as given, else the most autoscaling allows, else the backend's default."""
-        if self.replicas is not None:
-            return self.replicas
-        if self.autoscaling is not None:
-            return self.autoscaling.max_replicas
-        return "auto" if self.model_on_host_cores else 1
-
-    @property
-    def backend_record(self) -> BackendRecord:
-        return backend_record(self.backend)
-
-    @property
-    def text_replica_count(self) -> int:
-        """As set; else one where the text tower runs on the host's cores, none where it would hold a
-        device of its own (a GPU, a NeuronCore: opt in), none where the backend builds no text tower."""
-        if self.text_replicas is not None:
-            return self.text_replicas
-        record = self.backend_record
-        return 1 if record.host_cores and record.builds(TEXT) else 0
 
     @property
     def image_limits(self) -> ImageLimits:
@@ -243,10 +221,6 @@ class ServiceConfig(LiveSettings, ModelSettings):
         return self.fetch_settings(self.max_body_bytes)
 
     @property
-    def single_key(self) -> bool:
-        return self.api_key is not None or self.api_key_file is not None
-
-    @property
     def needs_keys(self) -> tuple[str, ...]:
         """The settings set that need api_keys_file."""
         return tuple(kept for kept in ("interactive_ingress", "interactive_encoder") if getattr(self, kept))
@@ -254,52 +228,6 @@ class ServiceConfig(LiveSettings, ModelSettings):
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
         """The key clients must send (serve/plan/replica_slices.py resolve_api_key)."""
         return resolve_api_key(self.api_key, self.api_key_file, self.api_keys_file, environ)
-
-    def model_settings(self) -> ModelSettings:
-        return model_settings_of(self)
-
-    @property
-    def model_on_host_cores(self) -> bool:
-        """Whether the encoders' forward passes share the host's cores with the serving path (cpu)."""
-        return self.backend_record.host_cores
-
-    @property
-    def serve_throughput_mode(self) -> bool:
-        """Serve's throughput mode in the tower replicas: as set, else on where the model is not on the host's
-        cores. On cpu it cost ViT-B-16 about 15 % of its images per second and doubled its p99 (docs/capacity.md):
-        the tower replicas took more CPU per image on the cores their forward passes need."""
-        if self.throughput_optimized is not None:
-            return self.throughput_optimized
-        return not self.model_on_host_cores
-
-    @property
-    def ingress_throughput_mode(self) -> bool:
-        """Serve's throughput mode in the ingress (and, under `siglip-serve run`, the Ray it starts): as set,
-        else on for every backend. The ingress does the host's per-request work (HTTP, JSON, decoding),
-        where the mode saves most; measured per deployment in docs/dev/benchmark-log.md, "Serve's mode per
-        deployment" (2026-11-26)."""
-        return self.throughput_optimized is not False
-
-    @property
-    def tower_calls_by_grpc(self) -> bool:
-        """Whether the ingress calls the towers over Serve's gRPC (else Ray actor tasks): wherever the ingress
-        runs the mode. Every replica serves gRPC whatever its mode (ray/serve/_private/replica.py starts its
-        inter-deployment server unconditionally); on cpu, gRPC calls to towers outside the mode measured
-        level with actor tasks (docs/dev/benchmark-log.md, "Serve's mode per deployment")."""
-        return self.ingress_throughput_mode
-
-    def serve_mode_env(self) -> dict[str, str]:
-        """What the ingress replicas (and a Ray `siglip-serve run` starts) get in their runtime_env for Serve's
-        mode."""
-        return dict(SERVE_THROUGHPUT_ENV) if self.ingress_throughput_mode else {}
-
-    def tower_mode_env(self) -> dict[str, str]:
-        """What every tower replica (image and text) gets in its runtime_env for Serve's mode: the mode's
-        variables where it is on there; where the Ray itself runs the mode (`siglip-serve run`) but the towers
-        do not, RAY_SERVE_THROUGHPUT_OPTIMIZED=0, since a replica inherits the Ray's environment."""
-        if self.serve_throughput_mode:
-            return dict(SERVE_THROUGHPUT_ENV)
-        return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"} if self.ingress_throughput_mode else {}
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:

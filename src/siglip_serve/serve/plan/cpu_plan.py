@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from siglip_serve.core.backends import backend_record
 from siglip_serve.core.host import usable_cpus
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.policy import policy_of
 
 if TYPE_CHECKING:
     from siglip_serve.models.loading import ParameterCounts
@@ -64,7 +66,7 @@ def auto_cpu_replicas(config: ServiceConfig, cluster_cpus: float | None = None) 
     replicas = min(by_cores, by_memory)
     if cluster_cpus is not None and config.encoder_num_cpus > 0:
         others = (ingress_replicas_for(config, 1) * config.ingress_num_cpus
-                  + config.text_replica_count * config.text_num_cpus)
+                  + policy_of(config).text_replicas * config.text_num_cpus)
         replicas = max(1, min(replicas, int((cluster_cpus - others + 1e-9) // config.encoder_num_cpus)))
     log.info("replicas: auto on cpu -> %d: %d usable core(s) / %d torch thread(s) each (image tower %.0f M "
              "parameters); memory holds %d loading at ~%.1f GiB each (%.1f GiB available); Ray's CPUs: %s",
@@ -77,7 +79,7 @@ def image_torch_threads(config: ServiceConfig, replicas: int) -> int | None:
     """Torch threads of each CPU encoder replica: as configured, else this machine's usable cores split
     across the replicas (two replicas on two cores: one each, not two each fighting over both).
     None for one replica: it takes every core of the machine it runs on (models/backends/cpu.py)."""
-    if not config.model_on_host_cores or config.torch_threads is not None or replicas <= 1:
+    if not backend_record(config.backend).host_cores or config.torch_threads is not None or replicas <= 1:
         return config.torch_threads
     return max(1, usable_cpus() // replicas)
 
@@ -86,7 +88,7 @@ def text_torch_threads(config: ServiceConfig) -> int | None:
     """Torch threads of each CPU text replica: as configured, else its Ray CPUs rounded up (one by
     default). Not every core: the image encoders are planned to take those, and a text replica that
     also took them all would fight them (torch's default, and what it did before this plan)."""
-    if not config.model_on_host_cores or config.torch_threads is not None:
+    if not backend_record(config.backend).host_cores or config.torch_threads is not None:
         return config.torch_threads
     return max(1, math.ceil(config.text_num_cpus))
 
@@ -102,7 +104,7 @@ RESERVED_CORES = 2
 def image_host_cores(config: ServiceConfig, replicas: int) -> int:
     """Host cores the encoder replicas keep busy: their torch threads on cpu, one each elsewhere (the
     Python that feeds a GPU or NeuronCore)."""
-    if not config.model_on_host_cores:
+    if not backend_record(config.backend).host_cores:
         return replicas
     return replicas * (image_torch_threads(config, replicas) or usable_cpus())
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from siglip_serve.core.cli import LogLevel
 from siglip_serve.core.errors import ConfigError, describe_validation
@@ -82,6 +82,16 @@ class LiveSettings(BaseModel):
                                                                "whole body), within the request's deadline, which "
                                                                "alone bounds the wait for a turn; past either: 504 "
                                                                "url_timeout")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_classify_cache(cls, data: Any) -> Any:
+        # Said plainly, not as pydantic's "extra inputs are not permitted": classify's labels have no cache of
+        # their own.
+        if isinstance(data, Mapping) and "classify_cache_size" in data:
+            raise ValueError("classify_cache_size is not a setting: classify's labels are kept in the embedding "
+                             "cache with every other text and image; size it with embedding_cache_mib")
+        return data
 
     @field_validator("url_fetch_allowlist", mode="before")
     @classmethod

@@ -12,6 +12,7 @@ import logging
 
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.policy import policy_of
 
 log = logging.getLogger("siglip_serve")
 
@@ -59,7 +60,7 @@ def preflight_tokenizer(config: ServiceConfig) -> ServiceConfig:
     default): on when the tokenizer is local or the hub answers within seconds, else off with one log
     line saying how to turn it on; an image service from a local checkpoint on an air-gapped host then
     starts without minutes of hub retries."""
-    if config.text_replica_count == 0 or config.models:  # several models: each entry's text tower as it says
+    if policy_of(config).text_replicas == 0 or config.models:  # several models: each entry's text tower as it says
         return config
     from siglip_serve.models.hub import hub_address, offline_requested, reachable
     from siglip_serve.models.loading import ModelLoadError, open_clip_module

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from siglip_serve.core.backends import BackendRecord, backend_record
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.policy import policy_of
 from siglip_serve.serve.plan.service_plan import GPU, ReplicaAsk, image_devices
 
 
@@ -67,4 +68,4 @@ def plan(config: ServiceConfig | ModelSettings) -> Plan:
 def auto_device(config: ServiceConfig) -> str | None:
     """The device resource `replicas: auto` counts in the Ray cluster (what each image replica holds), or None
     where the count is named or counts the host's cores: only such a plan needs the cluster's resources."""
-    return plan(config).device if config.replica_setting == "auto" else None
+    return plan(config).device if policy_of(config).replica_setting == "auto" else None

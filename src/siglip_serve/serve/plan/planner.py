@@ -15,14 +15,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from siglip_serve.core.backends import extra_backends_env
+from siglip_serve.core.backends import backend_record, extra_backends_env
 from siglip_serve.core.constants import NEURON_CORES, VISIBLE_CORES_ENV
 from siglip_serve.core.front_door import FrontDoorLimits
+from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan import cpu_plan
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.ingress_scaling import policy
 from siglip_serve.serve.plan.live_settings import LiveSettings, live_settings
 from siglip_serve.serve.plan.placement import Plan, declare_hint, plan
+from siglip_serve.serve.plan.policy import Policy, policy_of
 from siglip_serve.serve.plan.replica_slices import FrontSettings, ModelFront, TowerRun
 from siglip_serve.serve.plan.served_models import ServedModel, served_models
 from siglip_serve.serve.plan.service_plan import (
@@ -67,8 +69,9 @@ def ingress_max_ongoing(config: ServiceConfig, replicas: int, ingress_replicas: 
     serve/ingress/tower_client.py) plus one per decode thread, so single-image requests keep every encoder busy."""
     if config.ingress_max_ongoing_requests != "auto":
         return config.ingress_max_ongoing_requests
-    calls = calls_in_flight(replicas, ingress_replicas, config.model_on_host_cores)
-    return max(MIN_ONGOING_REQUESTS, 2 * calls * config.max_batch_size + config.decode_threads)
+    calls = calls_in_flight(replicas, ingress_replicas, backend_record(config.backend).host_cores)
+    largest_bucket = config.buckets[-1]
+    return max(MIN_ONGOING_REQUESTS, 2 * calls * largest_bucket + config.decode_threads)
 
 
 def front_door_limits(config: ServiceConfig, replicas: int, ingress_replicas: int) -> FrontDoorLimits:
@@ -88,33 +91,38 @@ def max_ongoing(largest_bucket: int) -> int:
     return 2 * largest_bucket
 
 
-def image_replicas(config: ServiceConfig, asks: Plan, resources: Mapping[str, float] | None) -> int:
+def image_replicas(config: ServiceConfig, asks: Plan, resources: Mapping[str, float] | None,
+                   rules: Policy | None = None) -> int:
     """The image tower's count: as named, the most autoscaling allows, or `auto` counted (module doc)."""
-    setting = config.replica_setting
+    rules = rules or policy_of(config)
+    setting = rules.replica_setting
     if setting != "auto":
         return setting
     device = asks.device
+    if device is None and not rules.model_on_host_cores:
+        raise ConfigError(f"replicas: auto counts the device each image replica holds (or cores on cpu); on "
+                          f"{config.backend} replicas hold none: set neuron_cores_per_replica: 1, or name a count")
     if device is None:
         return cpu_plan.auto_cpu_replicas(config, None if resources is None else resources.get("CPU"))
     if resources is None:
         raise ConfigError(f"replicas: auto counts the {device} a Ray cluster declares, and there is none yet; "
                           f"name replicas: N (siglip-serve run: --neuron-cores N declares its Ray's NeuronCores)")
     have = float(resources.get(device, 0))
-    count = asks.image_replicas_on(have, config.text_replica_count)
+    count = asks.image_replicas_on(have, rules.text_replicas)
     if count < 1:
         raise ConfigError(f"replicas: auto found {have:g} {device} in the Ray cluster, too few for one image "
-                          f"replica beside {config.text_replica_count} text replica(s); start Ray with "
+                          f"replica beside {rules.text_replicas} text replica(s); start Ray with "
                           f"{declare_hint(device)} (trn2.3xlarge LNC=2 -> 4 neuron_cores, LNC=1 -> 8)")
     return count
 
 
-def _autoscaling(config: ServiceConfig) -> dict[str, Any] | None:
+def _autoscaling(config: ServiceConfig, rules: Policy) -> dict[str, Any] | None:
     """Serve's `autoscaling_config` for the image tower, or None for a fixed count."""
     if config.autoscaling is None:
         return None
     options = config.autoscaling.model_dump()
     if options["target_ongoing_requests"] is None:
-        options["target_ongoing_requests"] = calls_per_replica(config.model_on_host_cores)
+        options["target_ongoing_requests"] = calls_per_replica(rules.model_on_host_cores)
     return options
 
 
@@ -129,14 +137,15 @@ def visible_devices_env(asks: Plan, ask: ReplicaAsk) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _tower(config: ServiceConfig, asks: Plan, tower: str, model: str, name: str, ask: ReplicaAsk, replicas: int,
-           fewest: int, largest_bucket: int, threads: int | None, autoscaling: dict[str, Any] | None) -> TowerPlan:
+def _tower(config: ServiceConfig, rules: Policy, asks: Plan, tower: str, model: str, name: str, ask: ReplicaAsk,
+           replicas: int, fewest: int, largest_bucket: int, threads: int | None,
+           autoscaling: dict[str, Any] | None) -> TowerPlan:
     options = ask.actor_options()
     # Nothing read from the model's files: the plan is made in the builder, on the head, which may not see
     # them. The backend's own environment (neuron-native: the artifact's recipe) is set by the replica
     # itself, before it imports torch (serve/towers/replica_start.py); a config env_var that contradicts it is
     # refused there, naming both.
-    env_vars = {**extra_backends_env(), **config.tower_mode_env(), **tracing.replica_env(config.tracing),
+    env_vars = {**extra_backends_env(), **rules.tower_mode_env(), **tracing.replica_env(config.tracing),
                 **config.env_vars}
     if env_vars:
         options["runtime_env"] = {"env_vars": env_vars}
@@ -173,7 +182,7 @@ def _ingress(config: ServiceConfig, image_replicas: int, surge: bool = False) ->
     limits = front_door_limits(config, image_replicas, shared)
     options: dict[str, Any] = {"num_cpus": config.ingress_num_cpus}
     # Where to find a backend registered at run time too: the ingress asks its record (host cores or not).
-    if env := {**config.serve_mode_env(), **tracing.replica_env(config.tracing), **extra_backends_env()}:
+    if env := {**policy_of(config).ingress_mode_env(), **tracing.replica_env(config.tracing), **extra_backends_env()}:
         options["runtime_env"] = {"env_vars": env}
     autoscaling = None
     if scaling is not None:
@@ -197,31 +206,33 @@ def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: s
     """One served model's towers; `suffix` names its deployments apart from the other models' ("" for the
     one model of a config without `models:`, whose deployments keep their plain names)."""
     config = served.config
+    rules, settings = policy_of(config), config.model_settings()
     asks = plan(config)
-    replicas = image_replicas(config, asks, resources)
+    replicas = image_replicas(config, asks, resources, rules)
     fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
-    image = _tower(config, asks, "image", served.name, f"Encoder{suffix}", asks.image, replicas, min(fewest, replicas),
-                   config.max_batch_size, cpu_plan.image_torch_threads(config, replicas), _autoscaling(config))
+    image = _tower(config, rules, asks, "image", served.name, f"Encoder{suffix}", asks.image, replicas,
+                   min(fewest, replicas), settings.max_batch_size, cpu_plan.image_torch_threads(config, replicas),
+                   _autoscaling(config, rules))
     if config.interactive_encoder:
         image = _kept_for_interactive(image, f"InteractiveEncoder{suffix}")
-    texts = config.text_replica_count
-    text = (_tower(config, asks, "text", served.name, f"TextEncoder{suffix}", asks.text, texts, texts,
+    texts = rules.text_replicas
+    text = (_tower(config, rules, asks, "text", served.name, f"TextEncoder{suffix}", asks.text, texts, texts,
                    config.text_buckets[-1], cpu_plan.text_torch_threads(config), None) if texts else None)
     return ModelPlan(name=served.name, model=config.model, backend=config.backend, image=image, text=text,
-                     run=TowerRun(settings=config.model_settings(), batch_wait_timeout_s=config.batch_wait_timeout_s,
+                     run=TowerRun(settings=settings, batch_wait_timeout_s=config.batch_wait_timeout_s,
                                   env_vars=dict(config.env_vars), log_level=config.log_level, tracing=config.tracing),
-                     front=_model_front(config))
+                     front=_model_front(config, rules, settings))
 
 
-def _model_front(config: ServiceConfig) -> ModelFront:
+def _model_front(config: ServiceConfig, rules: Policy, settings: ModelSettings) -> ModelFront:
     return ModelFront(
-        weights=config.weights_source, buckets=tuple(config.buckets), image_limits=config.image_limits,
+        weights=settings.weights_source, buckets=tuple(settings.buckets), image_limits=config.image_limits,
         max_request_pixels=config.max_request_pixels, max_images_per_request=config.max_images_per_request,
         max_texts_per_request=config.max_texts_per_request, max_text_chars=config.max_text_chars,
         allow_dimension_truncation=config.allow_dimension_truncation, fast_jpeg_decode=config.fast_jpeg_decode,
         device_jpeg_decode=config.device_jpeg_decode, decode_threads=config.decode_threads,
         decode_memory_budget_bytes=config.decode_memory_budget_bytes, text_off_reason=config.text_off_reason,
-        model_on_host_cores=config.model_on_host_cores, tower_calls_by_grpc=config.tower_calls_by_grpc)
+        model_on_host_cores=rules.model_on_host_cores, tower_calls_by_grpc=rules.tower_calls_by_grpc)
 
 
 def front_settings(config: ServiceConfig) -> FrontSettings:
@@ -246,7 +257,7 @@ def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = 
     """The plan of `config` on a Ray cluster whose totals are `resources` (None: none yet)."""
     served = served_models(config)
     several = len(config.models) > 0
-    if several and (auto := [m.name for m in served if m.config.replica_setting == "auto"]):
+    if several and (auto := [m.name for m in served if policy_of(m.config).replica_setting == "auto"]):
         raise ConfigError(f"models {', '.join(auto)}: with several models name each one's replicas (or its "
                           "autoscaling): `auto` would give every model the whole cluster")
     models = tuple(_model(model, resources, f"-{model.name}" if several else "") for model in served)

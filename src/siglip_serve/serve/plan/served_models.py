@@ -12,9 +12,10 @@ planner (serve/plan/planner.py), which names each model's deployments after it.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from siglip_serve.core.errors import describe_validation
 from siglip_serve.models.settings import ModelSettings
@@ -50,10 +51,10 @@ def model_app_args(args: dict[str, Any], name: str) -> dict[str, Any]:
     return {**{key: value for key, value in args.items() if key not in FRONT_ONLY}, "models": [dict(entries[0])]}
 
 
-class ServedModel(BaseModel):
-    """One model of the service: the name requests use, and its whole config."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+@dataclass(frozen=True)
+class ServedModel:
+    """One model of the service: the name requests use, and its whole config (validated once, where it is made:
+    not again each time the models are listed)."""
 
     name: str
     config: ServiceConfig

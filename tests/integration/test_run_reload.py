@@ -95,3 +95,69 @@ def test_sighup_puts_a_changed_limit_and_keys_file_in_force_and_refuses_a_restar
         if proc.poll() is None:
             proc.kill()
         reader.join(timeout=10)
+
+
+MODELS = "text_replicas: 0\ningress_replicas: 1\ntorch_threads: 1\nencoder_num_cpus: 0.25\nmodels:\n"
+MODEL_A = "  - {name: a, model: tiny-siglip, replicas: 1}\n"
+MODEL_B = "  - {name: b, model: tiny-siglip2, replicas: 1}\n"
+
+
+def test_sighup_removes_and_adds_a_model_and_the_other_models_replicas_run_on(
+        tmp_path: Path, photo_jpegs: list[bytes]) -> None:
+    """`models:` changed in the file: after SIGHUP the removed model's towers stop and its requests are 404, the
+    added one's start and answer, and the model left in place keeps its replica process throughout (each
+    deployment pinned to its own slice of the plan: serve/app.py `pinned`)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(MODELS + MODEL_A + MODEL_B)
+    port = free_port()
+    proc = subprocess.Popen([str(BIN / "siglip-serve"), "run", "--config", str(config), "--port", str(port),
+                             "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}"
+
+    def post_to(model: str) -> int:
+        return httpx.post(url + "/v1/embeddings/image", params={"model": model}, content=photo_jpegs[0],
+                          headers={"Content-Type": "image/jpeg"}, timeout=60).status_code
+
+    def encoders() -> dict[str, set[int]]:
+        found: dict[str, set[int]] = {}
+        for pid, deployment in replica_processes(proc):
+            found.setdefault(deployment.rsplit(":", 1)[-1], set()).add(pid)
+        return found
+
+    def reload(text: str) -> None:
+        config.write_text(text)
+        seen = len(lines)
+        proc.send_signal(signal.SIGHUP)
+        _, logged, _ = poll(lambda: "".join(lines[seen:]), lambda out: "reload: the models" in out, 90,
+                            interval_s=0.2)
+        assert logged, "".join(lines)[-3000:]
+
+    try:
+        wait_until_ready(url + "/readyz", START_TIMEOUT_S, proc, lambda: "".join(lines)[-3000:])
+        _, both, _ = poll(lambda: post_to("b"), lambda code: code == 200, 60, interval_s=0.5)
+        assert both and post_to("a") == 200
+        _, found, _ = poll(encoders, lambda e: {"Encoder-a", "Encoder-b"} <= set(e), 60, interval_s=0.5)
+        assert found, encoders()
+        kept = encoders()["Encoder-a"]
+
+        reload(MODELS + MODEL_A)
+        _, gone, _ = poll(lambda: post_to("b"), lambda code: code == 404, 90, interval_s=0.5)
+        assert gone, "".join(lines)[-3000:]
+        _, stopped, _ = poll(encoders, lambda e: "Encoder-b" not in e, 90, interval_s=0.5)
+        assert stopped, encoders()
+        assert post_to("a") == 200 and encoders()["Encoder-a"] == kept
+
+        reload(MODELS + MODEL_A + MODEL_B)
+        _, back, _ = poll(lambda: post_to("b"), lambda code: code == 200, 120, interval_s=0.5)
+        assert back, "".join(lines)[-3000:]
+        assert post_to("a") == 200 and encoders()["Encoder-a"] == kept
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=240) == 0, "".join(lines)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)

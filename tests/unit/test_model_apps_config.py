@@ -42,11 +42,15 @@ def test_the_front_and_a_models_application_plan_that_models_towers_alike() -> N
     assert own.models == (plan.named("new"),)  # the ingress's links size what the model's application runs
 
 
-def test_only_the_model_apps_ingress_rolls_with_a_surge() -> None:
+def test_only_an_ingress_whose_models_can_change_in_place_rolls_with_a_surge() -> None:
+    """Several models (`model_apps`, or `run`'s SIGHUP over `models:`): the ingress is replaced as they change, the
+    new replica up first. One model: Serve's default roll."""
+    one = {**SHARED, "model": "tiny-siglip"}
+    assert plan_service(ServiceConfig.from_args(one)).ingress.deployment.max_surge_percent is None
     args = {**SHARED, "models": [OLD, NEW]}
-    assert plan_service(ServiceConfig.from_args(args)).ingress.deployment.max_surge_percent is None
-    surged = plan_service(ServiceConfig.from_args({**args, "model_apps": True})).ingress.deployment
-    assert surged.options()["max_surge_percent"] == INGRESS_SURGE_PERCENT
+    for several in (args, {**args, "model_apps": True}):
+        surged = plan_service(ServiceConfig.from_args(several)).ingress.deployment
+        assert surged.options()["max_surge_percent"] == INGRESS_SURGE_PERCENT
 
 
 def test_model_apps_needs_models_and_a_models_application_one_model() -> None:

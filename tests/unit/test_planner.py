@@ -167,3 +167,26 @@ def test_two_models_on_one_neuron_node_hold_cores_of_their_own_that_must_fit_it_
     check_cluster_fits(plan, total={"CPU": 16.0, "neuron_cores": 4.0})
     with pytest.raises(ConfigError, match="needs 4 neuron_cores .* declares 3"):
         check_cluster_fits(plan, total={"CPU": 16.0, "neuron_cores": 3.0})
+
+
+def test_run_pins_each_deployment_to_its_own_slice_so_adding_a_model_leaves_the_others_towers_alone() -> None:
+    from ray.serve import Application
+
+    base = {"replicas": 1, "text_replicas": 0, "ingress_replicas": 1}
+    one = ServiceConfig.from_args({**base, "models": [{"name": "a", "model": "tiny-siglip"}]})
+    two = ServiceConfig.from_args({**base, "models": [{"name": "a", "model": "tiny-siglip"},
+                                                      {"name": "b", "model": "tiny-siglip2"}]})
+
+    def versions(config: ServiceConfig, live: dict[str, Any] | None = None) -> dict[str, str | None]:
+        ingress = app.build(config, plan_service(config), live=live, pin=True)._bound_deployment
+        towers = [bound._bound_deployment for model in ingress.init_args[0].values() for bound in model.values()
+                  if isinstance(bound, Application)]
+        return {deployment.name: deployment.version for deployment in (ingress, *towers)}
+
+    first, second = versions(one), versions(two)
+    assert set(first) == {"Ingress", "Encoder-a"} and set(second) == {"Ingress", "Encoder-a", "Encoder-b"}
+    assert second["Encoder-a"] == first["Encoder-a"] and second["Ingress"] != first["Ingress"]
+    # A live setting travels as the ingress's user_config: no version changes.
+    assert versions(one, live={"retry_after_s": 5}) == first
+    assert versions(one.model_copy(update={"batch_wait_timeout_s": 0.01})) != first  # a tower's own setting
+    assert app.build(one, plan_service(one))._bound_deployment.version is None  # not pinned: Serve's own

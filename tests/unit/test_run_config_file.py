@@ -54,9 +54,10 @@ def test_sighup_hands_on_a_live_change_and_refuses_one_that_needs_a_restart(
     assert reload.changed() is None and "no setting changed" in caplog.text
 
     path.write_text("model: tiny-siglip\nretry_after_s: 9\n")
-    live = reload.changed()
-    assert live is not None and live["retry_after_s"] == 9 and "retry_after_s 1 -> 9" in caplog.text
-    reload.applied(live)
+    change = reload.changed()
+    assert change is not None and change.live["retry_after_s"] == 9 and "retry_after_s 1 -> 9" in caplog.text
+    assert change.config is None  # the plan stays
+    reload.applied(change)
     assert reload.changed() is None
 
     path.write_text("model: tiny-siglip\nretry_after_s: 2\ndecode_threads: 2\nmax_images_per_request: 4\n")
@@ -65,6 +66,44 @@ def test_sighup_hands_on_a_live_change_and_refuses_one_that_needs_a_restart(
     path.write_text("model: tiny-siglip\nretry_after_s: 0\n")
     assert reload.changed() is None and "reload refused: invalid siglip-serve config" in caplog.text
     assert reload.in_force["retry_after_s"] == 9
+
+
+def test_sighup_changes_the_models_of_a_config_that_lists_them_checked_as_at_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With `models:`, the entries (and default_model) may change on SIGHUP: the new settings go through `run`'s
+    checks again, and a model that fails them refuses the whole reload; one model without `models:` cannot
+    become several, which is a restart."""
+    path = tmp_path / "config.yaml"
+    one = "models:\n  - {name: a, model: tiny-siglip, replicas: 1}\n"
+    two = one + "  - {name: b, model: tiny-siglip2, replicas: 1}\n"
+    path.write_text(one)
+    args = cli.build_parser().parse_args(["--config", str(path)])
+    checked: list[list[str]] = []
+
+    def check(config: ServiceConfig) -> ServiceConfig:
+        names = [entry["name"] for entry in config.models]
+        if "bad" in names:
+            raise ConfigError("model bad: no weights")
+        checked.append(names)
+        return config
+
+    reload = Reload(lambda: cli.service_config(args, {}), cli.service_config(args, {}), check)
+    caplog.set_level(logging.INFO, "siglip_serve")
+    path.write_text(two)
+    change = reload.changed()
+    assert change is not None and change.config is not None and checked == [["a", "b"]]
+    assert "reload: models a (default) -> a (default), b" in caplog.text
+    reload.applied(change)
+    assert reload.changed() is None  # in force now
+
+    path.write_text(two + "  - {name: bad, model: tiny-siglip, replicas: 1}\n")
+    assert reload.changed() is None and "reload refused: model bad: no weights; nothing changed" in caplog.text
+    path.write_text(two + "decode_threads: 2\n")
+    assert reload.changed() is None and "decode_threads cannot change without a restart" in caplog.text
+
+    single = Reload(lambda: ServiceConfig.from_args({"model": "tiny-siglip2"}),
+                    ServiceConfig.from_args({"model": "tiny-siglip"}), check)
+    assert single.changed() is None and "model cannot change without a restart" in caplog.text
 
 
 def test_without_a_file_sighup_touches_the_keys_file_only(tmp_path: Path) -> None:

@@ -110,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="any config field but api_key, as in the Serve YAML args (repeatable)")
     run.add_argument("--config", metavar="FILE",
                      help="a YAML mapping of config fields (the Serve YAML args:), under SIGLIP_<KEY> variables and "
-                          "every flag; read again on SIGHUP: a live setting changes in place, a change that needs a "
-                          "restart is refused, naming it (docs/guides/configuration.md)")
+                          "every flag; read again on SIGHUP: a live setting changes in place, models: entries are "
+                          "added or removed, a change that needs a restart is refused, naming it "
+                          "(docs/guides/configuration.md)")
     return run
 
 
@@ -275,33 +276,23 @@ def print_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own_session: bool = False) -> int:
-    """Checks that need the config, then the service; exits the process when it stops."""
-    config = service_config(args, os.environ)
-    from siglip_serve.launcher.reload import Reload
-
-    # What SIGHUP reads again: the settings as asked, before the checks below fill a default in.
-    reload = Reload((lambda: service_config(args, os.environ)) if args.config else None, config)
+def checked(config: ServiceConfig, args: argparse.Namespace, placeholder: Any = None) -> ServiceConfig:
+    """`config` checked for every model it serves before Ray starts (and again for changed models on SIGHUP): a
+    missing SDK/GPU/artifact or unreachable weights is one line now, not a replica's refusal later; the text
+    tower's default decided by looking for the tokenizer. Here, not in the app's builder: this Ray runs on this
+    machine, while a Serve YAML's builder runs on a head that may see none of the model's files (serve/app.py)."""
     from siglip_serve.core.backends import TEXT
-    from siglip_serve.launcher.runner import run_service
     from siglip_serve.models.backends.implementation import check_backend_available, check_tower
     from siglip_serve.serve.plan.model_checks import preflight_tokenizer, preflight_weights
     from siglip_serve.serve.plan.policy import policy_of
     from siglip_serve.serve.plan.served_models import served_models
 
-    # Before Ray starts, for every model served: a missing SDK/GPU/artifact or unreachable weights is one line
-    # now, not a replica's refusal later. Here, not in the app's builder: this Ray runs on this machine, while
-    # a Serve YAML's builder runs on a head that may see none of the model's files (serve/app.py).
     served = served_models(config)
     for model in served:
         env = None if args.address else {**os.environ, **model.config.env_vars}
         check_backend_available(model.config.model_settings(), env)
     if placeholder is not None:
         placeholder.set_stage("checking the model weights")
-    if config.tracing:
-        from siglip_serve.serve.shared.tracing import check_available
-
-        check_available()
     for model in served:
         preflight_weights(model.config)
     config = preflight_tokenizer(config)
@@ -310,6 +301,24 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
             # The replicas run on this machine (a Ray of our own) or were checked here by the user: refused
             # now, in one line, not as text replicas refusing after Ray started.
             check_tower(model.config.model_settings(), TEXT)
+    return config
+
+
+def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own_session: bool = False) -> int:
+    """Checks that need the config, then the service; exits the process when it stops."""
+    config = service_config(args, os.environ)
+    from siglip_serve.launcher.reload import Reload
+
+    # What SIGHUP reads again: the settings as asked, before the checks below fill a default in.
+    reload = Reload((lambda: service_config(args, os.environ)) if args.config else None, config,
+                    lambda asked: checked(asked, args))
+    from siglip_serve.launcher.runner import run_service
+
+    if config.tracing:
+        from siglip_serve.serve.shared.tracing import check_available
+
+        check_available()
+    config = checked(config, args, placeholder)
     if own_session:
         log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
                  os.getpid(), os.getpid())

@@ -14,10 +14,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from siglip_serve.core.constants import NEURON_CORES
+from siglip_serve.core.errors import UserError
 from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
 from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.preflight import RAY_HOST
@@ -28,7 +28,6 @@ from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.policy import policy_of
 
 if TYPE_CHECKING:
-    from ray.serve import Application
 
     from siglip_serve.serve.plan.cluster_fit import Growth
     from siglip_serve.serve.plan.service_plan import ServicePlan
@@ -104,21 +103,36 @@ def drain(app_name: str, timeout_s: float, poll_s: float = 0.25) -> bool:
         time.sleep(poll_s)
 
 
-def reconfigure(reload: Reload, app_of: Callable[[dict[str, Any]], Application], quiet: dict[str, Any]) -> None:
-    """SIGHUP: the settings read again; a change of live settings deployed as the ingress's user_config alone, under
-    the same version, so Serve reconfigures the running replicas (launcher/reload.py)."""
+def reconfigure(reload: Reload, deployed: tuple[ServiceConfig, ServicePlan], growth: Growth,
+                quiet: dict[str, Any]) -> tuple[ServiceConfig, ServicePlan]:
+    """SIGHUP: the settings read again (launcher/reload.py); the application run again with every deployment pinned
+    to its own slice of the plan (serve/app.py `pinned`): a change of live settings alone reconfigures the ingress
+    in place, a change of models plans again and starts and stops only the towers of the models that changed.
+    Returns the config and plan in force."""
     from ray import serve
 
-    live = reload.changed()
-    if live is None:
-        return
+    from siglip_serve.serve.app import build, plan_on_cluster
+
+    change = reload.changed()
+    if change is None:
+        return deployed
+    config, plan = deployed
     try:
-        serve.run(app_of(live), name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet)
+        if change.config is not None:
+            config = change.config
+            plan = plan_on_cluster(config, growth)
+        serve.run(build(config, plan, live=change.live, pin=True), name=APP_NAME, route_prefix="/",
+                  blocking=False, logging_config=quiet)
+    except UserError as exc:
+        log.error("reload refused: %s; the settings in force stay", exc)
+        return deployed
     except Exception as exc:  # broad on purpose: whatever Serve raised, the service serves on as it was
         log.error("reload failed: %s: %s; the settings in force stay", type(exc).__name__, exc)
-        return
-    reload.applied(live)
-    log.info("reload: live settings in force")
+        return deployed
+    reload.applied(change)
+    log.info("reload: %s in force", "the models and live settings" if change.config is not None else
+             "live settings")
+    return config, plan
 
 
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
@@ -155,7 +169,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     import ray
     from ray import serve
 
-    from siglip_serve.serve.app import build, plan_on_cluster, run_version
+    from siglip_serve.serve.app import build, plan_on_cluster
     from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
     from siglip_serve.serve.plan.placement import auto_device
     from siglip_serve.serve.plan.planner import plan_service
@@ -222,8 +236,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                 return 0
         else:
             check_cluster_fits(plan, growth)
-        version = run_version(config, plan)
-        app = build(config, plan, version=version)
+        app = build(config, plan, pin=True)
         quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
         # Serve's controller and proxy log every replica change and every client that goes away
         # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
@@ -250,7 +263,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         while not stop.wait(0.5):
             if hup.is_set():
                 hup.clear()
-                reconfigure(reload, lambda live: build(config, plan, live=live, version=version), quiet)
+                config, plan = reconfigure(reload, (config, plan), growth, quiet)
         drain(APP_NAME, config.drain_timeout_s)
         return 0
     finally:

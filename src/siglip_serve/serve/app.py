@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
+from pydantic import BaseModel
 from ray import serve
 from ray.serve import Application
 from ray.serve.exceptions import RayServeException
@@ -19,7 +20,7 @@ from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
 from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
-from siglip_serve.serve.plan.live_settings import LIVE_KEYS, live_settings
+from siglip_serve.serve.plan.live_settings import live_settings
 from siglip_serve.serve.plan.planner import plan_service
 from siglip_serve.serve.plan.policy import policy_of
 from siglip_serve.serve.plan.replica_slices import TowerRun
@@ -66,18 +67,18 @@ def _kept_image(model: ModelPlan) -> Application | None:
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = (),
-          live: dict[str, Any] | None = None, version: str | None = None) -> Application:
+          live: dict[str, Any] | None = None, pin: bool = False) -> Application:
     """The application of `plan` (serve/plan/planner.py): each model's towers' deployments and the ingress, serving
     the contract's routes and `routes`; under `model_apps` the ingress alone (each model's towers are
-    `build_model_app`'s). `live`: the ingress's user_config (default: `config`'s live settings); `version`: every
-    deployment's, for `serve.run` (`pinned`)."""
+    `build_model_app`'s). `live`: the ingress's user_config (default: `config`'s live settings); `pin`: each
+    deployment's version set from the slice it is bound with, for `serve.run` (`pinned`)."""
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
         image_size, embed_dim = model_geometry(model.model)
         infos[model.name] = ModelInfo(model.name, embed_dim, image_size, model.front.weights)
         if not config.model_apps:
-            towers[model.name] = {tower: pinned(bound, version) for tower, bound in _towers(model).items()}
+            towers[model.name] = {tower: pinned(bound, pin) for tower, bound in _towers(model).items()}
         image = model.image
         log.info("model %s: %s on %s, %s encoder replica(s)%s%s, buckets %s, %d text replica(s)", model.name,
                  model.model, model.backend,
@@ -93,27 +94,39 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     # changes them in place (serve/plan/live_settings.py); the args stay the start's.
     ingress = serve.deployment(IngressDeployment, **front.deployment.options(),
                                user_config=live_settings(config) if live is None else live)
-    return pinned(ingress.bind(towers, plan, infos, (*ROUTES, *routes)), version)
+    return pinned(ingress.bind(towers, plan, infos, (*ROUTES, *routes)), pin)
 
 
-def pinned(app: Application, version: str | None) -> Application:
-    """`app` with its deployment's version set (None: as it is). `serve.run` gives a deployment without one a random
-    code version each time (ray/serve/_private/client.py ServeControllerClient.deploy_applications), which
-    restarts its replicas (ray/serve/_private/version.py DeploymentVersion.requires_actor_restart); with the same
-    one, a change of user_config alone reconfigures them in place. Serve's declarative path (a Serve config) sets
-    its own, from the args (ray/serve/_private/application_state.py)."""
-    if version is None:
+def pinned(app: Application, pin: bool) -> Application:
+    """`app`, with `pin` its deployment's version set to a hash of the slice of the plan it is bound with
+    (`slice_version`). `serve.run` gives a deployment without one a random code version each time
+    (ray/serve/_private/client.py ServeControllerClient.deploy_applications), which restarts its replicas
+    (ray/serve/_private/version.py DeploymentVersion.requires_actor_restart). Pinned, a deployment whose slice is
+    unchanged keeps its replicas when the application is run again: a change of the ingress's user_config alone
+    reconfigures it in place, and a model added or removed leaves every other model's towers running. Serve's
+    declarative path (a Serve config) sets its own, from the args (ray/serve/_private/application_state.py)."""
+    if not pin:
         return app
+    version = slice_version(app._bound_deployment.init_args)
     app._bound_deployment = app._bound_deployment.options(version=version, _internal=True)
     return app
 
 
-def run_version(config: ServiceConfig, plan: ServicePlan) -> str:
-    """The version `siglip-serve run` pins its deployments to: a hash of what they are built from but the live
-    settings, as Serve's code version of a Serve config hashes its args."""
-    built = (config.model_dump_json(exclude=set(LIVE_KEYS))
-             + plan.model_dump_json(exclude={"ingress": {"front": {"live"}}}))
-    return hashlib.sha256(built.encode()).hexdigest()[:16]
+def slice_version(init_args: Sequence[Any]) -> str:
+    """A hash of what a deployment is bound with: its parts of the plan (the ingress's live settings left out:
+    they travel as its user_config), the models' geometry and the routes' paths; not the other deployments'
+    handles, so a model's towers keep their version while the models beside them change."""
+    parts: list[str] = []
+    for arg in init_args:
+        if isinstance(arg, ServicePlan):
+            parts.append(arg.model_dump_json(exclude={"ingress": {"front": {"live"}}}))
+        elif isinstance(arg, BaseModel):
+            parts.append(arg.model_dump_json())
+        elif isinstance(arg, Mapping) and all(isinstance(info, ModelInfo) for info in arg.values()):
+            parts.append(repr(sorted(arg.items())))
+        elif isinstance(arg, tuple):  # the routes
+            parts.append(repr([getattr(route, "path", route) for route in arg]))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def text_by_shape(config: ServiceConfig) -> ServiceConfig:

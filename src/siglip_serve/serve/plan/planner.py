@@ -168,10 +168,11 @@ def _tower(config: ServiceConfig, rules: Policy, asks: Plan, tower: str, model: 
                      torch_threads=threads, visible_devices_env=visible_devices_env(asks, ask))
 
 
-# Under `model_apps` adding or removing a model changes the front application's args, and so restarts every
-# ingress replica (ray/serve/_private/version.py DeploymentVersion.requires_actor_restart). With a surge Serve
-# starts each replacement before it stops the replica it replaces (ray/serve/_private/deployment_state.py
-# _surge_replicas_to_start), so a single ingress replica is never gone while the towers stay.
+# Under `model_apps` adding or removing a model changes the front application's args (under `run`, the ingress's
+# slice), and so restarts every ingress replica (ray/serve/_private/version.py
+# DeploymentVersion.requires_actor_restart). With a surge Serve starts each replacement before it stops the replica
+# it replaces (ray/serve/_private/deployment_state.py _surge_replicas_to_start), so a single ingress replica is never
+# gone while the towers stay.
 INGRESS_SURGE_PERCENT = 100
 
 
@@ -264,4 +265,6 @@ def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = 
     # The ingress serves every model: its share of all their image replicas' calls, sized as the default
     # model's (whose config holds the service's own settings, as every model's does).
     replicas = sum(model.image.replicas for model in models)
-    return ServicePlan(models=models, ingress=_ingress(served[0].config, replicas, config.model_apps))
+    # Where the models can change without a restart (`model_apps`, or `run`'s reload of `models:`), the ingress,
+    # bound with every model's part, is replaced each time: with a surge.
+    return ServicePlan(models=models, ingress=_ingress(served[0].config, replicas, config.model_apps or several))

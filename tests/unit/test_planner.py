@@ -122,7 +122,7 @@ def test_several_models_each_get_deployments_of_their_own_and_the_default_comes_
     assert [(m.name, m.model, m.image.replicas) for m in plan.models] == [("new", "tiny-siglip2", 2),
                                                                          ("old", "tiny-siglip", 1)]
     assert [t.deployment.name for t in plan.towers()] == ["Encoder-new", "Encoder-old", "TextEncoder-old"]
-    assert {t.model for t in plan.named("old").towers.values()} == {"old"}  # what its replicas publish
+    assert {t.served_as for t in plan.named("old").towers.values()} == {"old"}  # what its replicas publish
     assert plan.needs()["CPU"] == 3 * 1.0 + 0.5 + 0.5  # every model's replicas beside the one ingress
 
 

@@ -50,7 +50,7 @@ class TowerLink:
         """Whether a replica's record is this tower's, of this model (a record naming no model: any); a kept
         link's, only its own deployment's."""
         return (registry.record_tower(record) == self.tower
-                and record.get(registry.SERVED_AS, self.plan.model) == self.plan.model
+                and record.get(registry.SERVED_AS, self.plan.served_as) == self.plan.served_as
                 and (not self.kept or record.get(registry.DEPLOYMENT) == self.plan.deployment.name))
 
     def observe(self, records: list[dict[str, Any]]) -> bool:

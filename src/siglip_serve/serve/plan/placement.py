@@ -31,9 +31,9 @@ class Plan:
     text: ReplicaAsk
 
     @property
-    def device(self) -> str | None:
+    def device_resource(self) -> str | None:
         """The device resource an image replica holds: what `replicas: auto` and a bulk job count."""
-        return self.image.device
+        return self.image.device_resource
 
     @property
     def host_cores(self) -> bool:
@@ -42,10 +42,11 @@ class Plan:
 
     def image_replicas_on(self, have: float, text_replicas: int = 0) -> int:
         """Image replicas that `have` of the image replica's device holds beside `text_replicas`."""
-        if self.device is None:
+        device = self.device_resource
+        if device is None:
             return 0
-        left = have - text_replicas * self.text.devices.get(self.device, 0)
-        return int((left + 1e-9) // self.image.devices[self.device])
+        left = have - text_replicas * self.text.devices.get(device, 0)
+        return int((left + 1e-9) // self.image.devices[device])
 
     def pin(self, index: int) -> dict[str, str]:
         """The environment of a process started by hand as worker `index` (the multi-core bench): its
@@ -68,4 +69,4 @@ def plan(config: ServiceConfig | ModelSettings) -> Plan:
 def auto_device(config: ServiceConfig) -> str | None:
     """The device resource `replicas: auto` counts in the Ray cluster (what each image replica holds), or None
     where the count is named or counts the host's cores: only such a plan needs the cluster's resources."""
-    return plan(config).device if policy_of(config).replica_setting == "auto" else None
+    return plan(config).device_resource if policy_of(config).replica_setting == "auto" else None

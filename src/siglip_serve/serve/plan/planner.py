@@ -98,7 +98,7 @@ def image_replicas(config: ServiceConfig, asks: Plan, resources: Mapping[str, fl
     setting = rules.replica_setting
     if setting != "auto":
         return setting
-    device = asks.device
+    device = asks.device_resource
     if device is None and not rules.model_on_host_cores:
         raise ConfigError(f"replicas: auto counts the device each image replica holds (or cores on cpu); on "
                           f"{config.backend} replicas hold none: set neuron_cores_per_replica: 1, or name a count")
@@ -163,9 +163,10 @@ def _tower(config: ServiceConfig, rules: Policy, asks: Plan, tower: str, model: 
         # (graceful_shutdown_wait_loop_s, default 2 s) up to this timeout, then kills it.
         graceful_shutdown_timeout_s=max(5.0, config.request_timeout_s),
     )
-    return TowerPlan(tower=tower, model=model, deployment=deployment, ask=ask, replicas=replicas, min_replicas=fewest,
-                     min_ready=min(config.min_ready_replicas, replicas, fewest), largest_bucket=largest_bucket,
-                     torch_threads=threads, visible_devices_env=visible_devices_env(asks, ask))
+    return TowerPlan(tower=tower, served_as=model, deployment=deployment, ask=ask, replicas=replicas,
+                     min_replicas=fewest, min_ready=min(config.min_ready_replicas, replicas, fewest),
+                     largest_bucket=largest_bucket, torch_threads=threads,
+                     visible_devices_env=visible_devices_env(asks, ask))
 
 
 # Under `model_apps` adding or removing a model changes the front application's args (under `run`, the ingress's

@@ -48,7 +48,7 @@ class ReplicaAsk(PlanRecord):
     devices: dict[str, float] = Field(default_factory=dict)
 
     @property
-    def device(self) -> str | None:
+    def device_resource(self) -> str | None:
         """The device resource it holds (what `replicas: auto` counts), or None on CPUs alone."""
         return next(iter(self.devices), None)
 
@@ -85,7 +85,7 @@ class TowerPlan(PlanRecord):
     """One tower's deployment (image or text) and what its replicas and the ingress's link read."""
 
     tower: str
-    model: str  # the served model's name (what requests' `model` names), which its replicas publish
+    served_as: str  # the served model's name (what requests' `model` names), which its replicas publish
     deployment: DeploymentPlan
     ask: ReplicaAsk
     replicas: int  # the most it runs (autoscaled: max_replicas): what the ingress admits and coalesces for

@@ -35,9 +35,9 @@ class ImageReplica(TowerReplica):
         from siglip_serve.models.encoder import EncoderInputError
 
         self._input_error = EncoderInputError
-        super().__init__(run, tower, TowerMetrics(plan.model, tower="image"), start)
+        super().__init__(run, tower, TowerMetrics(plan.served_as, tower="image"), start)
         # The devices Ray gave it, by the variable that names them (e.g. neuron_rt_visible_cores).
-        held: dict[str, str | None] = {registry.SERVED_AS: plan.model, registry.DEPLOYMENT: plan.deployment.name}
+        held: dict[str, str | None] = {registry.SERVED_AS: plan.served_as, registry.DEPLOYMENT: plan.deployment.name}
         held.update({name.lower(): os.environ.get(name) for name in plan.visible_devices_env})
         if VISIBLE_CORES_ENV in plan.visible_devices_env or LNC_ENV in os.environ:
             held["neuron_logical_nc_config"] = os.environ.get(LNC_ENV)

@@ -25,8 +25,8 @@ class TextReplica(TowerReplica):
 
     def __init__(self, run: TowerRun, plan: TowerPlan) -> None:
         tower, start = build_tower(run, plan, "text")
-        super().__init__(run, tower, TowerMetrics(plan.model, tower="text"), start)
-        self.publish({registry.SERVED_AS: plan.model})
+        super().__init__(run, tower, TowerMetrics(plan.served_as, tower="text"), start)
+        self.publish({registry.SERVED_AS: plan.served_as})
         log.info("text encoder replica ready: %s", self.info)
 
     def encode_chunks(self, chunks: list[Any]) -> list[Any]:

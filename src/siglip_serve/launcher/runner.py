@@ -28,7 +28,6 @@ from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.policy import policy_of
 
 if TYPE_CHECKING:
-
     from siglip_serve.serve.plan.cluster_fit import Growth
     from siglip_serve.serve.plan.service_plan import ServicePlan
 

@@ -98,8 +98,12 @@ def test_api_key_comes_from_args_then_file_then_environment(tmp_path) -> None:
 
 
 def test_decode_limits_reach_the_image_limits() -> None:
+    from siglip_serve.serve.plan.planner import image_limits, plan_service
+
     config = ServiceConfig.from_args({"max_image_side": 4096, "max_image_pixels": 1000})
-    assert config.image_limits.max_side == 4096 and config.image_limits.max_pixels == 1000
+    limits = image_limits(config)
+    assert limits.max_side == 4096 and limits.max_pixels == 1000 and limits.max_bytes == config.max_body_bytes
+    assert plan_service(config.model_copy(update={"replicas": 1})).model.front.image_limits == limits
     assert config.max_request_pixels == 160_000_000 and config.min_ready_replicas == 1
 
 

@@ -34,6 +34,7 @@ from siglip_serve.models.preprocess import PREPROCESS_VERSION
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.plan import placement
 from siglip_serve.serve.plan.config import ServiceConfig
+from siglip_serve.serve.plan.planner import image_limits
 
 log = logging.getLogger("siglip_serve.bulk")
 
@@ -226,7 +227,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
         peak = config.max_image_pixels * 8 + ROWS_PER_BLOCK * 3 * size[0] * size[1]
         ds = ds.map_batches(decode_batch, batch_format="numpy", batch_size=ROWS_PER_BLOCK, num_cpus=1, memory=peak,
                             compute=ray.data.TaskPoolStrategy(size=plan.decode_workers),
-                            fn_kwargs={"size": size, "limits": config.image_limits,
+                            fn_kwargs={"size": size, "limits": image_limits(config),
                                        "fast_jpeg": config.fast_jpeg_decode, "urls": config.url_fetch,
                                        "record": record, "embed_dim": embed_dim, "model": model})
         actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor

@@ -52,7 +52,14 @@ class Reload:
         self._read = read
         self._check = check
         self.asked = asked
-        self.in_force = live_settings(asked)
+        self._in_force: dict[str, Any] | None = None
+
+    @property
+    def in_force(self) -> dict[str, Any]:
+        """The live settings in force: the start's, until a reload puts others in force."""
+        if self._in_force is None:
+            self._in_force = live_settings(self.asked)
+        return self._in_force
 
     def changed(self) -> Change | None:
         """What to put in force, or None where nothing is to change: the settings unchanged, unreadable or
@@ -92,7 +99,7 @@ class Reload:
         return Change(live, new, checked)
 
     def applied(self, change: Change) -> None:
-        self.in_force, self.asked = change.live, change.asked
+        self._in_force, self.asked = change.live, change.asked
         logging.getLogger("siglip_serve").setLevel(change.live["log_level"])
 
     def _touch_keys_file(self) -> None:

@@ -20,7 +20,6 @@ from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
 from siglip_serve.serve.plan.cluster_fit import Growth, check_cluster_fits, cluster_growth, planning_resources
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
-from siglip_serve.serve.plan.live_settings import live_settings
 from siglip_serve.serve.plan.planner import plan_service
 from siglip_serve.serve.plan.policy import policy_of
 from siglip_serve.serve.plan.replica_slices import TowerRun
@@ -70,8 +69,8 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
           live: dict[str, Any] | None = None, pin: bool = False) -> Application:
     """The application of `plan` (serve/plan/planner.py): each model's towers' deployments and the ingress, serving
     the contract's routes and `routes`; under `model_apps` the ingress alone (each model's towers are
-    `build_model_app`'s). `live`: the ingress's user_config (default: `config`'s live settings); `pin`: each
-    deployment's version set from the slice it is bound with, for `serve.run` (`pinned`)."""
+    `build_model_app`'s). `live`: the ingress's user_config (default: the plan's live settings, the config's);
+    `pin`: each deployment's version set from the slice it is bound with, for `serve.run` (`pinned`)."""
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
@@ -93,7 +92,7 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     # The live settings travel as the ingress's user_config too, so a Serve config's `deployments:` entry for it
     # changes them in place (serve/plan/live_settings.py); the args stay the start's.
     ingress = serve.deployment(IngressDeployment, **front.deployment.options(),
-                               user_config=live_settings(config) if live is None else live)
+                               user_config=front.front.live.model_dump(mode="json") if live is None else live)
     return pinned(ingress.bind(towers, plan, infos, (*ROUTES, *routes)), pin)
 
 

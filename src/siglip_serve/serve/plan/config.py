@@ -211,11 +211,6 @@ class ServiceConfig(LiveSettings, FrontDoorKey, Observability, ModelSettings):
         return self
 
     @property
-    def image_limits(self) -> ImageLimits:
-        return ImageLimits(max_bytes=self.max_body_bytes, max_pixels=self.max_image_pixels,
-                           max_side=self.max_image_side)
-
-    @property
     def url_fetch(self) -> FetchSettings:
         """What serve/ingress/url_fetch.py's UrlFetcher takes: the allowlist, the image byte limit, the bounds."""
         return self.fetch_settings(self.max_body_bytes)

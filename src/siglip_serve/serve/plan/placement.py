@@ -69,4 +69,5 @@ def plan(config: ServiceConfig | ModelSettings) -> Plan:
 def auto_device(config: ServiceConfig) -> str | None:
     """The device resource `replicas: auto` counts in the Ray cluster (what each image replica holds), or None
     where the count is named or counts the host's cores: only such a plan needs the cluster's resources."""
-    return plan(config).device_resource if policy_of(config).replica_setting == "auto" else None
+    device = plan(config).device_resource
+    return device if policy_of(config).replica_setting == "auto" else None

@@ -18,11 +18,12 @@ from typing import Any
 from siglip_serve.core.backends import backend_record, extra_backends_env
 from siglip_serve.core.constants import NEURON_CORES, VISIBLE_CORES_ENV
 from siglip_serve.core.front_door import FrontDoorLimits
+from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan import cpu_plan
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.ingress_scaling import policy
-from siglip_serve.serve.plan.live_settings import LiveSettings, live_settings
+from siglip_serve.serve.plan.live_settings import LIVE_KEYS, LiveSettings
 from siglip_serve.serve.plan.placement import Plan, declare_hint, plan
 from siglip_serve.serve.plan.policy import Policy, policy_of
 from siglip_serve.serve.plan.replica_slices import FrontSettings, ModelFront, TowerRun
@@ -226,9 +227,15 @@ def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: s
                      front=_model_front(config, rules, settings))
 
 
+def image_limits(config: ServiceConfig) -> ImageLimits:
+    """What one image may be, checked from its header before it is decoded (models/preprocess.py)."""
+    return ImageLimits(max_bytes=config.max_body_bytes, max_pixels=config.max_image_pixels,
+                       max_side=config.max_image_side)
+
+
 def _model_front(config: ServiceConfig, rules: Policy, settings: ModelSettings) -> ModelFront:
     return ModelFront(
-        weights=settings.weights_source, buckets=tuple(settings.buckets), image_limits=config.image_limits,
+        weights=settings.weights_source, buckets=tuple(settings.buckets), image_limits=image_limits(config),
         max_request_pixels=config.max_request_pixels, max_images_per_request=config.max_images_per_request,
         max_texts_per_request=config.max_texts_per_request, max_text_chars=config.max_text_chars,
         allow_dimension_truncation=config.allow_dimension_truncation, fast_jpeg_decode=config.fast_jpeg_decode,
@@ -239,7 +246,8 @@ def _model_front(config: ServiceConfig, rules: Policy, settings: ModelSettings) 
 
 def front_settings(config: ServiceConfig) -> FrontSettings:
     """What every ingress replica holds once for every model (serve/plan/replica_slices.py)."""
-    return FrontSettings(live=LiveSettings.model_validate(live_settings(config)), max_body_bytes=config.max_body_bytes,
+    live = LiveSettings.model_validate(config.model_dump(include=set(LIVE_KEYS)))
+    return FrontSettings(live=live, max_body_bytes=config.max_body_bytes,
                          api_key=config.api_key, api_key_file=config.api_key_file, needs_keys=config.needs_keys,
                          tracing=config.tracing, access_log=config.access_log)
 

@@ -5,10 +5,12 @@ subprocess on loopback, with a Ray of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -47,54 +49,76 @@ def post(url: str, key: str, jpeg: bytes) -> httpx.Response:
                       headers={"Content-Type": "image/jpeg", "Authorization": f"Bearer {key}"})
 
 
+class Service:
+    """`siglip-serve run --config FILE` as a subprocess on loopback, its output gathered line by line."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([str(BIN / "siglip-serve"), "run", "--config", str(config), "--port", str(port),
+                                      "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout or ()), daemon=True)
+        self.reader.start()
+
+    def tail(self) -> str:
+        return "".join(self.lines)[-3000:]
+
+    def reload(self, text: str, says: str, timeout_s: float = 60) -> None:
+        """`text` written to the config file, SIGHUP sent as ExecReload=/bin/kill -HUP $MAINPID does, and the log
+        line `says` awaited."""
+        self.config.write_text(text)
+        seen = len(self.lines)
+        self.proc.send_signal(signal.SIGHUP)
+        _, logged, _ = poll(lambda: "".join(self.lines[seen:]), lambda out: says in out, timeout_s, interval_s=0.2)
+        assert logged, self.tail()
+
+
+@contextlib.contextmanager
+def running(config: Path) -> Iterator[Service]:
+    """The service of `config`, ready; stopped by SIGTERM (exit 0 asserted) when the block ends without error,
+    killed when it fails."""
+    service = Service(config)
+    try:
+        wait_until_ready(service.url + "/readyz", START_TIMEOUT_S, service.proc, service.tail)
+        yield service
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.proc.wait(timeout=240) == 0, service.tail()
+    finally:
+        if service.proc.poll() is None:
+            service.proc.kill()
+        service.reader.join(timeout=10)
+
+
 def test_sighup_puts_a_changed_limit_and_keys_file_in_force_and_refuses_a_restart(
         tmp_path: Path, photo_jpegs: list[bytes]) -> None:
     first, second = keys_file(tmp_path / "first.toml", OLD_KEY), keys_file(tmp_path / "second.toml", OLD_KEY, NEW_KEY)
     config = tmp_path / "config.yaml"
     config.write_text(BASE + f"api_keys_file: {first}\n")
-    port = free_port()
-    proc = subprocess.Popen([str(BIN / "siglip-serve"), "run", "--config", str(config), "--port", str(port),
-                             "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
-    reader.start()
-    url = f"http://127.0.0.1:{port}"
     jpeg = photo_jpegs[0]
-
-    def reload(text: str, says: str) -> None:
-        config.write_text(BASE + text)
-        seen = len(lines)
-        proc.send_signal(signal.SIGHUP)  # ExecReload=/bin/kill -HUP $MAINPID
-        _, logged, _ = poll(lambda: "".join(lines[seen:]), lambda out: says in out, 60, interval_s=0.2)
-        assert logged, "".join(lines)[-3000:]
-
-    try:
-        wait_until_ready(url + "/readyz", START_TIMEOUT_S, proc, lambda: "".join(lines)[-3000:])
+    with running(config) as service:
+        url, proc = service.url, service.proc
         assert post(url, OLD_KEY, jpeg).status_code == 200 and post(url, NEW_KEY, jpeg).status_code == 401
         _, both, _ = poll(lambda: replica_processes(proc), lambda found: len(found) == 2, 60, interval_s=0.5)
         assert both, replica_processes(proc)
         before = replica_processes(proc)
 
         # A deadline no request meets: 504 naming it, the documented refusal, from the new keys file's key.
-        reload(f"api_keys_file: {second}\nrequest_timeout_s: 0.001\n", "reload: live settings in force")
+        service.reload(BASE + f"api_keys_file: {second}\nrequest_timeout_s: 0.001\n", "reload: live settings in force")
         answer, done, _ = poll(lambda: post(url, NEW_KEY, jpeg), lambda a: a.status_code == 504, 60, interval_s=0.3)
         assert done and "0.001 s" in answer.json()["error"]["message"], answer.text
 
-        reload(f"api_keys_file: {second}\nrequest_timeout_s: 0.001\ndecode_threads: 2\n",
-               "decode_threads cannot change without a restart")
+        service.reload(BASE + f"api_keys_file: {second}\nrequest_timeout_s: 0.001\ndecode_threads: 2\n",
+                       "decode_threads cannot change without a restart")
         assert post(url, NEW_KEY, jpeg).status_code == 504
 
-        reload(f"api_keys_file: {second}\n", "reload: live settings in force")  # the default deadline again
+        # The default deadline again.
+        service.reload(BASE + f"api_keys_file: {second}\n", "reload: live settings in force")
         _, back, _ = poll(lambda: post(url, NEW_KEY, jpeg).status_code, lambda code: code == 200, 60, interval_s=0.3)
         assert back
         assert replica_processes(proc) == before  # no replica restarted
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=240) == 0, "".join(lines)[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        reader.join(timeout=10)
 
 
 MODELS = "text_replicas: 0\ningress_replicas: 1\ntorch_threads: 1\nencoder_num_cpus: 0.25\nmodels:\n"
@@ -109,55 +133,31 @@ def test_sighup_removes_and_adds_a_model_and_the_other_models_replicas_run_on(
     deployment pinned to its own slice of the plan: serve/app.py `pinned`)."""
     config = tmp_path / "config.yaml"
     config.write_text(MODELS + MODEL_A + MODEL_B)
-    port = free_port()
-    proc = subprocess.Popen([str(BIN / "siglip-serve"), "run", "--config", str(config), "--port", str(port),
-                             "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
-    reader.start()
-    url = f"http://127.0.0.1:{port}"
+    with running(config) as service:
+        def post_to(model: str) -> int:
+            return httpx.post(service.url + "/v1/embeddings/image", params={"model": model}, content=photo_jpegs[0],
+                              headers={"Content-Type": "image/jpeg"}, timeout=60).status_code
 
-    def post_to(model: str) -> int:
-        return httpx.post(url + "/v1/embeddings/image", params={"model": model}, content=photo_jpegs[0],
-                          headers={"Content-Type": "image/jpeg"}, timeout=60).status_code
+        def encoders() -> dict[str, set[int]]:
+            found: dict[str, set[int]] = {}
+            for pid, deployment in replica_processes(service.proc):
+                found.setdefault(deployment.rsplit(":", 1)[-1], set()).add(pid)
+            return found
 
-    def encoders() -> dict[str, set[int]]:
-        found: dict[str, set[int]] = {}
-        for pid, deployment in replica_processes(proc):
-            found.setdefault(deployment.rsplit(":", 1)[-1], set()).add(pid)
-        return found
-
-    def reload(text: str) -> None:
-        config.write_text(text)
-        seen = len(lines)
-        proc.send_signal(signal.SIGHUP)
-        _, logged, _ = poll(lambda: "".join(lines[seen:]), lambda out: "reload: the models" in out, 90,
-                            interval_s=0.2)
-        assert logged, "".join(lines)[-3000:]
-
-    try:
-        wait_until_ready(url + "/readyz", START_TIMEOUT_S, proc, lambda: "".join(lines)[-3000:])
         _, both, _ = poll(lambda: post_to("b"), lambda code: code == 200, 60, interval_s=0.5)
         assert both and post_to("a") == 200
         _, found, _ = poll(encoders, lambda e: {"Encoder-a", "Encoder-b"} <= set(e), 60, interval_s=0.5)
         assert found, encoders()
         kept = encoders()["Encoder-a"]
 
-        reload(MODELS + MODEL_A)
+        service.reload(MODELS + MODEL_A, "reload: the models", 90)
         _, gone, _ = poll(lambda: post_to("b"), lambda code: code == 404, 90, interval_s=0.5)
-        assert gone, "".join(lines)[-3000:]
+        assert gone, service.tail()
         _, stopped, _ = poll(encoders, lambda e: "Encoder-b" not in e, 90, interval_s=0.5)
         assert stopped, encoders()
         assert post_to("a") == 200 and encoders()["Encoder-a"] == kept
 
-        reload(MODELS + MODEL_A + MODEL_B)
+        service.reload(MODELS + MODEL_A + MODEL_B, "reload: the models", 90)
         _, back, _ = poll(lambda: post_to("b"), lambda code: code == 200, 120, interval_s=0.5)
-        assert back, "".join(lines)[-3000:]
+        assert back, service.tail()
         assert post_to("a") == 200 and encoders()["Encoder-a"] == kept
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=240) == 0, "".join(lines)[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        reader.join(timeout=10)

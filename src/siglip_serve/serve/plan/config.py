@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from siglip_serve.core.backends import backend_record
 from siglip_serve.core.constants import API_KEY_ENV as API_KEY_ENV
@@ -15,25 +15,9 @@ from siglip_serve.models.preprocess import ImageLimits
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.live_settings import FetchSettings as FetchSettings
 from siglip_serve.serve.plan.live_settings import LiveSettings, MiB, keys_problem
-from siglip_serve.serve.plan.replica_slices import resolve_api_key
+from siglip_serve.serve.plan.replica_slices import FrontDoorKey
 from siglip_serve.serve.plan.scaling import Autoscaling as Autoscaling
 from siglip_serve.serve.plan.scaling import IngressAutoscaling as IngressAutoscaling
-
-
-class FrontDoorKey(BaseModel):
-    """The one API key of a service without tenants (`api_keys_file`, a live setting, holds several)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # A key in args shows in the Serve config; `siglip-serve run` refuses it on its command line.
-    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in the Serve "
-                                                        f"config: prefer api_key_file or the {API_KEY_ENV} "
-                                                        "environment variable; not on run's command line)")
-    api_key_file: str | None = Field(None, description="require the key on this file's first line")
-
-    @property
-    def single_key(self) -> bool:
-        return self.api_key is not None or self.api_key_file is not None
 
 
 class Observability(BaseModel):
@@ -221,8 +205,8 @@ class ServiceConfig(LiveSettings, FrontDoorKey, Observability, ModelSettings):
         return tuple(kept for kept in ("interactive_ingress", "interactive_encoder") if getattr(self, kept))
 
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
-        """The key clients must send (serve/plan/replica_slices.py resolve_api_key)."""
-        return resolve_api_key(self.api_key, self.api_key_file, self.api_keys_file, environ)
+        """The key clients must send (serve/plan/replica_slices.py FrontDoorKey.key_to_send)."""
+        return self.key_to_send(self.api_keys_file, environ)
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> ServiceConfig:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from siglip_serve.core.cli import LogLevel
 from siglip_serve.core.constants import API_KEY_ENV
@@ -60,14 +60,47 @@ class ModelFront(PlanRecord):
     tower_calls_by_grpc: bool
 
 
-class FrontSettings(PlanRecord):
+class FrontDoorKey(BaseModel):
+    """The one API key of a service without tenants (`api_keys_file`, a live setting, holds several): fields of the
+    config (serve/plan/config.py ServiceConfig) and of the ingress's FrontSettings alike."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # A key in args shows in the Serve config; `siglip-serve run` refuses it on its command line.
+    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY (shows in the Serve "
+                                                        f"config: prefer api_key_file or the {API_KEY_ENV} "
+                                                        "environment variable; not on run's command line)")
+    api_key_file: str | None = Field(None, description="require the key on this file's first line")
+
+    @property
+    def single_key(self) -> bool:
+        return self.api_key is not None or self.api_key_file is not None
+
+    def key_to_send(self, api_keys_file: str | None, environ: Mapping[str, str]) -> str | None:
+        """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY (none
+        with `api_keys_file`: serve/shared/tenants.py has the keys)."""
+        if api_keys_file is not None:
+            return None
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            try:
+                with open(self.api_key_file, encoding="utf-8") as handle:
+                    key = handle.readline().strip()
+            except OSError as exc:
+                raise ConfigError(f"api_key_file: cannot read {self.api_key_file}: {exc.strerror}") from None
+            if not key:
+                raise ConfigError(f"api_key_file: {self.api_key_file} is empty")
+            return key
+        return environ.get(API_KEY_ENV) or None
+
+
+class FrontSettings(FrontDoorKey, PlanRecord):
     """What an ingress replica holds once for every model: the live settings as the application's args give them,
     and what its front door reads beside them."""
 
     live: LiveSettings
     max_body_bytes: int
-    api_key: SecretStr | None = None
-    api_key_file: str | None = None
     needs_keys: tuple[str, ...] = ()  # the settings set that need api_keys_file (ServiceConfig.needs_keys)
     tracing: bool = False
     access_log: bool = False  # a line per request naming its tenant and lane, beside Serve's own
@@ -79,29 +112,8 @@ class FrontSettings(PlanRecord):
     def with_live(self, user_config: Any) -> FrontSettings:
         """These settings with a deployment's user_config over the live ones (serve/plan/live_settings.py
         apply_live): ConfigError naming every key that is not live or not valid."""
-        live = apply_live(self.live, user_config, self.api_key is not None or self.api_key_file is not None,
-                          self.needs_keys)
+        live = apply_live(self.live, user_config, self.single_key, self.needs_keys)
         return self if live is self.live else self.model_copy(update={"live": live})
 
     def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
-        return resolve_api_key(self.api_key, self.api_key_file, self.live.api_keys_file, environ)
-
-
-def resolve_api_key(api_key: SecretStr | None, api_key_file: str | None, api_keys_file: str | None,
-                    environ: Mapping[str, str]) -> str | None:
-    """The key clients must send: `api_key`, else the first line of `api_key_file`, else $SIGLIP_API_KEY (none
-    with `api_keys_file`: serve/shared/tenants.py has the keys)."""
-    if api_keys_file is not None:
-        return None
-    if api_key is not None:
-        return api_key.get_secret_value()
-    if api_key_file is not None:
-        try:
-            with open(api_key_file, encoding="utf-8") as handle:
-                key = handle.readline().strip()
-        except OSError as exc:
-            raise ConfigError(f"api_key_file: cannot read {api_key_file}: {exc.strerror}") from None
-        if not key:
-            raise ConfigError(f"api_key_file: {api_key_file} is empty")
-        return key
-    return environ.get(API_KEY_ENV) or None
+        return self.key_to_send(self.live.api_keys_file, environ)

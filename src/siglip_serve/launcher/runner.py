@@ -134,6 +134,16 @@ def reconfigure(reload: Reload, deployed: tuple[ServiceConfig, ServicePlan], gro
     return config, plan
 
 
+def serve_logging(config: ServiceConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Serve's `logging_config` of the application's replicas, and of its controller and proxy. Serve's access log
+    (a line per request in every replica) is on only where `access_log` asks for it."""
+    replicas = {"enable_access_log": config.access_log, "log_level": config.log_level}
+    # Serve's controller and proxy log every replica change and every client that goes away
+    # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
+    system_level = "WARNING" if config.log_level == "INFO" and not config.access_log else config.log_level
+    return replicas, {**replicas, "log_level": system_level}
+
+
 def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
                 address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
                 placeholder: Placeholder | None = None, timeline: Timeline | None = None,
@@ -236,16 +246,13 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         else:
             check_cluster_fits(plan, growth)
         app = build(config, plan, pin=True)
-        quiet = {"enable_access_log": config.access_log, "log_level": config.log_level}
-        # Serve's controller and proxy log every replica change and every client that goes away
-        # at INFO; our progress lines say what matters, so they speak at WARNING unless asked.
-        system_level = "WARNING" if config.log_level == "INFO" and not config.access_log else config.log_level
+        quiet, system = serve_logging(config)
         timeline.mark(phases.PLAN)
         if placeholder is not None:
             placeholder.release()
         serve.start(http_options={"host": host, "port": port,
                                   "request_timeout_s": config.request_timeout_s + FRONT_END_TIMEOUT_MARGIN_S},
-                    logging_config={**quiet, "log_level": system_level})
+                    logging_config=system)
         timeline.mark(phases.SERVE_START)
         log.info("deploying %s on %s: loading and warming up the model in every replica...",
                  config.model, config.backend)

@@ -115,7 +115,7 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
 
     from siglip_serve.launcher.haproxy_front import use_front_end
     from siglip_serve.launcher.preflight import free_port
-    from siglip_serve.launcher.runner import ray_resources
+    from siglip_serve.launcher.runner import ray_resources, serve_logging
     from siglip_serve.serve.app import build
     from siglip_serve.serve.plan.placement import auto_device
     from siglip_serve.serve.plan.planner import plan_service
@@ -135,9 +135,11 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
     try:
         plan = plan or plan_service(config, ray.cluster_resources())
         on_plan(plan)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # Logging as `siglip-serve run` deploys it: Serve's access log costs each request a line in every replica.
+        replica_logging, system_logging = serve_logging(config)
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=system_logging)
         log.info("deploying %s for the served benchmark...", config.model)
-        serve.run(build(config, plan), name="bench", route_prefix="/")
+        serve.run(build(config, plan), name="bench", route_prefix="/", logging_config=replica_logging)
         request_bodies = build_bodies(sample_photos(), endpoint, images_per_request)
         bodies = [(body.data, body.content_type) for body in request_bodies]
         url = f"http://127.0.0.1:{port}{request_bodies[0].path}"
@@ -155,7 +157,8 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
             count = plan.model.image.replicas
             no_model = host_ceiling_config(config, plan)
             log.info("deploying the host ceiling: %s with no model (%d replica(s))", config.model, count)
-            serve.run(build(no_model, plan_service(no_model)), name="host-ceiling", route_prefix=HOST_CEILING_ROUTE)
+            serve.run(build(no_model, plan_service(no_model)), name="host-ceiling", route_prefix=HOST_CEILING_ROUTE,
+                      logging_config=replica_logging)
             ceiling_url = f"http://127.0.0.1:{port}{HOST_CEILING_ROUTE}{request_bodies[0].path}"
             level = max(levels)
             drive(pool, ceiling_url, level, 2 * level, images_per_request)

@@ -566,6 +566,28 @@ def test_resize_bit_exact_with_torchvision(name: str, size: tuple[int, int]) -> 
     assert got.shape == want.shape and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("size", [(384, 384), (224, 224), (200, 300), (7, 3)])
+def test_fast_resize_is_pillows_within_two_levels(mode: str, size: tuple[int, int]) -> None:
+    """ATen's uint8 kernel (models/fast_resize.py) against Pillow's exact bicubic: same layout, every pixel within
+    two levels, and a grey image's three planes equal (the grey plane resized once)."""
+    for name in sorted(PHOTOS):
+        img = Image.fromarray(PHOTOS[name]).convert(mode)
+        exact = resize_to_array(img, size).astype(np.int16)
+        fast = resize_to_array(img, size, fast=True)
+        assert fast.shape == (3, *size) and fast.dtype == np.uint8 and fast.flags["C_CONTIGUOUS"]
+        assert int(np.abs(fast.astype(np.int16) - exact).max()) <= 2, (name, mode, size)
+        if mode == "L":
+            assert np.array_equal(fast[0], fast[1]) and np.array_equal(fast[1], fast[2])
+
+
+def test_fast_jpeg_decode_resizes_fast_and_exact_stays_exact(photo_jpeg: bytes) -> None:
+    exact = preprocess_image(photo_jpeg, (384, 384))
+    fast = preprocess_image(photo_jpeg, (384, 384), fast_jpeg=True)
+    assert np.array_equal(exact, resize_to_array(Image.open(io.BytesIO(photo_jpeg)).convert("RGB"), (384, 384)))
+    assert not np.array_equal(fast, exact) and int(np.abs(fast.astype(np.int16) - exact).max()) <= 2
+
+
 def test_matches_open_clip_siglip_preprocess_after_normalisation(photo_jpeg: bytes) -> None:
     # Uses open_clip's own preprocessing config for the served model (squash, bicubic, 0.5/0.5).
     import torch

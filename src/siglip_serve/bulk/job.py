@@ -30,7 +30,7 @@ from siglip_serve.core.backends import backend_record
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.load_results import BulkResult, SteadyState
 from siglip_serve.measure.results import Machine
-from siglip_serve.models.preprocess import PREPROCESS_VERSION
+from siglip_serve.models.preprocess import FAST_PREPROCESS, PREPROCESS_VERSION
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.plan import placement
 from siglip_serve.serve.plan.config import ServiceConfig
@@ -78,7 +78,7 @@ def weights_id(config: ServiceConfig) -> str:
 def preprocessing_id(config: ServiceConfig, modality: Modality) -> str:
     if modality == "text":
         return f"text:{config.model}-tokenizer"
-    return f"{PREPROCESS_VERSION}{'+jpeg-draft' if config.fast_jpeg_decode else ''}"
+    return f"{PREPROCESS_VERSION}{FAST_PREPROCESS if config.fast_jpeg_decode else ''}"
 
 
 class PlanError(UserError, ValueError):

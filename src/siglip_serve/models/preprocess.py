@@ -335,14 +335,19 @@ def _reduce_factors(src: tuple[int, int], dst: tuple[int, int]) -> tuple[int, in
     )
 
 
-def resize_to_array(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
-    """RGB (or opaque "L") image -> uint8 [3, H, W], bicubic squash resize to size=(H, W)."""
+def resize_to_array(img: Image.Image, size: tuple[int, int], fast: bool = False) -> np.ndarray:
+    """RGB (or opaque "L") image -> uint8 [3, H, W], bicubic squash resize to size=(H, W); `fast`: on ATen's
+    vectorised kernel, within a level or two of Pillow's pixels (models/fast_resize.py)."""
     if img.mode not in ("RGB", "L"):
         raise ValueError(f"resize_to_array expects an RGB or L image, got mode {img.mode!r}")
     height, width = size
     factors = _reduce_factors(img.size, (width, height))
     if factors != (1, 1):
         img = img.reduce(factors)
+    if fast:
+        from siglip_serve.models.fast_resize import resize_uint8
+
+        return resize_uint8(img, height, width)
     # Exactly what torchvision's Resize((H, W), BICUBIC) does to a PIL image, so the
     # result matches open_clip's preprocessing bit for bit (before normalisation), for every
     # image that needs no reduce() first (REDUCE_ABOVE).
@@ -355,6 +360,8 @@ def resize_to_array(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
 # Named in every bulk output row (bulk/job.py): change it whenever a pixel of the output can change, so
 # `siglip-serve embed` re-embeds rather than mixing old and new rows under one name.
 PREPROCESS_VERSION = "squash-bicubic-uint8-v1"
+# What the fast path (`fast_jpeg_decode`) adds to it: the reduced-scale JPEG decode and ATen's resize.
+FAST_PREPROCESS = "+jpeg-draft+aten-resize"
 
 # A JPEG much larger than the model's input is decoded at a reduced DCT scale that still leaves at
 # least this factor of pixels over the target, then bicubic-resized: 5-10x less decode work for
@@ -364,10 +371,11 @@ DRAFT_MARGIN = 2
 
 def preprocess_image(data: bytes, size: tuple[int, int], limits: ImageLimits = ImageLimits(),
                      fast_jpeg: bool = False) -> np.ndarray:
-    """decode + resize_to_array. `fast_jpeg` allows a reduced-scale JPEG decode (see DRAFT_MARGIN)."""
+    """decode + resize_to_array. `fast_jpeg` allows a reduced-scale JPEG decode (see DRAFT_MARGIN) and resizes on
+    ATen's kernel (models/fast_resize.py)."""
     draft = None
     if fast_jpeg:
         # Square and on the longer side: the draft happens before EXIF rotation.
         side = DRAFT_MARGIN * max(size)
         draft = (side, side)
-    return resize_to_array(_decode(data, limits, draft, keep_grey=True), size)
+    return resize_to_array(_decode(data, limits, draft, keep_grey=True), size, fast=fast_jpeg)

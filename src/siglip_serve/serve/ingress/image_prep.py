@@ -42,6 +42,10 @@ class ImagePrep:
         self.limits = front.image_limits
         self.decoder = FairDecodeQueue(front.decode_threads, front.decode_memory_budget_bytes)
         self._observe_seconds = observe_seconds  # siglip_preprocess_seconds
+        if front.fast_jpeg_decode:
+            from siglip_serve.models import fast_resize
+
+            fast_resize.warm()
 
     def file_bytes(self, items: Sequence[bytes | str], labels: Sequence[str]) -> list[bytes]:
         """Every item's image file bytes (a data URI or base64 undone; the byte limit checked); nothing decoded."""

@@ -105,9 +105,14 @@ def test_the_plan_decides_the_count_before_ray_except_a_devices_auto(machine) ->
 def test_a_running_clusters_cpus_cap_auto_beside_the_ingress_and_text(machine) -> None:
     machine(cores=8, available_bytes=64 * GiB)
     config = ServiceConfig.from_args({"model": "tiny-siglip", "text_replicas": 1})  # 0.5 + 0.5 CPUs beside
-    assert cpu_plan.auto_cpu_replicas(config, cluster_cpus=8) == 7
-    assert cpu_plan.auto_cpu_replicas(config, cluster_cpus=2) == 1  # `ray start` on a 2-core machine
-    assert cpu_plan.auto_cpu_replicas(config, cluster_cpus=64) == 8  # the cores still count
+    assert cpu_plan.auto_cpu_replicas(config, 1, cluster_cpus=8) == 7
+    assert cpu_plan.auto_cpu_replicas(config, 1, cluster_cpus=2) == 1  # `ray start` on a 2-core machine
+    assert cpu_plan.auto_cpu_replicas(config, 1, cluster_cpus=64) == 8  # the cores still count
+    # The planner counts the text replicas it plans: none where the start's checks turned the default's text off.
+    default = ServiceConfig.from_args({"model": "tiny-siglip"})
+    assert plan_service(default, {"CPU": 2.5}).model.image.replicas == 1  # 0.5 ingress + 0.5 text beside
+    off = plan_service(default, {"CPU": 2.5}, text_off="no tokenizer").model
+    assert off.text is None and off.image.replicas == 2
 
 
 def test_auto_on_cpu_placed_on_neuron_cores_still_counts_neuron_cores(machine) -> None:

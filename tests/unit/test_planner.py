@@ -59,8 +59,8 @@ def test_the_application_is_built_from_the_plan_as_it_is(monkeypatch: pytest.Mon
                            request_timeout_s=12)
     made: list[ServicePlan] = []
 
-    def plan_once(*args: Any) -> ServicePlan:
-        made.append(plan_service(*args))
+    def plan_once(*args: Any, **keywords: Any) -> ServicePlan:
+        made.append(plan_service(*args, **keywords))
         return made[-1]
 
     monkeypatch.setattr(app, "plan_service", plan_once)
@@ -101,6 +101,35 @@ def test_print_plan_shows_the_plan_and_starts_nothing(capsys: pytest.CaptureFixt
     assert shown == json.loads(plan_service(ServiceConfig(model="tiny-siglip", random_weights=True, replicas=2,
                                                           text_replicas=0)).model_dump_json())
     assert shown["models"][0]["image"]["deployment"]["num_replicas"] == 2 and shown["models"][0]["text"] is None
+
+
+def test_print_plan_plans_no_text_tower_where_the_default_turns_it_off_and_says_why(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The text tower's default decided by the config's shape (serve/app.py text_by_shape) is the planner's input:
+    no text replicas planned, the reason in the model's part of the plan, the config as written."""
+    from siglip_serve.launcher import cli
+
+    assert cli.main(["--model", "ViT-B-16-SigLIP", "--random-weights", "--replicas", "1", "--print-plan"]) == 0
+    model = json.loads(capsys.readouterr().out)["models"][0]
+    assert model["text"] is None and "set text_replicas: 1" in model["front"]["text_off_reason"]
+
+
+def test_run_checks_the_text_tower_the_planner_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run`'s checks load the text tower only where the plan will have one: not where the tokenizer check turned
+    the default's text off."""
+    from siglip_serve.launcher import cli
+    from siglip_serve.models.backends import implementation
+    from siglip_serve.serve.plan import model_checks
+
+    towers: list[str] = []
+    monkeypatch.setattr(implementation, "check_tower", lambda settings, tower: towers.append(tower))
+    args = cli.build_parser().parse_args(["--model", "tiny-siglip", "--replicas", "1"])
+    config = cli.service_config(args, {})
+    assert cli.checked(config, args) is None and towers == ["text"]  # the tiny model's tokenizer is bundled
+    towers.clear()
+    monkeypatch.setattr(model_checks, "preflight_tokenizer", lambda config: "no tokenizer")
+    assert cli.checked(config, args) == "no tokenizer" and towers == []
+    assert plan_service(config, text_off="no tokenizer").model.text is None and config.text_replicas is None
 
 
 def test_print_plan_counts_the_neuron_cores_it_is_told_of(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,7 +56,7 @@ def test_sighup_hands_on_a_live_change_and_refuses_one_that_needs_a_restart(
     path.write_text("model: tiny-siglip\nretry_after_s: 9\n")
     change = reload.changed()
     assert change is not None and change.live["retry_after_s"] == 9 and "retry_after_s 1 -> 9" in caplog.text
-    assert change.config is None  # the plan stays
+    assert not change.replan  # the plan stays
     reload.applied(change)
     assert reload.changed() is None
 
@@ -80,18 +80,19 @@ def test_sighup_changes_the_models_of_a_config_that_lists_them_checked_as_at_sta
     args = cli.build_parser().parse_args(["--config", str(path)])
     checked: list[list[str]] = []
 
-    def check(config: ServiceConfig) -> ServiceConfig:
+    def check(config: ServiceConfig) -> str | None:
         names = [entry["name"] for entry in config.models]
         if "bad" in names:
             raise ConfigError("model bad: no weights")
         checked.append(names)
-        return config
+        return "what the checks found"
 
     reload = Reload(lambda: cli.service_config(args, {}), cli.service_config(args, {}), check)
     caplog.set_level(logging.INFO, "siglip_serve")
     path.write_text(two)
     change = reload.changed()
-    assert change is not None and change.config is not None and checked == [["a", "b"]]
+    assert change is not None and change.replan and checked == [["a", "b"]]
+    assert change.asked == cli.service_config(args, {}) and change.text_off == "what the checks found"
     assert "reload: models a (default) -> a (default), b" in caplog.text
     reload.applied(change)
     assert reload.changed() is None  # in force now

@@ -211,19 +211,22 @@ def test_the_default_turns_text_off_in_seconds_without_a_tokenizer_or_hub(
 
     from siglip_serve.serve.plan.config import ServiceConfig
     from siglip_serve.serve.plan.model_checks import preflight_tokenizer
+    from siglip_serve.serve.plan.planner import plan_service
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: connection refused
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     began = time.monotonic()
-    config = preflight_tokenizer(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True}))
-    assert policy_of(config).text_replicas == 0 and "127.0.0.1:9 is unreachable" in (config.text_off_reason or "")
+    config = ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True, "replicas": 1})
+    text_off = preflight_tokenizer(config)
+    assert "127.0.0.1:9 is unreachable" in (text_off or "") and config.text_replicas is None  # as the user wrote it
+    planned = plan_service(config, text_off=text_off).model  # the planner plans what the check found
+    assert planned.text is None and planned.front.text_off_reason == text_off
     assert "text routes off" in caplog.text and "tokenizer: DIR" in caplog.text
     with pytest.raises(ModelLoadError, match=r"text_replicas: 1 needs ViT-B-16-SigLIP's tokenizer.*tokenizer: DIR"):
         preflight_tokenizer(ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "random_weights": True,
                                                      "text_replicas": 1}))
     assert time.monotonic() - began < 10
-    tiny = preflight_tokenizer(ServiceConfig.from_args({"model": "tiny-siglip"}))  # its tokenizer is bundled
-    assert policy_of(tiny).text_replicas == 1 and tiny.text_off_reason is None
+    assert preflight_tokenizer(ServiceConfig.from_args({"model": "tiny-siglip"})) is None  # its tokenizer is bundled
 
 
 @pytest.mark.cuda

@@ -94,15 +94,16 @@ TEXT_RECORD = {"tower": "text", "replica_id": "text-1", "warmup_seconds": {"32":
 
 
 def routes(handle: TextHandle | None, records: list[dict[str, Any]] | None = None,
-           refusals: dict[str, str] | None = None, **args: Any) -> Ingress:
+           refusals: dict[str, str] | None = None, text_off: str | None = None, **args: Any) -> Ingress:
     """An ingress whose registry holds `records` (default: one warm replica per tower it serves) and
-    `refusals` (a tower's last refusal to start; default none)."""
+    `refusals` (a tower's last refusal to start; default none), planned with `text_off` (why the start's checks
+    turned text off)."""
     config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1, "replicas": 1,
                                       "text_replicas": 1 if handle else 0, **args})
     found = records if records is not None else [IMAGE_RECORD, *([TEXT_RECORD] if handle else [])]
     towers = {"image": HandleOptions(), **({"text": handle} if handle else {})}
-    return Ingress({MODEL.name: towers}, plan_service(config), {MODEL.name: MODEL},  # type: ignore[dict-item]
-                   replica=("test", "ingress-1"),
+    return Ingress({MODEL.name: towers}, plan_service(config, text_off=text_off),  # type: ignore[dict-item]
+                   {MODEL.name: MODEL}, replica=("test", "ingress-1"),
                    live_replicas=lambda app: list(found), refusal=lambda app, tower: (refusals or {}).get(tower))
 
 
@@ -134,7 +135,7 @@ def test_text_off_answers_404_naming_why_and_lists_only_images() -> None:
     with pytest.raises(ApiError) as error:
         asyncio.run(encode_texts(ingress, ["cat"], soon()))
     assert error.value.status == 404 and "text_replicas: 0" in error.value.message
-    found = routes(None, text_off_reason="the model hub huggingface.co:443 is unreachable")
+    found = routes(None, text_off="the model hub huggingface.co:443 is unreachable")
     assert found.text_off_reason == "the model hub huggingface.co:443 is unreachable"
     with pytest.raises(ApiError) as error:
         asyncio.run(encode_texts(found, ["cat"], soon()))

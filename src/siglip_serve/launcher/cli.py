@@ -261,26 +261,29 @@ def print_plan(args: argparse.Namespace) -> int:
     from siglip_serve.serve.app import text_by_shape
     from siglip_serve.serve.plan.planner import plan_service
 
-    config = text_by_shape(service_config(args, os.environ))
+    config = service_config(args, os.environ)
+    text_off = text_by_shape(config)
     if args.address:
         import ray
 
         ray.init(address=args.address, log_to_driver=False)
         try:
-            plan = plan_service(config, ray.cluster_resources())
+            plan = plan_service(config, ray.cluster_resources(), text_off=text_off)
         finally:
             ray.shutdown()
     else:
-        plan = plan_service(config, local_resources(args.neuron_cores))
+        plan = plan_service(config, local_resources(args.neuron_cores), text_off=text_off)
     print(plan.model_dump_json(indent=2))
     return 0
 
 
-def checked(config: ServiceConfig, args: argparse.Namespace, placeholder: Any = None) -> ServiceConfig:
+def checked(config: ServiceConfig, args: argparse.Namespace, placeholder: Any = None) -> str | None:
     """`config` checked for every model it serves before Ray starts (and again for changed models on SIGHUP): a
     missing SDK/GPU/artifact or unreachable weights is one line now, not a replica's refusal later; the text
-    tower's default decided by looking for the tokenizer. Here, not in the app's builder: this Ray runs on this
-    machine, while a Serve YAML's builder runs on a head that may see none of the model's files (serve/app.py)."""
+    tower's default decided by looking for the tokenizer: returns why the default model's text tower is off, for
+    the planner (serve/plan/planner.py plan_service's `text_off`), or None. Here, not in the app's builder: this Ray
+    runs on this machine, while a Serve YAML's builder runs on a head that may see none of the model's files
+    (serve/app.py)."""
     from siglip_serve.core.backends import TEXT
     from siglip_serve.models.backends.implementation import check_backend_available, check_tower
     from siglip_serve.serve.plan.model_checks import preflight_tokenizer, preflight_weights
@@ -295,13 +298,14 @@ def checked(config: ServiceConfig, args: argparse.Namespace, placeholder: Any = 
         placeholder.set_stage("checking the model weights")
     for model in served:
         preflight_weights(model.config)
-    config = preflight_tokenizer(config)
-    for model in served_models(config):
-        if policy_of(model.config).text_replicas:
+    text_off = preflight_tokenizer(config)
+    for index, model in enumerate(served):
+        # As the planner counts them: the default model (the first) without text where the check turned it off.
+        if policy_of(model.config, text_off if index == 0 else None).text_replicas:
             # The replicas run on this machine (a Ray of our own) or were checked here by the user: refused
             # now, in one line, not as text replicas refusing after Ray started.
             check_tower(model.config.model_settings(), TEXT)
-    return config
+    return text_off
 
 
 def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own_session: bool = False) -> int:
@@ -309,7 +313,7 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
     config = service_config(args, os.environ)
     from siglip_serve.launcher.reload import Reload
 
-    # What SIGHUP reads again: the settings as asked, before the checks below fill a default in.
+    # What SIGHUP reads again: the settings as asked, checked again where the models change.
     reload = Reload((lambda: service_config(args, os.environ)) if args.config else None, config,
                     lambda asked: checked(asked, args))
     from siglip_serve.launcher.runner import run_service
@@ -318,13 +322,13 @@ def _command(args: argparse.Namespace, timeline: Timeline, placeholder: Any, own
         from siglip_serve.serve.shared.tracing import check_available
 
         check_available()
-    config = checked(config, args, placeholder)
+    text_off = checked(config, args, placeholder)
     if own_session:
         log.info("service: pid %d, in a session of its own (to stop it at once: kill -KILL -- -%d)",
                  os.getpid(), os.getpid())
     code = run_service(config, args.host, args.port, args.metrics_port, args.address, args.neuron_cores,
                        args.metrics_host, placeholder, timeline, args.front_end, args.haproxy_metrics_port or None,
-                       timings=args.timings, dashboard=args.dashboard, reload=reload)
+                       timings=args.timings, dashboard=args.dashboard, reload=reload, text_off=text_off)
     if own_session:
         from siglip_serve.launcher.session import end_leftovers
 

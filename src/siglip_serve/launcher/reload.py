@@ -32,12 +32,14 @@ MODEL_KEYS = ("models", "default_model")
 
 @dataclass(frozen=True)
 class Change:
-    """What a SIGHUP changes: the ingress's user_config, and the settings as asked now; `config`, where the models
-    changed, those settings checked as at start (None: the plan stays)."""
+    """What a SIGHUP changes: the ingress's user_config, and the settings as asked now; `replan`: the models
+    changed, those settings passed the start's checks and are planned again (False: the plan stays), with
+    `text_off`, what the checks found of the default model's text tower (launcher/cli.py `checked`)."""
 
     live: dict[str, Any]
     asked: ServiceConfig
-    config: ServiceConfig | None = None
+    replan: bool = False
+    text_off: str | None = None
 
 
 class Reload:
@@ -45,10 +47,11 @@ class Reload:
     SIGHUP."""
 
     def __init__(self, read: Callable[[], ServiceConfig] | None, asked: ServiceConfig,
-                 check: Callable[[ServiceConfig], ServiceConfig] = lambda config: config) -> None:
+                 check: Callable[[ServiceConfig], str | None] = lambda config: None) -> None:
         """`read`: the settings as asked now (None: nothing to read again, as without --config: SIGHUP then only
         touches the keys file); `check`: what `run` checks of the settings before it starts (launcher/cli.py
-        `checked`), run again on changed models, raising UserError."""
+        `checked`), run again on changed models, raising UserError, returning why the default model's text tower
+        is off (or None)."""
         self._read = read
         self._check = check
         self.asked = asked
@@ -85,10 +88,10 @@ class Reload:
         if live == self.in_force and not models:
             log.info("reload: no setting changed")
             return None
-        checked = None
+        text_off = None
         if models:
             try:
-                checked = self._check(new)
+                text_off = self._check(new)
             except UserError as exc:
                 log.error("reload refused: %s; nothing changed", exc)
                 return None
@@ -96,7 +99,7 @@ class Reload:
         if live != self.in_force:
             log.info("reload: %s", ", ".join(f"{key} {self.in_force[key]!r} -> {live[key]!r}" for key in live
                                               if live[key] != self.in_force[key]))
-        return Change(live, new, checked)
+        return Change(live, new, replan=bool(models), text_off=text_off)
 
     def applied(self, change: Change) -> None:
         self._in_force, self.asked = change.live, change.asked

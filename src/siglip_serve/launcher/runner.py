@@ -117,9 +117,9 @@ def reconfigure(reload: Reload, deployed: tuple[ServiceConfig, ServicePlan], gro
         return deployed
     config, plan = deployed
     try:
-        if change.config is not None:
-            config = change.config
-            plan = plan_on_cluster(config, growth)
+        if change.replan:
+            config = change.asked
+            plan = plan_on_cluster(config, growth, text_off=change.text_off)
         serve.run(build(config, plan, live=change.live, pin=True), name=APP_NAME, route_prefix="/",
                   blocking=False, logging_config=quiet)
     except UserError as exc:
@@ -129,8 +129,7 @@ def reconfigure(reload: Reload, deployed: tuple[ServiceConfig, ServicePlan], gro
         log.error("reload failed: %s: %s; the settings in force stay", type(exc).__name__, exc)
         return deployed
     reload.applied(change)
-    log.info("reload: %s in force", "the models and live settings" if change.config is not None else
-             "live settings")
+    log.info("reload: %s in force", "the models and live settings" if change.replan else "live settings")
     return config, plan
 
 
@@ -148,7 +147,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                 address: str | None, neuron_cores: int | None, metrics_host: str = "127.0.0.1",
                 placeholder: Placeholder | None = None, timeline: Timeline | None = None,
                 front_end: str = "haproxy", haproxy_metrics_port: int | None = None, timings: bool = False,
-                dashboard: bool = False, reload: Reload | None = None) -> int:
+                dashboard: bool = False, reload: Reload | None = None, text_off: str | None = None) -> int:
     """`front_end`: "haproxy" (Serve's HAProxy mode with our limits, launcher/haproxy_front.py) or
     "python" (Serve's proxy actor); a joined cluster (`address`) keeps its own. `haproxy_metrics_port`:
     HAProxy's Prometheus exporter (None: a free port).
@@ -156,7 +155,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     `timeline` holds the command's phases so far (launcher/timeline.py), from its start, which the "ready in"
     line counts from; `timings`: print it, with each tower replica's, once ready; `dashboard`: start Ray's
     dashboard with the Ray started here (off: its head process and modules are CPU the replicas' start
-    would share); `reload`: what SIGHUP reads again (default: nothing, the keys file touched)."""
+    would share); `reload`: what SIGHUP reads again (default: nothing, the keys file touched); `text_off`: why
+    the default model's text tower is off, as `run`'s checks found (launcher/cli.py `checked`), for the plan."""
     timeline = Timeline(time.time()) if timeline is None else timeline
     timeline.mark(phases.CHECKS)
     began = time.monotonic() - timeline.elapsed()  # the command's start, on the clock progress lines use
@@ -204,7 +204,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         # device nobody declared: Ray detects the host's own (its Neuron and GPU managers), so that plan
         # is made against the Ray once it runs, as on a joined cluster.
         if neuron_cores or auto_device(config) is None:
-            plan = plan_service(config, local_resources(neuron_cores))
+            plan = plan_service(config, local_resources(neuron_cores), text_off=text_off)
             init_args.update(ray_resources(plan))
         init_args["_node_ip_address"] = RAY_HOST
         init_args["include_dashboard"] = dashboard
@@ -240,7 +240,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
             log.info("Ray's dashboard is off (`run --dashboard` starts it, for `serve status`)")
         growth = run_growth(config, address)
         if plan is None:
-            plan = plan_on_cluster(config, growth, stop.is_set)
+            plan = plan_on_cluster(config, growth, stop.is_set, text_off=text_off)
             if stop.is_set():  # a signal while waiting for a joined cluster's devices
                 return 0
         else:

@@ -94,10 +94,10 @@ def record_profiles(pool: ClientPool, url: str, level: int, requests_per_second:
     return files
 
 
-def served_config(config: ServiceConfig) -> ServiceConfig:
-    """The config the served benchmark deploys: text off unless asked for (it posts images only; a text
-    replica would take CPU)."""
-    return config if config.text_replicas is not None else config.model_copy(update={"text_replicas": 0})
+def served_text_off(config: ServiceConfig) -> str | None:
+    """Why the served benchmark plans no text tower unless `text_replicas` asks for one (the planner's
+    `text_off`): it posts images only, and a text replica would take CPU."""
+    return None if config.text_replicas is not None else "the served benchmark posts images only"
 
 
 def bench_served(config: ServiceConfig, levels: list[int], requests: int, images_per_request: int = 1,
@@ -122,8 +122,8 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
 
     use_front_end(front_end, local_only=True)
     port = free_port()
-    config = served_config(config)
-    plan = None if auto_device(config) else plan_service(config)
+    text_off = served_text_off(config)
+    plan = None if auto_device(config) else plan_service(config, text_off=text_off)
     ray_options: dict[str, Any] = {}
     if plan is not None:
         ray_options = ray_resources(plan)
@@ -133,7 +133,7 @@ def bench_served(config: ServiceConfig, levels: list[int], requests: int, images
              log_to_driver=False, **ray_options)
     pool: ClientPool | None = None
     try:
-        plan = plan or plan_service(config, ray.cluster_resources())
+        plan = plan or plan_service(config, ray.cluster_resources(), text_off=text_off)
         on_plan(plan)
         # Logging as `siglip-serve run` deploys it: Serve's access log costs each request a line in every replica.
         replica_logging, system_logging = serve_logging(config)

@@ -31,12 +31,13 @@ from siglip_serve.serve.towers.text_deployment import TextReplica
 log = logging.getLogger("siglip_serve")
 
 
-def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bool] = lambda: False) -> ServicePlan:
+def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bool] = lambda: False, *,
+                    text_off: str | None = None) -> ServicePlan:
     """The plan against the running Ray cluster, checked to fit it (serve/plan/cluster_fit.py): where the cluster
     grows, `replicas: auto` over a device waits for its count to register and hold, up to `cluster_wait_s`
-    or until `stop()`."""
+    or until `stop()`. `text_off`: why the default model's text tower is off (serve/plan/planner.py plan_service)."""
     resources = planning_resources(config, growth, stop)
-    plan = plan_service(config, resources)
+    plan = plan_service(config, resources, text_off=text_off)
     if not stop():
         check_cluster_fits(plan, growth, resources)
     return plan
@@ -128,19 +129,19 @@ def slice_version(init_args: Sequence[Any]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def text_by_shape(config: ServiceConfig) -> ServiceConfig:
-    """The text tower's default decided from the config alone. Asked for (`text_replicas: N` or
-    `tokenizer: DIR`), or with a tokenizer bundled in the package (the tiny models): as configured, and
-    each text replica loads the tokenizer where it runs. Else off, saying how to turn it on: whether the
-    workers hold the model's tokenizer or reach the hub is not something the head can see.
+def text_by_shape(config: ServiceConfig) -> str | None:
+    """The text tower's default decided from the config alone: why it is off, or None (as configured). Asked for
+    (`text_replicas: N` or `tokenizer: DIR`), or with a tokenizer bundled in the package (the tiny models): as
+    configured, and each text replica loads the tokenizer where it runs. Else off, saying how to turn it on:
+    whether the workers hold the model's tokenizer or reach the hub is not something the head can see.
     (`siglip-serve run` decides it by looking, serve/plan/model_checks.py preflight_tokenizer.)"""
     from siglip_serve.models.text import BUNDLED_TOKENIZERS
 
     if (config.text_replicas is not None or config.tokenizer is not None or policy_of(config).text_replicas == 0
             or config.models):  # several models: each entry's text tower as it says (its default on cpu: on)
-        return config
+        return None
     if config.model in BUNDLED_TOKENIZERS:
-        return config
+        return None
     from siglip_serve.serve.plan.model_checks import text_off
 
     return text_off(config, "a Serve deploy does not look for the tokenizer from the head; set text_replicas: 1 "
@@ -171,11 +172,11 @@ def build_model_app(args: dict[str, Any] | None = None) -> Application:
     ingress, its text tower bound to it; nothing of another model is in its args, so Serve's code version of
     its deployments (ray/serve/_private/deploy_utils.py get_app_code_version) stays as models come and go."""
     try:
-        config = text_by_shape(ServiceConfig.from_args(args))
+        config = ServiceConfig.from_args(args)
         if len(config.models) != 1 or config.model_apps:
             raise ConfigError("build_model_app builds one model: its args hold exactly one models: entry and no "
                               "model_apps (the front application's args hold those)")
-        plan = plan_on_cluster(config, cluster_growth(config)) if ray.is_initialized() else plan_service(config)
+        plan = _planned(config)
         model = plan.model
         log.info("model %s: its own application, %d image and %d text replica(s)", model.name,
                  model.image.replicas, model.text.replicas if model.text else 0)
@@ -201,11 +202,19 @@ def build_app_with_routes(args: dict[str, Any] | None, routes: Sequence[Route | 
     fix (serve/towers/replica_start.py). `siglip-serve run` checks them before it starts its own Ray
     (launcher/cli.py)."""
     try:
-        config = text_by_shape(ServiceConfig.from_args(args))
+        config = ServiceConfig.from_args(args)
         if config.tracing:
             tracing.check_available()
-        plan = plan_on_cluster(config, cluster_growth(config)) if ray.is_initialized() else plan_service(config)
-        return build(config, plan, routes)
+        return build(config, _planned(config), routes)
     except UserError as exc:  # a config or cluster problem: refused once, not retried
         log.error("%s", exc)
         raise AppRefused(str(exc)) from None
+
+
+def _planned(config: ServiceConfig) -> ServicePlan:
+    """A builder's plan of `config`, its text tower's default decided by its shape (`text_by_shape`): against the
+    Ray cluster the builder runs in, where there is one."""
+    text_off = text_by_shape(config)
+    if ray.is_initialized():
+        return plan_on_cluster(config, cluster_growth(config), text_off=text_off)
+    return plan_service(config, text_off=text_off)

@@ -130,8 +130,6 @@ class ServiceConfig(LiveSettings, FrontDoorKey, Observability, ModelSettings):
                                                               "(default: on cpu 1 when the tokenizer is found - "
                                                               "local, or the hub answers at start - else 0; 0 on "
                                                               "cuda and neuron)")
-    # Set at start, not by users: why the default turned text off (shown by /v1/models and the text routes).
-    text_off_reason: str | None = Field(None, description="set at start when the default turned text off")
     text_num_cpus: float = Field(0.5, ge=0, description="CPUs each text replica asks Ray for")
     max_texts_per_request: int = Field(64, ge=1, description="texts (or classify labels) in one request, checked "
                                                              "before tokenizing")

@@ -19,7 +19,6 @@ import psutil
 from siglip_serve.core.backends import backend_record
 from siglip_serve.core.host import usable_cpus
 from siglip_serve.serve.plan.config import ServiceConfig
-from siglip_serve.serve.plan.policy import policy_of
 
 if TYPE_CHECKING:
     from siglip_serve.models.loading import ParameterCounts
@@ -49,13 +48,14 @@ def replica_load_bytes(total_parameters: int) -> int:
     return 2 * 4 * total_parameters + REPLICA_BASE_BYTES
 
 
-def auto_cpu_replicas(config: ServiceConfig, cluster_cpus: float | None = None) -> int:
+def auto_cpu_replicas(config: ServiceConfig, text_replicas: int, cluster_cpus: float | None = None) -> int:
     """`replicas: auto` on cpu: one replica per `torch_threads` cores this process may use (default
     threads: 1 for an image tower up to SPLIT_MAX_IMAGE_PARAMETERS, else every core), capped by what
     fits in MEMORY_SHARE of the available memory while all of them load at once (Serve starts them
     together) and, given a running cluster's `cluster_cpus`, by the encoders that fit beside the
-    ingress and text replicas (Ray's CPUs are logical; `siglip-serve run` decides first and starts its
-    Ray with enough). It counts this machine: on a multi-node CPU cluster name the count."""
+    ingress and the model's `text_replicas` (the planner's count; Ray's CPUs are logical; `siglip-serve run`
+    decides first and starts its Ray with enough). It counts this machine: on a multi-node CPU cluster name the
+    count."""
     counts = parameter_counts(config.model)
     cores = usable_cpus()
     threads = config.torch_threads or (1 if counts.image <= SPLIT_MAX_IMAGE_PARAMETERS else cores)
@@ -66,7 +66,7 @@ def auto_cpu_replicas(config: ServiceConfig, cluster_cpus: float | None = None) 
     replicas = min(by_cores, by_memory)
     if cluster_cpus is not None and config.encoder_num_cpus > 0:
         others = (ingress_replicas_for(config, 1) * config.ingress_num_cpus
-                  + policy_of(config).text_replicas * config.text_num_cpus)
+                  + text_replicas * config.text_num_cpus)
         replicas = max(1, min(replicas, int((cluster_cpus - others + 1e-9) // config.encoder_num_cpus)))
     log.info("replicas: auto on cpu -> %d: %d usable core(s) / %d torch thread(s) each (image tower %.0f M "
              "parameters); memory holds %d loading at ~%.1f GiB each (%.1f GiB available); Ray's CPUs: %s",

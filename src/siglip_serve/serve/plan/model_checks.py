@@ -1,5 +1,6 @@
 """Checks of the model's files, each failing in one line: the weights (fetched once, or refused at once
-when there is no hub) and the text tower's tokenizer (which decides whether text is on by default).
+when there is no hub) and the text tower's tokenizer (which decides whether text is on by default: what it
+finds is an input of the plan, never a change of the config).
 
 They read the machine they run on, so they run where the model is used: `siglip-serve run` calls both
 before it starts its local Ray (its replicas run on this machine), and every replica and bulk actor
@@ -52,8 +53,9 @@ def preflight_weights(config: ModelSettings) -> None:
         ) from None
 
 
-def preflight_tokenizer(config: ServiceConfig) -> ServiceConfig:
-    """The config with its text tower decided, before any replica starts.
+def preflight_tokenizer(config: ServiceConfig) -> str | None:
+    """Why the default model's text tower is off, where its default turned it off (None: as the config says), found
+    before any replica starts; the planner plans no text tower for it then (serve/plan/planner.py `text_off`).
 
     Asked for (`text_replicas: N` or `tokenizer: DIR`): the tokenizer is loaded here, so a missing one
     fails in a second with the fix, not as a text replica that never starts. Not named (the cpu
@@ -61,7 +63,7 @@ def preflight_tokenizer(config: ServiceConfig) -> ServiceConfig:
     line saying how to turn it on; an image service from a local checkpoint on an air-gapped host then
     starts without minutes of hub retries."""
     if policy_of(config).text_replicas == 0 or config.models:  # several models: each entry's text tower as it says
-        return config
+        return None
     from siglip_serve.models.hub import hub_address, offline_requested, reachable
     from siglip_serve.models.loading import ModelLoadError, open_clip_module
     from siglip_serve.models.text import load_tokenizer, tokenizer_dir
@@ -84,10 +86,11 @@ def preflight_tokenizer(config: ServiceConfig) -> ServiceConfig:
         if asked:
             raise
         return text_off(config, str(exc))
-    return config
+    return None
 
 
-def text_off(config: ServiceConfig, why: str) -> ServiceConfig:
+def text_off(config: ServiceConfig, why: str) -> str:
+    """`why` the default turned the text tower of `config`'s model off, logged with the two ways to settle it."""
     log.warning("text routes off (%s): set tokenizer: DIR to a local copy of %s's tokenizer files, or "
                 "text_replicas: 0 to say so and skip this check", why, config.model)
-    return config.model_copy(update={"text_replicas": 0, "text_off_reason": why})
+    return why

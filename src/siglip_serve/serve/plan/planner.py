@@ -104,7 +104,8 @@ def image_replicas(config: ServiceConfig, asks: Plan, resources: Mapping[str, fl
         raise ConfigError(f"replicas: auto counts the device each image replica holds (or cores on cpu); on "
                           f"{config.backend} replicas hold none: set neuron_cores_per_replica: 1, or name a count")
     if device is None:
-        return cpu_plan.auto_cpu_replicas(config, None if resources is None else resources.get("CPU"))
+        cpus = None if resources is None else resources.get("CPU")
+        return cpu_plan.auto_cpu_replicas(config, rules.text_replicas, cpus)
     if resources is None:
         raise ConfigError(f"replicas: auto counts the {device} a Ray cluster declares, and there is none yet; "
                           f"name replicas: N (siglip-serve run: --neuron-cores N declares its Ray's NeuronCores)")
@@ -205,11 +206,13 @@ def _ingress(config: ServiceConfig, image_replicas: int, surge: bool = False) ->
                        front=front_settings(config))
 
 
-def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: str) -> ModelPlan:
+def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: str,
+           text_off: str | None = None) -> ModelPlan:
     """One served model's towers; `suffix` names its deployments apart from the other models' ("" for the
-    one model of a config without `models:`, whose deployments keep their plain names)."""
+    one model of a config without `models:`, whose deployments keep their plain names); `text_off`: why its text
+    tower is off, where the start's checks turned it off."""
     config = served.config
-    rules, settings = policy_of(config), config.model_settings()
+    rules, settings = policy_of(config, text_off), config.model_settings()
     asks = plan(config)
     replicas = image_replicas(config, asks, resources, rules)
     fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
@@ -224,7 +227,7 @@ def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: s
     return ModelPlan(name=served.name, model=config.model, backend=config.backend, image=image, text=text,
                      run=TowerRun(settings=settings, batch_wait_timeout_s=config.batch_wait_timeout_s,
                                   env_vars=dict(config.env_vars), log_level=config.log_level, tracing=config.tracing),
-                     front=_model_front(config, rules, settings))
+                     front=_model_front(config, rules, settings, text_off))
 
 
 def image_limits(config: ServiceConfig) -> ImageLimits:
@@ -233,14 +236,14 @@ def image_limits(config: ServiceConfig) -> ImageLimits:
                        max_side=config.max_image_side)
 
 
-def _model_front(config: ServiceConfig, rules: Policy, settings: ModelSettings) -> ModelFront:
+def _model_front(config: ServiceConfig, rules: Policy, settings: ModelSettings, text_off: str | None) -> ModelFront:
     return ModelFront(
         weights=settings.weights_source, buckets=tuple(settings.buckets), image_limits=image_limits(config),
         max_request_pixels=config.max_request_pixels, max_images_per_request=config.max_images_per_request,
         max_texts_per_request=config.max_texts_per_request, max_text_chars=config.max_text_chars,
         allow_dimension_truncation=config.allow_dimension_truncation, fast_jpeg_decode=config.fast_jpeg_decode,
         device_jpeg_decode=config.device_jpeg_decode, decode_threads=config.decode_threads,
-        decode_memory_budget_bytes=config.decode_memory_budget_bytes, text_off_reason=config.text_off_reason,
+        decode_memory_budget_bytes=config.decode_memory_budget_bytes, text_off_reason=text_off,
         model_on_host_cores=rules.model_on_host_cores, tower_calls_by_grpc=rules.tower_calls_by_grpc)
 
 
@@ -263,14 +266,18 @@ def _kept_for_interactive(image: TowerPlan, name: str) -> TowerPlan:
     return image.model_copy(update={"deployment": shared, "interactive": kept})
 
 
-def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = None) -> ServicePlan:
-    """The plan of `config` on a Ray cluster whose totals are `resources` (None: none yet)."""
+def plan_service(config: ServiceConfig, resources: Mapping[str, float] | None = None, *,
+                 text_off: str | None = None) -> ServicePlan:
+    """The plan of `config` on a Ray cluster whose totals are `resources` (None: none yet). `text_off`: why the
+    default model's text tower is off, where the start's checks turned its default off (serve/plan/model_checks.py,
+    serve/app.py text_by_shape): it is planned without one, and the ingress says why."""
     served = served_models(config)
     several = len(config.models) > 0
     if several and (auto := [m.name for m in served if policy_of(m.config).replica_setting == "auto"]):
         raise ConfigError(f"models {', '.join(auto)}: with several models name each one's replicas (or its "
                           "autoscaling): `auto` would give every model the whole cluster")
-    models = tuple(_model(model, resources, f"-{model.name}" if several else "") for model in served)
+    models = tuple(_model(model, resources, f"-{model.name}" if several else "", text_off if index == 0 else None)
+                   for index, model in enumerate(served))
     # The ingress serves every model: its share of all their image replicas' calls, sized as the default
     # model's (whose config holds the service's own settings, as every model's does).
     replicas = sum(model.image.replicas for model in models)

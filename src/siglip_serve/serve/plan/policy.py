@@ -63,13 +63,15 @@ class Policy:
         return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"} if self.ingress_throughput_mode else {}
 
 
-def policy_of(settings: Settings) -> Policy:
+def policy_of(settings: Settings, text_off: str | None = None) -> Policy:
     """The rules applied to one model's `settings`:
 
     - image replicas: `replicas` as given, else the most autoscaling allows, else `auto` on the host's cores
       (serve/plan/cpu_plan.py) and 1 on a device;
-    - text replicas: as set; else one where the text tower runs on the host's cores, none where it would hold a
-      device of its own (a GPU, a NeuronCore: opt in), none where the backend builds no text tower;
+    - text replicas: none where the start's checks turned the model's text tower off (`text_off`, why:
+      serve/plan/model_checks.py); else as set; else one where the text tower runs on the host's cores, none
+      where it would hold a device of its own (a GPU, a NeuronCore: opt in), none where the backend builds no text
+      tower;
     - Serve's throughput mode: in the ingress unless `throughput_optimized: false` (it does the host's
       per-request work, where the mode saves most: docs/dev/benchmark-log.md, "Serve's mode per deployment");
       in the towers as set, else where the model is not on the host's cores (on cpu the mode cost ViT-B-16
@@ -82,7 +84,9 @@ def policy_of(settings: Settings) -> Policy:
         replicas = settings.autoscaling.max_replicas
     else:
         replicas = "auto" if host else 1
-    if settings.text_replicas is not None:
+    if text_off is not None:
+        texts = 0
+    elif settings.text_replicas is not None:
         texts = settings.text_replicas
     else:
         texts = 1 if host and record.builds(TEXT) else 0

@@ -1,6 +1,6 @@
 """Write the docs site's generated reference pages from the code, so they cannot drift from it:
 
-  docs/reference/configuration.md  every ServiceConfig field (and the autoscaling blocks'): type, default, description
+  docs/reference/configuration.md  every ServiceConfig field, by scope, and the autoscaling blocks': type, default
   docs/reference/cli.md            every command's flags, from the argparse parser the command itself builds
   docs/reference/metrics.md        every collector of serve/shared/metrics.py: name, type, labels, help
   docs/reference/openapi.json      the HTTP contract's OpenAPI document, as the routes build it
@@ -81,8 +81,11 @@ def shown_scalar(value: object) -> Any:
     return str(value)
 
 
-def field_rows(model: type[BaseModel]) -> Iterator[str]:
+def field_rows(model: type[BaseModel], names: frozenset[str] | None = None) -> Iterator[str]:
+    """A table row per field of `model` (only those in `names`, where given), in the order the code declares them."""
     for name, info in model.model_fields.items():
+        if names is not None and name not in names:
+            continue
         if info.default is PydanticUndefined and info.default_factory is None:
             default = "required"
         elif info.default_factory is not None:
@@ -95,20 +98,31 @@ def field_rows(model: type[BaseModel]) -> Iterator[str]:
 
 
 def configuration() -> str:
-    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.config import FRONT_ONLY, SERVICE_WIDE, ServiceConfig
+    from siglip_serve.serve.plan.model_entry import PER_MODEL, ModelEntry
     from siglip_serve.serve.plan.scaling import Autoscaling, IngressAutoscaling
 
     table = "| key | type | default | description |\n|---|---|---|---|\n"
     parts = [
         "# Configuration reference\n\n", HEADER,
-        "Every key of the service's one typed config (`ServiceConfig`, src/siglip_serve/serve/plan/config.py), in the "
-        "order the code declares them. The same keys are a Serve YAML's `args:`, `siglip-serve run --set KEY=VALUE` "
-        "(and the `run` flags that name them), and a `models:` entry's own settings; for `siglip-serve run` each is "
-        "also the environment variable `SIGLIP_<KEY>` (any case; a list or mapping as JSON; a nested key's parts "
-        "joined by `__`), which a flag or `--set` overrides (`api_key` excepted: `SIGLIP_API_KEY` is the key "
-        "itself, never a setting). An unknown key or a bad value stops the service with a message naming it. "
-        "The guide groups them by concern: [Configuration](../guides/configuration.md).\n\n",
-        "## ServiceConfig\n\n", table, "\n".join(field_rows(ServiceConfig)), "\n\n",
+        "Every key of the service's one typed config (`ServiceConfig`, src/siglip_serve/serve/plan/config.py), by its "
+        "scope, in the order the code declares them. The same keys are a Serve YAML's `args:`, `siglip-serve run "
+        "--set KEY=VALUE` (and the `run` flags that name them); for `siglip-serve run` each is also the environment "
+        "variable `SIGLIP_<KEY>` (any case; a list or mapping as JSON; a nested key's parts joined by `__`), which a "
+        "flag or `--set` overrides (`api_key` excepted: `SIGLIP_API_KEY` is the key itself, never a setting). An "
+        "unknown key or a bad value stops the service with a message naming it. The guide groups them by concern: "
+        "[Configuration](../guides/configuration.md).\n\n",
+        "## Per model\n\nThe settings of one model: at the top level those of the one model served (or, with "
+        "`models:`, every entry's default); in a `models:` entry (`ModelEntry`) that model's own, beside its `name`. "
+        "An entry takes these keys and no others.\n\n", table,
+        "\n".join(field_rows(ModelEntry, frozenset({"name"}))), "\n",
+        "\n".join(field_rows(ServiceConfig, PER_MODEL)), "\n\n",
+        "## The front door\n\nWhat the ingress alone reads: set once for the service, never in a `models:` entry. "
+        "Under `model_apps` they are left out of each model's own application, so a change rolls the ingress "
+        "only.\n\n", table, "\n".join(field_rows(ServiceConfig, FRONT_ONLY)), "\n\n",
+        "## The whole service\n\nWhat every model's towers read too, the same for all: set once for the service, "
+        "never in a `models:` entry; under `model_apps` every model's own application repeats them.\n\n", table,
+        "\n".join(field_rows(ServiceConfig, SERVICE_WIDE)), "\n\n",
         "## autoscaling\n\nThe encoder replicas' `autoscaling:` block (`Autoscaling`).\n\n", table,
         "\n".join(field_rows(Autoscaling)), "\n\n",
         "## ingress_autoscaling\n\nThe ingress replicas' `ingress_autoscaling:` block (`IngressAutoscaling`).\n\n",

@@ -56,7 +56,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 
 # Modules a package may not import although its row allows their package: a replica reads its own slice of the
 # plan (serve/plan/replica_slices.py), never the config the plan was made from.
-CONFIG_MODULES = frozenset({"serve.plan.config", "serve.plan.served_models"})
+CONFIG_MODULES = frozenset({"serve.plan.config", "serve.plan.model_entry", "serve.plan.served_models"})
 NOT_IMPORTED: dict[str, frozenset[str]] = {
     "serve.ingress": CONFIG_MODULES,
     "serve.ingress.endpoints": CONFIG_MODULES,

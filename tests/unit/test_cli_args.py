@@ -109,6 +109,16 @@ def test_every_config_key_is_also_an_environment_variable_below_the_flags(caplog
     assert ServiceConfig.from_args(cli.run_settings(plain, {})).replicas == ServiceConfig().replicas
 
 
+def test_models_from_the_environment_are_typed_entries_each_setting_what_it_names() -> None:
+    environ = {"SIGLIP_SEED": "5", "SIGLIP_MODELS": '[{"name": "a", "model": "tiny-siglip", "seed": 0}, '
+                                                    '{"name": "b", "model": "tiny-siglip2"}]'}
+    config = ServiceConfig.from_args(cli.run_settings(cli.build_parser().parse_args([]), environ))
+    assert [(entry.name, entry.own()) for entry in config.models] == [("a", {"model": "tiny-siglip", "seed": 0}),
+                                                                       ("b", {"model": "tiny-siglip2"})]
+    with pytest.raises(SettingsError, match="port belong to the service, not one model"):
+        cli.run_settings(cli.build_parser().parse_args([]), {"SIGLIP_MODELS": '[{"name": "a", "port": 1}]'})
+
+
 def test_a_bad_environment_value_is_a_usage_error_naming_the_key(monkeypatch, capsys) -> None:
     monkeypatch.setenv("SIGLIP_REPLICAS", "three")
     with pytest.raises(SystemExit) as stop:

@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.config import FRONT_ONLY, SERVICE_WIDE, ConfigError, ServiceConfig
+from siglip_serve.serve.plan.live_settings import restart_keys
+from siglip_serve.serve.plan.model_entry import PER_MODEL, ModelEntry
 from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.served_models import model_app_args, served_models
 from tests.helpers import REPO
 
 
@@ -115,3 +118,58 @@ def test_a_checkpoint_only_the_workers_mount_is_parsed_on_the_head_and_refused_w
     config = ServiceConfig.from_args({"model": "ViT-B-16-SigLIP", "checkpoint": "/nonexistent/model.pt"})
     with pytest.raises(ModelLoadError, match="checkpoint file not found: /nonexistent/model.pt"):
         preflight_weights(config.model_settings())
+
+
+def test_every_key_is_in_exactly_one_scope_the_group_that_declares_it_decides() -> None:
+    scopes = {"per model": PER_MODEL, "the front's alone": FRONT_ONLY, "service-wide": SERVICE_WIDE}
+    keys = set(ServiceConfig.model_fields)
+    assert {key: [name for name, scope in scopes.items() if key in scope] for key in keys} == {
+        key: [next(name for name, scope in scopes.items() if key in scope)] for key in keys}
+    assert frozenset().union(*scopes.values()) == keys  # no scope names a key the config lacks
+    assert set(ModelEntry.model_fields) == PER_MODEL | {"name"}  # an entry takes the per-model keys, no other
+    # What a model's towers (and its own application's config) read is the whole service's, never the front's alone.
+    assert {"log_level", "request_timeout_s", "api_keys_file", "interactive_encoder", "tracing"} <= SERVICE_WIDE
+
+
+def test_a_models_own_application_gets_every_key_but_the_fronts_and_validates() -> None:
+    front = {"replicas": 1, "log_level": "DEBUG", "request_timeout_s": 12, "max_body_bytes": 4096,
+             "embedding_cache_mib": 8, "interactive_encoder": True, "api_keys_file": "/keys.toml",
+             "models": [{"name": "a", "model": "tiny-siglip", "replicas": 2}, {"name": "b", "model": "tiny-siglip2"}]}
+    own = model_app_args(front, "b")
+    assert own == {"replicas": 1, "log_level": "DEBUG", "request_timeout_s": 12, "interactive_encoder": True,
+                   "api_keys_file": "/keys.toml", "models": [{"name": "b", "model": "tiny-siglip2"}]}
+    assert [entry.name for entry in ServiceConfig.from_args(own).models] == ["b"]
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"model": "tiny-siglip"}, "models[0]: Value error, name: give each model a name"),
+    ({"name": "a b"}, "models[0]: Value error, name: give each model a name of letters"),
+    ({"name": "a", "max_body_bytes": 2048, "tracing": True},
+     "models[0] (a): Value error, max_body_bytes, tracing belong to the service, not one model; set them beside "
+     "models:, or per model only allow_dimension_truncation, "),
+    ({"name": "a", "buckets": [0]}, "models[0] (a): buckets: Value error, batch buckets must be between 1 and 256"),
+    ({"name": "a", "replicas": 0}, "models[0] (a): Value error, replicas must be at least 1"),
+])
+def test_a_models_entry_is_typed_and_refused_naming_its_place_its_name_and_the_key(entry: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        ServiceConfig.from_args({"models": [entry]})
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_entry_is_what_it_sets_so_a_default_set_in_it_still_goes_over_the_services() -> None:
+    base = {"seed": 5, "replicas": 1}
+    plain = ServiceConfig.from_args({**base, "models": [{"name": "a", "model": "tiny-siglip"}]})
+    zero = ServiceConfig.from_args({**base, "models": [{"name": "a", "model": "tiny-siglip", "seed": 0}]})
+    assert isinstance(zero.models[0], ModelEntry) and zero.models[0].seed == plain.models[0].seed == 0
+    assert zero.models[0].own() == {"model": "tiny-siglip", "seed": 0}
+    assert [(m.name, m.config.seed) for m in served_models(plain)] == [("a", 5)]
+    assert [(m.name, m.config.seed) for m in served_models(zero)] == [("a", 0)]
+    assert zero.models != plain.models and restart_keys(plain, zero) == ["models"]  # a reload sees the change
+    assert ServiceConfig.from_args({**base, "models": [{"name": "a", "model": "tiny-siglip"}]}) == plain
+
+
+def test_an_entrys_backend_options_are_checked_against_the_backend_its_model_runs_on() -> None:
+    """The backend may be the service's: an entry's options are checked in its model's whole config."""
+    config = ServiceConfig.from_args({"backend": "cpu", "models": [{"name": "a", "backend_options": {"x": 1}}]})
+    with pytest.raises(ConfigError, match=r"models\[0\] \(a\): backend_options: .*takes no backend_options"):
+        served_models(config)

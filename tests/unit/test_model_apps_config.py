@@ -8,9 +8,9 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
+from siglip_serve.serve.plan.config import FRONT_ONLY, ConfigError, ServiceConfig
 from siglip_serve.serve.plan.planner import INGRESS_SURGE_PERCENT, plan_service
-from siglip_serve.serve.plan.served_models import FRONT_ONLY, model_app_args
+from siglip_serve.serve.plan.served_models import model_app_args
 from siglip_serve.serve.serve_yaml import BUILDER, MODEL_BUILDER, model_apps_config, service_args
 from tests.helpers import REPO
 

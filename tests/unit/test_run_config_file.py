@@ -81,7 +81,7 @@ def test_sighup_changes_the_models_of_a_config_that_lists_them_checked_as_at_sta
     checked: list[list[str]] = []
 
     def check(config: ServiceConfig) -> str | None:
-        names = [entry["name"] for entry in config.models]
+        names = [entry.name for entry in config.models]
         if "bad" in names:
             raise ConfigError("model bad: no weights")
         checked.append(names)

@@ -115,6 +115,6 @@ class Reload:
 
 
 def _names(config: ServiceConfig) -> str:
-    names = [str(entry.get("name")) for entry in config.models]
+    names = [entry.name for entry in config.models]
     default = config.default_model or (names[0] if names else config.model)
     return ", ".join(f"{name} (default)" if name == default else name for name in names)

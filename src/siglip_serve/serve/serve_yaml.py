@@ -21,14 +21,11 @@ def model_apps_config(name: str, route_prefix: str, args: dict[str, Any]) -> dic
     true`), then per model `name-MODEL` (serve/plan/served_models.py `model_app_name`), not on HTTP, whose args
     are that model's alone (`model_app_args`)."""
     front = {**args, "model_apps": True}
-    ServiceConfig.from_args(front)  # refused here, naming the key, rather than by Serve's builder
+    config = ServiceConfig.from_args(front)  # refused here, naming the key, rather than by Serve's builder
     apps: list[dict[str, Any]] = [{"name": name, "route_prefix": route_prefix, "import_path": BUILDER, "args": front}]
-    for entry in front.get("models") or ():
-        model = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(model, str):
-            raise ConfigError("each models: entry needs its name")
-        apps.append({"name": model_app_name(name, model), "route_prefix": None, "import_path": MODEL_BUILDER,
-                     "args": model_app_args(front, model)})
+    for entry in config.models:
+        apps.append({"name": model_app_name(name, entry.name), "route_prefix": None, "import_path": MODEL_BUILDER,
+                     "args": model_app_args(front, entry.name)})
     return {"applications": apps}
 
 

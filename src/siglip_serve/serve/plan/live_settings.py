@@ -9,9 +9,10 @@ in it: a change there alone is applied to the running replicas by calling their 
 the settings below travel there, as a mapping of config keys over the application's args; the rest stay in
 the args and need a restart.
 
-`LiveSettings` is their one typed definition: ServiceConfig takes its fields from it, and the ingress's part of
-the plan holds one (serve/plan/replica_slices.py FrontSettings). The user_config is read over the args, never
-over the previous user_config: a key left out of it is the args' value again.
+`LiveSettings` is their one typed definition (`FrontLive` the part the ingress alone reads): ServiceConfig takes
+its fields from it, and the ingress's part of the plan holds one (serve/plan/replica_slices.py FrontSettings).
+The user_config is read over the args, never over the previous user_config: a key left out of it is the args'
+value again.
 """
 
 from __future__ import annotations
@@ -42,25 +43,15 @@ class FetchSettings:
     timeout_s: float = 10.0
 
 
-class LiveSettings(BaseModel):
-    """What an ingress replica holds once for every model (its front door and keys, its cache, its URL fetcher,
-    its log level), so a new value is swapped in whole. The other limits are held by the parts built per model at
-    start (image checks, batchers, tower links), which a restart rebuilds."""
+class FrontLive(BaseModel):
+    """The live settings the ingress alone reads: its queue, its 503s' Retry-After, its cache and its URL fetcher."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Waiting costs a connection, not memory: under HAProxy they wait in HAProxy's queue (docs/operations.md).
     max_queued_requests: int = Field(256, ge=1, description="requests that may wait for each ingress replica "
                                                             "beyond those it works on; past it: 503 at once")
-    # Time queued in HAProxy before the ingress, reading the body, decoding, queueing and encoding all
-    # count; past it the remaining work is dropped.
-    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the front end "
-                                                             "has its headers; past it: 504")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds of a 503")
-    # Several keys, each a tenant with its lane, weight and rate (serve/shared/tenants.py); read again when it changes.
-    api_keys_file: str | None = Field(None, description="a TOML file of API keys, each a tenant (name, key or "
-                                                        "sha256, lane, weight, rate_per_s): docs/http-api.md")
-    log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
     # Per ingress replica, in its memory; hits answer without decoding or a forward pass
     # (serve/ingress/embedding_cache.py).
     embedding_cache_mib: float = Field(0, ge=0, description="MiB of embeddings each ingress replica keeps, keyed by "
@@ -83,16 +74,6 @@ class LiveSettings(BaseModel):
                                                                "alone bounds the wait for a turn; past either: 504 "
                                                                "url_timeout")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_classify_cache(cls, data: Any) -> Any:
-        # Said plainly, not as pydantic's "extra inputs are not permitted": classify's labels have no cache of
-        # their own.
-        if isinstance(data, Mapping) and "classify_cache_size" in data:
-            raise ValueError("classify_cache_size is not a setting: classify's labels are kept in the embedding "
-                             "cache with every other text and image; size it with embedding_cache_mib")
-        return data
-
     @field_validator("url_fetch_allowlist", mode="before")
     @classmethod
     def _split_allowlist(cls, value: object) -> object:
@@ -114,6 +95,33 @@ class LiveSettings(BaseModel):
         """What serve/ingress/url_fetch.py's UrlFetcher takes: the allowlist, the bounds, `max_bytes` an image's."""
         return FetchSettings(allowlist=self.url_fetch_allowlist, max_bytes=max_bytes,
                              concurrency=self.url_fetch_concurrency, timeout_s=self.url_fetch_timeout_s)
+
+
+class LiveSettings(FrontLive):
+    """What an ingress replica holds once for every model (its front door and keys, its cache, its URL fetcher,
+    its log level), so a new value is swapped in whole. The other limits are held by the parts built per model at
+    start (image checks, batchers, tower links), which a restart rebuilds. Beside FrontLive's, the live settings a
+    model's towers read too, at their start: the deadline (their drain on scale-in), the log level, and the keys
+    file (which `interactive_encoder` needs)."""
+
+    # Time queued in HAProxy before the ingress, reading the body, decoding, queueing and encoding all
+    # count; past it the remaining work is dropped.
+    request_timeout_s: float = Field(30.0, gt=0, description="one deadline per request from the moment the front end "
+                                                             "has its headers; past it: 504")
+    # Several keys, each a tenant with its lane, weight and rate (serve/shared/tenants.py); read again when it changes.
+    api_keys_file: str | None = Field(None, description="a TOML file of API keys, each a tenant (name, key or "
+                                                        "sha256, lane, weight, rate_per_s): docs/http-api.md")
+    log_level: LogLevel = Field("INFO", description="level of the service's own log lines")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_classify_cache(cls, data: Any) -> Any:
+        # Said plainly, not as pydantic's "extra inputs are not permitted": classify's labels have no cache of
+        # their own.
+        if isinstance(data, Mapping) and "classify_cache_size" in data:
+            raise ValueError("classify_cache_size is not a setting: classify's labels are kept in the embedding "
+                             "cache with every other text and image; size it with embedding_cache_mib")
+        return data
 
 
 LIVE_KEYS: tuple[str, ...] = tuple(LiveSettings.model_fields)

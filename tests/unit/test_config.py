@@ -166,6 +166,8 @@ def test_an_entry_is_what_it_sets_so_a_default_set_in_it_still_goes_over_the_ser
     assert [(m.name, m.config.seed) for m in served_models(zero)] == [("a", 0)]
     assert zero.models != plain.models and restart_keys(plain, zero) == ["models"]  # a reload sees the change
     assert ServiceConfig.from_args({**base, "models": [{"name": "a", "model": "tiny-siglip"}]}) == plain
+    renamed = ServiceConfig.from_args({**base, "models": [{"name": "b", "model": "tiny-siglip"}]})
+    assert renamed.models != plain.models and restart_keys(plain, renamed) == ["models"]
 
 
 def test_an_entrys_backend_options_are_checked_against_the_backend_its_model_runs_on() -> None:

@@ -113,10 +113,10 @@ class ModelEntry(ModelServing, ModelSettings):
 
     def __eq__(self, other: object) -> bool:
         # An entry is what it sets: a key set to its default still overrides the service's value, where a key left
-        # out takes it, so two entries are equal only where they set the same keys alike.
+        # out takes it, so two entries are equal only where they name the same model and set the same keys alike.
         if not isinstance(other, ModelEntry):
             return NotImplemented
-        return self.own() == other.own()
+        return self.name == other.name and self.own() == other.own()
 
     def own(self) -> dict[str, Any]:
         """The settings this entry sets, its name left out: what goes over the service's."""

@@ -57,9 +57,11 @@ class ModelServing(BaseModel):
     env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of every encoder "
                                                                        "replica (Ray runtime_env), e.g. "
                                                                        "NEURON_LOGICAL_NC_CONFIG on trn2")
-    # A deliberate, documented difference from open_clip (cosine >= 0.9999 kept).
+    # Deliberate, documented differences from open_clip (docs/preprocessing.md; cosine >= 0.9999 kept).
     fast_jpeg_decode: bool = Field(True, description="decode large JPEGs at a reduced DCT scale (>= 2x the model's "
-                                                     "input), then resize; false gives open_clip's exact pixels")
+                                                     "input), then resize on PyTorch's vectorised bicubic (a level "
+                                                     "or two from Pillow's pixels); false gives open_clip's exact "
+                                                     "pixels")
     # nvJPEG on the GPU instead of the ingress's cores (models/device_decode.py); cpu allows it for tests.
     device_jpeg_decode: bool = Field(False, description="cuda: decode 8-bit RGB/grey JPEGs in the encoder replica on "
                                                         "the GPU (nvJPEG); every limit is still checked in the ingress")

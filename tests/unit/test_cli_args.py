@@ -83,7 +83,7 @@ def test_run_flags_reach_the_service_config(tmp_path) -> None:
     assert (config.model, config.seed, config.cuda_dtype, config.buckets) == ("tiny-siglip", 3, "fp16", (1, 2))
     assert config.replicas == 2  # the flag wins over --set, as before
     assert config.max_queued_requests == 8 and config.access_log and config.log_level == "DEBUG"
-    assert config.resolve_api_key({}) == "secret"
+    assert config.key_to_send(config.api_keys_file, {}) == "secret"
     auto = cli.build_parser().parse_args(["--backend", "neuron", "--replicas", "auto"])
     assert ServiceConfig.from_args(cli.run_settings(auto)).replicas == "auto"
 
@@ -162,9 +162,10 @@ def test_a_key_from_the_environment_reaches_a_joined_cluster_in_the_config_only(
 
     environ = {API_KEY_ENV: KEY}
     joined = cli.service_config(cli.build_parser().parse_args(["--address", "127.0.0.1:6379"]), environ)
-    assert joined.resolve_api_key({}) == KEY  # the joined cluster's ingress does not see our environment
+    # The joined cluster's ingress does not see our environment; the Ray we start inherits it.
+    assert joined.key_to_send(joined.api_keys_file, {}) == KEY
     local = cli.service_config(cli.build_parser().parse_args([]), environ)
-    assert local.api_key is None and local.resolve_api_key(environ) == KEY  # the Ray we start inherits it
+    assert local.api_key is None and local.key_to_send(local.api_keys_file, environ) == KEY
 
 
 def test_one_key_value_parser() -> None:

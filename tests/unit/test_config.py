@@ -85,19 +85,22 @@ def test_shipped_serve_configs_validate(path: Path) -> None:
 def test_api_key_comes_from_args_then_file_then_environment(tmp_path) -> None:
     from siglip_serve.serve.plan.config import API_KEY_ENV, ConfigError
 
+    def sent(args: dict, environ: dict) -> str | None:
+        config = ServiceConfig.from_args(args)
+        return config.key_to_send(config.api_keys_file, environ)
+
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
     env = {API_KEY_ENV: "from-env"}
-    both = ServiceConfig.from_args({"api_key": "from-args", "api_key_file": str(key_file)})
-    assert both.resolve_api_key(env) == "from-args"
-    assert ServiceConfig.from_args({"api_key_file": str(key_file)}).resolve_api_key(env) == "from-file"
-    assert ServiceConfig.from_args({}).resolve_api_key(env) == "from-env"
-    assert ServiceConfig.from_args({}).resolve_api_key({}) is None
+    assert sent({"api_key": "from-args", "api_key_file": str(key_file)}, env) == "from-args"
+    assert sent({"api_key_file": str(key_file)}, env) == "from-file"
+    assert sent({}, env) == "from-env"
+    assert sent({}, {}) is None
     with pytest.raises(ConfigError, match="cannot read"):
-        ServiceConfig.from_args({"api_key_file": str(tmp_path / "missing")}).resolve_api_key({})
+        sent({"api_key_file": str(tmp_path / "missing")}, {})
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="is empty"):
-        ServiceConfig.from_args({"api_key_file": str(tmp_path / "empty")}).resolve_api_key({})
+        sent({"api_key_file": str(tmp_path / "empty")}, {})
 
 
 def test_decode_limits_reach_the_image_limits() -> None:

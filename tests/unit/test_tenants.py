@@ -122,7 +122,7 @@ def test_a_bad_keys_file_stops_the_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not both"):
         ServiceConfig.from_args({"api_keys_file": str(_keys(tmp_path)), "api_key": "x"})
     config = ServiceConfig.from_args({"api_keys_file": str(_keys(tmp_path))})
-    assert config.resolve_api_key({"SIGLIP_API_KEY": "env"}) is None
+    assert config.key_to_send(config.api_keys_file, {"SIGLIP_API_KEY": "env"}) is None
 
 
 def test_haproxy_gets_each_keys_lane_by_its_hash_never_the_key(tmp_path: Path) -> None:

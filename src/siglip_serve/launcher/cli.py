@@ -247,7 +247,7 @@ def service_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             load_keys(config.api_keys_file)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    key = config.resolve_api_key(environ)
+    key = config.key_to_send(config.api_keys_file, environ)
     if args.address and key is not None and config.api_key is None and config.api_key_file is None:
         config = config.model_copy(update={"api_key": SecretStr(key)})
     return config

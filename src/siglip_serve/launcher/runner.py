@@ -245,8 +245,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                 return 0
         else:
             check_cluster_fits(plan, growth)
-        app = build(config, plan, pin=True)
         quiet, system = serve_logging(config)
+        app = build(config, plan, pin=True)
         timeline.mark(phases.PLAN)
         if placeholder is not None:
             placeholder.release()

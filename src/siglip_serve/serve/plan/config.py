@@ -180,7 +180,8 @@ class ServiceConfig(LiveSettings, FrontDoorKey, FrontDoor, ModelList, Cluster, O
 
     @model_validator(mode="after")
     def _check_serving(self) -> ServiceConfig:
-        if problem := keys_problem(self.api_keys_file, self.single_key, self.needs_keys):
+        needs = self.needs_keys
+        if problem := keys_problem(self.api_keys_file, self.single_key, needs):
             raise ValueError(problem)
         if self.interactive_encoder and self.autoscaling is not None:
             raise ValueError("interactive_encoder and autoscaling contradict: the kept replica is one, whatever the "
@@ -198,10 +199,6 @@ class ServiceConfig(LiveSettings, FrontDoorKey, FrontDoor, ModelList, Cluster, O
     def needs_keys(self) -> tuple[str, ...]:
         """The settings set that need api_keys_file."""
         return tuple(kept for kept in ("interactive_ingress", "interactive_encoder") if getattr(self, kept))
-
-    def resolve_api_key(self, environ: Mapping[str, str]) -> str | None:
-        """The key clients must send (serve/plan/replica_slices.py FrontDoorKey.key_to_send)."""
-        return self.key_to_send(self.api_keys_file, environ)
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any] | None) -> ServiceConfig:

@@ -62,6 +62,7 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
     default): on when the tokenizer is local or the hub answers within seconds, else off with one log
     line saying how to turn it on; an image service from a local checkpoint on an air-gapped host then
     starts without minutes of hub retries."""
+    settings = config.model_settings()
     if policy_of(config).text_replicas == 0 or config.models:  # several models: each entry's text tower as it says
         return None
     from siglip_serve.models.hub import hub_address, offline_requested, reachable
@@ -69,7 +70,6 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
     from siglip_serve.models.text import load_tokenizer, tokenizer_dir
 
     open_clip = open_clip_module()
-    settings = config.model_settings()
     asked = config.text_replicas is not None or config.tokenizer is not None
     if tokenizer_dir(settings) is None and not offline_requested():
         host, port = hub_address({"hf_hub": config.model})

@@ -15,33 +15,21 @@ It prints a row per window and writes every row, and the cache's counts at the e
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import json
 import time
 
 import httpx
-import numpy as np
-from PIL import Image
 
 from siglip_serve.measure.client_pool import ClientPool
+from siglip_serve.measure.corpus import build_bodies, distinct_copies
 from siglip_serve.measure.served import drive, sample_photos
 from siglip_serve.measure.server_cpu import ServerCpu
 
 
 def bodies(count: int, seed: int) -> list[tuple[bytes, str]]:
     """`count` JSON bodies of distinct ~640x480 JPEGs: the bench photos, each copy with its own corner."""
-    rng = np.random.default_rng(seed)
-    photos = [np.array(Image.open(io.BytesIO(photo.data))) for photo in sample_photos()]
-    out = []
-    for i in range(count):
-        array = photos[i % len(photos)].copy()
-        array[:8, :8] = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(array).save(buffer, format="JPEG", quality=90)
-        uri = "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
-        out.append((json.dumps({"input": [uri], "modality": "image"}).encode(), "application/json"))
-    return out
+    return [(body.data, body.content_type)
+            for body in build_bodies(distinct_copies(sample_photos(), count, seed), "json", 1)]
 
 
 def window(url: str, sent: list[tuple[bytes, str]], server: ServerCpu, concurrency: int) -> dict[str, object]:

@@ -64,6 +64,27 @@ def sample_corpus(names: Sequence[str] = PHOTOS, size: tuple[int, int] | None = 
     return images
 
 
+def distinct_copies(photos: Sequence[Image], count: int, seed: int) -> list[Image]:
+    """`count` JPEGs, never the same bytes twice (so no embedding cache answers one): the photos in turn, each
+    copy with an 8x8 corner of its own random pixels, re-encoded at quality 90."""
+    import numpy as np
+    from PIL import Image as PILImage
+
+    rng = np.random.default_rng(seed)
+    pictures = []
+    for photo in photos:
+        with PILImage.open(io.BytesIO(photo.data)) as picture:
+            pictures.append(np.array(picture.convert("RGB")))
+    copies = []
+    for i in range(count):
+        array = pictures[i % len(pictures)].copy()
+        array[:8, :8] = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        PILImage.fromarray(array).save(buf, format="JPEG", quality=90)
+        copies.append(Image(f"copy-{i}.jpg", buf.getvalue(), "image/jpeg"))
+    return copies
+
+
 def _reencode(jpeg: bytes, size: tuple[int, int] | None, quality: int) -> bytes:
     from PIL import Image as PILImage
 

@@ -21,7 +21,8 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
         [str(BIN / "siglip-serve"), "bench", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3",
          "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--endpoint", "json",
          "--multicore", "2", "--set", "torch_threads=1", "--json", str(out), "--client-processes", "2",
-         "--profile", str(tmp_path / "profiles"), "--profile-seconds", "2"],
+         "--profile", str(tmp_path / "profiles"), "--profile-seconds", "2", "--price-per-hour", "3.6",
+         "--accelerators", "2"],
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -68,7 +69,19 @@ def test_bench_writes_every_part(tmp_path: Path) -> None:
         svg = Path(path).read_text()
         assert path.startswith(str(tmp_path / "profiles")) and "<svg" in svg
         assert kind not in ("ingress", "encoder") or "siglip_serve" in svg  # our own frames, sampled
+    # $3.60 an hour: a million images cost 1,000 / img/s dollars. The bare encoder's best bucket counts both
+    # accelerators given, up to the host ceiling where that is lower.
+    assert result["price"] == {"usd_per_hour": 3.6, "accelerators": 2, "instance": None, "region": None, "date": None,
+                               "source": None}
+    for row in result["served"]:
+        assert row["usd_per_million_images"] == pytest.approx(1000 / row["images_per_second"])
+    bare, best = result["bare_price"], max(result["encoder"], key=lambda row: row["images_per_second"])
+    assert bare["bucket"] == best["bucket"] and bare["per_accelerator_images_per_second"] == best["images_per_second"]
+    assert bare["images_per_second"] == min(2 * best["images_per_second"], ceiling["images_per_second"])
+    assert bare["capped_by_host_ceiling"] == (ceiling["images_per_second"] < 2 * best["images_per_second"])
+    assert bare["usd_per_million_images"] == pytest.approx(1000 / bare["images_per_second"])
     for title in ("flame graphs", "bare encoder", "preprocessing", "served over HTTP", "server CPU-ms per image",
                   "multi-core", "served / bare", "host ceiling", result["bound"]["verdict"], "2 client process(es)",
-                  "client_busiest_core"):
+                  "client_busiest_core", "usd_per_million_images", "priced at $3.6/h (2 accelerators)",
+                  f"bare encoder, bucket {best['bucket']}, for the instance"):
         assert title in run.stdout

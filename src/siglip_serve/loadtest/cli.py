@@ -33,6 +33,7 @@ from siglip_serve.loadtest.promtext import IMAGES_METRIC, MetricsError, cross_ch
 from siglip_serve.loadtest.summary import EXIT_ERROR, build_summary, format_summary
 from siglip_serve.measure.corpus import CorpusError, image_files
 from siglip_serve.measure.load_results import RunResults
+from siglip_serve.measure.prices import add_price_arguments, price_from_args
 from siglip_serve.measure.server_cpu import ServerCpu
 
 log = logging.getLogger("siglip_loadtest")
@@ -76,11 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--metrics-tolerance", type=float, default=0.05)
     out = parser.add_argument_group("output")
     out.add_argument("--out", default="loadtest-results", help="folder for summary.json, CSV and HTML")
+    add_price_arguments(parser.add_argument_group("price (dollars per million images)"))
     return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Fail here, before Locust starts, on what Locust's workers would only fail on one by one."""
+    args.price = price_from_args(args)
     if args.images:
         image_files(args.images)
         args.images = str(Path(args.images).resolve())  # Locust's cwd may differ
@@ -152,8 +155,9 @@ def local_server(host: str) -> ServerCpu | None:
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
-    settings = {k: v for k, v in vars(args).items() if k not in ("api_key", "func")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("api_key", "func", "price")}
     settings["api_key"] = bool(args.api_key)
+    settings["prices"] = str(args.prices) if args.prices else None
     settings["shape"] = "step" if args.step_users else "constant"
     return settings
 
@@ -217,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if server and cpu_before is not None:
         server_cpu = ServerCpu.between(cpu_before, server.snapshot()).result(results.images)
     summary = build_summary(results, settings_of(args), outputs, check, args.max_fail_ratio, args.max_p99_ms,
-                            args.p99_target_ms, args.step_max_fail_ratio, server_cpu)
+                            args.p99_target_ms, args.step_max_fail_ratio, server_cpu, args.price)
     if completed.returncode not in (0, 1):
         summary.notes.append(f"Locust exited with {completed.returncode}")
         summary.exit_code = EXIT_ERROR

@@ -5,7 +5,9 @@ Three parts, each printed as a table and written into one BenchResult JSON (meas
 - preprocess: decode + resize of real ~640x480 photos on one thread (one core);
 - served: the real application under a local Ray, driven over HTTP at several concurrencies
   (measure/served.py).
-Served ÷ bare (best bucket) is the serving efficiency.
+Served ÷ bare (best bucket) is the serving efficiency. With a price (--price-per-hour or --instance,
+measure/prices.py) each served row gets its dollars per million images, and the bare encoder's best bucket its
+own for the whole instance (times --accelerators, capped at the host ceiling where one was measured).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from siglip_serve.core.backends import NO_MODEL_BACKEND, backend_record
 from siglip_serve.measure.bound import judge
 from siglip_serve.measure.client_pool import auto_client_processes
+from siglip_serve.measure.prices import BarePrice, Price, bare_price, dollars, usd_per_million
 from siglip_serve.measure.results import BenchResult, ClientCpu, EncoderRow, Machine, PreprocessResult
 from siglip_serve.measure.served import BENCH_PHOTO_SIZE, bench_served, percentile_ms, sample_photos
 from siglip_serve.measure.server_cpu import KINDS
@@ -85,9 +88,11 @@ def bench_preprocess(config: ServiceConfig, iterations: int) -> PreprocessResult
 
 def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
     skip = {part.strip() for part in args.skip.split(",") if part.strip()}
+    price: Price | None = args.price
     result = BenchResult(machine=machine(), model=config.model, backend=config.backend,
                          weights=config.weights_source, buckets=list(config.buckets),
-                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), price=price)
+    priced = ["usd_per_million_images"] if price is not None else []
     if "encoder" not in skip:
         result.encoder = bench_encoder(config, args.warmup, args.iterations)
         print_table(f"bare encoder: {config.model} on {config.backend}", result.encoder,
@@ -120,12 +125,17 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
         result.served, result.host_ceiling, result.profiles = bench_served(
             config, levels, args.requests, args.images_per_request, args.front_end, endpoint,
             host_ceiling="host-ceiling" not in skip, profile=profile, on_plan=planned, client_processes=clients)
+        if price is not None:
+            for row in result.served:
+                row.usd_per_million_images = usd_per_million(row.images_per_second, price.usd_per_hour)
         print_table(f"served over HTTP: {config.model}, {shape}, "
-                    f"{args.images_per_request} image(s) per request ({endpoint}), {clients} client process(es)",
+                    f"{args.images_per_request} image(s) per request ({endpoint}), {clients} client process(es)"
+                    + (f", priced at {price.label()}" if price is not None else ""),
                     [{**row.model_dump(), "server_cpu_ms_per_image": row.server_cpu and row.server_cpu.ms_per_image,
-                      **client_columns(row.client_cpu)} for row in result.served],
+                      **client_columns(row.client_cpu), "usd_per_million_images": dollars(row.usd_per_million_images)}
+                     for row in result.served],
                     ["concurrency", "images_per_second", "server_cpu_ms_per_image", "latency_p50_ms",
-                     "latency_p99_ms", "failures", *CLIENT_COLUMNS])
+                     "latency_p99_ms", "failures", *CLIENT_COLUMNS, *priced])
         print_table("server CPU-ms per image by process kind (the whole service process tree)",
                     [{"concurrency": row.concurrency, **row.server_cpu.ms_per_image_by_kind.model_dump()}
                      for row in result.served if row.server_cpu], ["concurrency", *KINDS])
@@ -160,9 +170,22 @@ def run_bench(config: ServiceConfig, args: argparse.Namespace) -> int:
             result.bound = judge(result.host_ceiling.images_per_second, device, served,
                                  busiest_client(top.client_cpu, result.host_ceiling.client_cpu))
             print(f"{result.bound.verdict}: {result.bound.explanation}")
+    if price is not None and result.encoder:
+        best = max(result.encoder, key=lambda row: row.images_per_second)
+        ceiling = result.host_ceiling.images_per_second if result.host_ceiling is not None else None
+        result.bare_price = bare_price(price, best.bucket, best.images_per_second, ceiling)
+        print(bare_price_line(result.bare_price, price))
     result.write(args.json_out)
     print(f"wrote {args.json_out}")
     return 0
+
+
+def bare_price_line(bare: BarePrice, price: Price) -> str:
+    """The bare encoder's best bucket priced for the instance, saying how its images a second were counted."""
+    count = (f"{bare.per_accelerator_images_per_second:.1f} img/s per accelerator x {price.accelerators}"
+             + (f", capped at the host ceiling's {bare.images_per_second:.1f}" if bare.capped_by_host_ceiling else ""))
+    return (f"bare encoder, bucket {bare.bucket}, for the instance: {count}: "
+            f"{dollars(bare.usd_per_million_images, 'n/a')} per 1M images at {price.label()}")
 
 
 # The client's own CPU in the served tables: its processes, their CPU seconds, the busiest one's share of a core.

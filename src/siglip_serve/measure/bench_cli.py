@@ -8,6 +8,7 @@ import logging
 from siglip_serve.core import cli
 from siglip_serve.launcher.cli import add_front_end_option
 from siglip_serve.measure.corpus import ENDPOINTS
+from siglip_serve.measure.prices import add_price_arguments, price_from_args
 from siglip_serve.models import cli_args
 
 log = logging.getLogger("siglip_serve")
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", dest="json_out", default="bench.json", help="where to write the results")
     bench.add_argument("--set", action="append", default=[], type=cli.key_value, metavar="KEY=VALUE")
     add_front_end_option(bench)
+    add_price_arguments(bench.add_argument_group("price (dollars per million images)"))
     return bench
 
 
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             py_spy()
             if "served" in args.skip:
                 raise ProfileRefused("--profile records the served part; it is skipped (--skip served)")
+        args.price = price_from_args(args)  # a table or option that gives no price fails before anything runs
         settings = {**cli_args.model_values(args), **cli.settings_values(args.set),
                     **cli.option_values(args, ("replicas",))}
         return run_bench(ServiceConfig.from_args(settings), args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from siglip_serve.measure.prices import Price
 from siglip_serve.measure.results import (
     Bound,
     Commented,
@@ -47,6 +48,8 @@ class Step(Result):
     images_per_second: float
     requests_per_second: float
     latency_ms: LatencyMs
+    # The instance's hourly price over an hour of this step's images (loadtest --price-per-hour); None unpriced.
+    usd_per_million_images: float | None = None
 
 
 class OperatingPoint(Result):
@@ -57,11 +60,13 @@ class OperatingPoint(Result):
     latency_ms: LatencyMs
     fail_ratio: float | None
     p99_target_ms: float | None
+    usd_per_million_images: float | None = None
 
     @classmethod
     def of(cls, step: Step, p99_target_ms: float | None) -> OperatingPoint:
         return cls(users=step.users, images_per_second=step.images_per_second,
-                   latency_ms=step.latency_ms.model_copy(), fail_ratio=step.fail_ratio, p99_target_ms=p99_target_ms)
+                   latency_ms=step.latency_ms.model_copy(), fail_ratio=step.fail_ratio, p99_target_ms=p99_target_ms,
+                   usd_per_million_images=step.usd_per_million_images)
 
 
 class ServerInfo(Result):
@@ -145,6 +150,9 @@ class LoadTestSummary(Commented):
     settings: dict[str, Any]
     outputs: dict[str, Any]
     notes: list[str]
+    # --price-per-hour or --instance (measure/prices.py), and the whole run's dollars per million images.
+    price: Price | None = None
+    usd_per_million_images: float | None = None
 
 
 # -- siglip-serve report -------------------------------------------------------------------

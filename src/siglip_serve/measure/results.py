@@ -20,6 +20,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from siglip_serve.core.errors import UserError
+from siglip_serve.measure.prices import BarePrice, Price
 from siglip_serve.measure.seed import SeedRow
 
 Model = TypeVar("Model", bound="Result")
@@ -135,6 +136,8 @@ class ServedRow(Result):
     latency_p99_ms: float | None
     server_cpu: ServerCpuResult | None = None
     client_cpu: ClientCpu | None = None
+    # The instance's hourly price over an hour of this row's images (measure/prices.py); None unpriced.
+    usd_per_million_images: float | None = None
 
 
 class HostCeiling(Result):
@@ -231,8 +234,13 @@ class BenchResult(Commented):
     host_ceiling: HostCeiling | None = None
     bound: Bound | None = None
     profiles: list[ProfileFile] | None = None
+    # --price-per-hour or --instance: the price of the served rows, and the bare encoder's best bucket priced for
+    # the instance (its accelerators, capped at the host ceiling).
+    price: Price | None = None
+    bare_price: BarePrice | None = None
 
     def _absent(self) -> set[str]:
         parts = ("encoder", "preprocess", "served", "front_end", "replicas", "torch_threads", "multicore",
-                 "served_over_bare", "endpoint", "ingress_replicas", "host_ceiling", "bound", "profiles")
+                 "served_over_bare", "endpoint", "ingress_replicas", "host_ceiling", "bound", "profiles", "price",
+                 "bare_price")
         return super()._absent() | {part for part in parts if getattr(self, part) is None}

@@ -1,8 +1,10 @@
 """tools/device_check.sh's CPU rehearsal, for real: tiny-siglip on the cpu backend, short bounds. Every step
 of the GPU run gets a status, the measured ones their numbers, and the bundle is the three files a device
-machine sends back. One Ray start only (a minute on 2 cores): the two served variants and the host ceiling
-are skipped here, their commands and the verdict from a ceiling's figures being
-tests/unit/test_device_check.py's; here the verdict says it was skipped, and why."""
+machine sends back. Each served step starts a Ray of its own (tens of seconds on 2 cores), so the first test
+runs the served default, nvJPEG and the best bucket, priced, and leaves the one-ingress variant and the host
+ceiling to tests/unit/test_device_check.py (their commands, and the verdict from a ceiling's figures): here the
+verdict says it was skipped, and why. The second rehearses the two lanes steps alone (--skip the rest), each
+starting a `siglip-serve run` of its own."""
 
 from __future__ import annotations
 
@@ -12,38 +14,47 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from siglip_serve.measure.client_pool import auto_client_processes
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "served", "served-ingress-1",
-         "served-nvjpeg", "host-ceiling", "verdict", "ratio"]
+STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "served", "host-ceiling", "served-nvjpeg",
+         "served-best-bucket", "lanes", "lanes-interactive-encoder", "served-ingress-1", "verdict", "ratio", "price"]
+LANES = {"lanes", "lanes-interactive-encoder"}
 
 
-@pytest.mark.timeout(600)  # four subprocesses importing torch, one starting Ray
-def test_cpu_rehearsal_records_every_step(tmp_path: Path) -> None:
-    out, bundle = tmp_path / "dc", tmp_path / "back"
+def rehearse(tmp_path: Path, *argv: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The check on the cpu backend (the shared 2-core machine: timeouts tripled, a Ray start alone can take a
+    minute), its summary and its steps by name."""
     run = subprocess.run(
-        [str(ROOT / "tools" / "device_check.sh"), "--out", str(out), "--bundle", str(bundle), "--backend", "cpu",
-         "--model", "tiny-siglip", "--skip", "install,served-ingress-1,served-nvjpeg,host-ceiling",
-         "--concurrency", "1,4", "--requests", "12", "--warmup", "1", "--iterations", "3", "--budget-s", "540",
-         "--timeout-scale", "3"],  # the shared 2-core machine: a Ray start alone can take a minute
+        [str(ROOT / "tools" / "device_check.sh"), "--out", str(tmp_path / "dc"), "--bundle", str(tmp_path / "back"),
+         "--backend", "cpu", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3", "--budget-s", "540",
+         "--timeout-scale", "3", *argv],
         capture_output=True, text=True, timeout=570, env={**os.environ, "PYTHON": sys.executable},
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((tmp_path / "dc" / "summary.json").read_text())
     steps = {step["name"]: step for step in summary["steps"]}
     assert list(steps) == STEPS and summary["ok"]
+    return summary, steps
+
+
+@pytest.mark.timeout(600)  # subprocesses importing torch, three starting Ray
+def test_cpu_rehearsal_records_every_step(tmp_path: Path) -> None:
+    summary, steps = rehearse(tmp_path, "--skip", "install,host-ceiling,served-ingress-1,lanes,"
+                                 "lanes-interactive-encoder", "--concurrency", "1,4", "--requests", "12",
+                                 "--price-per-hour", "3.6")
     assert {n for n, s in steps.items() if s["status"] == "skipped"} == {
-        "install", "encoder-graphs", "served-ingress-1", "served-nvjpeg", "host-ceiling", "verdict"}
+        "install", "encoder-graphs", "host-ceiling", "served-ingress-1", "verdict", *LANES}
     assert steps["encoder-graphs"]["error"] == "backend cpu has no CUDA graphs"
     assert steps["probe"]["figures"]["cuda_available"] is False and steps["probe"]["figures"]["usable_cpus"] >= 1
     # On the CPU every cuda test is skipped, and the step says so rather than failing.
     assert steps["pytest-cuda"]["figures"]["skipped"] > 0 and steps["pytest-cuda"]["figures"]["failures"] == 0
-    assert set(steps["encoder"]["figures"]["by_bucket"]) == {"1", "2", "4", "8"}
-    for name in ("encoder", "served"):
+    assert set(steps["encoder"]["figures"]["by_bucket"]) == {"1", "2", "4", "8"}  # the model's buckets on cpu
+    for name in ("encoder", "served", "served-nvjpeg", "served-best-bucket"):
         assert steps[name]["figures"]["images_per_second"] > 0 and steps[name]["figures"]["latency_p99_ms"] > 0
     figures = steps["served"]["figures"]
     assert figures["cpu_ms_per_image"] > 0 and figures["failures"] == 0 and figures["concurrency"] == 4
@@ -51,12 +62,48 @@ def test_cpu_rehearsal_records_every_step(tmp_path: Path) -> None:
     # --client-processes auto, resolved by bench on this machine; its busiest process's share of a core.
     assert figures["client_processes"] == auto_client_processes(len(os.sched_getaffinity(0)))
     assert figures["client_busiest_core_fraction"] > 0
+    # nvJPEG's path (torchvision's decode on cpu) at the same levels.
+    assert steps["served-nvjpeg"]["figures"]["failures"] == 0 and steps["served-nvjpeg"]["figures"]["concurrency"] == 4
+    # Served with the buckets up to the encoder's best one.
+    best = steps["encoder"]["figures"]["best_bucket"]
+    assert steps["served-best-bucket"]["figures"]["buckets"] == [b for b in (1, 2, 4, 8) if b <= best]
     assert steps["verdict"]["error"] == "needs host-ceiling (skipped: skipped by --skip)"
     assert steps["ratio"]["figures"]["served_over_bare"] == pytest.approx(
         steps["served"]["figures"]["images_per_second"] / steps["encoder"]["figures"]["images_per_second"])
+    # $3.60 an hour: a million images cost 1,000 / img/s dollars; the bare encoder uncapped (no host ceiling here).
+    for name in ("served", "served-nvjpeg", "served-best-bucket"):
+        assert steps[name]["figures"]["usd_per_million_images"] == pytest.approx(
+            1000.0 / steps[name]["figures"]["images_per_second"])
+    price = steps["price"]
+    assert price["status"] == "passed" and summary["price"]["usd_per_hour"] == 3.6
+    assert price["figures"]["usd_per_million_images"] == pytest.approx(
+        1000.0 / steps["encoder"]["figures"]["images_per_second"])
+    out, bundle = tmp_path / "dc", tmp_path / "back"
     table = (out / "summary.md").read_text()
     assert all(f"| {name} |" in table for name in STEPS) and "| served | PASSED |" in table
-    assert "| client CPU |" in table and " proc, busiest " in table
+    assert "| client CPU |" in table and " proc, busiest " in table and "| $/1M img |" in table
     assert sorted(p.name for p in bundle.iterdir()) == ["device-check.tgz", "summary.json", "summary.md"]
     with tarfile.open(bundle / "device-check.tgz") as tar:
         assert "device-check/logs/served.log" in tar.getnames()
+
+
+@pytest.mark.timeout(600)  # two `siglip-serve run` starts, a few seconds of windows each
+def test_cpu_rehearsal_of_the_lanes_steps(tmp_path: Path) -> None:
+    others = [name for name in STEPS if name not in LANES]
+    _, steps = rehearse(tmp_path, "--skip", ",".join(others), "--concurrency", "4", "--lanes-seconds", "2")
+    assert {n for n, s in steps.items() if s["status"] == "passed"} == LANES
+    assert steps["price"]["error"].startswith("no price: give --price-per-hour")
+    for name in LANES:
+        figures = steps[name]["figures"]
+        assert figures["images_per_second"] > 0 and figures["failures"] == 0 and figures["latency_p99_ms"] > 0
+        # No served step ran: the backfill is the top --concurrency, over --client-processes (auto), and has no
+        # served figure to be held against.
+        assert figures["bulk_clients"] == 4 and figures["backfill_of_served"] is None
+        assert figures["interactive_p99_beside_bulk_over_alone"] > 0
+        assert figures["bulk_kept_of_alone_minus_interactive"] > 0
+    assert steps["lanes"]["figures"]["small_tenant_p99_beside_large_over_alone"] > 0
+    assert steps["lanes"]["figures"]["interactive_encoder"] is False
+    kept = json.loads((tmp_path / "dc" / "lanes-interactive-encoder.json").read_text())
+    assert kept["interactive_encoder"] is True and list(kept["windows"]) == ["interactive-alone", "bulk-alone", "mixed"]
+    assert "interactive_encoder=true" in kept["service"] and "replicas=2" in kept["service"]
+    assert steps["lanes-interactive-encoder"]["figures"]["small_tenant_p99_beside_large_over_alone"] is None

@@ -2,22 +2,33 @@
 
 In order, each step a subprocess bounded by its timeout and by the run's budget (measure/device_steps.py),
 a failed step recorded with its error and the next one still run:
-  install         carried wheels (--wheels; parts joined, measure/device_wheels.py) and this checkout,
-                  offline: pip --no-index --no-deps
-  probe           interpreter, cores, torch and its accelerator, every module the served path imports
-  pytest-cuda     pytest -m cuda tests/device
-  encoder         bare encoder per bucket (`siglip-serve bench`), CUDA graphs off
-  encoder-graphs  the same with CUDA graphs on (the served default)
-  served          served img/s, p50/p99, host CPU-ms per image, the client's CPU: the defaults (ingress
-                  replicas auto), --client-processes client processes (auto: bench's rule)
-  served-ingress-1  the same with one ingress replica
-  served-nvjpeg   the same with nvJPEG decode in the encoder replica (device_jpeg_decode)
-  host-ceiling    the served path with no model (zeros-no-model), the served step's replica counts
-  verdict         host-, device- or client-bound (measure/bound.py), from the steps above
-  ratio           served / bare: the best served img/s over the encoder's best bucket
+  install             carried wheels (--wheels; parts joined, measure/device_wheels.py) and this checkout,
+                      offline: pip --no-index --no-deps
+  probe               interpreter, cores, torch and its accelerators, every module the served path imports
+  pytest-cuda         pytest -m cuda tests/device
+  encoder             bare encoder per bucket (`siglip-serve bench`), CUDA graphs off; --buckets (cuda: 1,8,16,32)
+  encoder-graphs      the same with CUDA graphs on (the served default)
+  served              served img/s, p50/p99, host CPU-ms per image, the client's CPU: the defaults (the model's
+                      buckets, ingress replicas auto), --client-processes client processes (auto: bench's rule)
+  host-ceiling        the served path with no model (zeros-no-model), the served step's replica counts
+  served-nvjpeg       served with nvJPEG decode in the encoder replica (device_jpeg_decode), CUDA graphs on
+  served-best-bucket  served with the buckets up to the best one of the served default's encoder step
+                      (encoder-graphs where the backend captures graphs, else encoder)
+  lanes               measure/lanes_service.py: a `siglip-serve run` of two tenants it starts, and lanes_bench's
+                      windows: interactive c=2 beside a backfill of the served step's best concurrency and client
+                      processes, and a small tenant beside a large one
+  lanes-interactive-encoder  the interactive windows again with `interactive_encoder` (two image replicas, one
+                      kept for the interactive lane); skipped where the probe found fewer than 2 GPUs on cuda
+  served-ingress-1    served with one ingress replica
+  verdict             host-, device- or client-bound (measure/bound.py), from the steps above
+  ratio               served / bare: the best served img/s over the encoder's best bucket
+  price               with --price-per-hour or --instance (measure/prices.py): $ per 1M images of every served
+                      step, and of the served default's bare encoder for the whole instance (its accelerators,
+                      capped at the host ceiling)
 DIR/summary.json lists every step's status, error, seconds and figures; DIR/summary.md is the table.
 The defaults are the GPU run (ViT-B-16-SigLIP, random weights: no hub there); `--backend cpu --model
-tiny-siglip` is its CPU rehearsal (tests/integration/test_device_check_rehearsal.py).
+tiny-siglip` is its CPU rehearsal (tests/integration/test_device_check_rehearsal.py). The figures and the
+table: measure/device_figures.py.
 """
 
 from __future__ import annotations
@@ -33,73 +44,32 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from siglip_serve.measure.device_figures import (
+    best_encoder_row,
+    derived,
+    encoder_figures,
+    lanes_figures,
+    priced,
+    probe_figures,
+    pytest_figures,
+    read,
+    served_encoder,
+    served_figures,
+    table,
+)
 from siglip_serve.measure.device_steps import Step, StepResult, run_step
 from siglip_serve.measure.device_wheels import assemble
+from siglip_serve.measure.prices import PriceError, add_price_arguments, price_from_args
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/siglip_serve/measure/ is three below it
 MODEL = "ViT-B-16-SigLIP"
 BUDGET_S = 480.0
-COLUMNS = ("step", "status", "seconds", "img/s", "p50 ms", "p99 ms", "CPU-ms/img", "client CPU", "detail")
-
-
-def read(out: Path, name: str) -> dict[str, Any]:
-    data = json.loads((out / name).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{name} holds no JSON object")
-    return data
-
-
-def encoder_figures(name: str) -> Any:
-    def after(out: Path) -> dict[str, Any] | str:
-        rows = read(out, name).get("encoder") or []
-        if not rows:
-            return f"{name} has no encoder rows"
-        best = max(rows, key=lambda r: r["images_per_second"])
-        return {"images_per_second": best["images_per_second"], "latency_p50_ms": best["latency_p50_ms"],
-                "latency_p99_ms": best["latency_p99_ms"], "best_bucket": best["bucket"],
-                "by_bucket": {str(r["bucket"]): round(r["images_per_second"], 1) for r in rows}}
-    return after
-
-
-def served_figures(name: str) -> Any:
-    """The best img/s over the levels; latency and server CPU at the highest concurrency (the loaded one)."""
-    def after(out: Path) -> dict[str, Any] | str:
-        data = read(out, name)
-        rows = data.get("served") or []
-        if not rows or max(r["images_per_second"] for r in rows) <= 0:
-            return f"{name}: no request was answered ({sum(r['failures'] for r in rows)} failed)"
-        loaded = max(rows, key=lambda r: r["concurrency"])
-        cpu = loaded.get("server_cpu") or {}
-        client = loaded.get("client_cpu") or {}
-        return {"images_per_second": max(r["images_per_second"] for r in rows),
-                "latency_p50_ms": loaded["latency_p50_ms"], "latency_p99_ms": loaded["latency_p99_ms"],
-                "cpu_ms_per_image": cpu.get("ms_per_image"), "concurrency": loaded["concurrency"],
-                "failures": sum(r["failures"] for r in rows), "replicas": data.get("replicas"),
-                "ingress_replicas": data.get("ingress_replicas"),
-                "client_processes": client.get("client_processes"),
-                "client_busiest_core_fraction": client.get("busiest_process_core_fraction"),
-                "by_concurrency": {str(r["concurrency"]): round(r["images_per_second"], 1) for r in rows}}
-    return after
-
-
-def pytest_figures(must_pass: bool) -> Any:
-    def after(out: Path) -> dict[str, Any] | str:
-        import xml.etree.ElementTree as ET
-
-        suites = ET.parse(out / "pytest-cuda.xml").getroot()
-        suite = suites if suites.tag == "testsuite" else suites[0]
-        counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-        counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-        if must_pass and counts["passed"] == 0:
-            return f"no cuda test ran ({counts['skipped']} skipped): this interpreter's torch sees no GPU"
-        return counts
-    return after
-
-
-def probe_figures(out: Path) -> dict[str, Any]:
-    info = read(out, "probe.json")
-    return {k: info.get(k) for k in ("python", "cpus", "usable_cpus", "cuda_available", "gpu", "gpu_memory_gib")} | {
-        "torch": info["modules"].get("torch")}
+# The bare encoder's buckets on a GPU, where the model's default (up to 8) stops short of what a GPU batches best.
+GPU_BUCKETS = "1,8,16,32"
+# The steps computed from the others' figures, after them.
+DERIVED = ("verdict", "ratio", "price")
+# The interactive lane's windows (measure/lanes_bench.py): what `interactive_encoder` changes.
+INTERACTIVE_WINDOWS = "interactive-alone,bulk-alone,mixed"
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
@@ -108,13 +78,19 @@ def plan(args: argparse.Namespace) -> list[Step]:
     record = {r.name: r for r in BUILTIN}[args.backend]
     py = sys.executable
     scale = args.timeout_scale
-    bench = [py, "-m", "siglip_serve", "bench", "--model", args.model, "--backend", args.backend,
-             *(["--buckets", args.buckets] if args.buckets else [])]
+    model = ["--model", args.model, "--backend", args.backend]
+    bench = [py, "-m", "siglip_serve", "bench", *model]
     weights = [] if args.model.startswith("tiny-") else ["--random-weights"]
-    timed = ["--warmup", str(args.warmup), "--iterations", str(args.iterations)]
+    encoder_buckets = args.buckets or (GPU_BUCKETS if record.device == "cuda" else None)
+    timed = ["--warmup", str(args.warmup), "--iterations", str(args.iterations),
+             *(["--buckets", encoder_buckets] if encoder_buckets else [])]
     levels = ["--concurrency", args.concurrency, "--requests", str(args.requests),
               "--client-processes", args.client_processes]
-    only_served = ["--skip", "encoder,preprocess,host-ceiling"]
+    served = [*bench, *weights, *levels, "--skip", "encoder,preprocess,host-ceiling"]
+    # The served default captures CUDA graphs where the backend can; said on the command line where a step's
+    # figure is read beside one with graphs.
+    graphs = ["--set", f"{record.graphs_setting}=true"] if record.graphs_setting else []
+    bare = served_encoder(record.graphs_setting)
     folders = wheel_folders(args.wheels)
     carried = ", ".join(f.name for f in folders if f.is_dir())
 
@@ -122,21 +98,46 @@ def plan(args: argparse.Namespace) -> list[Step]:
         """The same deployment with the model taken out (bench's host ceiling): the served step's counts."""
         counts: list[str] = []
         if (out / "served.json").exists():
-            served = read(out, "served.json")
-            if served.get("replicas"):
-                counts += ["--replicas", str(served["replicas"])]
-            if served.get("ingress_replicas"):
-                counts += ["--set", f"ingress_replicas={served['ingress_replicas']}"]
-        top = str(max(int(c) for c in args.concurrency.split(",") if c.strip()))
+            served_run = read(out, "served.json")
+            if served_run.get("replicas"):
+                counts += ["--replicas", str(served_run["replicas"])]
+            if served_run.get("ingress_replicas"):
+                counts += ["--set", f"ingress_replicas={served_run['ingress_replicas']}"]
         return [py, "-m", "siglip_serve", "bench", "--model", args.model, "--backend", NO_MODEL_BACKEND,
-                "--skip", "encoder,preprocess,host-ceiling", "--concurrency", top, "--requests", str(args.requests),
-                "--client-processes", args.client_processes, "--set", "text_replicas=0", *counts,
-                "--json", "host-ceiling.json"]
+                "--skip", "encoder,preprocess,host-ceiling", "--concurrency", str(top_level(args.concurrency)),
+                "--requests", str(args.requests), "--client-processes", args.client_processes,
+                "--set", "text_replicas=0", *counts, "--json", "host-ceiling.json"]
+
+    def best_bucket(out: Path) -> list[str]:
+        """Served with every bucket the bare encoder ran up to its best one (`bare`'s JSON, this run's or a
+        run's before into the same --out)."""
+        if not (out / f"{bare}.json").exists():
+            raise ValueError(f"needs {bare}.json, which the {bare} step writes (run it, or rerun into its --out)")
+        best, ran = best_encoder_row(out, f"{bare}.json")
+        buckets = ",".join(str(b) for b in ran if b <= best)
+        return [*served, "--buckets", buckets, *graphs, "--json", "served-best-bucket.json"]
+
+    def lanes(name: str, interactive_encoder: bool) -> Any:
+        def command(out: Path) -> list[str]:
+            clients, processes = backfill(out, args)
+            return [py, "-m", "siglip_serve.measure.lanes_service", "--json", f"{name}.json", *model, *weights,
+                    "--seconds", f"{args.lanes_seconds:g}", "--endpoint", "raw", "--bulk-clients", str(clients),
+                    "--large-clients", str(clients), "--client-processes", processes,
+                    *(["--interactive-encoder", "--windows", INTERACTIVE_WINDOWS] if interactive_encoder else [])]
+        return command
+
+    def two_devices(out: Path) -> str | None:
+        """On a GPU each replica holds a whole one, so the kept replica and another need two."""
+        if record.device != "cuda" or not (out / "probe.json").exists():
+            return None
+        found = read(out, "probe.json").get("gpus")
+        return None if found is None or found >= 2 else (
+            f"interactive_encoder keeps one of two image replicas, each holding a whole GPU; the probe found {found}")
 
     return [
         Step("install", f"install: the wheels carried in {carried or 'no folder'} and this checkout, offline",
              lambda out: install_command(py, folders), 120 * scale,
-             skip_if=lambda: None if (ROOT / "pyproject.toml").exists() else f"{ROOT} is no checkout"),
+             skip_if=lambda out: None if (ROOT / "pyproject.toml").exists() else f"{ROOT} is no checkout"),
         Step("probe", "probe: interpreter, cores, torch, accelerator, modules",
              lambda out: [py, "-m", "siglip_serve.measure.device_probe", "probe.json"], 90 * scale,
              after=probe_figures),
@@ -148,24 +149,44 @@ def plan(args: argparse.Namespace) -> list[Step]:
              lambda out: [*bench, *weights, *timed, "--skip", "preprocess,served", "--set", "cuda_graphs=false",
                           "--json", "encoder.json"], 90 * scale, after=encoder_figures("encoder.json")),
         Step("encoder-graphs", "the same, CUDA graphs on",
-             lambda out: [*bench, *weights, *timed, "--skip", "preprocess,served", "--set",
-                          f"{record.graphs_setting}=true", "--json", "encoder-graphs.json"], 90 * scale,
-             after=encoder_figures("encoder-graphs.json"),
-             skip_if=lambda: None if record.graphs_setting else f"backend {args.backend} has no CUDA graphs"),
-        Step("served", "served, the defaults (ingress replicas auto, host decode)",
-             lambda out: [*bench, *weights, *levels, *only_served, "--json", "served.json"], 120 * scale,
-             after=served_figures("served.json")),
-        Step("served-ingress-1", "served, one ingress replica",
-             lambda out: [*bench, *weights, *levels, *only_served, "--set", "ingress_replicas=1",
-                          "--json", "served-ingress-1.json"], 120 * scale,
-             after=served_figures("served-ingress-1.json")),
-        Step("served-nvjpeg", "served, nvJPEG decode in the encoder replica",
-             lambda out: [*bench, *weights, *levels, *only_served, "--set", "device_jpeg_decode=true",
-                          "--json", "served-nvjpeg.json"], 120 * scale, after=served_figures("served-nvjpeg.json"),
-             skip_if=lambda: None if record.device_decode else f"backend {args.backend} decodes on the host only"),
+             lambda out: [*bench, *weights, *timed, "--skip", "preprocess,served", *graphs,
+                          "--json", "encoder-graphs.json"], 90 * scale, after=encoder_figures("encoder-graphs.json"),
+             skip_if=lambda out: None if record.graphs_setting else f"backend {args.backend} has no CUDA graphs"),
+        Step("served", "served, the defaults (the model's buckets, ingress replicas auto, host decode)",
+             lambda out: [*served, "--json", "served.json"], 120 * scale, after=served_figures("served.json")),
         Step("host-ceiling", f"host ceiling: the served path with no model ({NO_MODEL_BACKEND})", ceiling,
              90 * scale, after=served_figures("host-ceiling.json")),
+        Step("served-nvjpeg", "served, nvJPEG decode in the encoder replica, CUDA graphs on",
+             lambda out: [*served, "--set", "device_jpeg_decode=true", *graphs, "--json", "served-nvjpeg.json"],
+             120 * scale, after=served_figures("served-nvjpeg.json"),
+             skip_if=lambda out: None if record.device_decode else f"backend {args.backend} decodes on the host only"),
+        Step("served-best-bucket", f"served, the buckets up to {bare}'s best", best_bucket, 120 * scale,
+             after=served_figures("served-best-bucket.json")),
+        Step("lanes", "lanes: interactive and a small tenant beside a backfill at the served step's concurrency",
+             lanes("lanes", False), 150 * scale, after=lanes_figures("lanes.json")),
+        Step("lanes-interactive-encoder", "lanes: the interactive windows with interactive_encoder (1 of 2 kept)",
+             lanes("lanes-interactive-encoder", True), 120 * scale,
+             after=lanes_figures("lanes-interactive-encoder.json"), skip_if=two_devices),
+        Step("served-ingress-1", "served, one ingress replica",
+             lambda out: [*served, "--set", "ingress_replicas=1", "--json", "served-ingress-1.json"], 120 * scale,
+             after=served_figures("served-ingress-1.json")),
     ]
+
+
+def top_level(concurrency: str) -> int:
+    return max(int(c) for c in concurrency.split(",") if c.strip())
+
+
+def backfill(out: Path, args: argparse.Namespace) -> tuple[int, str]:
+    """The lanes steps' backfill: the served step's clients and processes at its best img/s (served.json), so that
+    it loads the service as the served step's best level did; else the top --concurrency and --client-processes."""
+    if (out / "served.json").exists():
+        rows = read(out, "served.json").get("served") or []
+        if rows:
+            best = max(rows, key=lambda r: r["images_per_second"])
+            processes = (best.get("client_cpu") or {}).get("client_processes")
+            return int(best["concurrency"]), str(processes or args.client_processes)
+    return top_level(args.concurrency), args.client_processes
 
 
 def wheel_folders(given: list[str] | None) -> list[Path]:
@@ -181,73 +202,6 @@ def install_command(py: str, folders: list[Path]) -> list[str]:
             *map(str, wheels), "-e", str(ROOT)]
 
 
-def why(result: StepResult | None) -> str:
-    """A step that did not pass: its status and error, as the verdict names what it lacked."""
-    if result is None:
-        return "not run"
-    return f"{result.status}: {result.error}" if result.error else result.status
-
-
-def derived(results: dict[str, StepResult], on_host_cores: bool) -> list[StepResult]:
-    """The verdict and served / bare, from the steps' figures (skipped, saying which is missing)."""
-    def figure(name: str) -> float | None:
-        result = results.get(name)
-        return result.figures.get("images_per_second") if result and result.status == "passed" else None
-
-    bare, served, host = figure("encoder"), figure("served"), figure("host-ceiling")
-    missing = [n for n, v in (("encoder", bare), ("served", served), ("host-ceiling", host)) if v is None]
-    verdict = StepResult("verdict", "host-, device- or client-bound (measure/bound.py)", "skipped")
-    if missing:
-        verdict.error = "needs " + ", ".join(f"{n} ({why(results.get(n))})" for n in missing)
-    elif bare is not None and served is not None and host is not None:
-        try:
-            from siglip_serve.measure.bound import judge
-
-            # Each replica has a device of its own on an accelerator; on cpu they share the one host (as bench).
-            replicas = results["served"].figures.get("replicas") or 1
-            busiest = [f for n in ("served", "host-ceiling")
-                       if (f := results[n].figures.get("client_busiest_core_fraction")) is not None]
-            bound = judge(host, bare * (1 if on_host_cores else replicas), served, max(busiest, default=None))
-            verdict.status, verdict.figures = "passed", bound.model_dump()
-            verdict.figures["detail"] = f"{bound.verdict}: {bound.explanation}"
-        except (ImportError, ValueError) as exc:
-            verdict.status, verdict.error = "failed", f"{type(exc).__name__}: {exc}"
-    ratio = StepResult("ratio", "served / bare (best served img/s over the best bucket's)", "skipped")
-    if bare is None or served is None:
-        ratio.error = "needs encoder and served, which did not both pass"
-    else:
-        ratio.status = "passed"
-        ratio.figures = {"served_over_bare": served / bare,
-                         "detail": f"{served:.1f} / {bare:.1f} = {served / bare:.3f}"}
-    return [verdict, ratio]
-
-
-def cell(value: Any) -> str:
-    return "" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
-
-
-def client_cell(figures: dict[str, Any]) -> str:
-    """A served step's client at its top level: its processes and the busiest one's share of a core."""
-    processes, busiest = figures.get("client_processes"), figures.get("client_busiest_core_fraction")
-    if processes is None or busiest is None:
-        return ""
-    return f"{processes} proc, busiest {busiest:.2f} core"
-
-
-def table(results: list[StepResult]) -> list[str]:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in results:
-        f = r.figures
-        detail = r.error or f.get("detail") or "; ".join(
-            f"{k} {v}" for k, v in f.items() if k in ("by_bucket", "by_concurrency", "replicas", "ingress_replicas",
-                                                      "failures", "gpu", "torch", "usable_cpus", "passed", "skipped"))
-        row = [r.name, r.status.upper(), f"{r.seconds:.1f}", cell(f.get("images_per_second")),
-               cell(f.get("latency_p50_ms")), cell(f.get("latency_p99_ms")), cell(f.get("cpu_ms_per_image")),
-               client_cell(f), str(detail).replace("|", "/").replace("\n", " ")]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
-
-
 def check(args: argparse.Namespace, echo: Any = print) -> dict[str, Any]:
     from siglip_serve.core.backends import BUILTIN
 
@@ -255,29 +209,50 @@ def check(args: argparse.Namespace, echo: Any = print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     started, began = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
     deadline = began + args.budget_s
-    skip = frozenset(s.strip() for s in args.skip.split(",") if s.strip())
+    skip = skipped(args.skip)
+    record = {r.name: r for r in BUILTIN}[args.backend]
+    price = price_from_args(args)
+    steps = plan(args)
+    timeouts = sum(step.timeout_s for step in steps if step.name not in skip)
+    echo(f"device-check: the steps not skipped have {timeouts:.0f} s of timeouts; the budget is {args.budget_s:.0f} s")
     results: dict[str, StepResult] = {}
-    for step in plan(args):
+    for step in steps:
         results[step.name] = run_step(step, out, deadline, skip, {"PYTHONUNBUFFERED": "1"}, echo)
-    on_host_cores = {r.name: r for r in BUILTIN}[args.backend].host_cores
-    for result in derived(results, on_host_cores):
+    for result in [*derived(results, record.host_cores),
+                   priced(results, price, served_encoder(record.graphs_setting))]:
         results[result.name] = result
         echo(f"- {result.title}: {result.status}" + (f" ({result.error})" if result.error else ""))
-    steps = list(results.values())
-    counts = {s: sum(r.status == s for r in steps) for s in ("passed", "failed", "timeout", "skipped")}
+    done = list(results.values())
+    counts = {s: sum(r.status == s for r in done) for s in ("passed", "failed", "timeout", "skipped")}
     summary = {"started": started, "seconds": round(time.monotonic() - began, 1), "budget_s": args.budget_s,
-               "backend": args.backend, "model": args.model, "counts": counts,
-               "ok": counts["failed"] == 0 and counts["timeout"] == 0, "steps": [r.__dict__ for r in steps]}
+               "timeouts_s": timeouts, "backend": args.backend, "model": args.model,
+               "price": price.as_dict() if price else None, "counts": counts,
+               "ok": counts["failed"] == 0 and counts["timeout"] == 0, "steps": [r.__dict__ for r in done]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     md = [f"# device-check: {args.model} on {args.backend}", "",
           f"{counts['passed']} passed, {counts['failed']} failed, {counts['timeout']} timed out, "
-          f"{counts['skipped']} skipped in {summary['seconds']:.0f} s (budget {args.budget_s:.0f} s).", "",
-          *table(steps)]
+          f"{counts['skipped']} skipped in {summary['seconds']:.0f} s (budget {args.budget_s:.0f} s; the steps "
+          f"run had {timeouts:.0f} s of timeouts).", "",
+          *table(done)]
     (out / "summary.md").write_text("\n".join(md) + "\n")
     echo("\n" + "\n".join(md))
     if args.bundle:
         bundle(out, Path(args.bundle))
     return summary
+
+
+def step_names() -> list[str]:
+    """Every step's name, the derived ones last (what --skip may name)."""
+    args = build_parser().parse_args(["--out", ".", "--wheels", "."])
+    return [step.name for step in plan(args)] + list(DERIVED)
+
+
+def skipped(text: str) -> frozenset[str]:
+    """--skip's names, each one a step's: a misspelt name would run the step it meant and spend the budget."""
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    if unknown := sorted(names - set(step_names())):
+        raise argparse.ArgumentTypeError(f"--skip: no step {', '.join(unknown)}; the steps: {', '.join(step_names())}")
+    return names
 
 
 def bundle(out: Path, dest: Path) -> None:
@@ -305,11 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
                                          "folder) here")
     parser.add_argument("--backend", default="cuda", help="cuda (default) or cpu (the rehearsal)")
     parser.add_argument("--model", default=MODEL, help=f"open_clip model (default {MODEL}, random weights)")
-    parser.add_argument("--buckets", help="encoder batch buckets, e.g. 1,8,32 (default: the model settings')")
+    parser.add_argument("--buckets", help=f"the encoder steps' batch buckets (default: {GPU_BUCKETS} on cuda, else the "
+                                          "model settings'); the served steps serve the model's, served-best-bucket "
+                                          "those up to the best")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=50, help="timed calls per bucket")
-    parser.add_argument("--concurrency", default="1,32", help="served client concurrency levels")
-    parser.add_argument("--requests", type=int, default=500, help="served requests per concurrency level")
+    parser.add_argument("--concurrency", default="32,128",
+                        help="served client concurrency levels (default 32,128: the H200 reached its host ceiling at "
+                             "128); the host ceiling runs the top one")
+    parser.add_argument("--requests", type=int, default=1000, help="served requests per concurrency level")
     parser.add_argument("--client-processes", default="auto", type=client_processes,
                         help="the served steps' and the host ceiling's client processes, passed to bench (auto: 1 "
                              "on up to 4 usable CPUs, else one per 4, at most 8)")
@@ -317,7 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "first (offline); repeat for each (default: the checkout's .whl and every .whl-N)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole run's seconds, install included")
     parser.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every step's timeout")
-    parser.add_argument("--skip", default="", help="comma list of step names to skip, e.g. install,pytest-cuda")
+    parser.add_argument("--lanes-seconds", type=float, default=6.0, help="each lanes window's length")
+    parser.add_argument("--skip", default="", help="comma list of step names to skip, e.g. install,pytest-cuda "
+                                                   "(docs/dev/accelerator-check.md: what to skip to rerun one step)")
+    add_price_arguments(parser.add_argument_group("price (dollars per million images)"))
     return parser
 
 
@@ -327,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.backend not in BACKENDS:
         print(f"error: --backend {args.backend!r}: one of {', '.join(BACKENDS)}", file=sys.stderr)
+        return 2
+    try:  # refused before the first step, not after minutes of measuring
+        price_from_args(args)
+        skipped(args.skip)
+    except (PriceError, argparse.ArgumentTypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0 if check(args)["ok"] else 1
 

@@ -51,6 +51,7 @@ def probe() -> dict[str, Any]:
 
         info["torch_cuda"] = torch.version.cuda
         info["cuda_available"] = torch.cuda.is_available()
+        info["gpus"] = torch.cuda.device_count() if info["cuda_available"] else 0
         if info["cuda_available"]:
             info["gpu"] = torch.cuda.get_device_name(0)
             info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)

@@ -40,14 +40,16 @@ class Step:
     timeout_s: float
     # Called after a zero exit with the run's folder: the step's figures, or a string that fails the step.
     after: Callable[[Path], dict[str, Any] | str] = lambda out: {}
-    skip_if: Callable[[], str | None] = lambda: None
+    # Called with the run's folder when the step's turn comes (an earlier step's output may decide): why it is
+    # skipped, or None.
+    skip_if: Callable[[Path], str | None] = lambda out: None
 
 
 def run_step(step: Step, out: Path, deadline: float, skip: frozenset[str], env: dict[str, str],
              echo: Callable[[str], None] = print) -> StepResult:
     """Run `step` (or skip it, saying why) with min(its timeout, what is left before `deadline`)."""
     left = deadline - time.monotonic()
-    reason = ("skipped by --skip" if step.name in skip else step.skip_if() or
+    reason = ("skipped by --skip" if step.name in skip else step.skip_if(out) or
               (f"only {max(left, 0):.0f} s of the run's budget left" if left < MIN_STEP_S else None))
     if reason:
         echo(f"- {step.title}: skipped ({reason})")

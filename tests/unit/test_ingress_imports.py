@@ -1,7 +1,7 @@
 """The ingress replica imports no model code (open_clip, timm, transformers): it decodes, checks and hashes images
 and hands texts on untokenized, so the seconds those imports cost belong to the tower replicas alone. torch it
 imports for one thing only, the fast path's resize (`fast_jpeg_decode`, the default: models/fast_resize.py, warmed
-in the background as the ingress starts); with `fast_jpeg_decode: false` it imports no torch at all.
+as the ingress starts); with `fast_jpeg_decode: false` it imports no torch at all.
 
 Run in a fresh interpreter (this process has imported torch long since): the module Serve imports in an
 ingress replica, then an ingress with stand-in tower handles (tests/helpers.py) answering an image, a text, a

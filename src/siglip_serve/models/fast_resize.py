@@ -8,13 +8,12 @@ fast path (tests/unit/test_loading.py compares both paths with open_clip's on re
 ATen falls back to its generic kernel: slower, the same tolerance.
 
 torch is imported on the first call, not with this module, and only where the fast path is on (`fast_jpeg_decode:
-false` keeps Pillow's exact pixels and no torch); an ingress warms it in the background as it starts (`warm`), so
-neither its start nor its first image waits for the import.
+false` keeps Pillow's exact pixels and no torch). An ingress warms it as it starts (`warm`), in its constructor: its
+first image does not wait for the import, and the import's CPU is the replica's start, which the ingress's
+autoscaling signal leaves out (serve/plan/ingress_scaling.py BusyCores), not load.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 from PIL import Image
@@ -37,8 +36,5 @@ def resize_uint8(img: Image.Image, height: int, width: int) -> np.ndarray:
 
 
 def warm() -> None:
-    """Import torch and run the kernel once, in a daemon thread: a resize meanwhile waits on the import lock."""
-    def run() -> None:
-        resize_uint8(Image.new("RGB", (8, 8)), 4, 4)
-
-    threading.Thread(target=run, name="fast-resize-warm", daemon=True).start()
+    """Import torch and run the kernel once."""
+    resize_uint8(Image.new("RGB", (8, 8)), 4, 4)

@@ -100,7 +100,13 @@ def test_cpu_rehearsal_of_the_lanes_steps(tmp_path: Path) -> None:
         # served figure to be held against.
         assert figures["bulk_clients"] == 4 and figures["backfill_of_served"] is None
         assert figures["interactive_p99_beside_bulk_over_alone"] > 0
-        assert figures["bulk_kept_of_alone_minus_interactive"] > 0
+        # The backfill's share of what the interactive stream leaves it: there is a share only where the backfill
+        # alone outran the interactive stream, which two-second windows on two shared cores do not promise.
+        windows = json.loads((tmp_path / "dc" / f"{name}.json").read_text())["windows"]
+        rate = {(window, row["name"]): row["requests_per_second"] for window, rows in windows.items() for row in rows}
+        room = rate["bulk-alone", "bulk"] - rate["mixed", "interactive"]
+        kept = figures["bulk_kept_of_alone_minus_interactive"]
+        assert (kept is not None and kept > 0) if room > 0 else kept is None
     assert steps["lanes"]["figures"]["small_tenant_p99_beside_large_over_alone"] > 0
     assert steps["lanes"]["figures"]["interactive_encoder"] is False
     kept = json.loads((tmp_path / "dc" / "lanes-interactive-encoder.json").read_text())

@@ -1,5 +1,5 @@
 """The built wheel is complete: installed into a fresh virtual environment, outside the checkout, it
-embeds an image and a text with `tiny-siglip` (config, tokenizer: package data), installs both
+embeds an image and a text with `tiny-siglip` (config, tokenizer: package data), reads its price table, installs both
 commands, and puts everything under `siglip_serve` (no generic top-level `models` or `serve`). What a
 dependency installs at the top level (Hugging Face's `kernels`, say) is not ours and not checked. The
 fresh environment borrows this one's third-party packages through a path file, so the test needs
@@ -26,6 +26,9 @@ assert Path(models.__file__).is_relative_to(Path(__import__("sys").prefix)), mod
 # What our distribution installed: one top-level package, whatever other distributions put beside it.
 ours = {name for name, dists in metadata.packages_distributions().items() if "siglip-serve" in dists}
 assert ours == {"siglip_serve"}, ours
+# The price table `--instance` reads is package data too (shipped empty: measure/prices.toml says why).
+from siglip_serve.measure.prices import TABLE, read_table
+assert TABLE.is_relative_to(Path(__import__("sys").prefix)) and read_table() == {}, TABLE
 settings = ModelSettings(model="tiny-siglip", torch_threads=1)
 image = np.random.default_rng(0).integers(0, 256, (1, 3, 64, 64), dtype=np.uint8)
 print(create_encoder(settings).encode(image).shape, create_text_encoder(settings).encode(["a cat"]).shape)

@@ -120,3 +120,15 @@ def test_without_a_file_sighup_touches_the_keys_file_only(tmp_path: Path) -> Non
 def test_the_unit_reloads_by_sighup_to_the_main_process_which_relays_it() -> None:
     assert read_unit()["Service"]["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert signal.SIGHUP in session.RELAYED
+
+
+def test_serves_logging_is_quiet_unless_asked_and_the_same_for_run_and_the_benchmark() -> None:
+    """launcher/runner.py serve_logging: what `run` and the served benchmark (measure/served.py) hand Serve."""
+    from siglip_serve.launcher.runner import serve_logging
+
+    replicas, system = serve_logging(ServiceConfig.from_args({}))
+    assert replicas == {"enable_access_log": False, "log_level": "INFO"}
+    assert system == {"enable_access_log": False, "log_level": "WARNING"}
+    replicas, system = serve_logging(ServiceConfig.from_args({"access_log": True}))
+    assert replicas["enable_access_log"] and system == {"enable_access_log": True, "log_level": "INFO"}
+    assert serve_logging(ServiceConfig.from_args({"log_level": "DEBUG"}))[1]["log_level"] == "DEBUG"

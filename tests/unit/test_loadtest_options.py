@@ -48,6 +48,8 @@ def test_a_load_test_is_a_backfill_and_the_mixed_scenario_adds_interactive_users
     assert locust_side(locust_arguments(args)).priority == 2
     command = cli.locust_command(args, tmp_path)
     assert command[-1] == "SiglipUser" and "InteractiveUser" not in command
+    # The request in flight at the end is finished and counted, as the server counts it (the cross-check).
+    assert command[command.index("--stop-timeout") + 1] == "60"
     mixed = cli.build_parser().parse_args(["--users", "32", "--interactive-users", "2"])
     command = cli.locust_command(mixed, tmp_path)
     assert command[-2:] == ["SiglipUser", "InteractiveUser"]

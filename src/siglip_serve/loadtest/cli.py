@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--spawn-rate", type=float, default=10.0, help="users started per second")
     load.add_argument("--run-time", type=parse_duration, help="e.g. 60s, 5m (default 60s; step shape: no cap)")
     load.add_argument("--processes", type=int, default=0, help="Locust worker processes (0: one process)")
+    load.add_argument("--stop-timeout", type=parse_duration, default=60.0,
+                      help="at the end, seconds to wait for the requests in flight to be answered and counted "
+                           "(default 60s)")
     add_options(load, [o.flag for o in OPTIONS if o.flag not in STEP_OPTIONS])
     step = parser.add_argument_group("step shape (finds the saturation point)")
     add_options(step, STEP_OPTIONS)
@@ -121,6 +124,9 @@ def locust_command(args: argparse.Namespace, out: Path) -> list[str]:
            "--csv", str(out / "locust"), "--html", str(out / "locust.html"),
            # Pass and fail are decided here from the thresholds, not by Locust's "any failure".
            "--exit-code-on-error", "0",
+           # Users finish the request in flight when the run ends: the server embeds it either way, and a
+           # request the client dropped would be counted by the server alone (the metrics cross-check).
+           "--stop-timeout", f"{args.stop_timeout:g}",
            "--results-json", str(out / "results.json"), *locust_arguments(args)]
     if not args.step_users:
         cmd += ["--users", str(args.users + args.interactive_users)]
@@ -202,9 +208,10 @@ def run(args: argparse.Namespace) -> int:
              planned, "stepped" if args.step_users else f"{args.users}-user", args.endpoint,
              args.images_per_request, out)
     try:
-        completed = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, timeout=planned + 120, check=False)
+        limit = planned + args.stop_timeout + 120
+        completed = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, timeout=limit, check=False)
     except subprocess.TimeoutExpired:
-        log.error("Locust did not finish within %.0f s; stopped it", planned + 120)
+        log.error("Locust did not finish within %.0f s; stopped it", limit)
         return EXIT_ERROR
     if not results_path.exists():
         log.error("Locust exited with %d and wrote no results (see its log above)", completed.returncode)

@@ -67,8 +67,9 @@ def cross_check(url: str, before: float | None, client_images: int, name: str = 
 
     Ray exports a worker's metrics every `metrics_report_interval_ms` (10 s by default), so the
     last images of a run land late. The server answers every image the load test counted (and
-    perhaps a few more the client gave up on), so its count has caught up once it reaches the
-    client's; until then, keep polling. Agreement is judged on the last value read.
+    perhaps a few more the client gave up on: the load test waits for its requests in flight at
+    the end, `--stop-timeout`, so only those unanswered by then), so its count has caught up once
+    it reaches the client's; until then, keep polling. Agreement is judged on the last value read.
     """
     def attempt() -> tuple[float | None, str | None]:
         try:

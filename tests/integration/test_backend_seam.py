@@ -78,10 +78,10 @@ def seam_app(serve_cluster) -> Iterator[str]:
 
 def test_the_plan_asks_ray_for_the_records_resource() -> None:
     from siglip_serve.serve.plan.config import ServiceConfig
-    from siglip_serve.serve.plan.placement import plan
+    from siglip_serve.serve.plan.placement import replica_asks
 
     with registered(RECORD):
-        asks = plan(ServiceConfig(model="tiny-siglip", backend=NAME, encoder_num_cpus=0.25, text_num_cpus=0.5))
+        asks = replica_asks(ServiceConfig(model="tiny-siglip", backend=NAME, encoder_num_cpus=0.25, text_num_cpus=0.5))
     assert asks.image.actor_options() == {"num_cpus": 0.25, "resources": {TEST_DEVICE: 1}}
     assert asks.text.actor_options() == {"num_cpus": 0.5, "resources": {TEST_DEVICE: 1}}
     with pytest.raises(ValueError, match=f"unknown backend '{NAME}'"):  # gone with its registration

@@ -37,7 +37,7 @@ from siglip_serve.models.backends.implementation import (
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
-from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.placement import replica_asks
 from siglip_serve.serve.plan.planner import plan_service
 from tests.helpers import SRC
 
@@ -105,9 +105,10 @@ def test_asking_records_imports_no_torch_and_a_registered_backend_travels_in_the
     assert json.loads(env[EXTRA_BACKENDS_ENV])[0]["name"] == "elsewhere"
     assert extra_backends_env() == {}  # unregistered: nothing travels
     code = ("import sys; from siglip_serve.core.backends import backend_record; "
-            "from siglip_serve.serve.plan.placement import plan; "
+            "from siglip_serve.serve.plan.placement import replica_asks; "
             "from siglip_serve.serve.plan.config import ServiceConfig; "
-            "r = backend_record('elsewhere'); p = plan(ServiceConfig(model='tiny-siglip', backend='elsewhere')); "
+            "r = backend_record('elsewhere'); "
+            "p = replica_asks(ServiceConfig(model='tiny-siglip', backend='elsewhere')); "
             "print(r.per_replica, r.towers, p.image.actor_options(), p.text.actor_options(), "
             "sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
@@ -128,7 +129,7 @@ def test_asking_records_imports_no_torch_and_a_registered_backend_travels_in_the
     ({"backend": "zeros-no-model"}, {"num_cpus": 1.0}, {"num_cpus": 0.5}),
 ])
 def test_one_plan_places_both_towers_from_the_record(args: dict, image: dict, text: dict) -> None:
-    asks = plan(ServiceConfig(model="tiny-siglip", **args))
+    asks = replica_asks(ServiceConfig(model="tiny-siglip", **args))
     assert (asks.image.actor_options(), asks.text.actor_options()) == (image, text)
 
 

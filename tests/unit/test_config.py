@@ -10,7 +10,7 @@ import yaml
 from siglip_serve.serve.plan.config import FRONT_ONLY, SERVICE_WIDE, ConfigError, ServiceConfig
 from siglip_serve.serve.plan.live_settings import restart_keys
 from siglip_serve.serve.plan.model_entry import PER_MODEL, ModelEntry
-from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.placement import replica_asks
 from siglip_serve.serve.plan.served_models import model_app_args, served_models
 from tests.helpers import REPO
 
@@ -19,13 +19,13 @@ def test_defaults_are_the_production_model_on_cpu() -> None:
     config = ServiceConfig.from_args({})
     assert config.model == "ViT-SO400M-14-SigLIP-384" and config.pretrained == "webli"
     assert config.backend == "cpu" and config.buckets == (1, 2, 4, 8) and config.max_batch_size == 8
-    assert plan(config).image.devices == {}
+    assert replica_asks(config).image.devices == {}
     assert config.max_body_bytes == 20 * 1024 * 1024 and config.max_image_pixels == 40_000_000
     assert config.max_images_per_request == 64
 
 
 def test_neuron_backend_asks_for_one_core_per_replica() -> None:
-    assert plan(ServiceConfig.from_args({"backend": "neuron"})).image.devices == {"neuron_cores": 1}
+    assert replica_asks(ServiceConfig.from_args({"backend": "neuron"})).image.devices == {"neuron_cores": 1}
 
 
 @pytest.mark.parametrize("buckets, expected", [("8,1,4", (1, 4, 8)), ([2, 1], (1, 2)), ("16", (16,))])

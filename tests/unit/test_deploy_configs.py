@@ -10,7 +10,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from siglip_serve.serve.plan.config import ServiceConfig
-from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.placement import replica_asks
 from siglip_serve.serve.plan.planner import plan_service
 from tests.helpers import REPO
 
@@ -32,7 +32,7 @@ def test_trn2_serve_configs(lnc: int, cores: int) -> None:
     args = app_args(config)
     service = ServiceConfig.from_args(args)
     assert service.backend == "neuron" and service.replicas == cores
-    assert plan(service).image.devices == {"neuron_cores": 1}
+    assert replica_asks(service).image.devices == {"neuron_cores": 1}
     assert service.env_vars == {"NEURON_LOGICAL_NC_CONFIG": str(lnc)}
     assert Path(args["artifact_dir"]).is_absolute() and f"lnc{lnc}" in args["artifact_dir"]
     assert config["http_options"]["host"] == "127.0.0.1"

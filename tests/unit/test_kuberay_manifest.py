@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from siglip_serve.serve.plan.config import ServiceConfig
-from siglip_serve.serve.plan.placement import plan
+from siglip_serve.serve.plan.placement import replica_asks
 from siglip_serve.serve.plan.planner import plan_service
 from siglip_serve.serve.plan.policy import policy_of
 from tests.helpers import REPO
@@ -112,7 +112,7 @@ def test_workers_take_whole_chips_and_declare_the_lnc_arithmetic(manifest: dict)
         max_cores += declared * group["maxReplicas"]
         min_nodes += group["minReplicas"]
         max_nodes += group["maxReplicas"]
-    cores_per_replica = plan(config).image.devices["neuron_cores"]
+    cores_per_replica = replica_asks(config).image.devices["neuron_cores"]
     assert config.backend == "neuron" and cores_per_replica == 1 and config.replicas is None
     # Encoders scale by node: one per logical core of the fewest and of the most worker nodes.
     assert config.autoscaling is not None

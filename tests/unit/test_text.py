@@ -172,10 +172,10 @@ def test_prompt_template_rules() -> None:
 
 def test_text_config_defaults_and_limits() -> None:
     from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
-    from siglip_serve.serve.plan.placement import plan
+    from siglip_serve.serve.plan.placement import replica_asks
 
     def text_neuron_cores(config: ServiceConfig) -> float:
-        return plan(config).text.devices.get("neuron_cores", 0)
+        return replica_asks(config).text.devices.get("neuron_cores", 0)
 
     assert policy_of(ServiceConfig.from_args({"model": "tiny-siglip"})).text_replicas == 1
     for backend in ("cuda", "neuron"):

@@ -99,7 +99,7 @@ def plan_workers(config: ServiceConfig, spec: JobSpec, cluster: Mapping[str, flo
     logical NeuronCores, which Ray pins each actor to through NEURON_RT_VISIBLE_CORES), one where the
     model runs on the host's cores; each asks what a served image replica asks. The decoders take the
     CPUs left."""
-    asks = placement.plan(config)
+    asks = placement.replica_asks(config)
     device = asks.device_resource
     encoders = spec.encoders or (asks.image_replicas_on(cluster.get(device, 0)) if device else 1)
     if encoders < 1:

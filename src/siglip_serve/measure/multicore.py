@@ -42,7 +42,7 @@ from siglip_serve.models.cli_args import add_model_arguments, model_settings_of,
 from siglip_serve.models.settings import ModelSettings
 
 if TYPE_CHECKING:  # the workers never plan
-    from siglip_serve.serve.plan.placement import Plan
+    from siglip_serve.serve.plan.placement import ReplicaAsks
 
 log = logging.getLogger("siglip_serve.multicore")
 
@@ -135,7 +135,7 @@ def _collect(workers: list[_Worker], messages: queue.Queue[tuple[int, str, Any]]
     return got
 
 
-def _worker_env(index: int, spec: dict[str, Any], asks: Plan, lnc: int | None) -> dict[str, str]:
+def _worker_env(index: int, spec: dict[str, Any], asks: ReplicaAsks, lnc: int | None) -> dict[str, str]:
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
@@ -156,13 +156,13 @@ def run_multicore(settings: ModelSettings | dict[str, Any], cores: int, bucket: 
     runs on the host's cores, one torch thread. `settings` may be a plain mapping of ModelSettings fields
     (e.g. parsed from YAML)."""
     from siglip_serve.models.backends.implementation import backend_replica_env, compiled_for
-    from siglip_serve.serve.plan.placement import plan
+    from siglip_serve.serve.plan.placement import replica_asks
 
     if cores < 1 or iterations < 1 or warmup < 0:
         raise SettingsError("cores and iterations must be >= 1, warmup >= 0")
     if not isinstance(settings, ModelSettings):
         settings = validate_settings(dict(settings))
-    asks = plan(settings)
+    asks = replica_asks(settings)
     overrides: dict[str, Any] = {"buckets": (bucket,), **({"torch_threads": 1} if asks.host_cores else {})}
     plain = model_settings_of(settings).model_copy(update=overrides)
     compiled = compiled_for(plain)  # what a compiled artifact was built for: its LNC, the seed's auto-cast

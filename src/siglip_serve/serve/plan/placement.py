@@ -1,4 +1,4 @@
-"""What one replica asks Ray for: one function (`plan`) turns a config into each tower's ask, from its
+"""What one replica asks Ray for: one function (`replica_asks`) turns a config into each tower's ask, from its
 backend's record (core/backends.py), for the service's plan (serve/plan/planner.py), bulk jobs
 (bulk/job.py) and the multi-core bench.
 
@@ -25,7 +25,7 @@ def declare_hint(resource: str) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ReplicaAsks:
     backend: BackendRecord
     image: ReplicaAsk
     text: ReplicaAsk
@@ -55,19 +55,19 @@ class Plan:
         return {variable: str(index)} if variable else {}
 
 
-def plan(config: ServiceConfig | ModelSettings) -> Plan:
+def replica_asks(config: ServiceConfig | ModelSettings) -> ReplicaAsks:
     """The one placement rule. A bare ModelSettings (the multi-core bench) plans with the service's defaults."""
     if not isinstance(config, ServiceConfig):
         config = ServiceConfig(**{name: getattr(config, name) for name in type(config).model_fields})
     record = backend_record(config.backend)
     image = image_devices(record.resources, config.neuron_cores_per_replica)
     text = {resource: image[resource] for resource in record.resources if resource in image}
-    return Plan(record, ReplicaAsk(num_cpus=config.encoder_num_cpus, devices=image),
+    return ReplicaAsks(record, ReplicaAsk(num_cpus=config.encoder_num_cpus, devices=image),
                 ReplicaAsk(num_cpus=config.text_num_cpus, devices=text))
 
 
 def auto_device(config: ServiceConfig) -> str | None:
     """The device resource `replicas: auto` counts in the Ray cluster (what each image replica holds), or None
     where the count is named or counts the host's cores: only such a plan needs the cluster's resources."""
-    device = plan(config).device_resource
+    device = replica_asks(config).device_resource
     return device if policy_of(config).replica_setting == "auto" else None

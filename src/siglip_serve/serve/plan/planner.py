@@ -24,7 +24,7 @@ from siglip_serve.serve.plan import cpu_plan
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.ingress_scaling import policy
 from siglip_serve.serve.plan.live_settings import LIVE_KEYS, LiveSettings
-from siglip_serve.serve.plan.placement import Plan, declare_hint, plan
+from siglip_serve.serve.plan.placement import ReplicaAsks, declare_hint, replica_asks
 from siglip_serve.serve.plan.policy import Policy, policy_of
 from siglip_serve.serve.plan.replica_slices import FrontSettings, ModelFront, TowerRun
 from siglip_serve.serve.plan.served_models import ServedModel, served_models
@@ -92,7 +92,7 @@ def max_ongoing(largest_bucket: int) -> int:
     return 2 * largest_bucket
 
 
-def image_replicas(config: ServiceConfig, asks: Plan, resources: Mapping[str, float] | None,
+def image_replicas(config: ServiceConfig, asks: ReplicaAsks, resources: Mapping[str, float] | None,
                    rules: Policy | None = None) -> int:
     """The image tower's count: as named, the most autoscaling allows, or `auto` counted (module doc)."""
     rules = rules or policy_of(config)
@@ -128,7 +128,7 @@ def _autoscaling(config: ServiceConfig, rules: Policy) -> dict[str, Any] | None:
     return options
 
 
-def visible_devices_env(asks: Plan, ask: ReplicaAsk) -> tuple[str, ...]:
+def visible_devices_env(asks: ReplicaAsks, ask: ReplicaAsk) -> tuple[str, ...]:
     """The variables that name a replica's devices: its backend's own (the record's; set by Ray where the
     replica holds that resource, or by the operator in env_vars), and NEURON_RT_VISIBLE_CORES wherever it
     holds neuron_cores (Ray's Neuron accelerator manager sets it whatever runs there: the tests place cpu
@@ -139,7 +139,7 @@ def visible_devices_env(asks: Plan, ask: ReplicaAsk) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _tower(config: ServiceConfig, rules: Policy, asks: Plan, tower: str, model: str, name: str, ask: ReplicaAsk,
+def _tower(config: ServiceConfig, rules: Policy, asks: ReplicaAsks, tower: str, model: str, name: str, ask: ReplicaAsk,
            replicas: int, fewest: int, largest_bucket: int, threads: int | None,
            autoscaling: dict[str, Any] | None) -> TowerPlan:
     options = ask.actor_options()
@@ -213,7 +213,7 @@ def _model(served: ServedModel, resources: Mapping[str, float] | None, suffix: s
     tower is off, where the start's checks turned it off."""
     config = served.config
     rules, settings = policy_of(config, text_off), config.model_settings()
-    asks = plan(config)
+    asks = replica_asks(config)
     replicas = image_replicas(config, asks, resources, rules)
     fewest = config.autoscaling.min_replicas if config.autoscaling is not None else replicas
     image = _tower(config, rules, asks, "image", served.name, f"Encoder{suffix}", asks.image, replicas,

@@ -62,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--run-time", type=parse_duration, help="e.g. 60s, 5m (default 60s; step shape: no cap)")
     load.add_argument("--processes", type=int, default=0, help="Locust worker processes (0: one process)")
     load.add_argument("--stop-timeout", type=parse_duration, default=60.0,
-                      help="at the end, seconds to wait for the requests in flight to be answered and counted "
-                           "(default 60s)")
+                      help="at the end, seconds to wait for the requests in flight to be answered and counted")
     add_options(load, [o.flag for o in OPTIONS if o.flag not in STEP_OPTIONS])
     step = parser.add_argument_group("step shape (finds the saturation point)")
     add_options(step, STEP_OPTIONS)

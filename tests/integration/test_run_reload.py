@@ -36,7 +36,8 @@ def keys_file(path: Path, *keys: str) -> Path:
 
 
 def replica_processes(proc: subprocess.Popen[str]) -> set[tuple[int, str]]:
-    """(pid, title) of every Serve replica of the service (Ray titles them ray::ServeReplica:APP:DEPLOYMENT)."""
+    """(pid, APP:DEPLOYMENT) of every Serve replica of the service: Ray titles a replica's process
+    ray::ServeReplica:APP:DEPLOYMENT, with `.METHOD` added while a call of it runs."""
     found = set()
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
@@ -44,7 +45,7 @@ def replica_processes(proc: subprocess.Popen[str]) -> set[tuple[int, str]]:
         except psutil.NoSuchProcess:
             continue
         if "ServeReplica:" in title:
-            found.add((child.pid, title.split("ServeReplica:", 1)[1].split()[0]))
+            found.add((child.pid, title.split("ServeReplica:", 1)[1].split()[0].split(".", 1)[0]))
     return found
 
 
@@ -132,6 +133,9 @@ def test_sighup_puts_live_settings_in_force_refuses_a_restart_and_removes_and_ad
             return found
 
         assert post(url, OLD_KEY, jpeg).status_code == 200 and post(url, NEW_KEY, jpeg).status_code == 401
+        both = httpx.post(url + "/v1/embeddings/image", params={"model": "b"}, content=jpeg, timeout=60,
+                          headers={"Content-Type": "image/jpeg", "Authorization": f"Bearer {OLD_KEY}"})
+        assert both.status_code == 200, both.text
         _, all_up, _ = poll(lambda: replica_processes(proc), lambda found: len(found) == 3, 60, interval_s=0.5)
         assert all_up, replica_processes(proc)  # the ingress and each model's encoder
         before = replica_processes(proc)

@@ -17,6 +17,7 @@ their process groups (never `ray stop`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -101,14 +102,34 @@ class Cluster:
                        120, "the head's dashboard")
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}: {self.logs()}") from None
-        worker = [RAY, "start", "--address", f"{HEAD_IP}:{self.gcs}", "--num-cpus", "3",
-                  "--resources", json.dumps({"neuron_cores": 2}), *_node_args(self.temp, WORKER_IP)]
-        self._spawn(["unshare", "-m", "--propagation", "private", *worker])
+        self._start_worker()
 
-    def _spawn(self, command: list[str]) -> None:
-        with open(self.root / f"node-{len(self.procs)}.log", "wb") as log:  # read when a node fails to start
-            self.procs.append(subprocess.Popen(command, env=self.env, cwd=REPO, start_new_session=True,
-                                               stdout=log, stderr=subprocess.STDOUT))
+    def _start_worker(self, attempts: int = 3) -> None:
+        """The worker node, started again where `ray start` exits before its node is up, as the kubelet restarts a
+        worker pod's container that exited: a loaded machine can take longer than the 30 s Ray gives a new node
+        to register with the GCS (ray/_private/node.py, `raylet_start_wait_time_s`), and `ray start` then exits."""
+        for _ in range(attempts):
+            worker = [RAY, "start", "--address", f"{HEAD_IP}:{self.gcs}", "--num-cpus", "3",
+                      "--resources", json.dumps({"neuron_cores": 2}), *_node_args(self.temp, WORKER_IP)]
+            proc, log = self._spawn(["unshare", "-m", "--propagation", "private", *worker])
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None:
+                if "Ray runtime started." in log.read_text(errors="replace"):  # ray/scripts/scripts.py start
+                    return
+                time.sleep(1)
+            if proc.poll() is None:
+                raise TimeoutError(f"the worker node not up in 120 s: {self.logs()}")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what the failed start left behind
+        raise RuntimeError(f"the worker node failed to start {attempts} times: {self.logs()}")
+
+    def _spawn(self, command: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+        path = self.root / f"node-{len(self.procs)}.log"  # read when a node fails to start
+        with open(path, "wb") as log:
+            proc = subprocess.Popen(command, env=self.env, cwd=REPO, start_new_session=True, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc, path
 
     @staticmethod
     def _wait(ready: object, timeout_s: float, what: str) -> None:

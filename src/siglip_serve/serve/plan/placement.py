@@ -63,7 +63,7 @@ def replica_asks(config: ServiceConfig | ModelSettings) -> ReplicaAsks:
     image = image_devices(record.resources, config.neuron_cores_per_replica)
     text = {resource: image[resource] for resource in record.resources if resource in image}
     return ReplicaAsks(record, ReplicaAsk(num_cpus=config.encoder_num_cpus, devices=image),
-                ReplicaAsk(num_cpus=config.text_num_cpus, devices=text))
+                       ReplicaAsk(num_cpus=config.text_num_cpus, devices=text))
 
 
 def auto_device(config: ServiceConfig) -> str | None:

@@ -96,14 +96,15 @@ def test_cpu_rehearsal_of_the_lanes_step(tmp_path: Path) -> None:
     # served figure to be held against.
     assert figures["bulk_clients"] == 4 and figures["backfill_of_served"] is None
     assert figures["interactive_p99_beside_bulk_over_alone"] > 0
-    # The backfill's share of what the interactive stream leaves it: there is a share only where the backfill
-    # alone outran the interactive stream, which two-second windows on two shared cores do not promise.
+    # The backfill's share of what the interactive stream leaves it, from the windows' rates: there is a share only
+    # where the backfill alone outran the interactive stream. Its size is not held: two-second windows on two cores
+    # shared with the rest of the suite promise none (a window the machine stalls through can count nothing).
     lanes = json.loads((tmp_path / "dc" / "lanes.json").read_text())
     rate = {(window, row["name"]): row["requests_per_second"]
             for window, rows in lanes["windows"].items() for row in rows}
     room = rate["bulk-alone", "bulk"] - rate["mixed", "interactive"]
     kept = figures["bulk_kept_of_alone_minus_interactive"]
-    assert (kept is not None and kept > 0) if room > 0 else kept is None
+    assert kept == (pytest.approx(rate["mixed", "bulk"] / room, abs=0.006) if room > 0 else None)
     assert figures["small_tenant_p99_beside_large_over_alone"] > 0 and figures["interactive_encoder"] is False
     assert lanes["interactive_encoder"] is False and "interactive_encoder" not in lanes["service"]
     assert list(lanes["windows"]) == ["interactive-alone", "bulk-alone", "mixed", "small-alone", "tenants"]

@@ -49,8 +49,9 @@ def replica_processes(proc: subprocess.Popen[str]) -> set[tuple[int, str]]:
     return found
 
 
-def post(url: str, key: str, jpeg: bytes) -> httpx.Response:
+def post(url: str, key: str, jpeg: bytes, model: str | None = None) -> httpx.Response:
     return httpx.post(url + "/v1/embeddings/image", content=jpeg, timeout=60,
+                      params={"model": model} if model else None,
                       headers={"Content-Type": "image/jpeg", "Authorization": f"Bearer {key}"})
 
 
@@ -122,9 +123,7 @@ def test_sighup_puts_live_settings_in_force_refuses_a_restart_and_removes_and_ad
         url, proc = service.url, service.proc
 
         def post_to(model: str) -> int:
-            return httpx.post(url + "/v1/embeddings/image", params={"model": model}, content=jpeg, timeout=60,
-                              headers={"Content-Type": "image/jpeg", "Authorization": f"Bearer {NEW_KEY}"}
-                              ).status_code
+            return post(url, NEW_KEY, jpeg, model).status_code
 
         def encoders() -> dict[str, set[int]]:
             found: dict[str, set[int]] = {}
@@ -134,10 +133,8 @@ def test_sighup_puts_live_settings_in_force_refuses_a_restart_and_removes_and_ad
 
         assert post(url, OLD_KEY, jpeg).status_code == 200 and post(url, NEW_KEY, jpeg).status_code == 401
         # Model b answers too (its replica may still be loading when the service first says ready).
-        answer, both, _ = poll(lambda: httpx.post(url + "/v1/embeddings/image", params={"model": "b"}, content=jpeg,
-                                                  timeout=60, headers={"Content-Type": "image/jpeg",
-                                                                       "Authorization": f"Bearer {OLD_KEY}"}),
-                               lambda a: a.status_code == 200, 60, interval_s=0.5)
+        answer, both, _ = poll(lambda: post(url, OLD_KEY, jpeg, "b"), lambda a: a.status_code == 200, 60,
+                               interval_s=0.5)
         assert both, answer.text
         _, all_up, _ = poll(lambda: replica_processes(proc), lambda found: len(found) == 3, 60, interval_s=0.5)
         assert all_up, replica_processes(proc)  # the ingress and each model's encoder

@@ -29,9 +29,11 @@ from tests.helpers import API_KEY, AUTH, ServeCluster, assert_error, deploy
 # The route travels to the ingress replica pickled by value: this test module is not importable there.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-APP = "seam"
+APP = "route-seam"
 TIMEOUT = 60.0
-DEADLINE_S = 3.0
+# The app's one deadline: every answer before the deadline's own check must come within it on a machine the
+# rest of the suite loads (a stall there is not this route's fault); that check waits it out once.
+DEADLINE_S = 8.0
 
 
 async def similarity(ingress: Ingress, request: Request, deadline: float) -> Response:

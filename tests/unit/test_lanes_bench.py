@@ -3,7 +3,9 @@ the backfill's kept share), and a window's streams split over processes against 
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -92,3 +94,34 @@ def test_a_window_runs_each_stream_over_its_processes_at_once(
     assert 0.9 <= bulk.seconds < 5 and bulk.p99_ms is not None
     assert {("Bearer key-a", "2"), ("Bearer key-a", "0")} == set(seen)
     assert len(seen) == bulk.answered + interactive.answered
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_builds_its_client_before_it_says_ready_and_posts_nothing_before_the_start(
+        stand_in: tuple[str, list[tuple[str | None, str | None]]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded machine can stretch the client's set-up (httpx's import, its SSL context) past a short window:
+    the set-up comes before "ready", and the window is the stream's from the start it is given."""
+    import httpx
+
+    url, seen = stand_in
+    built: list[float] = []
+
+    class Recorded(httpx.AsyncClient):
+        def __init__(self, **kwargs: object) -> None:
+            built.append(time.time())
+            super().__init__(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(httpx, "AsyncClient", Recorded)
+    ours, theirs = multiprocessing.Pipe()
+    stream = threading.Thread(target=lb._stream_process, daemon=True,
+                              args=(theirs, url, lb.Stream("s", 2, None, 0), [(b"x", "image/jpeg")], 0.5))
+    stream.start()
+    assert ours.poll(30) and ours.recv() == "ready" and len(built) == 1
+    time.sleep(0.3)
+    assert seen == []  # ready, and waiting for the start
+    start_at = time.time() + 0.2
+    ours.send(start_at)
+    assert ours.poll(30)
+    latencies, failures, seconds = ours.recv()
+    stream.join(timeout=10)
+    assert len(latencies) == len(seen) > 0 and failures == 0 and 0.5 <= seconds < 5

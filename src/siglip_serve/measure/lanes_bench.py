@@ -79,9 +79,11 @@ def summarize(stream: Stream, latencies: list[float], failures: int, seconds: fl
                         round(float(np.percentile(ms, 99)), 1) if len(ms) else None)
 
 
-async def _drive(url: str, stream: Stream, bodies: Bodies, seconds: float) -> tuple[list[float], int, float]:
-    """`stream.clients` closed-loop clients for `seconds`: every answered request's latency, the failures, the
-    seconds it took."""
+async def _drive(link: Connection, url: str, stream: Stream, bodies: Bodies,
+                 seconds: float) -> tuple[list[float], int, float]:
+    """`stream.clients` closed-loop clients for `seconds` from the window's start: every answered request's latency,
+    the failures, the seconds it took. The client is built and "ready" said first, so that nothing of the set-up
+    (httpx's import, its SSL context), which a loaded machine can stretch past a short window, is in the window."""
     import httpx
 
     headers = {}
@@ -91,40 +93,42 @@ async def _drive(url: str, stream: Stream, bodies: Bodies, seconds: float) -> tu
         headers["X-Priority"] = str(stream.priority)
     latencies: list[float] = []
     failures = 0
-    until = time.monotonic() + seconds
-
-    async def client_loop(client: httpx.AsyncClient, offset: int) -> None:
-        nonlocal failures
-        i = offset
-        while time.monotonic() < until:
-            body, content_type = bodies[i % len(bodies)]
-            began = time.perf_counter()
-            try:
-                response = await client.post(url, content=body, headers={**headers, "Content-Type": content_type})
-                ok = response.status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                latencies.append(time.perf_counter() - began)
-            else:
-                failures += 1
-            i += stream.clients
-
     limits = httpx.Limits(max_connections=stream.clients, max_keepalive_connections=stream.clients)
-    began = time.monotonic()
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        await asyncio.gather(*(client_loop(client, k) for k in range(stream.clients)))
-    return latencies, failures, time.monotonic() - began
+        link.send("ready")
+        start_at = link.recv()  # nothing else runs on this loop yet: a blocking wait is fine
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        began = time.monotonic()
+        until = began + seconds
+
+        async def client_loop(offset: int) -> None:
+            nonlocal failures
+            i = offset
+            while time.monotonic() < until:
+                body, content_type = bodies[i % len(bodies)]
+                sent = time.perf_counter()
+                try:
+                    response = await client.post(url, content=body, headers={**headers, "Content-Type": content_type})
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    latencies.append(time.perf_counter() - sent)
+                else:
+                    failures += 1
+                i += stream.clients
+
+        await asyncio.gather(*(client_loop(k) for k in range(stream.clients)))
+        took = time.monotonic() - began
+    return latencies, failures, took
 
 
-def _stream_process(link: Connection) -> None:
-    """One process of a stream: say it is ready, take its part and the window's start, drive, answer."""
-    link.send("ready")
-    url, stream, bodies, start_at, seconds = link.recv()
-    time.sleep(max(0.0, start_at - time.time()))
+def _stream_process(link: Connection, url: str, stream: Stream, bodies: Bodies, seconds: float) -> None:
+    """One process of a stream: build its client, say "ready", take the window's start (wall clock), drive,
+    answer (or say what failed, which the parent raises naming the stream)."""
     try:
-        link.send(asyncio.run(_drive(url, stream, bodies, seconds)))
-    except Exception as exc:  # the parent raises it, naming the stream
+        link.send(asyncio.run(_drive(link, url, stream, bodies, seconds)))
+    except Exception as exc:
         link.send(f"{type(exc).__name__}: {exc}")
 
 
@@ -140,17 +144,20 @@ def window(url: str, streams: list[Stream], seconds: float, bodies: Bodies,
     links, procs = [], []
     for part in parts:
         mine, theirs = context.Pipe()
-        proc = context.Process(target=_stream_process, args=(theirs,), daemon=True, name=f"lanes-{part.name}")
+        proc = context.Process(target=_stream_process, args=(theirs, url, part, bodies, seconds), daemon=True,
+                               name=f"lanes-{part.name}")
         proc.start()
         theirs.close()
         links.append(mine)
         procs.append(proc)
     try:
-        for link in links:
-            link.recv()  # ready: imported and listening
-        start_at = time.time() + START_S
         for link, part in zip(links, parts, strict=True):
-            link.send((url, part, bodies, start_at, seconds))
+            said = link.recv()  # "ready": its client built and waiting for the start
+            if said != "ready":
+                raise RuntimeError(f"stream {part.name}: {said}")
+        start_at = time.time() + START_S
+        for link in links:
+            link.send(start_at)
         time.sleep(max(0.0, start_at - time.time()))
         before = server.snapshot() if server is not None else None
         gathered: dict[str, tuple[list[float], int, float]] = {}

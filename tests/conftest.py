@@ -39,8 +39,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray starts its workers (every Serve replica) at nice 15 and leaves its driver at 0 (RayConfig
 # `worker_niceness`; Ray's job manager sets RAY_worker_niceness=0 for a job's driver alone:
 # ray/dashboard/modules/job/job_manager.py). The suite's two pytest workers share the cores, so a replica at 15
-# got a few percent of one beside the other worker's plain processes, and a test timing it stalled for seconds.
-# Every Ray the suite starts, and each Ray's services the tests start as subprocesses, run their workers at 0.
+# gets a few percent of one beside the other worker's plain processes, and a test timing it stalls for seconds.
+# Every Ray the suite starts (its own, and those of the services tests start as subprocesses) runs its workers at 0.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 

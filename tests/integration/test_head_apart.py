@@ -18,6 +18,7 @@ their process groups (never `ray stop`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ import numpy as np
 import pytest
 
 from siglip_serve.core.constants import LNC_ENV
+from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.models.neuron.manifest import MANIFEST_NAME
 from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
@@ -112,16 +114,22 @@ class Cluster:
             worker = [RAY, "start", "--address", f"{HEAD_IP}:{self.gcs}", "--num-cpus", "3",
                       "--resources", json.dumps({"neuron_cores": 2}), *_node_args(self.temp, WORKER_IP)]
             proc, log = self._spawn(["unshare", "-m", "--propagation", "private", *worker])
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                if "Ray runtime started." in log.read_text(errors="replace"):  # ray/scripts/scripts.py start
-                    return
-                time.sleep(1)
-            if proc.poll() is None:
+            found, _, _ = poll(functools.partial(self._node_state, proc, log), bool, 120)
+            if found == "up":
+                return
+            if not found:
                 raise TimeoutError(f"the worker node not up in 120 s: {self.logs()}")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # what the failed start left behind
         raise RuntimeError(f"the worker node failed to start {attempts} times: {self.logs()}")
+
+    @staticmethod
+    def _node_state(proc: subprocess.Popen[bytes], log: Path) -> str:
+        """Where `ray start` is: "up" once it printed so (ray/scripts/scripts.py start), "exited" if it exited
+        first, else "" (still starting)."""
+        if "Ray runtime started." in log.read_text(errors="replace"):
+            return "up"
+        return "exited" if proc.poll() is not None else ""
 
     def _spawn(self, command: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         path = self.root / f"node-{len(self.procs)}.log"  # read when a node fails to start

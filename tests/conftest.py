@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from siglip_serve.launcher.preflight import free_port
+from tests.bounds import RAY_START_ENV, STOP_S, TEST_TIMEOUT_S, cluster_start, scaled
 from tests.helpers import (
     API_KEY,
     DEPLOYED,
@@ -42,6 +43,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # gets a few percent of one beside the other worker's plain processes, and a test timing it stalls for seconds.
 # Every Ray the suite starts (its own, and those of the services tests start as subprocesses) runs its workers at 0.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# Ray's start bounds that it lets a caller raise, raised for every Ray the suite starts (tests/bounds.py).
+for _name, _value in RAY_START_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 # -- hardware markers and the modules' order: one hook decides, for every test directory -------
@@ -115,6 +119,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                 "set it inside a test, a fixture or a subprocess's own env")
     problems: dict[str, str | None] = {}
     for item in items:
+        # pytest-timeout's bound, its own or the suite's, times the suite's one factor (tests/bounds.py).
+        marker = item.get_closest_marker("timeout")
+        item.add_marker(pytest.mark.timeout(scaled(marker.args[0] if marker and marker.args else TEST_TIMEOUT_S)),
+                        append=False)
         for marker, probe in HARDWARE_MARKERS.items():
             if item.get_closest_marker(marker) is None:
                 continue
@@ -193,18 +201,19 @@ def serve_cluster() -> Iterator[ServeCluster]:
     port = free_port()
     metrics_port = free_port()
     already_there = {p.pid for p in psutil.Process().children(recursive=True)}
-    ray.init(
-        num_cpus=16,
-        resources={"neuron_cores": TEST_NEURON_CORES, TEST_DEVICE: TEST_DEVICES},
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        namespace="siglip-serve-tests",
-        log_to_driver=False,
-        _metrics_export_port=metrics_port,
-        # Workers push metrics every second (Ray's default is 10 s), so scrapes see them quickly.
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with cluster_start("the session's Ray"):
+        ray.init(
+            num_cpus=16,
+            resources={"neuron_cores": TEST_NEURON_CORES, TEST_DEVICE: TEST_DEVICES},
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            namespace="siglip-serve-tests",
+            log_to_driver=False,
+            _metrics_export_port=metrics_port,
+            # Workers push metrics every second (Ray's default is 10 s), so scrapes see them quickly.
+            _system_config={"metrics_report_interval_ms": 1000},
+        )
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
     # This Ray's processes have the front end's environment now; services the tests start as
     # subprocesses must not inherit its ports. Only those keys: what ray.init itself set stays.
     for key in front_end_env:
@@ -219,7 +228,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
         left: list[str] = []
         try:
             if ray.is_initialized():
-                left = wait_for_deleted()
+                left = wait_for_deleted(STOP_S)
         finally:
             # As `siglip-serve run` stops its own Ray (launcher/runner.py): no request is in flight, so Serve's
             # graceful stop of every replica would only wait. HAProxy, started by a Ray worker, would outlive
@@ -229,8 +238,8 @@ def serve_cluster() -> Iterator[ServeCluster]:
             for process in started:
                 with contextlib.suppress(psutil.Error):
                     process.kill()
-            _, alive = psutil.wait_procs(started, timeout=10)
-    assert not left, f"applications still there 120 s after their deletion: {left}"
+            _, alive = psutil.wait_procs(started, timeout=scaled(10))
+    assert not left, f"applications still there {STOP_S:.0f} s after their deletion: {left}"
     assert not alive, f"processes of the session's Ray still running after it stopped: {alive}"
 
 
@@ -252,9 +261,11 @@ def _delete_module_apps() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def main_app(serve_cluster: ServeCluster) -> str:
     """tiny-siglip, one replica per declared NeuronCore (and one text replica), with an API key, and
-    Serve's throughput mode as an accelerator host has it by default."""
-    deploy(
-        "main", "/", replicas=TEST_NEURON_CORES, neuron_cores_per_replica=1, api_key=API_KEY, text_replicas=1,
-        encoder_num_cpus=0.5, batch_wait_timeout_s=0.01, torch_threads=1, throughput_optimized=True,
-    )
+    Serve's throughput mode as an accelerator host has it by default. Its replicas start under the cluster-start
+    lock, as the session's Ray did."""
+    with cluster_start("the session's main app"):
+        deploy(
+            "main", "/", replicas=TEST_NEURON_CORES, neuron_cores_per_replica=1, api_key=API_KEY, text_replicas=1,
+            encoder_num_cpus=0.5, batch_wait_timeout_s=0.01, torch_threads=1, throughput_optimized=True,
+        )
     return serve_cluster.base_url

@@ -10,8 +10,11 @@ module-scoped fixtures set up once.
 
 Split over workers, the modules that need a lasting service are one group, run by one worker in that same order
 (so the session's Ray and app start once, in one worker), and every other module is a group of its own: the
-other worker runs them one after another beside it, each whole. The lasting group comes first, as it is the
-longest: whichever worker ends first takes what is left.
+other worker runs them one after another beside it, each whole; except the modules marked `own_cluster`, which
+start Rays of their own (a `siglip-serve run`, `ray start`, a bench, bulk or rehearsal run): they are one group too,
+so the other worker runs them one after another and no two of them overlap. The lasting group comes first, as it
+is the longest, then the own clusters' group: whichever worker ends first takes what is left. Two starts never run
+at once whatever the split: each takes the machine's cluster-start lock (tests/bounds.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from typing import Protocol, TypeVar
 LASTING_FIXTURES = ("serve_cluster", "main_app")
 # The group (pytest-xdist's xdist_group) of every module that needs one of them.
 LASTING_GROUP = "lasting-services"
+# The marker of a module that starts Rays of its own (registered in pyproject.toml), and its modules' group.
+OWN_CLUSTER_MARKER = "own_cluster"
+OWN_CLUSTER_GROUP = "own-clusters"
 
 
 class Collected(Protocol):
@@ -33,6 +39,8 @@ class Collected(Protocol):
 
     @property
     def path(self) -> Path: ...
+
+    def get_closest_marker(self, name: str) -> object | None: ...
 
 
 T = TypeVar("T", bound=Collected)
@@ -56,8 +64,17 @@ def lasting_services_last(items: Sequence[T]) -> list[T]:
 
 def split_for_workers(items: Sequence[T]) -> list[tuple[T, str]]:
     """`items` for a run over workers, each with its group: the modules that need a lasting service first, as
-    LASTING_GROUP in lasting_services_last's order among themselves; then every other module, in its collected
+    LASTING_GROUP in lasting_services_last's order among themselves; then the modules marked OWN_CLUSTER_MARKER
+    that need none, as OWN_CLUSTER_GROUP in their collected order; then every other module, in its collected
     order, as a group named by its path (relative to the working directory, the same in every worker)."""
     needs = _needs(items)
-    ordered = sorted(items, key=lambda item: (not any(needs[item.path]), needs[item.path]))
-    return [(item, LASTING_GROUP if any(needs[item.path]) else os.path.relpath(item.path)) for item in ordered]
+    own = {item.path for item in items if item.get_closest_marker(OWN_CLUSTER_MARKER) is not None}
+
+    def group(item: T) -> str:
+        if any(needs[item.path]):
+            return LASTING_GROUP
+        return OWN_CLUSTER_GROUP if item.path in own else os.path.relpath(item.path)
+
+    rank = {LASTING_GROUP: 0, OWN_CLUSTER_GROUP: 1}
+    ordered = sorted(items, key=lambda item: (rank.get(group(item), 2), needs[item.path]))
+    return [(item, group(item)) for item in ordered]

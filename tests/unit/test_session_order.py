@@ -9,7 +9,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.session_order import LASTING_GROUP, lasting_services_last, split_for_workers
+from tests.session_order import (
+    LASTING_GROUP,
+    OWN_CLUSTER_GROUP,
+    OWN_CLUSTER_MARKER,
+    lasting_services_last,
+    split_for_workers,
+)
 
 
 @dataclass(frozen=True)
@@ -17,6 +23,10 @@ class Item:
     path: Path
     name: str
     fixturenames: tuple[str, ...] = ()
+    markers: tuple[str, ...] = ()
+
+    def get_closest_marker(self, name: str) -> str | None:
+        return name if name in self.markers else None
 
 
 def test_modules_run_by_the_lasting_services_they_need_each_whole_and_in_order() -> None:
@@ -38,6 +48,19 @@ def test_split_over_workers_the_lasting_services_modules_are_one_group_first_and
     assert [(item.name, group) for item, group in split_for_workers(items)] == [
         ("b1", LASTING_GROUP), ("b2", LASTING_GROUP), ("a1", LASTING_GROUP), ("a2", LASTING_GROUP),
         ("d1", "test_d.py"), ("d2", "test_d.py"), ("c1", "test_c.py")]
+
+
+def test_split_over_workers_the_modules_that_start_their_own_clusters_are_one_group_after_the_lasting_one() -> None:
+    own = (OWN_CLUSTER_MARKER,)
+    a = Path("test_a.py")  # the main app, and a Ray of its own: the lasting group it needs wins
+    c = Path("test_c.py")  # nothing lasting
+    e = Path("test_e.py")  # its own clusters
+    f = Path("test_f.py")  # its own clusters
+    items = [Item(e, "e1", markers=own), Item(e, "e2", markers=own), Item(c, "c1"), Item(a, "a1", ("main_app",), own),
+             Item(f, "f1", markers=own)]
+    assert [(item.name, group) for item, group in split_for_workers(items)] == [
+        ("a1", LASTING_GROUP), ("e1", OWN_CLUSTER_GROUP), ("e2", OWN_CLUSTER_GROUP), ("f1", OWN_CLUSTER_GROUP),
+        ("c1", "test_c.py")]
 
 
 def test_this_suite_runs_the_service_starting_modules_before_the_session_ray_and_its_main_app() -> None:

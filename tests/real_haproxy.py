@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+
+from siglip_serve.core.poll import poll
+from tests.bounds import scaled
 
 BURST = 300
 REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -95,11 +97,12 @@ def running_haproxy(config_text: str, directory: Path, port: int) -> Iterator[su
     process = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 10
-        while not listening(port):
+        def up() -> bool:
             assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            assert time.monotonic() < deadline, "HAProxy never listened"
-            time.sleep(0.05)
+            return listening(port)
+
+        _, listened, _ = poll(up, bool, scaled(30), interval_s=0.05)
+        assert listened, "HAProxy never listened"
         yield process
     finally:
         process.terminate()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,9 @@ from urllib.parse import parse_qs, unquote
 import httpx
 
 from siglip_serve.bulk.storage import BUCKET_ACTIONS, OPERATION_ACTIONS
+from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
+from tests.bounds import START_S
 
 ROOT = Path(__file__).resolve().parents[1]
 MOTO_PYTHON = ROOT / ".venv-moto" / "bin" / "python"
@@ -150,15 +151,17 @@ class MotoS3:
         self._log = self.log_path.open("w")
         command = [str(MOTO_PYTHON), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
+
+        def answers() -> bool:
             assert self.process.poll() is None, self.log_path.read_text()
             try:
                 httpx.get(f"{self.endpoint}/moto-api/", timeout=2)
-                break
             except httpx.HTTPError:
-                assert time.monotonic() < deadline, "moto's server did not answer in 60 s"
-                time.sleep(0.2)
+                return False
+            return True
+
+        _, up, waited = poll(answers, bool, START_S, interval_s=0.2)
+        assert up, f"moto's server did not answer in {waited:.0f} s"
         self.key = self.secret = ""
 
     def _enforce(self, on: bool) -> None:

@@ -24,7 +24,9 @@ import sys
 import time
 from typing import Any
 
-DEADLINE_S = 180
+from tests.bounds import RUN_S, SETTLE_S, START_S, scaled
+
+DEADLINE_S = int(RUN_S)
 REPORT_MARKER = "MULTINODE-REPORT"
 APP = "multinode"
 
@@ -45,14 +47,14 @@ def _state(status: Any) -> str:
 
 def _built_status(serve: Any, timeout_s: float) -> dict[str, Any]:
     """The app's status once Serve's build task has finished: deployments listed, or DEPLOY_FAILED."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        app = serve.status().applications.get(APP)
-        if app is not None and (app.deployments or _state(app.status) == "DEPLOY_FAILED"):
-            return {"status": _state(app.status), "message": app.message, "deployments": sorted(app.deployments)}
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the builder did not finish in {timeout_s} s: {app}")
-        time.sleep(0.5)
+    from siglip_serve.core.poll import poll
+
+    app, built, _ = poll(lambda: serve.status().applications.get(APP),
+                         lambda app: app is not None and (app.deployments or _state(app.status) == "DEPLOY_FAILED"),
+                         timeout_s, interval_s=0.5)
+    if not built:
+        raise TimeoutError(f"the builder did not finish in {timeout_s} s: {app}")
+    return {"status": _state(app.status), "message": app.message, "deployments": sorted(app.deployments)}
 
 
 def main() -> int:
@@ -69,6 +71,7 @@ def main() -> int:
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
+    from siglip_serve.core.poll import poll
     from siglip_serve.launcher.preflight import free_port
     from tests.helpers import jpeg_bytes, wait_until_ready
 
@@ -98,7 +101,7 @@ def main() -> int:
         _get_global_client().deploy_apps(ServeDeploySchema.model_validate(
             {"applications": [{"name": APP, "route_prefix": "/", "import_path": "siglip_serve.serve.app:build_app",
                                "args": ARGS}]}))
-        built = _built_status(serve, 60)
+        built = _built_status(serve, scaled(60))
         if built["status"] == "DEPLOY_FAILED":
             print(f"refused before the workers joined: {built['message']}", file=sys.stderr)
             return 1
@@ -107,7 +110,7 @@ def main() -> int:
         joined = time.monotonic()
         image = jpeg_bytes(np.full((64, 64, 3), 128, dtype=np.uint8))
         # Until the ingress runs, Serve's proxy holds a request rather than answering it: short tries.
-        wait_until_ready(f"http://127.0.0.1:{port}/readyz", 90,
+        wait_until_ready(f"http://127.0.0.1:{port}/readyz", START_S,
                          detail=lambda: str(serve.status().applications.get(APP)))
         ready_after_join_s = time.monotonic() - joined
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -115,11 +118,10 @@ def main() -> int:
             answers = [client.post("/v1/embeddings/image", content=image, headers={"Content-Type": "image/jpeg"})
                        for _ in range(REQUESTS)]
             # Every replica placed (not only /readyz's min_ready_replicas) before /v1/models is read.
-            deadline = time.monotonic() + 60
-            while _state(serve.status().applications[APP].status) != "RUNNING":
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not every replica runs: {serve.status().applications.get(APP)}")
-                time.sleep(0.5)
+            _, running, _ = poll(lambda: _state(serve.status().applications[APP].status),
+                                 lambda state: state == "RUNNING", SETTLE_S, interval_s=0.5)
+            if not running:
+                raise TimeoutError(f"not every replica runs: {serve.status().applications.get(APP)}")
             models = client.get("/v1/models").json()
         statuses = [answer.status_code for answer in answers]
         dims = sorted({len(answer.json()["data"][0]["embedding"]) for answer in answers if answer.status_code == 200})

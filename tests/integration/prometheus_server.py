@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.bounds import scaled
 from tests.helpers import REPO, wait_until_ready
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class PrometheusServer:
         )
         self.client = httpx.Client(base_url=self.url, timeout=10.0)
 
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
+    def wait_ready(self, timeout_s: float = scaled(60)) -> None:
         wait_until_ready(f"{self.url}/-/ready", timeout_s, self.process, lambda: self.log_path.read_text()[-2000:])
 
     def query(self, promql: str) -> dict[str, Any]:

@@ -12,7 +12,9 @@ import httpx
 import ray
 from ray import serve
 
+from siglip_serve.core.poll import poll
 from siglip_serve.serve.shared import registry
+from tests.bounds import SETTLE_S
 from tests.helpers import deploy
 
 log = logging.getLogger(__name__)
@@ -48,12 +50,10 @@ def answering(app: str) -> list[dict[str, Any]]:
     return [record for record in registry.live_replicas(app, "image") if "first_answer_at" in record["start"]]
 
 
-def wait_for(app: str, deployment: str, count: int, timeout_s: float) -> float:
-    began = time.monotonic()
-    while replicas(app, deployment) != count:
-        assert time.monotonic() - began < timeout_s, f"{replicas(app, deployment)} {deployment} replicas, not {count}"
-        time.sleep(0.2)
-    return time.monotonic() - began
+def wait_for(app: str, deployment: str, count: int, timeout_s: float = SETTLE_S) -> float:
+    got, done, waited = poll(lambda: replicas(app, deployment), lambda got: got == count, timeout_s, interval_s=0.2)
+    assert done, f"{got} {deployment} replicas, not {count}, after {waited:.0f} s"
+    return waited
 
 
 def test_load_scales_the_encoder_and_ingress_up_and_its_end_down(serve_cluster: Any,
@@ -67,12 +67,14 @@ def test_load_scales_the_encoder_and_ingress_up_and_its_end_down(serve_cluster: 
     assert model["ingress_autoscaling"] == {"min_replicas": 1, "max_replicas": 2} and model["ingress_replicas"] == 1
     url = f"{serve_cluster.base_url}/scaling/v1/embeddings/image"
     codes: list[int] = []
-    began = time.monotonic()
-    while replicas("scaling") < 2 or replicas("scaling", "Ingress") < 2 or len(answering("scaling")) < 2:
-        assert time.monotonic() - began < 40, (f"load left {replicas('scaling')} encoder and "
-                                               f"{replicas('scaling', 'Ingress')} ingress replica(s), "
-                                               f"{len(answering('scaling'))} encoder(s) answering")
-        codes += asyncio.run(load(url, photo_jpegs[0], time.monotonic() + 1.0))
+
+    def a_second_of_load() -> tuple[int, int, int]:
+        """One second of load, then (encoder replicas, ingress replicas, encoders that have answered)."""
+        codes.extend(asyncio.run(load(url, photo_jpegs[0], time.monotonic() + 1.0)))
+        return replicas("scaling"), replicas("scaling", "Ingress"), len(answering("scaling"))
+
+    counts, scaled_up, _ = poll(a_second_of_load, lambda counts: min(counts) >= 2, SETTLE_S, interval_s=0)
+    assert scaled_up, f"load left {counts[0]} encoder and {counts[1]} ingress replica(s), {counts[2]} answering"
     assert codes and set(codes) == {200}
     # The replica autoscaling added answers load once warm: its start, from its process's creation (Ray
     # placed it) to its first answer, is what a burst waits for (docs/dev/benchmark-log.md).
@@ -81,5 +83,5 @@ def test_load_scales_the_encoder_and_ingress_up_and_its_end_down(serve_cluster: 
     log.info("the added encoder replica: warm %.1f s and first answer %.1f s after its process started (%s)",
              added["ready_at"] - added["process_started"], added["first_answer_at"] - added["process_started"],
              ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in added["phases"]))
-    wait_for("scaling", "Encoder", 1, timeout_s=15)
-    wait_for("scaling", "Ingress", 1, timeout_s=15)
+    wait_for("scaling", "Encoder", 1)
+    wait_for("scaling", "Ingress", 1)

@@ -7,6 +7,8 @@ import concurrent.futures
 import httpx
 import pytest
 
+from siglip_serve.core.poll import poll
+from tests.bounds import START_S
 from tests.helpers import ServeCluster, TinyReference, assert_error, cosine, delete_apps, deploy, embeddings_of
 
 TIMEOUT = 60.0
@@ -93,16 +95,12 @@ def test_not_ready_until_every_replica_has_warmed_up(serve_cluster: ServeCluster
 
 
 def _wait_for_ingress(client: httpx.Client, url: str) -> httpx.Response:
-    import time
-
-    deadline = time.monotonic() + 60
-    while True:
+    def health() -> httpx.Response | None:
         try:
-            response = client.get(url + "/healthz")
-            if response.status_code == 200:
-                return response
+            return client.get(url + "/healthz")
         except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("the unready app's ingress never came up")
-        time.sleep(0.5)
+            return None
+
+    response, up, _ = poll(health, lambda got: got is not None and got.status_code == 200, START_S, interval_s=0.5)
+    assert up and response is not None, "the unready app's ingress never came up"
+    return response

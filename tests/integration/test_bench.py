@@ -11,20 +11,24 @@ from pathlib import Path
 import pytest
 
 from siglip_serve.measure.results import BenchResult
+from tests.bounds import RUN_S, cluster_start
+
+pytestmark = pytest.mark.own_cluster
 
 BIN = Path(sys.executable).parent
 
 
 def test_bench_writes_every_part(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    run = subprocess.run(
-        [str(BIN / "siglip-serve"), "bench", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3",
-         "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--endpoint", "json",
-         "--multicore", "2", "--set", "torch_threads=1", "--json", str(out), "--client-processes", "2",
-         "--profile", str(tmp_path / "profiles"), "--profile-seconds", "2", "--price-per-hour", "3.6",
-         "--accelerators", "2"],
-        capture_output=True, text=True, timeout=300,
-    )
+    with cluster_start("bench's service"):  # a start, a few seconds of load, a stop: held throughout
+        run = subprocess.run(
+            [str(BIN / "siglip-serve"), "bench", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3",
+             "--concurrency", "1,2", "--requests", "6", "--images-per-request", "2", "--endpoint", "json",
+             "--multicore", "2", "--set", "torch_threads=1", "--json", str(out), "--client-processes", "2",
+             "--profile", str(tmp_path / "profiles"), "--profile-seconds", "2", "--price-per-hour", "3.6",
+             "--accelerators", "2"],
+            capture_output=True, text=True, timeout=RUN_S,
+        )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     BenchResult.model_validate(result)  # the file is the model the report reads

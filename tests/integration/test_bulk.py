@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
 
+from siglip_serve.core.poll import poll
+from tests.bounds import SETTLE_S, START_S, STOP_S
 from tests.helpers import API_KEY, FileServer, ServeCluster, cosine, embeddings_of, jpeg_bytes
 
 
@@ -90,11 +91,10 @@ def test_bulk_rows_equal_the_served_ones_and_bad_inputs_are_rows_of_the_errors_t
     # The service's metric names, endpoint "bulk": the Ray the job ran on exports them (1 s push here).
     # Each Ray worker pushes its own counters on its own clock: wait for every one the job's stages move.
     wanted = {"images": 5, "forwards": 1, "rejected:unreadable": 1, "rejected:empty_body": 1}
-    deadline = time.monotonic() + 20
-    while (any((series := _bulk_series(serve_cluster.metrics_port)).get(k, 0) < n for k, n in wanted.items())
-           and time.monotonic() < deadline):
-        time.sleep(0.5)
-    assert all(series.get(k, 0) >= n for k, n in wanted.items()), series
+    series, counted, _ = poll(lambda: _bulk_series(serve_cluster.metrics_port),
+                              lambda series: all(series.get(k, 0) >= n for k, n in wanted.items()), SETTLE_S,
+                              interval_s=0.5)
+    assert counted, series
 
     # The same job again finds every shard done and embeds nothing.
     again = run_job(config, JobSpec(source=str(listing), output=str(out), shard_size=3))
@@ -153,16 +153,18 @@ def test_a_killed_run_resumes_with_every_row_once(serve_cluster, tmp_path: Path)
                    "--address", ray.get_runtime_context().gcs_address]
         job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
-        deadline = time.monotonic() + 120
+
+        def shards() -> list[Path]:
+            assert job.poll() is None, job.stderr.read() if job.stderr else ""
+            return list(out.glob("part-*.parquet"))
+
         try:
-            while not list(out.glob("part-*.parquet")):
-                assert job.poll() is None, job.stderr.read() if job.stderr else ""
-                assert time.monotonic() < deadline, "no shard written in 120 s"
-                time.sleep(0.02)
+            _, wrote, waited = poll(shards, bool, START_S, interval_s=0.05)
+            assert wrote, f"no shard written in {waited:.0f} s"
             assert job.poll() is None, "the run ended while its last input was held"
         finally:
             os.killpg(job.pid, signal.SIGKILL)  # a crash: nothing gets to clean up
-            job.wait(timeout=30)
+            job.wait(timeout=STOP_S)
         written_before = {p.name for p in out.glob("part-*.parquet")}
         assert 0 < len(written_before) < 30
 

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +20,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from siglip_serve.core.poll import poll
+from tests.bounds import RUN_S, START_S, STOP_S, cluster_start
 from tests.helpers import FileServer, jpeg_bytes
 from tests.s3_stand_in import MotoS3, allows, read_policy, without
+
+pytestmark = pytest.mark.own_cluster
 
 BUCKET = "my-bucket"
 # The prefixes deploy/kuberay/rayjob-embed.yaml's entrypoint names, which the policy file grants.
@@ -78,24 +81,27 @@ def test_the_job_runs_resumes_and_needs_each_permission_of_the_policy(moto: Moto
             listed = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
             return {Path(f.path).name for f in listed if Path(f.path).name.startswith("part-")}
 
+        def first_shards() -> set[str]:
+            assert first.poll() is None, (tmp_path / "first.log").read_text()
+            return shards()
+
         mark = moto.log_mark()
-        first = _embed(moto, tmp_path / "first.log", urls)
-        deadline = time.monotonic() + 150
-        try:
-            while not shards():
-                assert first.poll() is None, (tmp_path / "first.log").read_text()
-                assert time.monotonic() < deadline, "no shard on S3 in 150 s"
-                time.sleep(0.2)
-            assert first.poll() is None, "the run ended while its last input was held"
-        finally:
-            os.killpg(first.pid, signal.SIGKILL)  # a crash, as a lost node ends a RayJob's driver
-            first.wait(timeout=30)
+        with cluster_start("the first bulk run"):  # its Ray's start, until it writes
+            first = _embed(moto, tmp_path / "first.log", urls)
+            try:
+                _, wrote, waited = poll(first_shards, bool, START_S, interval_s=0.2)
+                assert wrote, f"no shard on S3 in {waited:.0f} s"
+                assert first.poll() is None, "the run ended while its last input was held"
+            finally:
+                os.killpg(first.pid, signal.SIGKILL)  # a crash, as a lost node ends a RayJob's driver
+                first.wait(timeout=STOP_S)
         written_before = shards()
         assert 0 < len(written_before) < 18
 
         held.release.set()
-        second = _embed(moto, tmp_path / "second.log", urls)
-        second.wait(timeout=300)
+        with cluster_start("the second bulk run"):  # a whole run: its start, its work, its stop
+            second = _embed(moto, tmp_path / "second.log", urls)
+            second.wait(timeout=RUN_S)
     assert second.returncode == 0, (tmp_path / "second.log").read_text()
     summary = json.loads(fs.open_input_stream(f"{root}/_summary.json").read())
     assert (summary["items"], summary["shards"], summary["shards_done_before"]) == (71, 18, len(written_before))

@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 
 from siglip_serve.measure.client_pool import auto_client_processes
+from tests.bounds import TIME_SCALE, cluster_start, scaled
+
+pytestmark = pytest.mark.own_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "served", "host-ceiling", "served-nvjpeg",
@@ -31,14 +34,16 @@ BY_COMMAND_LINE = ["host-ceiling", "served-nvjpeg", "served-best-bucket", "serve
 
 
 def rehearse(tmp_path: Path, *argv: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The check on the cpu backend (the shared 2-core machine: timeouts tripled, a Ray start alone can take a
-    minute), its summary and its steps by name."""
-    run = subprocess.run(
-        [str(ROOT / "tools" / "device_check.sh"), "--out", str(tmp_path / "dc"), "--bundle", str(tmp_path / "back"),
-         "--backend", "cpu", "--model", "tiny-siglip", "--warmup", "1", "--iterations", "3", "--budget-s", "540",
-         "--timeout-scale", "3", *argv],
-        capture_output=True, text=True, timeout=570, env={**os.environ, "PYTHON": sys.executable},
-    )
+    """The check on the cpu backend (the shared 2-core machine: its timeouts tripled, and times the suite's factor,
+    as a Ray start alone can take a minute), its summary and its steps by name. Its services start one after
+    another inside it: the whole run holds the cluster-start lock."""
+    with cluster_start("the device check's rehearsal"):
+        run = subprocess.run(
+            [str(ROOT / "tools" / "device_check.sh"), "--out", str(tmp_path / "dc"), "--bundle",
+             str(tmp_path / "back"), "--backend", "cpu", "--model", "tiny-siglip", "--warmup", "1", "--iterations",
+             "3", "--budget-s", str(int(scaled(540))), "--timeout-scale", str(3 * TIME_SCALE), *argv],
+            capture_output=True, text=True, timeout=scaled(570), env={**os.environ, "PYTHON": sys.executable},
+        )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     summary = json.loads((tmp_path / "dc" / "summary.json").read_text())
     steps = {step["name"]: step for step in summary["steps"]}

@@ -20,6 +20,8 @@ import httpx
 import numpy as np
 import pytest
 
+from siglip_serve.core.poll import poll
+from tests.bounds import SETTLE_S, scaled
 from tests.helpers import API_KEY, AUTH, ServeCluster, assert_error, deploy, embeddings_of, jpeg_bytes, streamed_png
 
 TIMEOUT = 120.0
@@ -86,10 +88,10 @@ def test_64_huge_16_bit_pngs_are_refused_from_headers_and_a_small_request_is_not
     heavy = functools.partial(timed_post, budget_app + "/v1/embeddings", json=body)
     response, seconds, (heavy_response, heavy_seconds) = small_request_beside(heavy, budget_app, small_jpeg)
     assert embeddings_of(response).shape == (1, 64)
-    assert seconds < 2.0, seconds
+    assert seconds < scaled(2.0), seconds
     error = assert_error(heavy_response, 413, "image_too_large")
     assert "per-request limit" in error["message"] and "400" in error["message"]
-    assert heavy_seconds < 5.0, heavy_seconds
+    assert heavy_seconds < scaled(5.0), heavy_seconds
 
 
 def test_a_heavy_request_within_limits_shares_decode_threads_fairly(budget_app: str, small_jpeg: bytes) -> None:
@@ -100,7 +102,7 @@ def test_a_heavy_request_within_limits_shares_decode_threads_fairly(budget_app: 
     assert embeddings_of(response).shape == (1, 64)
     assert embeddings_of(heavy_response).shape == (64, 64)
     # A FIFO pool would answer the small image about when the heavy request ends.
-    assert seconds < min(2.0, heavy_seconds / 4), (seconds, heavy_seconds)
+    assert seconds < min(scaled(2.0), heavy_seconds / 4), (seconds, heavy_seconds)
 
 
 def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app: str) -> None:
@@ -118,9 +120,27 @@ def test_a_burst_gets_fast_503s_and_nothing_answers_after_its_deadline(front_app
     for response, _ in shed:
         assert_error(response, 503, "overloaded")
         assert response.headers["retry-after"] == "2"
-    assert max(s for _, s in shed) < 2.0, sorted(s for _, s in shed)  # before: none, or after up to 18 s
+    assert max(s for _, s in shed) < scaled(2.0), sorted(s for _, s in shed)  # before: none, or after up to 18 s
     # Admitted requests end by their 1.5 s deadline (plus the proxy's and the client's share).
-    assert max(s for r, s in results if r.status_code != 503) < 1.5 + 1.5
+    assert max(s for r, s in results if r.status_code != 503) < 1.5 + scaled(1.5)
+
+
+def _front_counts(metrics_port: int) -> dict[str, float]:
+    """The `front` app's ingress counters on Ray's Prometheus endpoint: images answered, and requests it answered
+    503 overloaded itself."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = {"images": 0.0, "overloaded": 0.0}
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("application") != "front":
+                continue
+            if sample.name == "ray_siglip_images_embedded_total":
+                counts["images"] += sample.value
+            elif sample.name == "ray_siglip_requests_rejected_total" and sample.labels.get("reason") == "overloaded":
+                counts["overloaded"] += sample.value
+    return counts
 
 
 async def _burst(port: int, request: bytes, count: int) -> list[tuple[bytes, float]]:
@@ -150,7 +170,6 @@ def test_a_400_request_burst_is_shed_at_once_and_nothing_outlives_its_deadline(
         serve_cluster: ServeCluster, front_app: str, photo_jpegs: list[bytes]) -> None:
     import asyncio
     import json
-    import statistics
 
     from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
 
@@ -160,6 +179,7 @@ def test_a_400_request_burst_is_shed_at_once_and_nothing_outlives_its_deadline(
     image = photo_jpegs[1]
     request = (f"POST /front/v1/embeddings/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
                f"Content-Length: {len(image)}\r\nConnection: close\r\n\r\n").encode() + image
+    before = _front_counts(serve_cluster.metrics_port)
     replies = asyncio.run(_burst(serve_cluster.http_port, request, 400))
     statuses = [int(reply.split(b" ", 2)[1]) if reply else 0 for reply, _ in replies]
     assert set(statuses) <= {200, 503, 504} and 200 in statuses, sorted(set(statuses))
@@ -170,8 +190,14 @@ def test_a_400_request_burst_is_shed_at_once_and_nothing_outlives_its_deadline(
         # HAProxy's page has a Content-Length; the ingress's own answer may come chunked.
         error = json.loads(body[body.index(b"{"):body.rindex(b"}") + 1])["error"]
         assert error["type"] == "overloaded" and b"\r\nretry-after: 2" in head.lower(), reply
-    # Shed at once (by HAProxy, before any Python), not after a wait.
-    assert statistics.median(seconds for _, seconds in shed) < 0.25, sorted(seconds for _, seconds in shed)
+    if serve_cluster.front_end == "haproxy":
+        # Shed at once: by HAProxy, before any Python. Once the ingress's counters show every image it answered
+        # (Ray pushes them each second), they show no overloaded answer of its own.
+        answered = statuses.count(200)
+        after, counted, _ = poll(lambda: _front_counts(serve_cluster.metrics_port),
+                                 lambda after: after["images"] - before["images"] >= answered, SETTLE_S)
+        assert counted, (before, after, answered)
+        assert after["overloaded"] == before["overloaded"], (before, after)
     # Nothing answered later than the 1.5 s deadline plus the documented margin.
     assert max(seconds for _, seconds in replies) < 1.5 + FRONT_END_TIMEOUT_MARGIN_S, sorted(
         seconds for _, seconds in replies)[-10:]
@@ -190,7 +216,7 @@ def test_the_deadline_covers_decoding_and_queueing(front_app: str) -> None:
     for response, seconds in results:
         if response.status_code == 504:
             assert "1.5" in assert_error(response, 504, "deadline_exceeded")["message"]
-        assert seconds < 1.5 + 3.0, seconds  # the deadline, plus room for a loaded 2-core machine
+        assert seconds < 1.5 + scaled(3.0), seconds  # the deadline, plus room for a loaded 2-core machine
 
 
 def test_a_stalled_body_is_answered_at_the_deadline(serve_cluster: ServeCluster, front_app: str) -> None:
@@ -202,7 +228,7 @@ def test_a_stalled_body_is_answered_at_the_deadline(serve_cluster: ServeCluster,
         seconds = time.monotonic() - began
     # Before: the connection was held forever.
     assert reply.startswith(b"HTTP/1.1 504"), reply[:200]
-    assert seconds < 1.5 + 1.5
+    assert seconds < 1.5 + scaled(1.5)
 
 
 def test_an_over_limit_body_is_a_413_that_urllib_can_read(main_app: str) -> None:
@@ -362,11 +388,11 @@ def test_a_client_that_stops_sending_is_cut_at_ten_seconds(serve_cluster: ServeC
         replies = list(pool.map(functools.partial(stalled_reply, serve_cluster.http_port), unfinished))
     (body_reply, body_seconds), *headers = replies
     assert body_reply.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in body_reply, body_reply[:300]
-    assert CLIENT_SEND_TIMEOUT_S - 1 <= body_seconds < CLIENT_SEND_TIMEOUT_S + 5, body_seconds
+    assert CLIENT_SEND_TIMEOUT_S - 1 <= body_seconds < CLIENT_SEND_TIMEOUT_S + scaled(5), body_seconds
     for reply, seconds in headers:
         # Before: the connection was held until the client gave up.
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-        assert CLIENT_SEND_TIMEOUT_S - 1 <= seconds < CLIENT_SEND_TIMEOUT_S + 5, seconds
+        assert CLIENT_SEND_TIMEOUT_S - 1 <= seconds < CLIENT_SEND_TIMEOUT_S + scaled(5), seconds
 
 
 def test_an_http2_preface_is_refused_at_once(serve_cluster: ServeCluster, main_app: str) -> None:
@@ -375,4 +401,4 @@ def test_an_http2_preface_is_refused_at_once(serve_cluster: ServeCluster, main_a
     # Before: HAProxy took it as h2c prior knowledge, answered SETTINGS and held the connection 10 s.
     reply, seconds = stalled_reply(serve_cluster.http_port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
-    assert seconds < 2.0, seconds
+    assert seconds < scaled(2.0), seconds

@@ -26,8 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -39,7 +38,10 @@ from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.models.neuron.manifest import MANIFEST_NAME
 from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
+from tests.bounds import RUN_S, SETTLE_S, START_S, cluster_start, scaled
 from tests.helpers import REPO, jpeg_bytes, neuronx_double, tiny_settings, worker_pythonpath
+
+pytestmark = pytest.mark.own_cluster
 
 MODEL = "tiny-siglip-checkpoint"  # takes weights (unlike tiny-siglip): the config's `pretrained` is real to it
 IMAGES = 6
@@ -101,7 +103,7 @@ class Cluster:
         self._spawn(["unshare", "-m", "--propagation", "private", "sh", "-c", masked, "head", *head])
         try:
             self._wait(lambda: httpx.get(f"http://{HEAD_IP}:{self.dashboard}/api/version", timeout=2).is_success,
-                       120, "the head's dashboard")
+                       START_S, "the head's dashboard")
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}: {self.logs()}") from None
         self._start_worker()
@@ -114,11 +116,11 @@ class Cluster:
             worker = [RAY, "start", "--address", f"{HEAD_IP}:{self.gcs}", "--num-cpus", "3",
                       "--resources", json.dumps({"neuron_cores": 2}), *_node_args(self.temp, WORKER_IP)]
             proc, log = self._spawn(["unshare", "-m", "--propagation", "private", *worker])
-            found, _, _ = poll(functools.partial(self._node_state, proc, log), bool, 120)
+            found, _, waited = poll(functools.partial(self._node_state, proc, log), bool, START_S)
             if found == "up":
                 return
             if not found:
-                raise TimeoutError(f"the worker node not up in 120 s: {self.logs()}")
+                raise TimeoutError(f"the worker node not up in {waited:.0f} s: {self.logs()}")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # what the failed start left behind
         raise RuntimeError(f"the worker node failed to start {attempts} times: {self.logs()}")
@@ -140,16 +142,16 @@ class Cluster:
         return proc, path
 
     @staticmethod
-    def _wait(ready: object, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+    def _wait(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        def attempt() -> bool:
             try:
-                if ready():  # type: ignore[operator]
-                    return
+                return ready()
             except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"{what} not up in {timeout_s} s")
+                return False
+
+        _, up, waited = poll(attempt, bool, timeout_s)
+        if not up:
+            raise TimeoutError(f"{what} not up in {waited:.0f} s")
 
     def logs(self) -> str:
         return "\n".join(path.read_text(errors="replace")[-2000:] for path in sorted(self.root.glob("node-*.log")))
@@ -169,7 +171,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("head-apart")
     cluster = Cluster(root)
     try:
-        cluster.start()
+        with cluster_start("the head-apart cluster"):
+            cluster.start()
         with neuronx_double():
             artifact = compile_artifact(tiny_settings(model=MODEL, random_weights=True), CompileOptions(lnc=2),
                                         cluster.artifacts).artifact_dir
@@ -186,6 +189,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cluster.stop()
 
 
+@pytest.mark.timeout(900)  # two nodes' start, the service's, then the bulk job's
 def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_the_bulk_job(
         cluster: Cluster, tmp_path: Path) -> None:
     artifact = cluster.artifact  # type: ignore[attr-defined]
@@ -200,26 +204,25 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
                     "api_keys_file": str(keys)}}
     schema = {"proxy_location": "HeadOnly", "http_options": {"host": HEAD_IP, "port": cluster.serve},
               "applications": [app]}
-    assert httpx.put(f"{dashboard}/api/serve/applications/", json=schema, timeout=60).status_code == 200
-
     with httpx.Client(base_url=f"http://{HEAD_IP}:{cluster.serve}", timeout=30,
                       headers={"Authorization": "Bearer apart-key"}) as client:
-        deadline = time.monotonic() + 240
-        ready = None
         status: dict[str, object] = {}
-        while time.monotonic() < deadline:
-            status = httpx.get(f"{dashboard}/api/serve/applications/", timeout=30).json()["applications"]
+
+        def readiness() -> int | str | None:
+            """/readyz's status; "failed" once Serve says DEPLOY_FAILED; None while nothing answers."""
+            status.update(httpx.get(f"{dashboard}/api/serve/applications/", timeout=30).json()["applications"])
             if status.get("apart", {}).get("status") == "DEPLOY_FAILED":  # type: ignore[attr-defined]
-                break
+                return "failed"
             try:
                 # Short tries: until the ingress runs, Serve's proxy holds a request rather than answering.
-                ready = client.get("/readyz", timeout=3)
-                if ready.status_code == 200:
-                    break
+                return client.get("/readyz", timeout=3).status_code
             except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        assert ready is not None and ready.status_code == 200, json.dumps(status)[-3000:] + cluster.logs()
+                return None
+
+        with cluster_start("the head-apart service"):
+            assert httpx.put(f"{dashboard}/api/serve/applications/", json=schema, timeout=60).status_code == 200
+            ready, _, _ = poll(readiness, lambda ready: ready in (200, "failed"), START_S, interval_s=2)
+        assert ready == 200, json.dumps(status)[-3000:] + cluster.logs()
         answer = client.post("/v1/embeddings/image", content=jpeg_bytes(np.full((64, 64, 3), 99, dtype=np.uint8)),
                              headers={"Content-Type": "image/jpeg"})
         assert answer.status_code == 200, answer.text
@@ -233,11 +236,9 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
     from ray.util.state import list_nodes, list_tasks
 
     nodes = {n.node_id: n.node_ip for n in list_nodes(address=dashboard, detail=True)}
-    deadline = time.monotonic() + 30
-    while not (builds := list_tasks(address=dashboard, filters=[("name", "=", "build_serve_application")],
-                                    detail=True)):
-        assert time.monotonic() < deadline, "no record of Serve's build task"
-        time.sleep(1)
+    builds, recorded, _ = poll(lambda: list_tasks(address=dashboard, filters=[("name", "=", "build_serve_application")],
+                                                  detail=True), bool, SETTLE_S)
+    assert recorded, "no record of Serve's build task"
     assert {nodes.get(task.node_id) for task in builds} == {HEAD_IP}, (builds, nodes)
 
     # The job, once the service holds its share of the worker (Ray Data would otherwise take every CPU the
@@ -255,16 +256,16 @@ def test_a_head_without_artifacts_weights_or_hub_deploys_the_service_and_runs_th
                   + " ".join(embed))
     submitted = subprocess.run([RAY, "job", "submit", "--address", dashboard, "--no-wait", "--submission-id",
                                 "apart-embed", "--", "sh", "-c", entrypoint],
-                               env=cluster.env, capture_output=True, text=True, timeout=120)
+                               env=cluster.env, capture_output=True, text=True, timeout=scaled(120))
     assert submitted.returncode == 0, submitted.stderr[-2000:]
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     jobs = JobSubmissionClient(dashboard)
-    deadline = time.monotonic() + 240
-    while jobs.get_job_status("apart-embed") not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
-        assert time.monotonic() < deadline, jobs.get_job_logs("apart-embed")[-3000:]
-        time.sleep(2)
+    _, ended, _ = poll(lambda: jobs.get_job_status("apart-embed"),
+                       lambda state: state in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}, RUN_S,
+                       interval_s=2)
+    assert ended, jobs.get_job_logs("apart-embed")[-3000:]
     logs = jobs.get_job_logs("apart-embed")
     assert jobs.get_job_status("apart-embed") == JobStatus.SUCCEEDED, logs[-3000:]
     summary = json.loads((out / "_summary.json").read_text())

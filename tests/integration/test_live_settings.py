@@ -18,6 +18,7 @@ import pytest
 from siglip_serve.core.poll import poll
 from siglip_serve.serve.plan.live_settings import INGRESS_DEPLOYMENT
 from siglip_serve.serve.serve_yaml import BUILDER
+from tests.bounds import SETTLE_S, START_S
 from tests.helpers import BackgroundLoad, ServeCluster, delete_apps
 
 APP = "live"
@@ -65,7 +66,8 @@ def client(serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory
     directory = tmp_path_factory.mktemp("live")
     apply({"api_keys_file": keys_file(directory / "first.toml", OLD_KEY)})
     with httpx.Client(base_url=serve_cluster.base_url + ROUTE, timeout=60) as client:
-        _, ready, _ = poll(lambda: client.get("/readyz").status_code, lambda code: code == 200, 180, interval_s=0.5)
+        _, ready, _ = poll(lambda: client.get("/readyz").status_code, lambda code: code == 200, START_S,
+                           interval_s=0.5)
         assert ready
         client.directory = directory  # type: ignore[attr-defined]
         yield client
@@ -85,20 +87,20 @@ def test_a_limit_and_the_keys_file_change_in_place_under_load(client: httpx.Clie
     before = replicas(client, OLD_KEY)
     body = {"input": image, "modality": "image"}
     with BackgroundLoad(client.base_url, auth(OLD_KEY), [("a", body), ("b", body)]) as load:
-        poll(load.total, lambda n: n >= 10, 60, interval_s=0.2)
+        poll(load.total, lambda n: n >= 10, SETTLE_S, interval_s=0.2)
         apply({"api_keys_file": second, "embedding_cache_mib": 1})
-        _, switched, _ = poll(lambda: answers(client, NEW_KEY, image).status_code, lambda c: c == 200, 60,
+        _, switched, _ = poll(lambda: answers(client, NEW_KEY, image).status_code, lambda c: c == 200, SETTLE_S,
                               interval_s=0.3)
         assert switched
         cache = client.get("/v1/models", headers=auth(NEW_KEY)).json()["data"][0]["cache"]
         assert cache["enabled"] and cache["max_bytes"] == 1024 * 1024, cache
         count = load.total()
-        poll(load.total, lambda n: n >= count + 10, 60, interval_s=0.2)
+        poll(load.total, lambda n: n >= count + 10, SETTLE_S, interval_s=0.2)
     assert load.outcomes() == {"200"}, dict(load.got)
 
     # A deadline no request meets: every request now answers 504 naming it, the documented refusal.
     apply({"api_keys_file": second, "request_timeout_s": 0.001})
-    timed_out, done, _ = poll(lambda: answers(client, NEW_KEY, image), lambda a: a.status_code == 504, 60,
+    timed_out, done, _ = poll(lambda: answers(client, NEW_KEY, image), lambda a: a.status_code == 504, SETTLE_S,
                               interval_s=0.3)
     assert done, timed_out.text
     assert "0.001 s" in timed_out.json()["error"]["message"], timed_out.text
@@ -109,12 +111,12 @@ def test_a_limit_and_the_keys_file_change_in_place_under_load(client: httpx.Clie
         # Serve's controller reconfigures the replica within a loop or two (0.1 s each); a raise there would stop
         # it and start another, which the final check of the processes sees.
         time.sleep(2)
-        _, running, _ = poll(serve_status, lambda s: s == "RUNNING", 30, interval_s=0.3)
+        _, running, _ = poll(serve_status, lambda s: s == "RUNNING", SETTLE_S, interval_s=0.3)
         assert running
         assert answers(client, NEW_KEY, image).status_code == 504
 
     apply({"api_keys_file": second})  # the args' deadline again
-    _, back, _ = poll(lambda: answers(client, NEW_KEY, image).status_code, lambda c: c == 200, 60, interval_s=0.3)
+    _, back, _ = poll(lambda: answers(client, NEW_KEY, image).status_code, lambda c: c == 200, SETTLE_S, interval_s=0.3)
     assert back
     assert answers(client, "nobody", image).status_code == 401
     assert replicas(client, NEW_KEY) == before  # the same replicas, the same processes throughout

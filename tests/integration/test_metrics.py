@@ -28,6 +28,7 @@ from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.http.errors import ErrorType
 from siglip_serve.serve.shared.metrics import METRIC_NAMES, TENANT_REQUEST_SECONDS
+from tests.bounds import SETTLE_S
 from tests.helpers import REPO as ROOT
 from tests.helpers import ServeCluster, deploy
 from tests.integration.prometheus_server import SHIPPED_CONFIG, PrometheusServer, ensure_installed, scrape_config_for
@@ -45,7 +46,7 @@ LANE_PRIORITIES: list[dict[str, str]] = [{}, {"X-Priority": "1"}, {"X-Priority":
 MAX_IMAGES = 4
 LOAD_SECONDS = 6.0
 LOAD_THREADS = 4
-CONVERGE_S = 40.0
+CONVERGE_S = SETTLE_S
 SCRAPE_INTERVAL = "3s"
 # Grafana's built-in variables, as the test stands in for Grafana.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "15s", "$application": APP}

@@ -18,6 +18,7 @@ from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.served_models import model_app_name
 from siglip_serve.serve.serve_yaml import model_apps_config
+from tests.bounds import SETTLE_S, START_S, scaled
 from tests.helpers import API_KEY, AUTH, BackgroundLoad, ServeCluster, TinyReference, delete_apps
 
 FRONT = "swap"
@@ -78,7 +79,7 @@ def client(serve_cluster: ServeCluster) -> Iterator[httpx.Client]:
 
     apply(STAYING)
     with httpx.Client(base_url=serve_cluster.base_url + ROUTE, headers=AUTH, timeout=60) as client:
-        _, done, _ = poll(lambda: settled(client, ["old", "new"]), bool, 120, interval_s=0.5)
+        _, done, _ = poll(lambda: settled(client, ["old", "new"]), bool, START_S, interval_s=0.5)
         assert done, app_statuses()
         yield client
     ours = [FRONT, *(model_app_name(FRONT, model["name"]) for model in [*STAYING, THIRD])]
@@ -96,7 +97,7 @@ def test_adding_and_removing_a_model_restarts_and_drops_nothing_of_the_others(
               for name in (STAYING[i % 2]["name"] for i in range(LOAD_THREADS))]
     with BackgroundLoad(serve_cluster.base_url + ROUTE, AUTH, bodies) as load:
         apply([*STAYING, THIRD])
-        _, added, _ = poll(lambda: settled(client, ["old", "new", "third"]), bool, 120, interval_s=0.5)
+        _, added, _ = poll(lambda: settled(client, ["old", "new", "third"]), bool, START_S, interval_s=0.5)
         assert added, app_statuses()
         answer = client.post("/v1/embeddings", json={"input": image, "modality": "image", "model": "third"})
         assert answer.status_code == 200, answer.text
@@ -105,11 +106,11 @@ def test_adding_and_removing_a_model_restarts_and_drops_nothing_of_the_others(
         during_add = dict(load.got)
 
         apply(STAYING)
-        _, removed, _ = poll(lambda: settled(client, ["old", "new"]), bool, 120, interval_s=0.5)
+        _, removed, _ = poll(lambda: settled(client, ["old", "new"]), bool, SETTLE_S, interval_s=0.5)
         assert removed, app_statuses()
         # The replaced ingress replica drains for a while after the roll: the load runs on past it.
         count = load.total()
-        poll(load.total, lambda n: n >= count + 20, 10, interval_s=0.2)
+        poll(load.total, lambda n: n >= count + 20, scaled(10), interval_s=0.2)
     after = {model["name"]: tower_processes(model["name"]) for model in STAYING}
     outcomes = dict(load.got)
     assert {outcome for _, outcome in outcomes} == {"200"}, outcomes

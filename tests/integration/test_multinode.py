@@ -13,8 +13,13 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
+from tests.bounds import RUN_S, cluster_start
 from tests.helpers import REPO
 from tests.integration.multinode_check import CORES_PER_NODE, REPLICAS, REPORT_MARKER, REQUESTS
+
+pytestmark = pytest.mark.own_cluster
 
 
 def test_deployed_before_the_workers_join_then_replicas_spread_over_them_each_on_its_own_core() -> None:
@@ -25,17 +30,19 @@ def test_deployed_before_the_workers_join_then_replicas_spread_over_them_each_on
     env.pop("RAY_ADDRESS", None)
     # Its own session, so that whatever it leaves running (raylets, agents) can be ended as a group.
     check = REPO / "tests" / "integration" / "multinode_check.py"
-    proc = subprocess.Popen([sys.executable, str(check)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
+    # Three nodes start one after another inside it: the whole run holds the cluster-start lock.
+    with cluster_start("the multi-node check"):
+        proc = subprocess.Popen([sys.executable, str(check)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+            stdout, stderr = proc.communicate(timeout=RUN_S + 30)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, stderr[-4000:]
     (line,) = [line for line in stdout.splitlines() if line.startswith(REPORT_MARKER)]
     report = json.loads(line[len(REPORT_MARKER):])

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from siglip_serve.core.errors import BackendUnavailable
+from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.models.backends.implementation import check_backend_available, create_encoder
 from siglip_serve.models.loading import load_embedder
@@ -31,6 +33,7 @@ from siglip_serve.models.neuron.sdk import (
     runtime_lnc,
 )
 from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
+from tests.bounds import SETTLE_S, START_S, scaled
 from tests.helpers import (
     PLACEHOLDER,
     REPO,
@@ -98,7 +101,7 @@ def test_run_without_the_sdk_exits_with_one_line_before_ray(tmp_path: Path) -> N
     proc = subprocess.run(
         [sys.executable, "-m", "siglip_serve", "run", "--backend", "neuron", "--model", "tiny-siglip",
          "--artifact-dir", str(tmp_path), "--port", str(free_port())],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(120),
     )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode != 0
@@ -208,14 +211,13 @@ def test_a_replica_that_cannot_start_on_its_node_says_so_in_serves_status_and_re
            replicas=1, neuron_cores_per_replica=0, encoder_num_cpus=0.25, ingress_num_cpus=0.25,
            env_vars={"PYTHONPATH": worker_pythonpath(), LNC_ENV: "2"})
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            app = serve.status().applications["refused"]
+        def failed(app: Any) -> bool:
             encoder = app.deployments.get("Encoder")
-            if encoder is not None and str(getattr(encoder.status, "value", encoder.status)) == "DEPLOY_FAILED":
-                break
-            assert time.monotonic() < deadline, str(app)
-            time.sleep(1)
+            return encoder is not None and str(getattr(encoder.status, "value", encoder.status)) == "DEPLOY_FAILED"
+
+        app, done, _ = poll(lambda: serve.status().applications["refused"], failed, SETTLE_S + START_S)
+        assert done, str(app)
+        encoder = app.deployments["Encoder"]
         line = f"image encoder replica on node {socket.gethostname()}"
         assert "failed to start 3 times in a row" in encoder.message and line in encoder.message, encoder.message
         assert "refused to start: artifact directory" in encoder.message and "siglip-serve compile" in encoder.message

@@ -16,17 +16,20 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
+from tests.bounds import SETTLE_S, START_S, STOP_S, cluster_start
 from tests.helpers import wait_until_ready
+
+pytestmark = pytest.mark.own_cluster
 
 BIN = Path(sys.executable).parent
 # A change of models rolls the ingress, and Serve keeps the replaced direct-ingress replica draining for at least
 # 30 s (ray/serve/_private/constants.py), time for an outside load balancer to stop sending to it, before the
 # application is running again. No outside balancer here: 2 s, as for the session's Ray (tests/conftest.py).
 DRAIN_ENV = {**os.environ, "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
-START_TIMEOUT_S = 150
 OLD_KEY, NEW_KEY = "old-key", "new-key"
 
 
@@ -72,7 +75,7 @@ class Service:
     def tail(self) -> str:
         return "".join(self.lines)[-3000:]
 
-    def reload(self, text: str, says: str, timeout_s: float = 60) -> None:
+    def reload(self, text: str, says: str, timeout_s: float = SETTLE_S) -> None:
         """`text` written to the config file, SIGHUP sent as ExecReload=/bin/kill -HUP $MAINPID does, and the log
         line `says` awaited."""
         self.config.write_text(text)
@@ -85,13 +88,18 @@ class Service:
 @contextlib.contextmanager
 def running(config: Path) -> Iterator[Service]:
     """The service of `config`, ready; stopped by SIGTERM (exit 0 asserted) when the block ends without error,
-    killed when it fails."""
-    service = Service(config)
+    killed when it fails. It starts under the cluster-start lock."""
+    with cluster_start("run --config"):
+        service = Service(config)
+        try:
+            wait_until_ready(service.url + "/readyz", START_S, service.proc, service.tail)
+        except BaseException:
+            service.proc.kill()
+            raise
     try:
-        wait_until_ready(service.url + "/readyz", START_TIMEOUT_S, service.proc, service.tail)
         yield service
         service.proc.send_signal(signal.SIGTERM)
-        assert service.proc.wait(timeout=240) == 0, service.tail()
+        assert service.proc.wait(timeout=STOP_S) == 0, service.tail()
     finally:
         if service.proc.poll() is None:
             service.proc.kill()
@@ -107,6 +115,7 @@ def config_text(settings: str, *models: str) -> str:
     return SERVICE + settings + "models:\n" + "".join(models)
 
 
+@pytest.mark.timeout(600)  # one start, then a dozen changes each waited for
 def test_sighup_puts_live_settings_in_force_refuses_a_restart_and_removes_and_adds_a_model(
         tmp_path: Path, photo_jpegs: list[bytes]) -> None:
     """One service start (each costs the suite tens of seconds), two parts. A limit and the keys file changed in the
@@ -133,17 +142,18 @@ def test_sighup_puts_live_settings_in_force_refuses_a_restart_and_removes_and_ad
 
         assert post(url, OLD_KEY, jpeg).status_code == 200 and post(url, NEW_KEY, jpeg).status_code == 401
         # Model b answers too (its replica may still be loading when the service first says ready).
-        answer, both, _ = poll(lambda: post(url, OLD_KEY, jpeg, "b"), lambda a: a.status_code == 200, 60,
+        answer, both, _ = poll(lambda: post(url, OLD_KEY, jpeg, "b"), lambda a: a.status_code == 200, SETTLE_S,
                                interval_s=0.5)
         assert both, answer.text
-        _, all_up, _ = poll(lambda: replica_processes(proc), lambda found: len(found) == 3, 60, interval_s=0.5)
+        _, all_up, _ = poll(lambda: replica_processes(proc), lambda found: len(found) == 3, SETTLE_S, interval_s=0.5)
         assert all_up, replica_processes(proc)  # the ingress and each model's encoder
         before = replica_processes(proc)
 
         # A deadline no request meets: 504 naming it, the documented refusal, from the new keys file's key.
         service.reload(config_text(keys + "request_timeout_s: 0.001\n", MODEL_A, MODEL_B),
                        "reload: live settings in force")
-        answer, done, _ = poll(lambda: post(url, NEW_KEY, jpeg), lambda a: a.status_code == 504, 60, interval_s=0.3)
+        answer, done, _ = poll(lambda: post(url, NEW_KEY, jpeg), lambda a: a.status_code == 504, SETTLE_S,
+                               interval_s=0.3)
         assert done and "0.001 s" in answer.json()["error"]["message"], answer.text
 
         service.reload(config_text(keys + "request_timeout_s: 0.001\ndecode_threads: 2\n", MODEL_A, MODEL_B),
@@ -152,19 +162,20 @@ def test_sighup_puts_live_settings_in_force_refuses_a_restart_and_removes_and_ad
 
         # The default deadline again.
         service.reload(config_text(keys, MODEL_A, MODEL_B), "reload: live settings in force")
-        _, back, _ = poll(lambda: post(url, NEW_KEY, jpeg).status_code, lambda code: code == 200, 60, interval_s=0.3)
+        _, back, _ = poll(lambda: post(url, NEW_KEY, jpeg).status_code, lambda code: code == 200, SETTLE_S,
+                          interval_s=0.3)
         assert back and post_to("b") == 200
         assert replica_processes(proc) == before  # no replica restarted
         kept = encoders()["Encoder-a"]
 
         service.reload(config_text(keys, MODEL_A), "reload: the models", 90)
-        _, gone, _ = poll(lambda: post_to("b"), lambda code: code == 404, 90, interval_s=0.5)
+        _, gone, _ = poll(lambda: post_to("b"), lambda code: code == 404, SETTLE_S, interval_s=0.5)
         assert gone, service.tail()
-        _, stopped, _ = poll(encoders, lambda e: "Encoder-b" not in e, 90, interval_s=0.5)
+        _, stopped, _ = poll(encoders, lambda e: "Encoder-b" not in e, SETTLE_S, interval_s=0.5)
         assert stopped, encoders()
         assert post_to("a") == 200 and encoders()["Encoder-a"] == kept
 
         service.reload(config_text(keys, MODEL_A, MODEL_B), "reload: the models", 90)
-        _, back, _ = poll(lambda: post_to("b"), lambda code: code == 200, 120, interval_s=0.5)
+        _, back, _ = poll(lambda: post_to("b"), lambda code: code == 200, SETTLE_S, interval_s=0.5)
         assert back, service.tail()
         assert post_to("a") == 200 and encoders()["Encoder-a"] == kept

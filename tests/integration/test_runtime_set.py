@@ -10,6 +10,7 @@ extras; it does not prove that those distributions install from the index (`make
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as metadata
 import re
 import subprocess
@@ -19,14 +20,17 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from siglip_serve.launcher.preflight import free_port
+from tests.bounds import START_S, STOP_S, cluster_start, scaled
 from tests.helpers import REPO, embeddings_of, wait_until_ready
+
+pytestmark = pytest.mark.own_cluster
 
 # Off the served path: Locust (and gevent under it), the plots, the old source of the sample photos.
 NOT_SERVING = ("locust", "gevent", "matplotlib", "skimage")
 LOCK = REPO / "requirements" / f"runtime-py{sys.version_info[0]}.{sys.version_info[1]}.txt"
-START_TIMEOUT_S = 150
 
 
 def locked_names(lock: Path) -> list[str]:
@@ -65,15 +69,18 @@ def test_the_runtime_lock_alone_serves_tiny_siglip(tmp_path: Path, photo_jpegs: 
     assert not set(NOT_SERVING) & {n.lower() for n in locked_names(LOCK)}, "an extra is in the runtime lock"
     python = runtime_environment(tmp_path / "runtime")
     for name in NOT_SERVING:
-        probe = subprocess.run([str(python), "-c", f"import {name}"], capture_output=True, text=True, timeout=60)
+        probe = subprocess.run([str(python), "-c", f"import {name}"], capture_output=True, text=True,
+                               timeout=scaled(60))
         assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr, (name, probe.stderr[-500:])
     # The commands that need an extra name it instead of failing with a traceback.
     for command, extra in (["loadtest", "loadtest"], ["report", "report"]):
         refused = subprocess.run([str(python), "-m", "siglip_serve", command, "--help"], capture_output=True,
-                                 text=True, timeout=60)
+                                 text=True, timeout=scaled(60))
         assert refused.returncode == 2 and f"pip install 'siglip-serve[{extra}]'" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr, refused.stderr
     port = free_port()
+    starting = contextlib.ExitStack()
+    starting.enter_context(cluster_start("the runtime set's run"))
     proc = subprocess.Popen(
         [str(python), "-m", "siglip_serve", "run", "--model", "tiny-siglip", "--replicas", "1", "--port", str(port),
          "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0"],
@@ -82,14 +89,16 @@ def test_the_runtime_lock_alone_serves_tiny_siglip(tmp_path: Path, photo_jpegs: 
     threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True).start()
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(url + "/readyz", START_TIMEOUT_S, proc, lambda: "".join(lines)[-3000:])
+        wait_until_ready(url + "/readyz", START_S, proc, lambda: "".join(lines)[-3000:])
+        starting.close()
         image = httpx.post(url + "/v1/embeddings/image", content=photo_jpegs[0],
-                           headers={"Content-Type": "image/jpeg"}, timeout=60)
+                           headers={"Content-Type": "image/jpeg"}, timeout=scaled(60))
         assert image.status_code == 200, image.text
         assert embeddings_of(image).shape == (1, 64)
-        text = httpx.post(url + "/v1/embeddings", json={"input": ["a cat"], "modality": "text"}, timeout=60)
+        text = httpx.post(url + "/v1/embeddings", json={"input": ["a cat"], "modality": "text"}, timeout=scaled(60))
         assert text.status_code == 200, text.text
         assert [len(item["embedding"]) for item in text.json()["data"]] == [64]
     finally:
+        starting.close()
         proc.terminate()
-        proc.wait(timeout=120)
+        proc.wait(timeout=STOP_S)

@@ -16,6 +16,7 @@ import pytest
 from siglip_serve.core.poll import poll
 from siglip_serve.models.loading import load_embedder
 from siglip_serve.models.settings import ModelSettings
+from tests.bounds import SETTLE_S
 from tests.helpers import API_KEY, AUTH, ServeCluster, TinyReference, deploy
 
 ROUTE = "/two"
@@ -136,7 +137,7 @@ def test_each_models_requests_and_forward_passes_carry_its_model_label(
             "ray_siglip_preprocess_seconds_count", "ray_siglip_encoder_forward_seconds_count")}
 
     # Ray pushes its metrics to the exporter every second (the test cluster's metrics_report_interval_ms).
-    got, done, _ = poll(labelled, lambda got: all(models == {"old", "new"} for models in got.values()), 30,
+    got, done, _ = poll(labelled, lambda got: all(models == {"old", "new"} for models in got.values()), SETTLE_S,
                         interval_s=0.5)
     assert done, got
     text = httpx.get(url, timeout=10).text

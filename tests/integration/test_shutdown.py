@@ -27,12 +27,16 @@ import numpy as np
 import psutil
 import pytest
 
+from siglip_serve.core.poll import poll
 from siglip_serve.launcher import cli
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.plan.config import ServiceConfig
+from tests.bounds import SETTLE_S, START_S, STOP_S, cluster_start
 from tests.helpers import REPO as ROOT
 from tests.helpers import read_unit, streamed_png, unit_command, unit_environment, wait_until_ready
 from tests.real_haproxy import burst_on_a_stopped_haproxy
+
+pytestmark = pytest.mark.own_cluster
 
 KEY = "env-only-key-7c1f"
 # The unit's model (SO400M from the hub) swapped for the tiny one, sized for a 2-core test machine.
@@ -66,7 +70,13 @@ class Stop:
 
 def start_service(log: Path, model: str, port: int | None = None) -> Service:
     """The unit's ExecStart= with `model` for $SIGLIP_SERVE_MODEL, on `port` (None: a free one), in a session of
-    its own (as systemd starts it), so a test can signal its whole process group."""
+    its own (as systemd starts it), so a test can signal its whole process group. It starts under the cluster-start
+    lock; `ready_s` counts from the lock's taking."""
+    with cluster_start(f"the unit's command ({log.name})"):
+        return _start_service(log, model, port)
+
+
+def _start_service(log: Path, model: str, port: int | None) -> Service:
     began = time.monotonic()
     port, metrics_port = port or free_port(), free_port()
     command = unit_command(UNIT, {"SIGLIP_SERVE_MODEL": model})
@@ -80,7 +90,7 @@ def start_service(log: Path, model: str, port: int | None = None) -> Service:
                                    start_new_session=True)
     service = Service(process, f"http://127.0.0.1:{port}", port, metrics_port, log)
     try:
-        wait_until_ready(service.url + "/readyz", 240, process, lambda: log.read_text()[-3000:])
+        wait_until_ready(service.url + "/readyz", START_S, process, lambda: log.read_text()[-3000:])
     except BaseException:
         end(service)
         raise
@@ -92,7 +102,7 @@ def end(service: Service) -> None:
     if service.process.poll() is None:
         service.process.send_signal(signal.SIGINT)
         try:
-            service.process.wait(60)
+            service.process.wait(STOP_S)
         except subprocess.TimeoutExpired:
             os.killpg(service.process.pid, signal.SIGKILL)
             service.process.wait()
@@ -135,7 +145,8 @@ def stop_under_load(service: Service, send: Callable[[], None]) -> Stop:
     for thread in threads:
         thread.start()
     try:
-        time.sleep(3)
+        # Under way: answers coming back and the other clients' requests in flight.
+        poll(lambda: len(result.answered), lambda answered: answered > 0, SETTLE_S, interval_s=0.2)
         result.in_flight_before = len(result.answered)
         began = time.monotonic()
         send()

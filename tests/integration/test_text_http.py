@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import base64
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from siglip_serve.core.poll import poll
 from siglip_serve.models.backends.implementation import create_text_encoder
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.text import TextEncoder
 from siglip_serve.serve.ingress.schedule import zero_shot
+from tests.bounds import SETTLE_S
 from tests.helpers import (
     API_KEY,
     AUTH,
@@ -336,9 +337,7 @@ def test_a_draining_ingress_answers_texts_503_as_it_answers_images(forced_app: s
     registry.set_draining("forced")
     try:
         with httpx.Client(base_url=forced_app, timeout=TIMEOUT) as c:
-            deadline = time.monotonic() + 10
-            while c.get("/readyz").status_code != 503 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            poll(lambda: c.get("/readyz").status_code, lambda code: code == 503, SETTLE_S, interval_s=0.1)
             for body in ({"input": ["a photo of a cat"]}, {"input": [data_uri(photo_jpegs[0])]}):
                 refused = assert_error(c.post("/v1/embeddings", json=body), 503, "not_ready")
                 assert "shutting down" in refused["message"]

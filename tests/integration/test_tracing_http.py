@@ -7,25 +7,23 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from siglip_serve.core.constants import TRACES_FILE_ENV
+from siglip_serve.core.poll import poll
+from tests.bounds import SETTLE_S
 from tests.helpers import ServeCluster, deploy
 
 STAGES = {"http.request", "decode", "encode", "render", "queue", "batch", "forward"}
 
 
 def read_spans(path: Path, want: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 20
-    while True:
-        spans = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-        if len(spans) >= want or time.monotonic() > deadline:
-            return spans
-        time.sleep(0.2)
+    spans, _, _ = poll(lambda: [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else [],
+                       lambda spans: len(spans) >= want, SETTLE_S, interval_s=0.2)
+    return spans
 
 
 def test_a_request_is_one_trace_from_the_ingress_to_its_batch(serve_cluster: ServeCluster, tmp_path: Path,

@@ -20,7 +20,10 @@ import pytest
 
 from siglip_serve.launcher import trn2_check, trn2_probes, trn2_report, trn2_steps
 from siglip_serve.launcher.trn2_check import Run, Step, run_step, write_summary
+from tests.bounds import TIME_SCALE, cluster_start
 from tests.helpers import DOUBLES, PLACEHOLDER, REPO
+
+pytestmark = pytest.mark.own_cluster
 
 PY = sys.executable
 
@@ -91,7 +94,9 @@ def test_the_trace_line_end_to_end_through_the_double(tmp_path: Path, monkeypatc
     its own Ray, the multi-core bench, the report), on the trace double instead of the SDK."""
     monkeypatch.setenv("PYTHONPATH", f"{DOUBLES}{os.pathsep}{REPO}")
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
-    assert trn2_check.main(["--out", str(tmp_path), "--cores", "2", "--iterations", "5"]) == 0
+    with cluster_start("trn2-check's trace line"):  # its serve step starts a Ray, among other heavy steps
+        assert trn2_check.main(["--out", str(tmp_path), "--cores", "2", "--iterations", "5",
+                                "--timeout-scale", str(TIME_SCALE)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     got = statuses(summary)
     for step in ("versions", "compile-trace", "accuracy-trace", "serve-trace", "multicore-trace", "report-trace"):
@@ -121,7 +126,9 @@ def test_a_refused_lnc_fails_the_steps_that_load_and_the_rest_go_on(tmp_path: Pa
     the artifact fails with the runtime's refusal, and the run goes on to the end."""
     monkeypatch.setenv("PYTHONPATH", f"{DOUBLES}{os.pathsep}{REPO}")
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
-    assert trn2_check.main(["--out", str(tmp_path), "--skip", "multicore-trace"]) == 1
+    with cluster_start("trn2-check with a refused LNC"):
+        assert trn2_check.main(["--out", str(tmp_path), "--skip", "multicore-trace",
+                                "--timeout-scale", str(TIME_SCALE)]) == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     got = statuses(summary)
     assert got["versions"][0] == "failed" and "not a valid LNC" in got["versions"][1]

@@ -14,6 +14,7 @@ import pytest
 
 from siglip_serve.core.poll import poll
 from siglip_serve.serve.ingress.schedule import zero_shot
+from tests.bounds import SETTLE_S
 from tests.helpers import API_KEY, AUTH, FileServer, ServeCluster, assert_error, cosine, deploy, jpeg_bytes
 
 APP = "wire"
@@ -155,7 +156,7 @@ def test_a_repeated_image_or_text_is_answered_byte_identical_from_the_cache(
     cached = np.frombuffer(base64.b64decode(first.json()["data"][0]["embedding"]), "<f4")
     assert cosine(computed, cached) >= 0.99999
     # The hits reach Prometheus as siglip_embedding_cache_hits_total (Ray pushes every second).
-    hits, _, _ = poll(lambda: _cache_hits(serve_cluster.metrics_port), lambda n: n >= float(after["hits"]), 30,
+    hits, _, _ = poll(lambda: _cache_hits(serve_cluster.metrics_port), lambda n: n >= float(after["hits"]), SETTLE_S,
                       interval_s=0.5)
     assert hits >= float(after["hits"])  # type: ignore[arg-type]
 

@@ -2,14 +2,20 @@
 enforcement on, one user whose policy is deploy/kuberay/rayjob-embed-s3-policy.json, and every request
 the server logged held against that policy with AWS's rules.
 
-Why both: moto 5.2.6 in server mode matches a policy's Action against the name of the API operation
-(moto/core/authorization.py passes `self._get_action()`, the service router's operation name, to
-moto/iam/access_control.py IAMRequestBase), so it reads "s3:HeadObject" where AWS authorizes HeadObject
-with s3:GetObject. The user's policy in moto is therefore the file's, each action widened to the
-operations AWS authorizes with it (bulk/storage.py OPERATION_ACTIONS); moto still checks the signature,
-the keys and each Resource with its wildcards. The log check then reads each request as the IAM action
-AWS requires and asks the file's policy itself, so an operation outside that table, a marker object or
-a copy is caught even where moto would let it through.
+Why both: what moto 5.2.6 in server mode checks, and what it does not.
+- It checks the SigV4 signature, the access key, and each statement's Action and Resource with their
+  wildcards (moto/core/authorization.py ActionAuthenticatorMixin, moto/iam/access_control.py IAMRequest).
+- The Action it asks for is the name of the API operation, not the IAM action AWS requires: authorization.py
+  passes `self._get_action()`, the service router's operation name, so a HEAD object is checked as
+  "s3:HeadObject" and a list as "s3:ListObjectsV2". moto/s3/responses.py ACTION_MAP does map a HEAD of a key
+  to GetObject (getmoto/moto#8334), but into the request's data, which this check does not read; a policy
+  granting only s3:GetObject is refused a HEAD here (run against 5.2.6). So the user's policy in moto is the
+  file's, each action widened to the operations AWS authorizes with it (bulk/storage.py OPERATION_ACTIONS).
+- It honours no Condition in an identity policy: it asks with no context values, so a statement with a
+  Condition never matches (access_control.py IAMPolicyStatement._check_conditions) and what it would allow
+  is denied. A prefix-scoped s3:ListBucket (`s3:prefix`) cannot be tested with it; the file has none.
+The log check then reads each request as the IAM action AWS requires and asks the file's policy itself, so
+an operation outside that table, a marker object or a copy is caught even where moto would let it through.
 """
 
 from __future__ import annotations

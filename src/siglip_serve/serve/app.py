@@ -25,8 +25,8 @@ from siglip_serve.serve.plan.policy import policy_of
 from siglip_serve.serve.plan.replica_slices import TowerRun
 from siglip_serve.serve.plan.service_plan import KEPT_IMAGE, ModelPlan, ServicePlan, TowerPlan
 from siglip_serve.serve.shared import tracing
-from siglip_serve.serve.towers.image_deployment import ImageReplica
-from siglip_serve.serve.towers.text_deployment import TextReplica
+from siglip_serve.serve.towers.image_deployment import ServedImageReplica
+from siglip_serve.serve.towers.text_deployment import ServedTextReplica
 
 log = logging.getLogger("siglip_serve")
 
@@ -46,7 +46,8 @@ def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bo
 def _towers(model: ModelPlan) -> dict[str, Application]:
     """One model's towers' deployments, each bound with its slice of the plan: "image", and "text" where it has
     one."""
-    towers = {"image": serve.deployment(**model.image.deployment.options())(ImageReplica).bind(model.run, model.image)}
+    image = serve.deployment(**model.image.deployment.options())(ServedImageReplica)
+    towers = {"image": image.bind(model.run, model.image)}
     if (kept := _kept_image(model)) is not None:
         towers[KEPT_IMAGE] = kept
     if model.text is not None:
@@ -55,7 +56,7 @@ def _towers(model: ModelPlan) -> dict[str, Application]:
 
 
 def _text(run: TowerRun, text: TowerPlan) -> Application:
-    return serve.deployment(**text.deployment.options())(TextReplica).bind(run, text)
+    return serve.deployment(**text.deployment.options())(ServedTextReplica).bind(run, text)
 
 
 def _kept_image(model: ModelPlan) -> Application | None:
@@ -63,7 +64,7 @@ def _kept_image(model: ModelPlan) -> Application | None:
     kept = model.image.kept()
     if kept is None:
         return None
-    return serve.deployment(**kept.deployment.options())(ImageReplica).bind(model.run, kept)
+    return serve.deployment(**kept.deployment.options())(ServedImageReplica).bind(model.run, kept)
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = (),
@@ -182,8 +183,8 @@ def build_model_app(args: dict[str, Any] | None = None) -> Application:
                  model.image.replicas, model.text.replicas if model.text else 0)
         text = () if model.text is None else (_text(model.run, model.text),)
         kept = () if (bound := _kept_image(model)) is None else (bound,)
-        return serve.deployment(**model.image.deployment.options())(ImageReplica).bind(model.run, model.image,
-                                                                                       companions=(*text, *kept))
+        return serve.deployment(**model.image.deployment.options())(ServedImageReplica).bind(
+            model.run, model.image, companions=(*text, *kept))
     except UserError as exc:
         log.error("%s", exc)
         raise AppRefused(str(exc)) from None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from siglip_serve.core.backends import IMAGE
-from siglip_serve.core.constants import KUBERAY_ENV
+from siglip_serve.models.backends.artifact_volume import volume_refusal
 from siglip_serve.models.loading import ModelInfo
 from siglip_serve.models.neuron.manifest import ArtifactManifest
 from siglip_serve.models.neuron.sdk import VISIBLE_CORES_ENV
@@ -23,19 +23,6 @@ from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.tower import Runner
 
 M = TypeVar("M", bound=ArtifactManifest)
-
-# Under KubeRay (core/constants.py KUBERAY_ENV, set in every Ray container it creates) a pod's artifact
-# comes from a volume: compiling on one pod would reach none of the others.
-VOLUME_DOC = "deploy/kuberay/artifacts-efs.yaml, docs/trn2.md \"The artifact volume on Kubernetes\""
-
-
-def volume_refusal(directory: Path) -> str | None:
-    """Under KubeRay, what is wrong with a missing or empty artifact directory and what to do."""
-    if not any(name in os.environ for name in KUBERAY_ENV) or (directory.is_dir() and any(directory.iterdir())):
-        return None
-    state = "is empty" if directory.is_dir() else "does not exist"
-    return (f"artifact directory {directory} {state} on this pod: mount or populate the artifact volume on this "
-            f"pod ({VOLUME_DOC}); a served replica waits for it and starts once it is there")
 
 
 def checked_artifact(settings: ModelSettings, backend: str, compile_command: str, read: Callable[[Path], M],

@@ -153,6 +153,9 @@ class ArtifactManifest:
     input: dict[str, str] = field(default_factory=lambda: {"dtype": "uint8", "layout": "NCHW"})
     # The text tower's graphs (models/neuron/text.py), or {} for an image-only artifact.
     text: dict[str, Any] = field(default_factory=dict)
+    # Bytes of each file the artifact holds, by path relative to it: how a pod tells a copy still arriving
+    # from a whole one (models/backends/compiled.py artifact_gaps). {} in artifacts compiled before it.
+    sizes: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
@@ -236,6 +239,12 @@ def read_manifest(directory: Path) -> Manifest:
     if absent:
         raise ArtifactError(f"artifact {directory} is incomplete: {absent} missing; compile it again")
     return manifest
+
+
+def file_sizes(directory: Path) -> dict[str, int]:
+    """Every file under `directory` but the manifest, by relative path: a manifest's `sizes`."""
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(Path(directory).rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME}
 
 
 def is_complete(directory: Path, read: Callable[[Path], object] = read_manifest) -> bool:

@@ -36,6 +36,7 @@ from siglip_serve.models.neuron.manifest import (
     artifact_name,
     cache_key,
     digest_weights,
+    file_sizes,
     sha256_file,
 )
 from siglip_serve.models.neuron.manifest import (
@@ -207,6 +208,7 @@ def compile_native_artifact(settings: ModelSettings, options: NativeOptions, cac
             buckets=list(settings.buckets), lnc=options.lnc, recipe_env=options.recipe_env(), versions=versions,
             cache_key=plan.key, graphs={str(r.bucket): r.new_graphs for r in results},
             compile_seconds={str(r.bucket): r.seconds for r in results}, text=text_entry,
+            sizes=file_sizes(staging),
         ).write(staging)
     except BaseException:
         log.error("compile failed; the partial output stays at %s (never taken for an artifact)", staging)

@@ -38,6 +38,7 @@ from siglip_serve.models.neuron.manifest import (
     bucket_file,
     cache_key,
     digest_weights,
+    file_sizes,
     is_complete,
     read_manifest,
 )
@@ -234,7 +235,7 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
             auto_cast_type=options.auto_cast_type if options.auto_cast != "none" else None,
             target=options.target, compiler_args=options.compiler_args(), versions=versions,
             cache_key=plan.key, files={str(b): bucket_file(b) for b in plan.buckets}, compile_seconds=seconds,
-            text=text_entry,
+            text=text_entry, sizes=file_sizes(work),
         )
         manifest.write(work)
     except BaseException:

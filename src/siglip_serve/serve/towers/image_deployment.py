@@ -20,7 +20,7 @@ from siglip_serve.serve.plan.replica_slices import TowerRun
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
 from siglip_serve.serve.shared.metrics import TowerMetrics
-from siglip_serve.serve.towers.tower_replica import TowerReplica, build_tower, split_rows
+from siglip_serve.serve.towers.tower_replica import TowerReplica, build_tower, split_rows, start_served
 
 log = logging.getLogger("siglip_serve.encoder")
 
@@ -76,3 +76,11 @@ class ImageReplica(TowerReplica):
         embeddings = self.tower.encode(torch.cat(good), self.metrics.forward) if good else None
         parts = iter(split_rows(embeddings, [len(p) for p in good]) if good else [])
         return [p if isinstance(p, Exception) else next(parts) for p in pixels]
+
+
+class ServedImageReplica(ImageReplica):
+    """ImageReplica as Serve deploys it: it waits for its artifact volume before it is built."""
+
+    # Serve awaits an async constructor (ray/serve/_private/replica.py UserCallableWrapper.initialize_callable).
+    async def __init__(self, run: TowerRun, plan: TowerPlan, companions: Sequence[Any] = ()) -> None:
+        await start_served("image", run, lambda: ImageReplica.__init__(self, run, plan, companions))

@@ -14,7 +14,7 @@ from siglip_serve.serve.plan.replica_slices import TowerRun
 from siglip_serve.serve.plan.service_plan import TowerPlan
 from siglip_serve.serve.shared import registry
 from siglip_serve.serve.shared.metrics import TowerMetrics
-from siglip_serve.serve.towers.tower_replica import TowerReplica, build_tower, split_rows
+from siglip_serve.serve.towers.tower_replica import TowerReplica, build_tower, split_rows, start_served
 
 log = logging.getLogger("siglip_serve.text")
 
@@ -32,3 +32,11 @@ class TextReplica(TowerReplica):
     def encode_chunks(self, chunks: list[Any]) -> list[Any]:
         embeddings = self.tower.encode([text for chunk in chunks for text in chunk], self.metrics.forward)
         return split_rows(embeddings, [len(chunk) for chunk in chunks])
+
+
+class ServedTextReplica(TextReplica):
+    """TextReplica as Serve deploys it: it waits for its artifact volume before it is built."""
+
+    # Serve awaits an async constructor (ray/serve/_private/replica.py UserCallableWrapper.initialize_callable).
+    async def __init__(self, run: TowerRun, plan: TowerPlan) -> None:
+        await start_served("text", run, lambda: TextReplica.__init__(self, run, plan))

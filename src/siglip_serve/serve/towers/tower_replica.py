@@ -36,7 +36,7 @@ from siglip_serve.serve.shared.batcher import Batcher
 from siglip_serve.serve.shared.metrics import TowerMetrics
 from siglip_serve.serve.shared.replica_grpc import bind_to_node_address
 from siglip_serve.serve.shared.replica_logging import configure_replica_logging
-from siglip_serve.serve.towers.replica_start import start_tower
+from siglip_serve.serve.towers.replica_start import ReplicaRefused, start_tower, volume_unready, wait_for_artifact
 from siglip_serve.serve.towers.start_marks import BUILD, REGISTRATION, START_KEY, StartMarks
 
 log = logging.getLogger("siglip_serve.replica")
@@ -195,10 +195,23 @@ def build_tower(run: TowerRun, plan: TowerPlan, tower: str) -> tuple[Any, StartM
         create = implementation.create_encoder if tower == "image" else implementation.create_text_encoder
         return create(settings)
 
-    built = start_tower(f"{tower} encoder replica", settings, build, run.env_vars, refusal_recorder(tower),
-                        wait_for_volume=True)
+    built = start_tower(f"{tower} encoder replica", settings, build, run.env_vars, refusal_recorder(tower))
     start.mark(BUILD)
     return built, start
+
+
+async def start_served(tower: str, run: TowerRun, construct: Callable[[], None]) -> None:
+    """`construct()` (a replica's synchronous constructor) once the artifact volume is whole, as the served
+    replica's async constructor runs it (serve/towers/replica_start.py says why it waits); a volume emptied
+    or refilled while `construct()` ran is waited for again instead of refused."""
+    while True:
+        await wait_for_artifact(f"{tower} encoder replica", run.settings, refusal_recorder(tower))
+        try:
+            construct()
+            return
+        except ReplicaRefused:
+            if not volume_unready(run.settings):
+                raise
 
 
 def refusal_recorder(tower: str) -> Callable[[str], None] | None:

@@ -17,6 +17,7 @@ from siglip_serve.core.poll import poll
 from siglip_serve.models.neuron.manifest import MANIFEST_NAME, bucket_file
 from siglip_serve.models.neuron.sdk import LNC_ENV
 from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact
+from tests.bounds import START_S
 from tests.helpers import ServeCluster, delete_apps, deploy, neuronx_double, tiny_settings, worker_pythonpath
 
 TIMEOUT = 60.0
@@ -59,7 +60,7 @@ def test_a_replica_waits_for_half_an_artifact_and_serves_once_the_rest_arrives(
     try:
         with httpx.Client(base_url=f"{serve_cluster.base_url}/volume", timeout=TIMEOUT) as client:
             ready, said, _ = poll(lambda: _readyz(client), lambda r: r is not None and "artifact volume" in r.text,
-                                  180, 0.5)
+                                  START_S, 0.5)
             assert said and ready is not None and ready.status_code == 503, ready.text if ready else "no answer"
             assert f"artifact directory {link} is incomplete on this pod (1 of the 2 files its manifest lists " \
                 f"missing (first {bucket_file(2)})): finish populating the artifact volume" in ready.text \
@@ -71,7 +72,8 @@ def test_a_replica_waits_for_half_an_artifact_and_serves_once_the_rest_arrives(
             assert "failed to start" not in encoder.message, encoder.message
 
             shutil.copy2(artifact / bucket_file(2), link / bucket_file(2))  # the rest arrives
-            ready, done, _ = poll(lambda: _readyz(client), lambda r: r is not None and r.status_code == 200, 120, 0.5)
+            ready, done, _ = poll(lambda: _readyz(client), lambda r: r is not None and r.status_code == 200, START_S,
+                                  0.5)
             assert done, ready.text if ready else "no answer"
             answer = client.post("/v1/embeddings/image", content=photo_jpegs[0], headers={"Content-Type": "image/jpeg"})
         assert answer.status_code == 200, answer.text

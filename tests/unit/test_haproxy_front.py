@@ -20,6 +20,7 @@ from siglip_serve.core.front_door import FrontDoorLimits, write_limits
 from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.http.errors import ErrorType
+from tests.bounds import scaled
 from tests.real_haproxy import RAY_TEMPLATE, error_dir, running_haproxy
 
 # The lines of Ray 2.60's template (ray/serve/_private/haproxy_templates.py) that the rewrite touches.
@@ -139,14 +140,18 @@ def test_a_backend_gets_its_applications_limits(tmp_path: Path) -> None:
     backend = text.split("backend http-siglip\n")[1].split("backend http-other")[0]
     lines = backend.splitlines()
     assert lines[0] == "    timeout queue 500ms"
+    assert lines[1] == "    timeout server 1500ms"  # the deadline, plus the margin for the ingress's answer
     queue_timeout = tmp_path / "errors" / "http-siglip-queue-timeout.http"
-    assert lines[1] == f"    errorfile 503 {queue_timeout}"
-    assert lines[2] == "    http-request set-priority-class int(-1) if { path_end /healthz /readyz }"
+    assert lines[2] == f"    errorfile 503 {queue_timeout}"
+    late = tmp_path / "errors" / "http-siglip-deadline.http"
+    assert lines[3] == f"    errorfile 504 {late}"
+    assert lines[4] == "    http-request set-priority-class int(-1) if { path_end /healthz /readyz }"
     not_ready = tmp_path / "errors" / "503.http"
-    assert lines[3] == f"    http-request return status 503 errorfile {not_ready} if {{ nbsrv() eq 0 }}"
+    assert lines[5] == f"    http-request return status 503 errorfile {not_ready} if {{ nbsrv() eq 0 }}"
     page = tmp_path / "errors" / "http-siglip-overloaded.http"
-    assert lines[4] == (f"    http-request return status 503 errorfile {page} "
+    assert lines[6] == (f"    http-request return status 503 errorfile {page} "
                         "if !{ path_end /healthz /readyz } { avg_queue() ge 256 }")
+    assert sum(line.split()[:2] == ["timeout", "server"] for line in lines) == 1
     servers = [line.split() for line in lines if line.split()[:1] == ["server"]]
     assert [words[-2:] for words in servers[:2]] == [["maxconn", "36"]] * 2
     assert "maxconn" not in servers[2]  # Serve's fallback proxy (backup) bounds what it sends itself
@@ -161,6 +166,10 @@ def test_a_backend_gets_its_applications_limits(tmp_path: Path) -> None:
     head, body = queue_timeout.read_bytes().split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 2" in head
     assert json.loads(body)["error"]["type"] == "overloaded" and "0.5 s" in json.loads(body)["error"]["message"]
+    head, body = late.read_bytes().split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 504 ") and b"Retry-After" not in head
+    assert json.loads(body)["error"] == {"type": "deadline_exceeded", "code": 504,
+                                         "message": "request did not finish within 0.5 s"}
 
 
 def test_the_rewritten_configuration_is_valid_for_haproxy(tmp_path: Path) -> None:
@@ -184,7 +193,7 @@ class _SlowIngress(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        time.sleep(1.0)
+        time.sleep(5.0 if self.path.startswith("/starved") else 1.0)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -249,6 +258,17 @@ def test_a_request_that_waits_out_its_deadline_in_the_queue_is_overloaded_not_no
             # HAProxy sets its timers from the time it read at its poll loop's last wake-up (now_ms), which can
             # be a few milliseconds older than the request's arrival: its 0.3 s may end a hair before ours.
             assert 0.3 - HAPROXY_CLOCK_SLACK_S <= seconds < 0.3 + 1.0, seconds
+
+
+def test_an_ingress_too_starved_to_answer_by_its_deadline_is_answered_for_by_haproxy(live_front_end: int) -> None:
+    """The stand-in works 5 s on /starved: past the 0.3 s deadline plus the 1 s margin HAProxy answers the 504 the
+    ingress would have, and the client waits no longer than that."""
+    reply, seconds = _ask(live_front_end, "/starved/v1/embeddings/image")
+    status, headers, error = _error(reply)
+    assert status == 504 and error == {"type": "deadline_exceeded", "code": 504,
+                                       "message": "request did not finish within 0.3 s"}
+    assert "retry-after" not in headers
+    assert 0.3 + 1.0 - HAPROXY_CLOCK_SLACK_S <= seconds < 0.3 + 1.0 + scaled(1.0), seconds
 
 
 def test_no_ingress_replica_up_is_still_not_ready(live_front_end: int) -> None:

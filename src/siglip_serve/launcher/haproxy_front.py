@@ -20,8 +20,9 @@ time Ray starts or reloads HAProxy, `main` rewrites the rendered file, then exec
   more requests at once to an ingress replica than it works on (`maxconn` on each server), a bounded
   queue in front of it (`avg_queue` past `max_queued_requests`: 503 `overloaded` at once, health and
   readiness probes excepted and dequeued first) whose wait is bounded by the request's deadline
-  (`timeout queue`), and a stamp of when HAProxy had the request (`X-Request-Start`), where the
-  ingress starts the deadline. HAProxy 2.8's documentation: "maxconn" and "maxqueue" (server options),
+  (`timeout queue`), a bound on the ingress's answer of its deadline plus the margin (`timeout server`: a starved
+  ingress's late 504 is answered by HAProxy, in the ingress's words), and a stamp of when HAProxy had the request
+  (`X-Request-Start`), where the ingress starts the deadline. HAProxy 2.8's documentation: "maxconn" and "maxqueue" (server options),
   "timeout queue", "avg_queue", "http-request return", "set-priority-class".
 - With `interactive_ingress` (serve/plan/config.py), one ingress replica kept for the interactive lane: HAProxy's
   balancing never picks it, and the lane's requests go to it (`use-server`), so a backfill's decoding does not share
@@ -59,6 +60,7 @@ from pathlib import Path
 from siglip_serve.core.constants import HAPROXY_HEADER_TIMEOUT_ENV, HAPROXY_LOCAL_ONLY_ENV
 from siglip_serve.core.front_door import (
     CLIENT_SEND_TIMEOUT_S,
+    FRONT_END_TIMEOUT_MARGIN_S,
     LIMITS_DIR_ENV,
     REQUEST_START_HEADER,
     FrontDoorLimits,
@@ -115,6 +117,13 @@ def overloaded_page(retry_after_s: int) -> bytes:
     return _page("503 Service Unavailable", "overloaded", "server is at capacity; retry later", retry_after_s)
 
 
+def deadline_page(request_timeout_s: float) -> bytes:
+    """The whole HTTP response HAProxy sends for a request the ingress has not answered by its deadline plus the
+    margin (`timeout server`): the ingress's own 504, in its words, where its process was too starved to send it."""
+    return _page("504 Gateway Timeout", "deadline_exceeded", f"request did not finish within {request_timeout_s:g} s",
+                 None)
+
+
 def queue_timeout_page(retry_after_s: int, request_timeout_s: float) -> bytes:
     """The whole HTTP response HAProxy sends for a request that waited its whole deadline in the queue."""
     return _page("503 Service Unavailable", "overloaded",
@@ -163,7 +172,10 @@ def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
     page.write_bytes(overloaded_page(limits.retry_after_s))
     queue_timeout = error_dir / f"{words[1]}-queue-timeout.http"
     queue_timeout.write_bytes(queue_timeout_page(limits.retry_after_s, limits.request_timeout_s))
-    lines = [_with_maxconn(line, limits) for line in body.split("\n")]
+    late = error_dir / f"{words[1]}-deadline.http"
+    late.write_bytes(deadline_page(limits.request_timeout_s))
+    # Ours, not a server timeout Ray may render into the backend (a later line would win).
+    lines = [_with_maxconn(line, limits) for line in body.split("\n") if line.split()[:2] != ["timeout", "server"]]
     kept = _kept_for_interactive(lines) if limits.interactive_server else None
     no_server = "{ nbsrv() eq 0 }"
     if kept is not None:
@@ -171,7 +183,11 @@ def _with_limits(section: str, limits_dir: Path, error_dir: Path) -> str:
         # up its lane is still served; the other lanes are not ready (below, once the lane is known).
         no_server += f" !{{ srv_is_up({words[1]}/{kept}) }}"
     rules = [f"    timeout queue {max(1, round(limits.request_timeout_s * 1000))}ms",
+             # The deadline from the moment the ingress has the request, plus the margin for its answer: where a
+             # starved ingress cannot answer its 504 in time, HAProxy does (docs/http-api.md, Deadline).
+             f"    timeout server {max(1, round((limits.request_timeout_s + FRONT_END_TIMEOUT_MARGIN_S) * 1000))}ms",
              f"    errorfile 503 {queue_timeout}",
+             f"    errorfile 504 {late}",
              # Probes are never shed and leave the queue first (lower class first).
              f"    http-request set-priority-class int(-1) if {_PROBE}",
              # No server at all: not ready (the defaults' page), before the queue's 503 could say overloaded.

@@ -1,0 +1,141 @@
+"""Does the deadline hold under a burst on a busy host? A/B of two source trees, alternating, on loopback.
+
+    .venv/bin/python tools/deadline_burst.py --src A=/path/a/src --src B=/path/b/src --rounds 2 --json out.json \
+        [--busy-core] [--requests 400] [--deadline-s 0.5]
+
+Each round, for each source tree in turn: `python -m siglip_serve run --model tiny-siglip` from that tree
+(PYTHONPATH), with `request_timeout_s` set to the deadline; once /readyz answers 200, `--requests` single-image
+requests are written at once on as many connections (each opened first), and each answer's status and seconds
+from its write are kept; then the service is stopped. The contract (docs/http-api.md, Deadline): no client waits
+longer than the deadline plus about 1 s. Prints a table; writes every round as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+MARGIN_S = 1.0
+
+
+def free_port() -> int:
+    from siglip_serve.launcher.preflight import free_port as free
+
+    return free()
+
+
+def jpeg() -> bytes:
+    import io
+
+    from PIL import Image
+
+    from siglip_serve.core.sample_photos import photo_array
+
+    out = io.BytesIO()
+    Image.fromarray(photo_array("chelsea")).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+async def burst(port: int, request: bytes, count: int) -> list[tuple[int, float]]:
+    """`count` connections opened first, then `request` written on all at once: each answer's status (0: none)
+    and the seconds from its write to the answer's end."""
+    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
+    go = asyncio.Event()
+
+    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, float]:
+        await go.wait()
+        began = time.monotonic()
+        writer.write(request)
+        await writer.drain()
+        reply = await reader.read()
+        writer.close()
+        return (int(reply.split(b" ", 2)[1]) if reply else 0), time.monotonic() - began
+
+    tasks = [asyncio.ensure_future(one(*connection)) for connection in connections]
+    await asyncio.sleep(0.1)
+    go.set()
+    return list(await asyncio.gather(*tasks))
+
+
+def one_run(src: str, requests: int, deadline_s: float, image: bytes) -> dict[str, object]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "siglip_serve", "run", "--model", "tiny-siglip", "--port", str(port),
+               "--metrics-port", str(free_port()), "--haproxy-metrics-port", "0", "--set",
+               f"request_timeout_s={deadline_s}", "--set", "text_replicas=0"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        began = time.monotonic()
+        while True:
+            if proc.poll() is not None or time.monotonic() - began > 300:
+                raise RuntimeError(f"{src}: the service did not start")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        request = (f"POST /v1/embeddings/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+                   f"Content-Length: {len(image)}\r\nConnection: close\r\n\r\n").encode() + image
+        answers = asyncio.run(burst(port, request, requests))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    seconds = sorted(s for _, s in answers)
+    late = [s for s in seconds if s > deadline_s + MARGIN_S]
+    return {"statuses": dict(Counter(str(status) for status, _ in answers)), "late": len(late),
+            "max_s": round(seconds[-1], 3), "p50_s": round(seconds[len(seconds) // 2], 3),
+            "late_seconds": [round(s, 3) for s in late[-10:]]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--src", action="append", required=True, help="NAME=PATH of a source tree (repeat)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--deadline-s", type=float, default=0.5)
+    parser.add_argument("--busy-core", action="store_true", help="keep one core busy throughout")
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+    trees = [tuple(item.split("=", 1)) for item in args.src]
+    image = jpeg()
+    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"]) if args.busy_core else None
+    runs = []
+    try:
+        for index in range(args.rounds):
+            for name, path in trees:
+                run = {"round": index + 1, "tree": name, **one_run(path, args.requests, args.deadline_s, image)}
+                runs.append(run)
+                print(f"round {index + 1} {name}: {run['statuses']}, {run['late']} late, max {run['max_s']} s",
+                      flush=True)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    args.json.write_text(json.dumps({"deadline_s": args.deadline_s, "requests": args.requests,
+                                     "busy_core": args.busy_core, "cpus": os.cpu_count(),
+                                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs},
+                                    indent=2))
+    print(f"\n| round | tree | answers by status | after deadline + {MARGIN_S:g} s | p50 (s) | max (s) |")
+    print("|---|---|---|---|---|---|")
+    for run in runs:
+        statuses = ", ".join(f"{k} x{v}" for k, v in sorted(run["statuses"].items()))  # type: ignore[attr-defined]
+        print(f"| {run['round']} | {run['tree']} | {statuses} | {run['late']} | {run['p50_s']} | {run['max_s']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

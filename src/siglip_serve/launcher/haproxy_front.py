@@ -22,8 +22,8 @@ time Ray starts or reloads HAProxy, `main` rewrites the rendered file, then exec
   readiness probes excepted and dequeued first) whose wait is bounded by the request's deadline
   (`timeout queue`), a bound on the ingress's answer of its deadline plus the margin (`timeout server`: a starved
   ingress's late 504 is answered by HAProxy, in the ingress's words), and a stamp of when HAProxy had the request
-  (`X-Request-Start`), where the ingress starts the deadline. HAProxy 2.8's documentation: "maxconn" and "maxqueue" (server options),
-  "timeout queue", "avg_queue", "http-request return", "set-priority-class".
+  (`X-Request-Start`), where the ingress starts the deadline. HAProxy 2.8's documentation: "maxconn" and "maxqueue"
+  (server options), "timeout queue", "timeout server", "avg_queue", "http-request return", "set-priority-class".
 - With `interactive_ingress` (serve/plan/config.py), one ingress replica kept for the interactive lane: HAProxy's
   balancing never picks it, and the lane's requests go to it (`use-server`), so a backfill's decoding does not share
   their process.

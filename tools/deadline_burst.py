@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+
+from siglip_serve.measure.burst import burst, busy_core, status_of, stop
 
 MARGIN_S = 1.0
 
@@ -46,27 +47,6 @@ def jpeg() -> bytes:
     return out.getvalue()
 
 
-async def burst(port: int, request: bytes, count: int) -> list[tuple[int, float]]:
-    """`count` connections opened first, then `request` written on all at once: each answer's status (0: none)
-    and the seconds from its write to the answer's end."""
-    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
-    go = asyncio.Event()
-
-    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, float]:
-        await go.wait()
-        began = time.monotonic()
-        writer.write(request)
-        await writer.drain()
-        reply = await reader.read()
-        writer.close()
-        return (int(reply.split(b" ", 2)[1]) if reply else 0), time.monotonic() - began
-
-    tasks = [asyncio.ensure_future(one(*connection)) for connection in connections]
-    await asyncio.sleep(0.1)
-    go.set()
-    return list(await asyncio.gather(*tasks))
-
-
 def one_run(src: str, requests: int, deadline_s: float, image: bytes) -> dict[str, object]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
@@ -87,16 +67,12 @@ def one_run(src: str, requests: int, deadline_s: float, image: bytes) -> dict[st
             time.sleep(0.5)
         request = (f"POST /v1/embeddings/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
                    f"Content-Length: {len(image)}\r\nConnection: close\r\n\r\n").encode() + image
-        answers = asyncio.run(burst(port, request, requests))
+        replies = asyncio.run(burst(port, request, requests))
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    seconds = sorted(s for _, s in answers)
+        stop(proc)
+    seconds = sorted(s for _, s in replies)
     late = [s for s in seconds if s > deadline_s + MARGIN_S]
-    return {"statuses": dict(Counter(str(status) for status, _ in answers)), "late": len(late),
+    return {"statuses": dict(Counter(str(status_of(reply)) for reply, _ in replies)), "late": len(late),
             "max_s": round(seconds[-1], 3), "p50_s": round(seconds[len(seconds) // 2], 3),
             "late_seconds": [round(s, 3) for s in late[-10:]]}
 
@@ -112,19 +88,14 @@ def main() -> int:
     args = parser.parse_args()
     trees = [tuple(item.split("=", 1)) for item in args.src]
     image = jpeg()
-    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"]) if args.busy_core else None
     runs = []
-    try:
+    with busy_core(args.busy_core):
         for index in range(args.rounds):
             for name, path in trees:
                 run = {"round": index + 1, "tree": name, **one_run(path, args.requests, args.deadline_s, image)}
                 runs.append(run)
                 print(f"round {index + 1} {name}: {run['statuses']}, {run['late']} late, max {run['max_s']} s",
                       flush=True)
-    finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
     args.json.write_text(json.dumps({"deadline_s": args.deadline_s, "requests": args.requests,
                                      "busy_core": args.busy_core, "cpus": os.cpu_count(),
                                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs},

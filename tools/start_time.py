@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from siglip_serve.measure.burst import busy_core, stop
 
 BIN = Path(sys.executable).parent
 BARE = """
@@ -89,11 +90,7 @@ def run_start(run_args: list[str], timeout_s: float) -> tuple[float, list[str]]:
                 break
             time.sleep(0.25)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         reader.join(timeout=10)
     text = "".join(lines)
     timeline = text.split("start timeline", 1)[1].splitlines()[1:] if "start timeline" in text else []
@@ -109,9 +106,8 @@ def main() -> int:
     parser.add_argument("run_args", nargs="*", help="after --: `siglip-serve run` arguments")
     args = parser.parse_args()
     run_args = args.run_args or ["--model", "tiny-siglip"]
-    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"]) if args.busy_core else None
     rounds = []
-    try:
+    with busy_core(args.busy_core):
         for index in range(args.rounds):
             bare = bare_start(args.timeout_s)
             run, timeline = run_start(run_args, args.timeout_s)
@@ -119,10 +115,6 @@ def main() -> int:
                            "run_over_bare": round(run / bare, 2), "timeline": timeline})
             print(f"round {index + 1}: bare Ray + Serve {bare:.1f} s, run ready {run:.1f} s ({run / bare:.2f}x)",
                   flush=True)
-    finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
     result = {"run_args": run_args, "busy_core": args.busy_core, "cpus": os.cpu_count(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds,
               "median_bare_s": statistics.median(r["bare_ray_serve_s"] for r in rounds),

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from siglip_serve.core.poll import poll
+from siglip_serve.measure.burst import burst, status_of
 from tests.bounds import SETTLE_S, scaled
 from tests.helpers import API_KEY, AUTH, ServeCluster, assert_error, deploy, embeddings_of, jpeg_bytes, streamed_png
 
@@ -143,29 +144,6 @@ def _front_counts(metrics_port: int) -> dict[str, float]:
     return counts
 
 
-async def _burst(port: int, request: bytes, count: int) -> list[tuple[bytes, float]]:
-    """`count` connections opened first, then `request` written on all of them at once: each reply (read to
-    the end: `request` says Connection: close) and the seconds from its write."""
-    import asyncio
-
-    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
-    go = asyncio.Event()
-
-    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[bytes, float]:
-        await go.wait()
-        began = time.monotonic()
-        writer.write(request)
-        await writer.drain()
-        reply = await reader.read()
-        writer.close()
-        return reply, time.monotonic() - began
-
-    tasks = [asyncio.ensure_future(one(*connection)) for connection in connections]
-    await asyncio.sleep(0.1)
-    go.set()
-    return list(await asyncio.gather(*tasks))
-
-
 def test_a_400_request_burst_is_shed_at_once_and_nothing_outlives_its_deadline(
         serve_cluster: ServeCluster, front_app: str, photo_jpegs: list[bytes]) -> None:
     import asyncio
@@ -180,8 +158,8 @@ def test_a_400_request_burst_is_shed_at_once_and_nothing_outlives_its_deadline(
     request = (f"POST /front/v1/embeddings/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
                f"Content-Length: {len(image)}\r\nConnection: close\r\n\r\n").encode() + image
     before = _front_counts(serve_cluster.metrics_port)
-    replies = asyncio.run(_burst(serve_cluster.http_port, request, 400))
-    statuses = [int(reply.split(b" ", 2)[1]) if reply else 0 for reply, _ in replies]
+    replies = asyncio.run(burst(serve_cluster.http_port, request, 400))
+    statuses = [status_of(reply) for reply, _ in replies]
     assert set(statuses) <= {200, 503, 504} and 200 in statuses, sorted(set(statuses))
     shed = [(reply, seconds) for (reply, seconds), status in zip(replies, statuses, strict=True) if status == 503]
     assert len(shed) >= 300, statuses.count(503)

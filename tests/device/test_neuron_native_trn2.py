@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from siglip_serve.core.poll import poll
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.models.neuron.env import VISIBLE_CORES_ENV, environment
 from siglip_serve.models.neuron.runtime import neff_files, read_native_manifest
@@ -88,14 +88,17 @@ def test_served_over_http(artifact: Path, photo_jpegs: list[bytes], tiny_referen
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            deadline = time.monotonic() + 900
-            while time.monotonic() < deadline and server.poll() is None:
+            def readiness() -> int | None:
+                """/readyz's status; None while nothing answers or once the server has exited."""
+                if server.poll() is not None:
+                    return None
                 try:
-                    if client.get("/readyz").status_code == 200:
-                        break
+                    return client.get("/readyz").status_code
                 except httpx.HTTPError:
-                    pass
-                time.sleep(2)
+                    return None
+
+            # Minutes on a trn2 (each bucket's NEFF loads in the replica), or the server's exit.
+            poll(readiness, lambda status: status == 200 or server.poll() is not None, 900, interval_s=2)
             assert server.poll() is None, server.stdout.read()[-4000:] if server.stdout else ""
             reply = client.post("/v1/embeddings/image", content=photo_jpegs[0],
                                 headers={"Content-Type": "image/jpeg"})

@@ -57,6 +57,30 @@ def _built_status(serve: Any, timeout_s: float) -> dict[str, Any]:
     return {"status": _state(app.status), "message": app.message, "deployments": sorted(app.deployments)}
 
 
+def _workers_alive(ray: Any) -> int:
+    return sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("neuron_cores"))
+
+
+def _add_worker(cluster: Any, worker: dict[str, Any], poll: Any, attempts: int = 3) -> None:
+    """One more worker node, as the kubelet restarts a worker pod that did not come up: Ray gives a new node 30 s
+    to register with the GCS (ray/_private/node.py `raylet_start_wait_time_s`, a literal), which a loaded machine
+    can overrun. A raylet that overran may still register: it is waited for before another is started, so the
+    cluster never gets a third worker."""
+    import ray
+
+    before = _workers_alive(ray)
+    for attempt in range(attempts):
+        try:
+            cluster.add_node(**worker)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for it
+            if "timed out during startup" not in str(exc) or attempt == attempts - 1:
+                raise
+        _, late, _ = poll(lambda: _workers_alive(ray), lambda alive: alive > before, SETTLE_S, interval_s=1)
+        if late:
+            return
+
+
 def main() -> int:
     # Before ray is imported, and only in this process (test_multinode imports this module for its
     # constants, and pytest's other clusters must not inherit it): without it, Ray turns "127.0.0.1" in a
@@ -106,7 +130,7 @@ def main() -> int:
             print(f"refused before the workers joined: {built['message']}", file=sys.stderr)
             return 1
         for _ in range(WORKERS):
-            cluster.add_node(**worker)
+            _add_worker(cluster, worker, poll)
         joined = time.monotonic()
         image = jpeg_bytes(np.full((64, 64, 3), 128, dtype=np.uint8))
         # Until the ingress runs, Serve's proxy holds a request rather than answering it: short tries.

@@ -7,7 +7,7 @@ multiplied by one factor, SIGLIP_TEST_TIME_SCALE (read once, here; 1 unless set)
 (docs/dev/test-suite.md says when to set it).
 
 The lock: a Ray starting (its GCS, raylet, agents, then Serve's controller and proxy, then replicas importing
-torch) is the heaviest thing the suite does on two cores, and two at once overran Ray's own start bounds. Every
+torch) is the heaviest thing the suite does on two cores, and two at once can overrun Ray's own start bounds. Every
 cluster the suite starts, in-process or as a subprocess service, starts under cluster_start(): one at a time on
 the machine, whichever pytest worker or suite asks.
 """
@@ -51,10 +51,10 @@ def scaled(seconds: float) -> float:
 
 
 # One service start: a `siglip-serve run` (its own Ray, Serve, the replicas' imports and warm-up) until /readyz
-# answers 200. The Benchmarks page has it ready in 18-24 s on this VM quiet; a slow hour, 44-51 s alone.
+# answers 200 (the Benchmarks page's start figures, three times and more).
 START_S = scaled(240)
 # A change to a running service taking effect: an app deployed, replaced or deleted, a replica added or stopped,
-# a setting in force; each seconds when quiet.
+# a setting in force.
 SETTLE_S = scaled(120)
 # A service or a subprocess stopping, drained, every process gone.
 STOP_S = scaled(120)

@@ -39,6 +39,7 @@ from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.placement import replica_asks
 from siglip_serve.serve.plan.planner import plan_service
+from tests.bounds import scaled
 from tests.helpers import SRC
 
 # The places outside models/backends/ that may still compare a backend's name with a literal, each
@@ -53,6 +54,18 @@ def test_every_builtin_records_import_strings_resolve() -> None:
         # Its other import strings resolve too (relative to models/backends, as the builders read them).
         assert record.replica_env is None or callable(load(record.replica_env)), record.name
         assert record.backend_options is None or issubclass(load(record.backend_options), BaseModel), record.name
+        # `preflight` says whether the implementation has checks, so a backend without any is checked unimported.
+        checks = implementation(record.name)
+        assert record.preflight == (checks.check_available is not None or checks.check_tower is not None), record.name
+
+
+def test_checking_a_backend_without_checks_imports_no_torch() -> None:
+    code = ("import sys; from siglip_serve.models.backends.implementation import check_backend_available, "
+            "check_tower; from siglip_serve.models.settings import ModelSettings; "
+            "s = ModelSettings(model='tiny-siglip', backend='cpu'); check_backend_available(s, {}); "
+            "check_tower(s, 'image'); check_tower(s, 'text'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120), check=True)
+    assert out.stdout.strip() == "False"
 
 
 def _what_its_towers_do(settings: ModelSettings) -> dict[str, Any]:

@@ -52,6 +52,9 @@ class BackendRecord:
     device: str
     # Its Implementation (it imports torch and SDKs): imported on first use.
     implementation: str
+    # Its Implementation has checks to run before any Ray process starts (check_available, check_tower).
+    # False: none, so `siglip-serve run` checks it without importing torch, which would delay the start.
+    preflight: bool = True
     # The Ray resource one replica holds (vLLM's ray_device_key; Ray's accelerator managers'
     # get_resource_name: "GPU", "neuron_cores"), and how much of it. None: it asks Ray for CPUs only.
     ray_resource: str | None = None
@@ -104,7 +107,8 @@ class BackendRecord:
 # A new backend adds its row here and its module in models/backends/; nothing else names it.
 BUILTIN: tuple[BackendRecord, ...] = (
     # float32 on the host's cores (CPUs here have no bf16 units); torchvision decodes on the CPU device.
-    BackendRecord("cpu", device="cpu", implementation=".cpu:IMPLEMENTATION", host_cores=True, device_decode=True),
+    BackendRecord("cpu", device="cpu", implementation=".cpu:IMPLEMENTATION", preflight=False, host_cores=True,
+                  device_decode=True),
     # One GPU per replica of either tower; nvJPEG decode; static shapes once CUDA graphs are captured.
     BackendRecord("cuda", device="cuda", implementation=".cuda:IMPLEMENTATION", ray_resource="GPU",
                   per_replica=1, visible_devices_env=CUDA_VISIBLE_DEVICES_ENV, graphs_setting="cuda_graphs",
@@ -120,7 +124,7 @@ BUILTIN: tuple[BackendRecord, ...] = (
                   replica_env="..neuron.env:replica_environment"),
     # NOT A MODEL: the host ceiling (models/backends/zeros_no_model.py).
     BackendRecord(NO_MODEL_BACKEND, device="none", implementation=".zeros_no_model:IMPLEMENTATION",
-                  towers=(IMAGE,), runs_model=False),
+                  preflight=False, towers=(IMAGE,), runs_model=False),
 )
 BACKENDS: tuple[str, ...] = tuple(record.name for record in BUILTIN)
 

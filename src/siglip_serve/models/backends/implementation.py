@@ -79,7 +79,8 @@ def check_tower(settings: ModelSettings, tower: str) -> None:
     """Before any replica starts: can the backend build this tower from what is on disk (a compiled
     artifact's text graphs, say)? Reads no SDK, so the service refuses in one line instead of replicas
     that die at start while Serve retries them."""
-    require_tower(settings.backend, tower)
+    if not require_tower(settings.backend, tower).preflight:
+        return
     check = implementation(settings.backend).check_tower
     if check is not None:
         check(settings, tower)
@@ -88,6 +89,8 @@ def check_tower(settings: ModelSettings, tower: str) -> None:
 def check_backend_available(settings: ModelSettings, env: Mapping[str, str] | None = None) -> None:
     """Raise BackendUnavailable (one line) if this machine cannot run `settings.backend`; called before
     any Ray process starts, so a missing SDK or GPU fails in a second, not after the replicas tried."""
+    if not backend_record(settings.backend).preflight:
+        return
     check = implementation(settings.backend).check_available
     if check is not None:
         check(settings, env)

@@ -11,7 +11,8 @@ import torch
 from siglip_serve.models.backends.implementation import create_encoder, create_text_encoder
 from siglip_serve.models.loading import ModelLoadError, load_embedder, open_clip_module
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS, load_text_tower
+from siglip_serve.models.text import load_text_tower
+from siglip_serve.models.tokenizer_files import BUNDLED_TINY_TOKENIZER, BUNDLED_TOKENIZERS
 from siglip_serve.serve.http.errors import ApiError
 from siglip_serve.serve.ingress.endpoints.classify import prompts_of
 from siglip_serve.serve.ingress.schedule import zero_shot

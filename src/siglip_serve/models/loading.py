@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from siglip_serve.core.errors import UserError
+from siglip_serve.core.errors import ModelLoadError
 from siglip_serve.models.image_only import CONFIG_DIR
 from siglip_serve.models.model_info import ModelInfo
 from siglip_serve.models.settings import TINY_MODELS, ModelSettings
@@ -29,10 +29,6 @@ SIGLIP_MEAN = (0.5, 0.5, 0.5)
 SIGLIP_STD = (0.5, 0.5, 0.5)
 
 _registered = False
-
-
-class ModelLoadError(UserError, RuntimeError):
-    """The model could not be loaded; the message says why and what to do instead."""
 
 
 class ImageEmbedder(nn.Module):

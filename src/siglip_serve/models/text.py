@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -21,15 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from siglip_serve.models.loading import ModelLoadError, load_clip, open_clip_module
-from siglip_serve.models.settings import TINY_MODEL, TINY_SIGLIP2, ModelSettings
+from siglip_serve.core.errors import ModelLoadError
+from siglip_serve.models.loading import load_clip, open_clip_module
+from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.tokenizer_files import missing_directory, tokenizer_dir, unloadable
 from siglip_serve.models.tower import ForwardHook, RunnerFactory, Tower
 
 log = logging.getLogger(__name__)
-
-BUNDLED_TINY_TOKENIZER = Path(__file__).parent / "configs" / "tiny-siglip-tokenizer"
-BUNDLED_TOKENIZERS = {TINY_MODEL: BUNDLED_TINY_TOKENIZER,
-                      TINY_SIGLIP2: Path(__file__).parent / "configs" / "tiny-siglip2-tokenizer"}
 
 Tokenizer = Callable[[list[str]], torch.Tensor]
 
@@ -60,12 +57,6 @@ class TextEmbedder(nn.Module):
         return F.normalize(self.text(ids).float(), dim=-1)
 
 
-def tokenizer_dir(settings: ModelSettings) -> Path | None:
-    if settings.tokenizer is not None:
-        return Path(settings.tokenizer).expanduser()
-    return BUNDLED_TOKENIZERS.get(settings.model)
-
-
 def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[Tokenizer, str]:
     """open_clip's tokenizer for the model, at its context length, and where it came from.
 
@@ -80,8 +71,7 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
     context = int(text_cfg.get("context_length", 64))
     directory = tokenizer_dir(settings)
     if directory is not None and not directory.is_dir():
-        raise ModelLoadError(f"tokenizer directory not found: {directory}; set tokenizer: DIR to a local copy of the "
-                             "model's tokenizer files (tokenizer.json, tokenizer_config.json)")
+        raise missing_directory(directory)
     try:
         if directory is None:
             return open_clip.get_tokenizer(settings.model, context_length=context), f"open_clip:{settings.model}"
@@ -92,11 +82,7 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
     except Exception as exc:  # broad on purpose: transformers/hub raise many kinds; all mean "no tokenizer"
         log.debug("tokenizer load failed", exc_info=True)
         where = str(directory) if directory is not None else f"the Hugging Face hub for {settings.model}"
-        raise ModelLoadError(
-            f"cannot load the tokenizer from {where} ({type(exc).__name__}); set tokenizer: DIR to a local "
-            "copy of the model's tokenizer files (tokenizer.json, tokenizer_config.json), e.g. "
-            "`huggingface-cli download timm/ViT-SO400M-14-SigLIP-384 --local-dir DIR`"
-        ) from None
+        raise unloadable(where, exc) from None
     return tokenizer, f"local:{directory}"
 
 

@@ -136,7 +136,7 @@ def text_by_shape(config: ServiceConfig) -> str | None:
     configured, and each text replica loads the tokenizer where it runs. Else off, saying how to turn it on:
     whether the workers hold the model's tokenizer or reach the hub is not something the head can see.
     (`siglip-serve run` decides it by looking, serve/plan/model_checks.py preflight_tokenizer.)"""
-    from siglip_serve.models.text import BUNDLED_TOKENIZERS
+    from siglip_serve.models.tokenizer_files import BUNDLED_TOKENIZERS
 
     if (config.text_replicas is not None or config.tokenizer is not None or policy_of(config).text_replicas == 0
             or config.models):  # several models: each entry's text tower as it says (its default on cpu: on)

@@ -57,7 +57,7 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
     """Why the default model's text tower is off, where its default turned it off (None: as the config says), found
     before any replica starts; the planner plans no text tower for it then (serve/plan/planner.py `text_off`).
 
-    Asked for (`text_replicas: N` or `tokenizer: DIR`): the tokenizer is loaded here, so a missing one
+    Asked for (`text_replicas: N` or `tokenizer: DIR`): the tokenizer is checked here, so a missing one
     fails in a second with the fix, not as a text replica that never starts. Not named (the cpu
     default): on when the tokenizer is local or the hub answers within seconds, else off with one log
     line saying how to turn it on; an image service from a local checkpoint on an air-gapped host then
@@ -65,11 +65,10 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
     settings = config.model_settings()
     if policy_of(config).text_replicas == 0 or config.models:  # several models: each entry's text tower as it says
         return None
+    from siglip_serve.core.errors import ModelLoadError
     from siglip_serve.models.hub import hub_address, offline_requested, reachable
-    from siglip_serve.models.loading import ModelLoadError, open_clip_module
-    from siglip_serve.models.text import load_tokenizer, tokenizer_dir
+    from siglip_serve.models.tokenizer_files import tokenizer_dir
 
-    open_clip = open_clip_module()
     asked = config.text_replicas is not None or config.tokenizer is not None
     if tokenizer_dir(settings) is None and not offline_requested():
         host, port = hub_address({"hf_hub": config.model})
@@ -81,12 +80,27 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
                                      "(tokenizer.json, tokenizer_config.json), or text_replicas: 0")
             return text_off(config, why)
     try:
-        load_tokenizer(settings, (open_clip.get_model_config(config.model) or {}).get("text_cfg", {}))
+        check_tokenizer(settings)
     except ModelLoadError as exc:
         if asked:
             raise
         return text_off(config, str(exc))
     return None
+
+
+def check_tokenizer(settings: ModelSettings) -> None:
+    """Raise ModelLoadError (one line) where the text replicas could not load the tokenizer: parsed here without
+    torch or open_clip where this machine holds its `tokenizer.json` (models/tokenizer_files.py), else loaded as
+    the replicas load it."""
+    from siglip_serve.models.image_only import model_config
+    from siglip_serve.models.tokenizer_files import check_fast_tokenizer
+
+    if check_fast_tokenizer(settings, (model_config(settings.model) or {}).get("text_cfg") or {}):
+        return
+    from siglip_serve.models.loading import open_clip_module  # torch and transformers with it
+    from siglip_serve.models.text import load_tokenizer
+
+    load_tokenizer(settings, (open_clip_module().get_model_config(settings.model) or {}).get("text_cfg", {}))
 
 
 def text_off(config: ServiceConfig, why: str) -> str:

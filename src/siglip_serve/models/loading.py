@@ -8,7 +8,6 @@ takes the same uint8 input the ingress produces.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -18,7 +17,8 @@ from torch import nn
 
 from siglip_serve.core.errors import ModelLoadError
 from siglip_serve.models.image_only import CONFIG_DIR
-from siglip_serve.models.model_info import ModelInfo
+from siglip_serve.models.model_info import ModelInfo, config_geometry, file_geometry
+from siglip_serve.models.parameter_cache import ParameterCounts
 from siglip_serve.models.settings import TINY_MODELS, ModelSettings
 
 log = logging.getLogger(__name__)
@@ -169,23 +169,19 @@ def load_embedder(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
 
 
 def model_geometry(model: str) -> tuple[tuple[int, int], int]:
-    """(image size, embedding dim) from open_clip's config, without building the model."""
+    """(image size, embedding dim) from open_clip's config, without building the model (open_clip asked only for a
+    config it registered at run time, with no file)."""
+    found = file_geometry(model)
+    if found is not None:
+        return found
     cfg = open_clip_module().get_model_config(model)
     if cfg is None:
         raise ModelLoadError(f"unknown model {model!r}; SigLIP models: {', '.join(available_models())}")
-    size = cfg["vision_cfg"].get("image_size", 224)
-    height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-    return (height, width), int(cfg["embed_dim"])
+    return config_geometry(cfg)
 
 
 def _no_weights_warning(record: logging.LogRecord) -> bool:
     return "No pretrained weights loaded" not in record.getMessage()
-
-
-@dataclass(frozen=True)
-class ParameterCounts:
-    image: int  # the image tower's, which a replica keeps
-    total: int  # both towers', which a replica builds while it loads
 
 
 def parameter_counts(model: str) -> ParameterCounts:

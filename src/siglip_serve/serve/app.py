@@ -14,7 +14,7 @@ from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
-from siglip_serve.models.loading import ModelInfo, model_geometry
+from siglip_serve.models.model_info import ModelInfo, file_geometry
 from siglip_serve.serve.ingress.endpoints import ROUTES
 from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
@@ -67,6 +67,13 @@ def _kept_image(model: ModelPlan) -> Application | None:
     return serve.deployment(**kept.deployment.options())(ServedImageReplica).bind(model.run, kept)
 
 
+def loaded_geometry(model: str) -> tuple[tuple[int, int], int]:
+    """A model with no config file (one open_clip registered at run time) measured by open_clip itself."""
+    from siglip_serve.models.loading import model_geometry
+
+    return model_geometry(model)
+
+
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = (),
           live: dict[str, Any] | None = None, pin: bool = False) -> Application:
     """The application of `plan` (serve/plan/planner.py): each model's towers' deployments and the ingress, serving
@@ -76,7 +83,7 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
-        image_size, embed_dim = model_geometry(model.model)
+        image_size, embed_dim = file_geometry(model.model) or loaded_geometry(model.model)
         infos[model.name] = ModelInfo(model.name, embed_dim, image_size, model.front.weights)
         if not config.model_apps:
             towers[model.name] = {tower: pinned(bound, pin) for tower, bound in _towers(model).items()}

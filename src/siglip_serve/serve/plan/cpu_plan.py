@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
 
 import psutil
 
 from siglip_serve.core.backends import backend_record
 from siglip_serve.core.host import usable_cpus
+from siglip_serve.models import parameter_cache
+from siglip_serve.models.parameter_cache import ParameterCounts
 from siglip_serve.serve.plan.config import ServiceConfig
-
-if TYPE_CHECKING:
-    from siglip_serve.models.loading import ParameterCounts
 
 log = logging.getLogger("siglip_serve")
 
@@ -35,11 +33,16 @@ MEMORY_SHARE = 0.8
 
 
 def parameter_counts(model: str) -> ParameterCounts:
-    """The model's parameter counts (models/loading.py), imported only where `auto` on cpu needs them: they
-    import torch and open_clip, which a plan with named counts (the ingress's tests, say) does without."""
+    """The model's parameter counts: kept from an earlier count (models/parameter_cache.py), else counted
+    (models/loading.py, which imports torch and open_clip: only where `auto` on cpu needs them) and kept."""
+    found = parameter_cache.cached(model)
+    if found is not None:
+        return found
     from siglip_serve.models.loading import parameter_counts as counted
 
-    return counted(model)
+    counts = counted(model)
+    parameter_cache.keep(model, counts)
+    return counts
 
 
 def replica_load_bytes(total_parameters: int) -> int:

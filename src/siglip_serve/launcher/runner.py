@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from siglip_serve.core.constants import NEURON_CORES
 from siglip_serve.core.errors import UserError
 from siglip_serve.core.front_door import FRONT_END_TIMEOUT_MARGIN_S
+from siglip_serve.core.host import usable_cpus
 from siglip_serve.launcher import timeline as phases
 from siglip_serve.launcher.preflight import RAY_HOST
 from siglip_serve.launcher.reload import Reload
@@ -133,6 +134,22 @@ def reconfigure(reload: Reload, deployed: tuple[ServiceConfig, ServicePlan], gro
     return config, plan
 
 
+def second_wave(config: ServiceConfig, plan: ServicePlan, quiet: dict[str, Any], stop: threading.Event,
+                began: float) -> None:
+    """Once the first wave is warm and the service ready: the application run again with the plan's full counts
+    (serve/plan/start_order.py), Serve adding the replicas the first wave left out, the others kept."""
+    from ray import serve
+
+    from siglip_serve.serve.app import build
+
+    replicas = sum(model.image.replicas for model in plan.models)
+    log.info("starting the other encoder replicas (%d in all)", replicas)
+    whole = build(config, plan, pin=True, say=False)
+    if wait_with_progress(lambda: serve.run(whole, name=APP_NAME, route_prefix="/", blocking=False,
+                                            logging_config=quiet), APP_NAME, replicas, stop, began):
+        log.info("every replica warm at %.1f s: %s", time.monotonic() - began, replica_progress(APP_NAME, replicas))
+
+
 def serve_logging(config: ServiceConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """Serve's `logging_config` of the application's replicas, and of its controller and proxy. Serve's access log
     (a line per request in every replica) is on only where `access_log` asks for it."""
@@ -182,6 +199,7 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
     from siglip_serve.serve.plan.cluster_fit import check_cluster_fits
     from siglip_serve.serve.plan.placement import auto_device
     from siglip_serve.serve.plan.planner import plan_service
+    from siglip_serve.serve.plan.start_order import first_wave
 
     stop = threading.Event()
 
@@ -246,7 +264,9 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
         else:
             check_cluster_fits(plan, growth)
         quiet, system = serve_logging(config)
-        app = build(config, plan, pin=True)
+        # Where this host's cores are fewer than the replicas starting, those the first answer needs go first.
+        first = first_wave(plan, usable_cpus()) if started_ray and not config.model_apps else None
+        app = build(config, plan, pin=True, first_wave=first)
         timeline.mark(phases.PLAN)
         if placeholder is not None:
             placeholder.release()
@@ -266,6 +286,8 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
                      timeline.elapsed(), replica_progress(APP_NAME, replicas), host, port)
             if timings:
                 print_timeline(timeline)
+            if first is not None:
+                second_wave(config, plan, quiet, stop, began)
         while not stop.wait(0.5):
             if hup.is_set():
                 hup.clear()

@@ -43,10 +43,14 @@ def plan_on_cluster(config: ServiceConfig, growth: Growth, stop: Callable[[], bo
     return plan
 
 
-def _towers(model: ModelPlan) -> dict[str, Application]:
+def _towers(model: ModelPlan, image_count: int | None = None) -> dict[str, Application]:
     """One model's towers' deployments, each bound with its slice of the plan: "image", and "text" where it has
-    one."""
-    image = serve.deployment(**model.image.deployment.options())(ServedImageReplica)
+    one. `image_count`: the image replicas to run for now, in place of the plan's fixed count (a start's first
+    wave, serve/plan/start_order.py); the slice it is bound with, and so its version, stay the plan's."""
+    options = model.image.deployment.options()
+    if image_count is not None:
+        options["num_replicas"] = image_count
+    image = serve.deployment(**options)(ServedImageReplica)
     towers = {"image": image.bind(model.run, model.image)}
     if (kept := _kept_image(model)) is not None:
         towers[KEPT_IMAGE] = kept
@@ -75,29 +79,36 @@ def loaded_geometry(model: str) -> tuple[tuple[int, int], int]:
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = (),
-          live: dict[str, Any] | None = None, pin: bool = False) -> Application:
+          live: dict[str, Any] | None = None, pin: bool = False,
+          first_wave: Mapping[str, int] | None = None, say: bool = True) -> Application:
     """The application of `plan` (serve/plan/planner.py): each model's towers' deployments and the ingress, serving
     the contract's routes and `routes`; under `model_apps` the ingress alone (each model's towers are
     `build_model_app`'s). `live`: the ingress's user_config (default: the plan's live settings, the config's);
-    `pin`: each deployment's version set from the slice it is bound with, for `serve.run` (`pinned`)."""
+    `pin`: each deployment's version set from the slice it is bound with, for `serve.run` (`pinned`); `first_wave`:
+    by served model, the image replicas a start runs first (serve/plan/start_order.py); `say`: log what it runs
+    (the start's second wave runs what the first said)."""
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
         image_size, embed_dim = file_geometry(model.model) or loaded_geometry(model.model)
         infos[model.name] = ModelInfo(model.name, embed_dim, image_size, model.front.weights)
+        count = (first_wave or {}).get(model.name)
         if not config.model_apps:
-            towers[model.name] = {tower: pinned(bound, pin) for tower, bound in _towers(model).items()}
+            towers[model.name] = {tower: pinned(bound, pin) for tower, bound in _towers(model, count).items()}
         image = model.image
-        log.info("model %s: %s on %s, %s encoder replica(s)%s%s, buckets %s, %d text replica(s)", model.name,
-                 model.model, model.backend,
-                 image.replicas if image.min_replicas == image.replicas else
-                 f"{image.min_replicas}..{image.replicas} autoscaled",
-                 " (one kept for the interactive lane)" if image.interactive is not None else "",
-                 f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "", list(model.front.buckets),
-                 model.text.replicas if model.text else 0)
+        if say:
+            log.info("model %s: %s on %s, %s encoder replica(s)%s%s%s, buckets %s, %d text replica(s)", model.name,
+                     model.model, model.backend,
+                     image.replicas if image.min_replicas == image.replicas else
+                     f"{image.min_replicas}..{image.replicas} autoscaled",
+                     " (one kept for the interactive lane)" if image.interactive is not None else "",
+                     f" x {image.torch_threads} torch thread(s)" if image.torch_threads else "",
+                     f" ({count} first, the rest once warm)" if count is not None else "", list(model.front.buckets),
+                     model.text.replicas if model.text else 0)
     front = plan.ingress
-    log.info("ingress: %s replica(s) for %d model(s)", front.replicas if front.max_replicas == front.replicas else
-             f"{front.replicas}..{front.max_replicas} autoscaled", len(plan.models))
+    if say:
+        log.info("ingress: %s replica(s) for %d model(s)", front.replicas if front.max_replicas == front.replicas
+                 else f"{front.replicas}..{front.max_replicas} autoscaled", len(plan.models))
     # The live settings travel as the ingress's user_config too, so a Serve config's `deployments:` entry for it
     # changes them in place (serve/plan/live_settings.py); the args stay the start's.
     ingress = serve.deployment(IngressDeployment, **front.deployment.options(),

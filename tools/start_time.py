@@ -93,7 +93,7 @@ def run_start(run_args: list[str], timeout_s: float, src: str | None = None) -> 
             time.sleep(0.25)
         # The timeline is printed once every replica is warm, which /readyz's first 200 may precede.
         deadline = time.monotonic() + timeout_s
-        while not any("deploy until every replica is warm" in line for line in lines):
+        while not any("until every replica is warm" in line for line in lines):
             if time.monotonic() > deadline or proc.poll() is not None:
                 break
             time.sleep(0.25)

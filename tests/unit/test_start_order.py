@@ -26,7 +26,10 @@ def test_on_two_cores_one_image_replica_and_the_text_replica_start_first() -> No
     _, plan = _plan(replicas=2)
     assert starting_replicas(plan) == 4  # the ingress, two image replicas, one text replica
     assert first_wave(plan, cores=2) == {"tiny-siglip": 1}
+    assert first_wave(plan, cores=1) == {"tiny-siglip": 1}  # never below what /readyz counts
     assert first_wave(plan, cores=4) is None  # as many cores as replicas: all at once
+    _, eight = _plan(replicas=8)
+    assert first_wave(eight, cores=8) == {"tiny-siglip": 6}  # only as many deferred as the cores lack
 
 
 @pytest.mark.parametrize("args", [

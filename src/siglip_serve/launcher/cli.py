@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "its processes cost CPU while the service starts); a joined cluster (--address) keeps "
                           "its own")
     run.add_argument("--timings", action="store_true",
-                     help="once ready, print the start's timeline on stderr: each phase of this command (checks, "
-                          "ray.init, serve.start, the deployment) and of each tower replica (imports, model build, "
-                          "warm-up per bucket, registration), in seconds")
+                     help="once every replica is warm, print the start's timeline on stderr: each phase of this "
+                          "command (checks, ray.init, serve.start, the deployment) and of each tower replica (imports, "
+                          "model build, warm-up per bucket, registration), in seconds")
     run.add_argument("--print-plan", action="store_true",
                      help="print the plan this config gives (every deployment's replicas, Ray resources, threads "
                           "and limits: serve/plan/service_plan.py) as JSON on stdout, and exit without starting "

@@ -135,9 +135,10 @@ def reconfigure(reload: Reload, deployed: tuple[ServiceConfig, ServicePlan], gro
 
 
 def second_wave(config: ServiceConfig, plan: ServicePlan, quiet: dict[str, Any], stop: threading.Event,
-                began: float) -> None:
+                began: float) -> bool:
     """Once the first wave is warm and the service ready: the application run again with the plan's full counts
-    (serve/plan/start_order.py), Serve adding the replicas the first wave left out, the others kept."""
+    (serve/plan/start_order.py), Serve adding the replicas the first wave left out, the others kept. True once every
+    replica is warm; False when `stop` was set first."""
     from ray import serve
 
     from siglip_serve.serve.app import build
@@ -145,9 +146,11 @@ def second_wave(config: ServiceConfig, plan: ServicePlan, quiet: dict[str, Any],
     replicas = sum(model.image.replicas for model in plan.models)
     log.info("starting the other encoder replicas (%d in all)", replicas)
     whole = build(config, plan, pin=True, say=False)
-    if wait_with_progress(lambda: serve.run(whole, name=APP_NAME, route_prefix="/", blocking=False,
-                                            logging_config=quiet), APP_NAME, replicas, stop, began):
-        log.info("every replica warm at %.1f s: %s", time.monotonic() - began, replica_progress(APP_NAME, replicas))
+    if not wait_with_progress(lambda: serve.run(whole, name=APP_NAME, route_prefix="/", blocking=False,
+                                                logging_config=quiet), APP_NAME, replicas, stop, began):
+        return False
+    log.info("every replica warm at %.1f s: %s", time.monotonic() - began, replica_progress(APP_NAME, replicas))
+    return True
 
 
 def serve_logging(config: ServiceConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -281,13 +284,14 @@ def run_service(config: ServiceConfig, host: str, port: int, metrics_port: int |
             lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet),
             APP_NAME, replicas, stop, began)
         if deployed:
-            timeline.mark(phases.DEPLOY)
+            timeline.mark(phases.DEPLOY if first is None else phases.FIRST_WAVE)
             log.info("ready in %.1f s (%s): http://%s:%d (POST /v1/embeddings, /v1/embeddings/image)",
                      timeline.elapsed(), replica_progress(APP_NAME, replicas), host, port)
-            if timings:
+            every_one_warm = first is None or second_wave(config, plan, quiet, stop, began)
+            if first is not None and every_one_warm:
+                timeline.mark(phases.SECOND_WAVE)
+            if timings and every_one_warm:
                 print_timeline(timeline)
-            if first is not None:
-                second_wave(config, plan, quiet, stop, began)
         while not stop.wait(0.5):
             if hup.is_set():
                 hup.clear()

@@ -1,10 +1,10 @@
 """`siglip-serve run --timings`: where a start's seconds go, phase by phase, without a profiler.
 
 The service marks its own phases as they end (the relay and the interpreter, the checks before Ray, `ray.init`,
-`serve.start`, the deployment until every replica is warm); each tower replica marks its own
-(serve/towers/start_marks.py) and publishes them in the registry record that also makes it count as warm. Once the
-service is ready, the timeline prints both: the service's phases with their seconds and when each ended, then one line
-per replica with its phases and when it was warm, all from the command's start.
+`serve.start`, the deployment until every replica is warm, in two waves where the start has them); each tower
+replica marks its own (serve/towers/start_marks.py) and publishes them in the registry record that also makes it
+count as warm. Once every replica is warm, the timeline prints both: the service's phases with their seconds and
+when each ended, then one line per replica with its phases and when it was warm, all from the command's start.
 
 The command's start is the creation of its first process (psutil's `create_time`, the wall clock): the relay
 that runs the service in its own session (launcher/session.py), else the service itself. A replica on another
@@ -30,6 +30,9 @@ RAY_INIT = "ray.init"
 PLAN = "replica plan, building the application"
 SERVE_START = "serve.start"
 DEPLOY = "deploy until every replica is warm"
+# A start in two waves (serve/plan/start_order.py) marks these two in DEPLOY's place.
+FIRST_WAVE = "deploy until the first wave is warm (ready)"
+SECOND_WAVE = "the other replicas, until every replica is warm"
 
 
 class Timeline:

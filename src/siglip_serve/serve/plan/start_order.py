@@ -4,7 +4,8 @@ Serve starts every replica of an application at once. Each replica's process spe
 CPU-bound work (Ray's worker, torch, open_clip, the model's build), so where more replicas start than the
 host has cores, they share the cores and the first answer waits for all of them. What the first answer
 needs is each model's `min_ready` image replicas (what /readyz counts), its text replicas and the ingress;
-those start first, and the rest once they are warm (launcher/runner.py runs the application twice, the
+no more replicas than cores start first, never fewer than those, and the rest once they are warm
+(launcher/runner.py runs the application twice, the
 second time with the plan's full counts: Serve adds the replicas, and the ones running keep running, since
 a deployment's version does not hold its count, serve/app.py `pinned`).
 
@@ -31,9 +32,14 @@ def deferrable(image: TowerPlan) -> int:
 
 
 def first_wave(plan: ServicePlan, cores: int) -> dict[str, int] | None:
-    """By served model, the image replicas to start first where `plan` would start more replicas than `cores`
-    (the rest follow once those are warm); None to start every replica at once."""
-    if starting_replicas(plan) <= cores:
-        return None
-    first = {model.name: model.image.min_ready for model in plan.models if deferrable(model.image)}
+    """By served model, the image replicas to start first where `plan` would start more replicas than `cores`:
+    as many deferred as bring the start down to `cores` (models in order, none below its `min_ready`), the rest
+    following once those are warm; None to start every replica at once."""
+    excess = starting_replicas(plan) - cores
+    first: dict[str, int] = {}
+    for model in plan.models:
+        cut = min(deferrable(model.image), excess)
+        if cut > 0:
+            first[model.name] = model.image.replicas - cut
+            excess -= cut
     return first or None

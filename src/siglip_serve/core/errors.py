@@ -27,6 +27,10 @@ class BackendUnavailable(UserError, RuntimeError):
     """This machine cannot run the backend; the message is one line saying what to install or fix."""
 
 
+class ModelLoadError(UserError, RuntimeError):
+    """The model could not be loaded; the message says why and what to do instead."""
+
+
 class Rejected(Exception):
     """Base of every rejection of one input (an image, a text, an image URL): what its sender has to do
     differently, in plain words (`message`, safe to answer). The families (models/image_errors.py,

@@ -15,6 +15,9 @@ class ModelInfo:
     embed_dim: int
     image_size: tuple[int, int]
     weights: str
+    # The Pillow filter the ingress resizes with: the model's processor's (a transformers repository may say
+    # bilinear); open_clip's SigLIP configs say bicubic.
+    resample: str = "bicubic"
 
     def as_dict(self) -> dict[str, object]:
         return {

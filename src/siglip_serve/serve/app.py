@@ -14,7 +14,7 @@ from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
-from siglip_serve.models.loading import ModelInfo, model_geometry
+from siglip_serve.models.loading import ModelInfo, image_geometry
 from siglip_serve.serve.ingress.endpoints import ROUTES
 from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
@@ -76,8 +76,9 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
-        image_size, embed_dim = model_geometry(model.model)
-        infos[model.name] = ModelInfo(model.name, embed_dim, image_size, model.front.weights)
+        geometry = image_geometry(model.run.settings.source)
+        infos[model.name] = ModelInfo(model.name, geometry.embed_dim, geometry.size, model.front.weights,
+                                      geometry.resample)
         if not config.model_apps:
             towers[model.name] = {tower: pinned(bound, pin) for tower, bound in _towers(model).items()}
         image = model.image

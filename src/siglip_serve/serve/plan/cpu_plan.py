@@ -22,6 +22,7 @@ from siglip_serve.serve.plan.config import ServiceConfig
 
 if TYPE_CHECKING:
     from siglip_serve.models.loading import ParameterCounts
+    from siglip_serve.models.source import ModelSource
 
 log = logging.getLogger("siglip_serve")
 
@@ -34,12 +35,12 @@ REPLICA_BASE_BYTES = 512 * 1024 * 1024
 MEMORY_SHARE = 0.8
 
 
-def parameter_counts(model: str) -> ParameterCounts:
-    """The model's parameter counts (models/loading.py), imported only where `auto` on cpu needs them: they
+def parameter_counts(source: ModelSource) -> ParameterCounts:
+    """The model's parameter counts (models/model_towers.py), imported only where `auto` on cpu needs them: they
     import torch and open_clip, which a plan with named counts (the ingress's tests, say) does without."""
-    from siglip_serve.models.loading import parameter_counts as counted
+    from siglip_serve.models.model_towers import parameter_counts as counted
 
-    return counted(model)
+    return counted(source)
 
 
 def replica_load_bytes(total_parameters: int) -> int:
@@ -56,7 +57,7 @@ def auto_cpu_replicas(config: ServiceConfig, text_replicas: int, cluster_cpus: f
     ingress and the model's `text_replicas` (the planner's count; Ray's CPUs are logical; `siglip-serve run`
     decides first and starts its Ray with enough). It counts this machine: on a multi-node CPU cluster name the
     count."""
-    counts = parameter_counts(config.model)
+    counts = parameter_counts(config.source)
     cores = usable_cpus()
     threads = config.torch_threads or (1 if counts.image <= SPLIT_MAX_IMAGE_PARAMETERS else cores)
     by_cores = max(1, cores // threads)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from siglip_serve.core.backends import backend_record
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.policy import policy_of
@@ -22,7 +23,13 @@ def preflight_weights(config: ModelSettings) -> None:
     """Fetch pretrained weights once, here, before any replica starts; fail with one clear message.
 
     Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the
-    hub client's minute of retries."""
+    hub client's minute of retries. A hub model's repository files likewise (models/hub_repo.py): its
+    configuration always, its weights where they are read."""
+    if config.source.on_hub and backend_record(config.backend).runs_model:
+        from siglip_serve.models.hub_repo import hub_model
+
+        hub_model(config.source, weights=config.needs_weights)  # ModelLoadError: one line naming what is missing
+        return
     if not config.needs_weights:
         return
     from siglip_serve.models.loading import ModelLoadError, open_clip_module  # torch: after the backend's env
@@ -66,12 +73,13 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
     if policy_of(config).text_replicas == 0 or config.models:  # several models: each entry's text tower as it says
         return None
     from siglip_serve.models.hub import hub_address, offline_requested, reachable
-    from siglip_serve.models.loading import ModelLoadError, open_clip_module
-    from siglip_serve.models.text import load_tokenizer, tokenizer_dir
+    from siglip_serve.models.loading import ModelLoadError
+    from siglip_serve.models.model_towers import model_tokenizer
+    from siglip_serve.models.text import tokenizer_dir
 
-    open_clip = open_clip_module()
     asked = config.text_replicas is not None or config.tokenizer is not None
-    if tokenizer_dir(settings) is None and not offline_requested():
+    # A hub model's tokenizer is a file of its repository, fetched with the same quick checks (models/hub_repo.py).
+    if tokenizer_dir(settings) is None and not settings.source.on_hub and not offline_requested():
         host, port = hub_address({"hf_hub": config.model})
         if not reachable(host, port):
             why = f"no tokenizer: DIR is set and the model hub {host}:{port} is unreachable"
@@ -81,7 +89,7 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
                                      "(tokenizer.json, tokenizer_config.json), or text_replicas: 0")
             return text_off(config, why)
     try:
-        load_tokenizer(settings, (open_clip.get_model_config(config.model) or {}).get("text_cfg", {}))
+        model_tokenizer(settings)
     except ModelLoadError as exc:
         if asked:
             raise

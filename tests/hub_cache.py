@@ -85,11 +85,17 @@ class HubCache:
 
     root: Path
 
-    def add(self, repo: str, files: Path, commit: str = MAIN_COMMIT, main: bool = True) -> Path:
-        """`files` as the snapshot `commit` of `repo`; with `main`, the main branch's commit. The snapshot's path."""
+    def add(self, repo: str, files: Path, commit: str = MAIN_COMMIT, main: bool = True,
+            absent: tuple[str, ...] = ()) -> Path:
+        """`files` as the snapshot `commit` of `repo`; with `main`, the main branch's commit; `absent`: files the hub
+        was asked for and does not have, as huggingface_hub remembers them (`.no_exist/<commit>/<name>`), so a
+        library that looks for one offline is told it does not exist. The snapshot's path."""
         folder = self.root / f"models--{repo.replace('/', '--')}"
         snapshot = folder / "snapshots" / commit
         shutil.copytree(files, snapshot)
+        for name in absent:
+            (folder / ".no_exist" / commit).mkdir(parents=True, exist_ok=True)
+            (folder / ".no_exist" / commit / name).touch()
         if main:
             (folder / "refs").mkdir(parents=True, exist_ok=True)
             (folder / "refs" / "main").write_text(commit)

@@ -17,10 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from siglip_serve.core.errors import ModelLoadError
-from siglip_serve.models.hub import OFFLINE_HINT, HubUnreachable, hub_address, offline_requested, reachable
+from siglip_serve.models.hub import HubUnreachable, hub_address, offline_requested, reachable
 from siglip_serve.models.source import OPEN_CLIP_HUB, TRANSFORMERS, ModelSource
 
 log = logging.getLogger(__name__)
+
+# What to do where a hub model's files are missing and no hub answers (models/hub.py OFFLINE_HINT, for hub ids).
+OFFLINE_HINT = ("Fetch the repository once where the hub answers (`hf download ORG/NAME`, into the same HF_HOME), "
+                "or pass --random-weights (embeddings then mean nothing).")
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,6 @@ def fetch(source: ModelSource, wanted: Sequence[RepoFile],
     if missing:
         first = missing[0]
         what = f"{first.what} ({' or '.join(first.names)}) of {_where(source)}"
-        if not found:
-            what = f"{_where(source)} (its {first.what}, {' or '.join(first.names)})"
         if offline_requested() or cache_only:
             why = "HF_HUB_OFFLINE is set (no network)" if offline_requested() else "nothing is downloaded here"
             raise HubUnreachable(f"{what} is not in the local Hugging Face cache and {why}. {OFFLINE_HINT}")
@@ -236,18 +238,22 @@ def hub_model(source: ModelSource, weights: bool = False, tokenizer: bool = Fals
     """The hub model's configuration (and, asked for, its weights and tokenizer files), fetched once (`cache_only`:
     from the cache or not at all)."""
     if source.kind == TRANSFORMERS:
-        wanted = [TRANSFORMERS_CONFIG, TRANSFORMERS_PROCESSOR] + ([TRANSFORMERS_WEIGHTS] if weights else [])
+        configs, weighed = [TRANSFORMERS_CONFIG, TRANSFORMERS_PROCESSOR], TRANSFORMERS_WEIGHTS
     elif source.kind == OPEN_CLIP_HUB:
-        wanted = [OPEN_CLIP_CONFIG] + ([OPEN_CLIP_WEIGHTS] if weights else [])
+        configs, weighed = [OPEN_CLIP_CONFIG], OPEN_CLIP_WEIGHTS
     else:
         raise ValueError(f"{source.name} is not a hub model")
+    wanted = [weighed] if weights else []
     if tokenizer:
         # open_clip's hub format may name another repository's tokenizer (hf_tokenizer_name); it is then optional.
         wanted += [RepoFile(TOKENIZER.what, TOKENIZER.names, source.kind == TRANSFORMERS), *TOKENIZER_EXTRAS]
     try:
-        snapshot, files = fetch(source, wanted, cache_only)
+        # The configuration first: a repository that is not a SigLIP is named so before its weights are looked for.
+        snapshot, files = fetch(source, configs, cache_only)
+        read = _transformers_model if source.kind == TRANSFORMERS else _open_clip_model
+        config, embed_dim, context, image = read(source, files)
+        if wanted:
+            files = {**files, **fetch(source, wanted, cache_only)[1]}
     except HubUnreachable as exc:
         raise ModelLoadError(str(exc)) from None
-    read = _transformers_model if source.kind == TRANSFORMERS else _open_clip_model
-    config, embed_dim, context, image = read(source, files)
     return HubModel(source, snapshot, files, config, embed_dim, context, image)

@@ -97,11 +97,10 @@ def _download(source: ModelSource, wanted: RepoFile) -> Path | None:
     return None
 
 
-def fetch(source: ModelSource, wanted: Sequence[RepoFile],
-          cache_only: bool = False) -> tuple[RepoSnapshot, dict[str, Path]]:
-    """The snapshot and each wanted file's path (by `what`; an optional file absent from both cache and hub is left
-    out): from the cache, else (unless `cache_only`) downloaded once; HubUnreachable where a required file is not
-    cached and no hub answers (its message names the file)."""
+def fetch(source: ModelSource, wanted: Sequence[RepoFile], cache_only: bool = False) -> dict[str, Path]:
+    """Each wanted file's path in the repository's snapshot (by `what`; an optional file absent from both cache and
+    hub is left out): from the cache, else (unless `cache_only`) downloaded once; HubUnreachable where a required
+    file is not cached and no hub answers (its message names the file)."""
     found: dict[str, Path] = {}
     missing: list[RepoFile] = []
     for item in wanted:
@@ -124,8 +123,7 @@ def fetch(source: ModelSource, wanted: Sequence[RepoFile],
         for item in wanted:
             if item.what not in found and (path := _download(source, item)) is not None:
                 found[item.what] = path
-    some = next(iter(found.values()))
-    return RepoSnapshot(some.parent, some.parent.name), found
+    return found
 
 
 @dataclass(frozen=True)
@@ -249,11 +247,13 @@ def hub_model(source: ModelSource, weights: bool = False, tokenizer: bool = Fals
         wanted += [RepoFile(TOKENIZER.what, TOKENIZER.names, source.kind == TRANSFORMERS), *TOKENIZER_EXTRAS]
     try:
         # The configuration first: a repository that is not a SigLIP is named so before its weights are looked for.
-        snapshot, files = fetch(source, configs, cache_only)
+        files = fetch(source, configs, cache_only)
+        where = files[configs[0].what].parent  # snapshots/<commit>/: one revision for every file read
+        snapshot = RepoSnapshot(where, where.name)
         read = _transformers_model if source.kind == TRANSFORMERS else _open_clip_model
         config, embed_dim, context, image = read(source, files)
         if wanted:
-            files = {**files, **fetch(source, wanted, cache_only)[1]}
+            files = {**files, **fetch(source, wanted, cache_only)}
     except HubUnreachable as exc:
         raise ModelLoadError(str(exc)) from None
     return HubModel(source, snapshot, files, config, embed_dim, context, image)

@@ -11,6 +11,7 @@ import torch
 
 from siglip_serve.models.loading import ParameterCounts, load_clip, parameter_counts
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.source import model_source
 from siglip_serve.serve.plan import cpu_plan
 from siglip_serve.serve.plan.config import ConfigError, ServiceConfig
 from siglip_serve.serve.plan.planner import plan_service
@@ -30,14 +31,14 @@ def machine(monkeypatch: pytest.MonkeyPatch):
 
 def test_parameter_counts_are_the_built_models() -> None:
     model, _ = load_clip(ModelSettings(model="tiny-siglip", random_weights=True))
-    counts = parameter_counts("tiny-siglip")
+    counts = parameter_counts(model_source("tiny-siglip"))
     assert counts.total == sum(p.numel() for p in model.parameters())
     assert counts.image == sum(p.numel() for p in model.get_submodule("visual").parameters())
 
 
 def test_measured_models_fall_on_the_measured_side_of_the_split() -> None:
-    assert parameter_counts("ViT-B-16-SigLIP").image <= cpu_plan.SPLIT_MAX_IMAGE_PARAMETERS
-    assert parameter_counts("ViT-SO400M-14-SigLIP-384").image > cpu_plan.SPLIT_MAX_IMAGE_PARAMETERS
+    assert parameter_counts(model_source("ViT-B-16-SigLIP")).image <= cpu_plan.SPLIT_MAX_IMAGE_PARAMETERS
+    assert parameter_counts(model_source("ViT-SO400M-14-SigLIP-384")).image > cpu_plan.SPLIT_MAX_IMAGE_PARAMETERS
 
 
 def test_config_defaults_to_auto_on_cpu_only() -> None:

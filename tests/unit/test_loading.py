@@ -12,16 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
-from siglip_serve.models.loading import (
-    SIGLIP_MEAN,
-    SIGLIP_STD,
-    ModelLoadError,
-    available_models,
-    load_embedder,
-    model_geometry,
-)
+from siglip_serve.core.errors import ModelLoadError
+from siglip_serve.models.loading import available_models, load_embedder, model_geometry
+from siglip_serve.models.model_info import SIGLIP_MEAN, SIGLIP_STD
 from siglip_serve.models.preprocess import preprocess_image
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.source import model_source
 
 
 def open_clip_reference(model: torch.nn.Module, image_size: int, jpeg: bytes, family: str) -> np.ndarray:
@@ -49,10 +45,10 @@ def test_siglip_constants_match_open_clip_for_every_siglip_model() -> None:
 
 
 def test_geometry_without_building() -> None:
-    assert model_geometry("ViT-SO400M-14-SigLIP-384") == ((384, 384), 1152)
-    assert model_geometry("tiny-siglip") == ((64, 64), 64)
+    assert model_geometry(model_source("ViT-SO400M-14-SigLIP-384")) == ((384, 384), 1152)
+    assert model_geometry(model_source("tiny-siglip")) == ((64, 64), 64)
     with pytest.raises(ModelLoadError, match="unknown model"):
-        model_geometry("ViT-Nope")
+        model_geometry(model_source("ViT-Nope"))
 
 
 def test_random_weights_are_seeded_and_identical_across_loads() -> None:

@@ -65,7 +65,12 @@ class JobSpec:
 
 
 def weights_id(config: ServiceConfig) -> str:
-    """What the weights are, for shard names and output rows: a checkpoint by its content's digest."""
+    """What the weights are, for shard names and output rows: a checkpoint by its content's digest, a hub model
+    with the revision of its cached snapshot (fetched here once)."""
+    if config.source.on_hub and not config.uses_random_weights:
+        from siglip_serve.models.hub_repo import hub_model
+
+        return hub_model(config.source, weights=True).label
     if config.checkpoint is None:
         return config.weights_source
     digest = hashlib.sha256()
@@ -78,7 +83,13 @@ def weights_id(config: ServiceConfig) -> str:
 def preprocessing_id(config: ServiceConfig, modality: Modality) -> str:
     if modality == "text":
         return f"text:{config.model}-tokenizer"
-    return f"{PREPROCESS_VERSION}{FAST_PREPROCESS if config.fast_jpeg_decode else ''}"
+    resample = "bicubic"
+    if config.source.on_hub:  # its processor's filter, which may be another
+        from siglip_serve.models.hub_repo import hub_model
+
+        resample = hub_model(config.source).image.resample
+    version = PREPROCESS_VERSION if resample == "bicubic" else PREPROCESS_VERSION.replace("bicubic", resample)
+    return f"{version}{FAST_PREPROCESS if config.fast_jpeg_decode else ''}"
 
 
 class PlanError(UserError, ValueError):
@@ -207,7 +218,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
 
     from siglip_serve.bulk.stages import ImageEmbedActor, TextEmbedActor, check_texts, decode_batch
     from siglip_serve.core.backends import extra_backends_env
-    from siglip_serve.models.loading import model_geometry
+    from siglip_serve.models.loading import image_geometry
 
     settings = config.model_settings()
     model = spec.served_as or config.model
@@ -218,7 +229,8 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     ray.data.DataContext.get_current().wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
     ds = _input_dataset(ray.data, pending)
     if spec.modality == "image":
-        size, embed_dim = model_geometry(config.model)
+        geometry = image_geometry(config.source)
+        size, embed_dim = geometry.size, geometry.embed_dim
         record = start_record(spec.repeat_cache_mib)
         # A decode task reserves its peak: the largest image the limits let through, decoded, plus the
         # block's output. That also keeps it a stage of its own: Ray Data fuses a map into the next one
@@ -229,6 +241,7 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
                             compute=ray.data.TaskPoolStrategy(size=plan.decode_workers),
                             fn_kwargs={"size": size, "limits": image_limits(config),
                                        "fast_jpeg": config.fast_jpeg_decode, "urls": config.url_fetch,
+                                       "resample": geometry.resample,
                                        "record": record, "embed_dim": embed_dim, "model": model})
         actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor
         buckets = settings.buckets

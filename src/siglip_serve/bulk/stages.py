@@ -108,7 +108,8 @@ def _read_all(locations: list[str], limits: ImageLimits,
 
 
 def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool, model: str,
-                 urls: FetchSettings = NO_URLS, record: Record | None = None, embed_dim: int = 0) -> Batch:
+                 urls: FetchSettings = NO_URLS, record: Record | None = None, embed_dim: int = 0,
+                 resample: str = "bicubic") -> Batch:
     """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] or an error, the `digest`
     of their bytes, and with `record` (the run's, of `embed_dim`-wide vectors) `cached` rows that carry
     their `embedding` instead of pixels; counted under `model`."""
@@ -136,7 +137,7 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
         decoded[digests[i]] = i
         began = time.perf_counter()
         try:
-            pixels[i] = preprocess_image(data[i], size, limits, fast_jpeg)  # type: ignore[arg-type]
+            pixels[i] = preprocess_image(data[i], size, limits, fast_jpeg, resample)  # type: ignore[arg-type]
             metrics.decoded(time.perf_counter() - began)
         except ImageRejected as exc:
             error_types[i], messages[i] = _error_type(exc), exc.message

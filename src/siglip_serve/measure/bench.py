@@ -72,7 +72,7 @@ def bench_preprocess(config: ServiceConfig, iterations: int) -> PreprocessResult
     from siglip_serve.models.preprocess import preprocess_image
 
     torch.set_num_threads(1)
-    image_size, _ = model_geometry(config.model)
+    image_size, _ = model_geometry(config.source)
     photos = [photo.data for photo in sample_photos()]
     fast = config.fast_jpeg_decode  # what the service does
     for data in photos:

@@ -1,4 +1,5 @@
-"""Load a SigLIP image tower through open_clip, from a pretrained tag, a checkpoint or random weights.
+"""Load a SigLIP image tower through open_clip, from a pretrained tag, a checkpoint, an open_clip repository on the
+hub (`hf-hub:ORG/NAME`) or random weights; a transformers repository's towers are models/hf_towers.py's.
 
 The result is an `ImageEmbedder`: uint8 images in, L2-normalised float32 embeddings out, with
 SigLIP's normalisation folded into the graph so that every backend (and every compiled artifact)
@@ -17,16 +18,17 @@ from torch import nn
 
 from siglip_serve.core.errors import ModelLoadError
 from siglip_serve.models.image_only import CONFIG_DIR
-from siglip_serve.models.model_info import ModelInfo, config_geometry, file_geometry
+from siglip_serve.models.model_info import (
+    ImageGeometry,
+    ModelInfo,
+    config_geometry,
+    known_geometry,
+)
 from siglip_serve.models.parameter_cache import ParameterCounts
 from siglip_serve.models.settings import TINY_MODELS, ModelSettings
+from siglip_serve.models.source import OPEN_CLIP_HUB, TRANSFORMERS, ModelSource
 
 log = logging.getLogger(__name__)
-
-# SigLIP's preprocessing constants. open_clip only reports them when a pretrained tag is given
-# (with pretrained=None it hands back CLIP's), so they are fixed here.
-SIGLIP_MEAN = (0.5, 0.5, 0.5)
-SIGLIP_STD = (0.5, 0.5, 0.5)
 
 _registered = False
 
@@ -37,11 +39,12 @@ class ImageEmbedder(nn.Module):
     scale: torch.Tensor  # buffers, registered in __init__
     shift: torch.Tensor
 
-    def __init__(self, visual: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    def __init__(self, visual: nn.Module, mean: tuple[float, ...], std: tuple[float, ...],
+                 rescale: float = 1 / 255) -> None:
         super().__init__()
         self.visual = visual
-        # Fold (x/255 - mean)/std into one multiply-add per channel.
-        scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, 3, 1, 1)
+        # Fold (x * rescale - mean)/std into one multiply-add per channel.
+        scale = torch.tensor([rescale / s for s in std]).view(1, 3, 1, 1)
         shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(1, 3, 1, 1)
         self.register_buffer("scale", scale, persistent=False)
         self.register_buffer("shift", shift, persistent=False)
@@ -95,7 +98,12 @@ _TEXT_MISSING = "_siglip_serve_text_missing"
 
 def _create(settings: ModelSettings) -> nn.Module:
     open_clip = open_clip_module()
-
+    source = settings.source
+    if source.kind == TRANSFORMERS:
+        raise ModelLoadError(f"{settings.model} is a transformers repository; the {settings.backend!r} backend builds "
+                             "open_clip models only: serve it on the cpu or cuda backend")
+    if source.kind == OPEN_CLIP_HUB:
+        return _create_from_hub(settings)
     if settings.model not in open_clip.list_models():
         raise ModelLoadError(
             f"unknown model {settings.model!r}; SigLIP models: {', '.join(available_models())}"
@@ -114,6 +122,25 @@ def _create(settings: ModelSettings) -> nn.Module:
         _load_checkpoint(model, settings.checkpoint)
         return model
     return _create_pretrained(settings)
+
+
+def _create_from_hub(settings: ModelSettings) -> nn.Module:
+    """The open_clip hub model from its cached snapshot (`local-dir:`), so that a pinned revision is the one built:
+    the same files `create_model('hf-hub:...')` reads."""
+    from siglip_serve.models.hub_repo import hub_model
+
+    random = settings.uses_random_weights
+    found = hub_model(settings.source, weights=not random)
+    if random:
+        log.warning("RANDOM WEIGHTS: model %s runs with random weights (seed %d); its embeddings mean nothing.",
+                    settings.model, settings.seed)
+        torch.manual_seed(settings.seed)
+    try:
+        return open_clip_module().create_model(f"local-dir:{found.snapshot.directory}", load_weights=not random)
+    except Exception as exc:  # broad on purpose: open_clip raises many kinds on a config or file it cannot use
+        log.debug("open_clip hub model failed", exc_info=True)
+        raise ModelLoadError(f"open_clip cannot build {settings.model} from its files in "
+                             f"{found.snapshot.directory} ({type(exc).__name__}: {exc})") from None
 
 
 def _create_pretrained(settings: ModelSettings) -> nn.Module:
@@ -160,40 +187,55 @@ def load_embedder(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
     """Build the image tower for `settings` in float32 eval mode on the CPU."""
     model = _create(settings)
     # The same source the ingress sizes its images by; Encoder.warmup checks the output width.
-    image_size, embed_dim = model_geometry(settings.model)
-    embedder = ImageEmbedder(model.get_submodule("visual"), SIGLIP_MEAN, SIGLIP_STD).eval()
+    geometry = image_geometry(settings.source)
+    embedder = ImageEmbedder(model.get_submodule("visual"), geometry.mean, geometry.std).eval()
     embedder.requires_grad_(False)
-    info = ModelInfo(settings.model, embed_dim, image_size, settings.weights_source)
+    embed_dim, image_size = geometry.embed_dim, geometry.size
+    info = ModelInfo(settings.model, embed_dim, image_size, settings.weights_source, geometry.resample)
     log.info("loaded %s: embed_dim=%d image_size=%s weights=%s", info.name, embed_dim, image_size, info.weights)
     return embedder, info
 
 
-def model_geometry(model: str) -> tuple[tuple[int, int], int]:
-    """(image size, embedding dim) from open_clip's config, without building the model (open_clip asked only for a
+def image_geometry(source: ModelSource) -> ImageGeometry:
+    """The model's geometry without building it (models/model_info.py `known_geometry`; open_clip asked only for a
     config it registered at run time, with no file)."""
-    found = file_geometry(model)
+    found = known_geometry(source)
     if found is not None:
         return found
-    cfg = open_clip_module().get_model_config(model)
+    cfg = open_clip_module().get_model_config(source.name)
     if cfg is None:
-        raise ModelLoadError(f"unknown model {model!r}; SigLIP models: {', '.join(available_models())}")
+        raise ModelLoadError(f"unknown model {source.name!r}; SigLIP models: {', '.join(available_models())}")
     return config_geometry(cfg)
+
+
+def model_geometry(source: ModelSource) -> tuple[tuple[int, int], int]:
+    """(image size, embedding dim), without building the model."""
+    geometry = image_geometry(source)
+    return geometry.size, geometry.embed_dim
 
 
 def _no_weights_warning(record: logging.LogRecord) -> bool:
     return "No pretrained weights loaded" not in record.getMessage()
 
 
-def parameter_counts(model: str) -> ParameterCounts:
-    """The open_clip model's parameter counts, built on the meta device: nothing allocated or downloaded."""
+def parameter_counts(source: ModelSource) -> ParameterCounts:
+    """The model's parameter counts, built on the meta device: nothing allocated, no weights read (a hub model's
+    configuration is fetched once); a transformers repository's are models/model_towers.py's."""
+    if source.kind == TRANSFORMERS:
+        raise ModelLoadError(f"{source.name} is a transformers repository, not an open_clip model")
     open_clip = open_clip_module()
-    if model not in open_clip.list_models():
-        raise ModelLoadError(f"unknown model {model!r}; SigLIP models: {', '.join(available_models())}")
+    name = source.name
+    if source.kind == OPEN_CLIP_HUB:
+        from siglip_serve.models.hub_repo import hub_model
+
+        name = f"local-dir:{hub_model(source).snapshot.directory}"
+    elif name not in open_clip.list_models():
+        raise ModelLoadError(f"unknown model {name!r}; SigLIP models: {', '.join(available_models())}")
     root = logging.getLogger()  # open_clip warns on the root logger that no weights were loaded
     root.addFilter(_no_weights_warning)
     try:
         with torch.device("meta"):
-            built = open_clip.create_model(model, pretrained=None, device="meta")
+            built = open_clip.create_model(name, pretrained=None, device="meta", load_weights=False)
     finally:
         root.removeFilter(_no_weights_warning)
     return ParameterCounts(image=sum(p.numel() for p in built.get_submodule("visual").parameters()),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from siglip_serve.models.image_only import model_config
+from siglip_serve.models.source import ModelSource
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class ModelInfo:
     embed_dim: int
     image_size: tuple[int, int]
     weights: str
+    # The Pillow filter the ingress resizes with: the model's processor's (a transformers repository may say
+    # bilinear); open_clip's SigLIP configs say bicubic.
+    resample: str = "bicubic"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -29,15 +33,42 @@ class ModelInfo:
 
 
 
-def file_geometry(model: str) -> tuple[tuple[int, int], int] | None:
-    """(image size, embedding dim) from `model`'s open_clip config file (models/image_only.py), so a process that
-    only plans or routes imports neither torch nor open_clip; None where no file is found (models/loading.py
-    `model_geometry` asks open_clip then)."""
-    cfg: dict[str, Any] | None = model_config(model)
+# SigLIP's preprocessing constants. open_clip only reports them when a pretrained tag is given
+# (with pretrained=None it hands back CLIP's), so they are fixed here.
+SIGLIP_MEAN = (0.5, 0.5, 0.5)
+SIGLIP_STD = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class ImageGeometry:
+    """What the model takes and gives: the image size and Pillow filter the ingress resizes with, the normalisation
+    the image tower folds in, and the embedding width."""
+
+    size: tuple[int, int]
+    embed_dim: int
+    resample: str = "bicubic"
+    mean: tuple[float, ...] = SIGLIP_MEAN
+    std: tuple[float, ...] = SIGLIP_STD
+    rescale: float = 1 / 255
+
+
+def known_geometry(source: ModelSource) -> ImageGeometry | None:
+    """The model's geometry without building it or importing torch or open_clip: a hub repository's configuration
+    (its processor's settings; fetched once, models/hub_repo.py), or an open_clip config's file
+    (models/image_only.py); None for an open_clip config with no file (one registered at run time), which only
+    open_clip itself can read (models/loading.py `image_geometry`)."""
+    if source.on_hub:
+        from siglip_serve.models.hub_repo import hub_model
+
+        found = hub_model(source)
+        prep = found.image
+        return ImageGeometry(prep.size, found.embed_dim, prep.resample, prep.mean, prep.std, prep.rescale)
+    cfg: dict[str, Any] | None = model_config(source.name)
     return None if cfg is None else config_geometry(cfg)
 
 
-def config_geometry(cfg: dict[str, Any]) -> tuple[tuple[int, int], int]:
+def config_geometry(cfg: dict[str, Any]) -> ImageGeometry:
+    """An open_clip config's geometry (SigLIP's normalisation and bicubic resize)."""
     size = cfg["vision_cfg"].get("image_size", 224)
     height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-    return (height, width), int(cfg["embed_dim"])
+    return ImageGeometry((height, width), int(cfg["embed_dim"]))

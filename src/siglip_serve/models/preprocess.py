@@ -335,23 +335,26 @@ def _reduce_factors(src: tuple[int, int], dst: tuple[int, int]) -> tuple[int, in
     )
 
 
-def resize_to_array(img: Image.Image, size: tuple[int, int], fast: bool = False) -> np.ndarray:
-    """RGB (or opaque "L") image -> uint8 [3, H, W], bicubic squash resize to size=(H, W); `fast`: on ATen's
-    vectorised kernel, within a level or two of Pillow's pixels (models/fast_resize.py)."""
+def resize_to_array(img: Image.Image, size: tuple[int, int], fast: bool = False,
+                    resample: str = "bicubic") -> np.ndarray:
+    """RGB (or opaque "L") image -> uint8 [3, H, W], squash resize to size=(H, W) with Pillow's `resample` filter
+    (SigLIP's bicubic unless the model's processor names another); `fast` (bicubic only): on ATen's vectorised
+    kernel, within a level or two of Pillow's pixels (models/fast_resize.py)."""
     if img.mode not in ("RGB", "L"):
         raise ValueError(f"resize_to_array expects an RGB or L image, got mode {img.mode!r}")
     height, width = size
     factors = _reduce_factors(img.size, (width, height))
     if factors != (1, 1):
         img = img.reduce(factors)
-    if fast:
+    if fast and resample == "bicubic":
         from siglip_serve.models.fast_resize import resize_uint8
 
         return resize_uint8(img, height, width)
     # Exactly what torchvision's Resize((H, W), BICUBIC) does to a PIL image, so the
     # result matches open_clip's preprocessing bit for bit (before normalisation), for every
-    # image that needs no reduce() first (REDUCE_ABOVE).
-    resized = img.resize((width, height), Image.Resampling.BICUBIC)
+    # image that needs no reduce() first (REDUCE_ABOVE); with another filter, what transformers' PIL
+    # image processor does (Image.resize with no reducing_gap).
+    resized = img.resize((width, height), Image.Resampling[resample.upper()])
     if resized.mode == "L":
         resized = resized.convert("RGB")  # per-band resampling: the same pixels as resizing RGB
     return np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
@@ -370,12 +373,12 @@ DRAFT_MARGIN = 2
 
 
 def preprocess_image(data: bytes, size: tuple[int, int], limits: ImageLimits = ImageLimits(),
-                     fast_jpeg: bool = False) -> np.ndarray:
+                     fast_jpeg: bool = False, resample: str = "bicubic") -> np.ndarray:
     """decode + resize_to_array. `fast_jpeg` allows a reduced-scale JPEG decode (see DRAFT_MARGIN) and resizes on
-    ATen's kernel (models/fast_resize.py)."""
+    ATen's kernel (models/fast_resize.py) where the filter is bicubic."""
     draft = None
     if fast_jpeg:
         # Square and on the longer side: the draft happens before EXIF rotation.
         side = DRAFT_MARGIN * max(size)
         draft = (side, side)
-    return resize_to_array(_decode(data, limits, draft, keep_grey=True), size, fast=fast_jpeg)
+    return resize_to_array(_decode(data, limits, draft, keep_grey=True), size, fast=fast_jpeg, resample=resample)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from siglip_serve.core.backends import BACKENDS, backend_record, load
+from siglip_serve.models.source import ModelSource, model_source
 
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"
@@ -28,9 +29,14 @@ class ModelSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field(DEFAULT_MODEL, description="open_clip SigLIP or SigLIP 2 config; tiny-siglip / tiny-siglip2 "
-                                                  "(random weights) for tests")
-    pretrained: str | None = Field(DEFAULT_PRETRAINED, description="open_clip pretrained tag, downloaded once")
+    model: str = Field(DEFAULT_MODEL, description="open_clip SigLIP or SigLIP 2 config; a Hugging Face transformers "
+                                                  "SigLIP repository id (ORG/NAME); an open_clip hub id "
+                                                  "(hf-hub:ORG/NAME); tiny-siglip / tiny-siglip2 (random weights) "
+                                                  "for tests")
+    pretrained: str | None = Field(DEFAULT_PRETRAINED, description="open_clip pretrained tag, downloaded once "
+                                                                   "(a hub id names its own weights)")
+    revision: str | None = Field(None, description="a hub id's revision to load (a commit hash; default: the "
+                                                   "repository's main branch)")
     checkpoint: Path | None = Field(None, description="state dict saved with torch.save(model.state_dict())")
     random_weights: bool = Field(False, description="seeded random weights: embeddings mean nothing (tests, plumbing)")
     # Random weights are seeded so every replica of a random-weight model gives the same embeddings.
@@ -103,15 +109,23 @@ class ModelSettings(BaseModel):
     def _check_weights(self) -> ModelSettings:
         if self.checkpoint is not None and self.random_weights:
             raise ValueError("choose one weights source: --checkpoint or --random-weights, not both")
+        source = model_source(self.model, self.revision)  # ValueError: a malformed id
         if "naflex" in self.model.lower():
             raise ValueError(f"{self.model}: NaFlex models take a variable number of patches per image (native aspect "
                              "ratio), which the fixed batch buckets compiled for a NeuronCore cannot hold; serve a "
                              "fixed-resolution SigLIP 2 instead, e.g. ViT-SO400M-16-SigLIP2-384")
+        if self.checkpoint is not None and source.on_hub:
+            raise ValueError(f"{self.model} names its weights on the hub; --checkpoint is for open_clip config names")
         if self.checkpoint is not None and self.model in TINY_MODELS:
             raise ValueError(f"{self.model} always runs with random weights; --checkpoint is for real SigLIP models")
         # Whether `checkpoint` and `tokenizer` exist is checked where they are read (serve/plan/model_checks.py,
         # models/text.py): a Serve config is validated on the Ray head too, which need not mount them.
         return self
+
+    @property
+    def source(self) -> ModelSource:
+        """Where the model comes from (models/source.py), decided from `model` and `revision` alone."""
+        return model_source(self.model, self.revision)
 
     @property
     def uses_random_weights(self) -> bool:
@@ -126,13 +140,16 @@ class ModelSettings(BaseModel):
 
     @property
     def weights_source(self) -> str:
-        """A short human/machine label: 'random', 'checkpoint:<path>', 'pretrained:<tag>' or 'none'."""
+        """A short human/machine label: 'random', 'checkpoint:<path>', 'pretrained:<tag>', 'hub:<repo>[@<revision>]'
+        or 'none'."""
         if not backend_record(self.backend).runs_model:
             return f"none ({self.backend}: zero vectors, no model runs)"
         if self.uses_random_weights:
             return f"random(seed={self.seed})"
         if self.checkpoint is not None:
             return f"checkpoint:{self.checkpoint}"
+        if self.source.on_hub:
+            return self.source.label
         return f"pretrained:{self.pretrained}"
 
     @property

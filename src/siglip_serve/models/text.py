@@ -23,6 +23,7 @@ from torch import nn
 from siglip_serve.core.errors import ModelLoadError
 from siglip_serve.models.loading import load_clip, open_clip_module
 from siglip_serve.models.settings import ModelSettings
+from siglip_serve.models.source import OPEN_CLIP_HUB
 from siglip_serve.models.tokenizer_files import missing_directory, tokenizer_dir, unloadable
 from siglip_serve.models.tower import ForwardHook, RunnerFactory, Tower
 
@@ -62,14 +63,22 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
 
     From `settings.tokenizer` (or tiny-siglip's bundled one): a directory with open_clip_config.json
     is read by `open_clip.get_tokenizer("local-dir:...")`, a bare HF tokenizer directory by open_clip's
-    HFTokenizer with the model's tokenizer_kwargs; nothing touches the network. Without a directory,
-    `open_clip.get_tokenizer(model)`, which may fetch from the Hugging Face hub.
+    HFTokenizer with the model's tokenizer_kwargs; nothing touches the network. An open_clip hub model's own
+    snapshot, where it holds the tokenizer files, is such a directory. Otherwise `open_clip.get_tokenizer(model)`,
+    which may fetch from the Hugging Face hub.
     """
     from open_clip.tokenizer import HFTokenizer
 
     open_clip = open_clip_module()
     context = int(text_cfg.get("context_length", 64))
     directory = tokenizer_dir(settings)
+    if directory is None and settings.source.kind == OPEN_CLIP_HUB:
+        from siglip_serve.models.hub_repo import TOKENIZER, hub_model
+
+        found = hub_model(settings.source, tokenizer=True)
+        if TOKENIZER.what in found.files:  # else its config names another repository's (hf_tokenizer_name)
+            tokenizer = open_clip.get_tokenizer(f"local-dir:{found.snapshot.directory}", context_length=context)
+            return tokenizer, f"hub:{found.source.repo}@{found.snapshot.revision}"
     if directory is not None and not directory.is_dir():
         raise missing_directory(directory)
     try:
@@ -84,6 +93,15 @@ def load_tokenizer(settings: ModelSettings, text_cfg: dict[str, Any]) -> tuple[T
         where = str(directory) if directory is not None else f"the Hugging Face hub for {settings.model}"
         raise unloadable(where, exc) from None
     return tokenizer, f"local:{directory}"
+
+
+def open_clip_config(settings: ModelSettings) -> dict[str, Any]:
+    """The open_clip model's config: its registered one, or an open_clip hub model's open_clip_config.json."""
+    if settings.source.kind == OPEN_CLIP_HUB:
+        from siglip_serve.models.hub_repo import hub_model
+
+        return hub_model(settings.source).config
+    return open_clip_module().get_model_config(settings.model) or {}
 
 
 def text_context_length(model: str) -> int:
@@ -114,7 +132,7 @@ def load_text_tower(settings: ModelSettings,
     if not text_loaded:
         raise ModelLoadError(f"checkpoint {settings.checkpoint} has no text-tower weights (or no logit scale/bias); "
                              "serve text from a whole-model state dict, or set text_replicas: 0")
-    cfg = open_clip_module().get_model_config(settings.model) or {}
+    cfg = open_clip_config(settings)
     tokenizer, source = load_tokenizer(settings, cfg.get("text_cfg", {})) if with_tokenizer else (None, "none")
     bias = getattr(model, "logit_bias", None)
     info = TextInfo(

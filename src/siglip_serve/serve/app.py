@@ -14,7 +14,8 @@ from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
-from siglip_serve.models.model_info import ModelInfo, file_geometry
+from siglip_serve.models.model_info import ImageGeometry, ModelInfo, known_geometry
+from siglip_serve.models.source import ModelSource
 from siglip_serve.serve.ingress.endpoints import ROUTES
 from siglip_serve.serve.ingress.http_app import Probe, Route
 from siglip_serve.serve.ingress.ingress_deployment import IngressDeployment
@@ -71,11 +72,11 @@ def _kept_image(model: ModelPlan) -> Application | None:
     return serve.deployment(**kept.deployment.options())(ServedImageReplica).bind(model.run, kept)
 
 
-def loaded_geometry(model: str) -> tuple[tuple[int, int], int]:
+def loaded_geometry(source: ModelSource) -> ImageGeometry:
     """A model with no config file (one open_clip registered at run time) measured by open_clip itself."""
-    from siglip_serve.models.loading import model_geometry
+    from siglip_serve.models.loading import image_geometry
 
-    return model_geometry(model)
+    return image_geometry(source)
 
 
 def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Probe] = (),
@@ -90,8 +91,9 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
-        image_size, embed_dim = file_geometry(model.model) or loaded_geometry(model.model)
-        infos[model.name] = ModelInfo(model.name, embed_dim, image_size, model.front.weights)
+        geometry = known_geometry(model.run.settings.source) or loaded_geometry(model.run.settings.source)
+        infos[model.name] = ModelInfo(model.name, geometry.embed_dim, geometry.size, model.front.weights,
+                                      geometry.resample)
         count = (first_wave or {}).get(model.name)
         if not config.model_apps:
             towers[model.name] = {tower: pinned(bound, pin) for tower, bound in _towers(model, count).items()}

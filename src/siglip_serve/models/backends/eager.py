@@ -1,5 +1,6 @@
 """What the two eager backends (cpu, cuda) share: each tower's model comes from open_clip (the
-checkpoint, pretrained weights or seeded random ones) and is handed to the backend's one Runner."""
+checkpoint, pretrained weights, an open_clip hub repository or seeded random ones) or from a transformers
+repository (models/model_towers.py) and is handed to the backend's one Runner."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from torch import nn
 
 from siglip_serve.core.backends import IMAGE
 from siglip_serve.models.encoder import Encoder
-from siglip_serve.models.loading import load_embedder
+from siglip_serve.models.model_towers import image_model, text_model
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.text import TextEncoder, load_text_tower
+from siglip_serve.models.text import TextEncoder
 from siglip_serve.models.tower import Runner, Tower
 
 # (the tower's model, its buckets, a zero batch of one bucket) -> the backend's runner.
@@ -21,9 +22,9 @@ EagerRunner = Callable[[nn.Module, Sequence[int], Callable[[int], torch.Tensor]]
 
 
 def eager_tower(settings: ModelSettings, tower: str, runner: EagerRunner) -> Tower:
-    """The tower's open_clip model (float32, eval mode, on the CPU) on the runner the backend makes of it."""
+    """The tower's model (float32, eval mode, on the CPU) on the runner the backend makes of it."""
     if tower == IMAGE:
-        embedder, info = load_embedder(settings)
+        embedder, info = image_model(settings)
         return Encoder(info, settings.buckets, partial(runner, embedder))
-    text, tokenizer, model_info = load_text_tower(settings)
+    text, tokenizer, model_info = text_model(settings)
     return TextEncoder(tokenizer, model_info, settings.text_buckets, partial(runner, text))

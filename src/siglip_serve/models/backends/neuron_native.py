@@ -30,7 +30,8 @@ from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.compiled import ArtifactChecks, ArtifactRunner, checked_artifact, manifest_model_info
 from siglip_serve.models.backends.implementation import Implementation
 from siglip_serve.models.encoder import Encoder
-from siglip_serve.models.loading import SIGLIP_MEAN, SIGLIP_STD, ImageEmbedder, open_clip_module
+from siglip_serve.models.loading import ImageEmbedder, open_clip_module
+from siglip_serve.models.model_info import SIGLIP_MEAN, SIGLIP_STD
 from siglip_serve.models.neuron.env import (
     LNC_ENV,
     TorchNeuronRefusal,

@@ -17,7 +17,7 @@ import torch
 from siglip_serve.core.backends import NO_MODEL_BACKEND
 from siglip_serve.models.backends.implementation import Implementation
 from siglip_serve.models.encoder import Encoder
-from siglip_serve.models.loading import ModelInfo, model_geometry
+from siglip_serve.models.loading import ModelInfo, image_geometry
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.tower import Runner, Tower
 
@@ -35,11 +35,12 @@ class ZerosRunner(Runner):
 
 
 def build(settings: ModelSettings, tower: str) -> Tower:
-    image_size, embed_dim = model_geometry(settings.model)
+    geometry = image_geometry(settings.source)
+    image_size, embed_dim = geometry.size, geometry.embed_dim
     log.warning("backend %s: NO MODEL RUNS; every image is answered with a zero vector (host ceiling only)",
                 NO_MODEL_BACKEND)
-    return Encoder(ModelInfo(settings.model, embed_dim, image_size, settings.weights_source), settings.buckets,
-                   lambda buckets, example: ZerosRunner(embed_dim))
+    info = ModelInfo(settings.model, embed_dim, image_size, settings.weights_source, geometry.resample)
+    return Encoder(info, settings.buckets, lambda buckets, example: ZerosRunner(embed_dim))
 
 
 IMPLEMENTATION = Implementation(build=build)

@@ -109,12 +109,31 @@ def digest_weights(settings: ModelSettings, embedder: nn.Module | None = None, d
                              "image-tower state dict tensors (seeded random weights)")
     if settings.checkpoint is not None:
         return WeightsDigest(settings.weights_source, sha256_file(settings.checkpoint), "checkpoint file")
+    if settings.source.on_hub:
+        return hub_weights_digest(settings, download)
     path = pretrained_weights_file(settings, download)
     if path is None:
         return WeightsDigest(settings.weights_source, "unknown",
                              "nothing: the pretrained file is not in the local cache and a dry run downloads "
                              "nothing, so this plan's cache key and artifact path are provisional")
     return WeightsDigest(settings.weights_source, sha256_file(path), f"cached pretrained file {path.name}")
+
+
+def hub_weights_digest(settings: ModelSettings, download: bool = True) -> WeightsDigest:
+    """A hub model's weights file, named with the revision its cached snapshot holds."""
+    from siglip_serve.core.errors import ModelLoadError
+    from siglip_serve.models.hub_repo import OPEN_CLIP_WEIGHTS, TRANSFORMERS_WEIGHTS, hub_model
+
+    try:
+        found = hub_model(settings.source, weights=True, cache_only=not download)
+    except ModelLoadError:
+        if download:
+            raise
+        return WeightsDigest(settings.weights_source, "unknown",
+                             "nothing: the hub model's weights are not in the local cache and a dry run downloads "
+                             "nothing, so this plan's cache key and artifact path are provisional")
+    path = found.files.get(OPEN_CLIP_WEIGHTS.what) or found.files[TRANSFORMERS_WEIGHTS.what]
+    return WeightsDigest(found.label, sha256_file(path), f"cached hub file {path.name}")
 
 
 def cache_key(inputs: dict[str, Any]) -> str:

@@ -116,7 +116,7 @@ def native_key(settings: ModelSettings, options: NativeOptions, image_size: tupl
 def make_native_plan(settings: ModelSettings, options: NativeOptions, cache_root: Path,
                      versions: dict[str, str | None], embedder: ImageEmbedder | None = None,
                      read_weights: bool = True, text: bool = False) -> NativePlan:
-    image_size, _ = model_geometry(settings.model)
+    image_size, _ = model_geometry(settings.source)
     weights = None
     if embedder is not None or (read_weights and not settings.uses_random_weights):
         weights = digest_weights(settings, embedder)

@@ -113,7 +113,7 @@ class CompileResult:
 def make_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path,
               versions: dict[str, str | None], embedder: ImageEmbedder | None = None,
               download: bool = True, text: dict[str, Any] | None = None) -> CompilePlan:
-    image_size, _ = model_geometry(settings.model)
+    image_size, _ = model_geometry(settings.source)
     weights = digest_weights(settings, embedder, download)
     # Text graphs (--text) join the key only when asked for: image-only artifacts keep their keys.
     extra = {"text": text} if text else {}

@@ -36,9 +36,10 @@ DEVICE_JPEG_MODES = ("RGB", "L")
 
 class ImagePrep:
     def __init__(self, front: ModelFront, image_size: tuple[int, int],
-                 observe_seconds: Callable[[float], None]) -> None:
+                 observe_seconds: Callable[[float], None], resample: str = "bicubic") -> None:
         self.front = front
         self.image_size = image_size
+        self.resample = resample  # the model's processor's filter (models/model_info.py)
         self.limits = front.image_limits
         self.decoder = FairDecodeQueue(front.decode_threads, front.decode_memory_budget_bytes)
         self._observe_seconds = observe_seconds  # siglip_preprocess_seconds
@@ -76,7 +77,7 @@ class ImagePrep:
 
     def _prepare(self, raw: bytes) -> np.ndarray:
         began = time.perf_counter()
-        array = preprocess_image(raw, self.image_size, self.limits, self.front.fast_jpeg_decode)
+        array = preprocess_image(raw, self.image_size, self.limits, self.front.fast_jpeg_decode, self.resample)
         self._observe_seconds(time.perf_counter() - began)
         return array
 
@@ -87,8 +88,9 @@ class ImagePrep:
             probed = self.probe(items, labels)
         else:
             probed = await asyncio.to_thread(self.probe, items, labels)
-        if self.front.device_jpeg_decode and all(header.format == "JPEG" and header.mode in DEVICE_JPEG_MODES
-                                                  for _, header in probed):
+        # The device decoder resizes bicubic only: a model whose processor says another filter decodes here.
+        device = self.front.device_jpeg_decode and self.resample == "bicubic"
+        if device and all(header.format == "JPEG" and header.mode in DEVICE_JPEG_MODES for _, header in probed):
             return JpegFiles(tuple(raw for raw, _ in probed))
         turn = object()  # this request's queue in the fair decode queue
         tasks = [asyncio.ensure_future(self.decoder.run(turn, partial(self._prepare, raw), header.decode_bytes))

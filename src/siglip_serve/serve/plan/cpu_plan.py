@@ -19,6 +19,7 @@ from siglip_serve.core.backends import backend_record
 from siglip_serve.core.host import usable_cpus
 from siglip_serve.models import parameter_cache
 from siglip_serve.models.parameter_cache import ParameterCounts
+from siglip_serve.models.source import ModelSource
 from siglip_serve.serve.plan.config import ServiceConfig
 
 log = logging.getLogger("siglip_serve")
@@ -32,16 +33,16 @@ REPLICA_BASE_BYTES = 512 * 1024 * 1024
 MEMORY_SHARE = 0.8
 
 
-def parameter_counts(model: str) -> ParameterCounts:
+def parameter_counts(source: ModelSource) -> ParameterCounts:
     """The model's parameter counts: kept from an earlier count (models/parameter_cache.py), else counted
-    (models/loading.py, which imports torch and open_clip: only where `auto` on cpu needs them) and kept."""
-    found = parameter_cache.cached(model)
+    (models/model_towers.py, which imports torch and open_clip: only where `auto` on cpu needs them) and kept."""
+    found = parameter_cache.cached(source.name)
     if found is not None:
         return found
-    from siglip_serve.models.loading import parameter_counts as counted
+    from siglip_serve.models.model_towers import parameter_counts as counted
 
-    counts = counted(model)
-    parameter_cache.keep(model, counts)
+    counts = counted(source)
+    parameter_cache.keep(source.name, counts)
     return counts
 
 
@@ -59,7 +60,7 @@ def auto_cpu_replicas(config: ServiceConfig, text_replicas: int, cluster_cpus: f
     ingress and the model's `text_replicas` (the planner's count; Ray's CPUs are logical; `siglip-serve run`
     decides first and starts its Ray with enough). It counts this machine: on a multi-node CPU cluster name the
     count."""
-    counts = parameter_counts(config.model)
+    counts = parameter_counts(config.source)
     cores = usable_cpus()
     threads = config.torch_threads or (1 if counts.image <= SPLIT_MAX_IMAGE_PARAMETERS else cores)
     by_cores = max(1, cores // threads)

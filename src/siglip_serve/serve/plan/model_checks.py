@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from siglip_serve.core.backends import backend_record
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.plan.config import ServiceConfig
 from siglip_serve.serve.plan.policy import policy_of
@@ -22,7 +23,13 @@ def preflight_weights(config: ModelSettings) -> None:
     """Fetch pretrained weights once, here, before any replica starts; fail with one clear message.
 
     Not cached and no hub (HF_HUB_OFFLINE, or no connect within seconds): fail at once, before the
-    hub client's minute of retries."""
+    hub client's minute of retries. A hub model's repository files likewise (models/hub_repo.py): its
+    configuration always, its weights where they are read."""
+    if config.source.on_hub and backend_record(config.backend).runs_model:
+        from siglip_serve.models.hub_repo import hub_model
+
+        hub_model(config.source, weights=config.needs_weights)  # ModelLoadError: one line naming what is missing
+        return
     if not config.needs_weights:
         return
     from siglip_serve.models.loading import ModelLoadError, open_clip_module  # torch: after the backend's env
@@ -70,7 +77,8 @@ def preflight_tokenizer(config: ServiceConfig) -> str | None:
     from siglip_serve.models.tokenizer_files import tokenizer_dir
 
     asked = config.text_replicas is not None or config.tokenizer is not None
-    if tokenizer_dir(settings) is None and not offline_requested():
+    # A hub model's tokenizer is a file of its repository, fetched with the same quick checks (models/hub_repo.py).
+    if tokenizer_dir(settings) is None and not settings.source.on_hub and not offline_requested():
         host, port = hub_address({"hf_hub": config.model})
         if not reachable(host, port):
             why = f"no tokenizer: DIR is set and the model hub {host}:{port} is unreachable"
@@ -93,14 +101,13 @@ def check_tokenizer(settings: ModelSettings) -> None:
     torch or open_clip where this machine holds its `tokenizer.json` (models/tokenizer_files.py), else loaded as
     the replicas load it."""
     from siglip_serve.models.image_only import model_config
+    from siglip_serve.models.model_towers import model_tokenizer
     from siglip_serve.models.tokenizer_files import check_fast_tokenizer
 
-    if check_fast_tokenizer(settings, (model_config(settings.model) or {}).get("text_cfg") or {}):
+    if not settings.source.on_hub and check_fast_tokenizer(settings, (model_config(settings.model) or {}).get(
+            "text_cfg") or {}):
         return
-    from siglip_serve.models.loading import open_clip_module  # torch and transformers with it
-    from siglip_serve.models.text import load_tokenizer
-
-    load_tokenizer(settings, (open_clip_module().get_model_config(settings.model) or {}).get("text_cfg", {}))
+    model_tokenizer(settings)  # torch and transformers with it
 
 
 def text_off(config: ServiceConfig, why: str) -> str:

@@ -5,9 +5,9 @@ CPU-bound work (Ray's worker, torch, open_clip, the model's build), so where mor
 host has cores, they share the cores and the first answer waits for all of them. What the first answer
 needs is each model's `min_ready` image replicas (what /readyz counts), its text replicas and the ingress;
 no more replicas than cores start first, never fewer than those, and the rest once they are warm
-(launcher/runner.py runs the application twice, the
-second time with the plan's full counts: Serve adds the replicas, and the ones running keep running, since
-a deployment's version does not hold its count, serve/app.py `pinned`).
+(launcher/runner.py runs the application twice, the second time with the plan's full counts: Serve adds the
+replicas, and the ones running keep running, since a deployment's version does not hold its count, serve/app.py
+`pinned`).
 
 Only where the count is fixed: an autoscaled deployment starts at its own floor, and a replica kept for the
 interactive lane is one the first answer may need.

@@ -22,9 +22,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
-
-from siglip_serve.measure.burst import burst, busy_core, status_of, stop
+from siglip_serve.measure.burst import burst, busy_core, status_of
+from siglip_serve.measure.service_process import stop, wait_ready
 
 MARGIN_S = 1.0
 
@@ -55,16 +54,7 @@ def one_run(src: str, requests: int, deadline_s: float, image: bytes) -> dict[st
                f"request_timeout_s={deadline_s}", "--set", "text_replicas=0"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        began = time.monotonic()
-        while True:
-            if proc.poll() is not None or time.monotonic() - began > 300:
-                raise RuntimeError(f"{src}: the service did not start")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_ready(proc, f"http://127.0.0.1:{port}/readyz", 300)
         request = (f"POST /v1/embeddings/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
                    f"Content-Length: {len(image)}\r\nConnection: close\r\n\r\n").encode() + image
         replies = asyncio.run(burst(port, request, requests))

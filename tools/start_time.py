@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from siglip_serve.measure.burst import busy_core, stop
+from siglip_serve.core.poll import poll
+from siglip_serve.measure.burst import busy_core
+from siglip_serve.measure.service_process import ServiceFailed, stop, wait_ready
 
 BIN = Path(sys.executable).parent
 BARE = """
@@ -79,24 +79,14 @@ def run_start(run_args: list[str], timeout_s: float, src: str | None = None) -> 
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
     reader.start()
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("run exited before ready: " + "".join(lines)[-2000:])
-            if time.monotonic() - began > timeout_s:
-                raise RuntimeError(f"run not ready in {timeout_s} s: " + "".join(lines)[-2000:])
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    seconds = time.monotonic() - began
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
+        try:
+            wait_ready(proc, f"http://127.0.0.1:{port}/readyz", timeout_s, interval_s=0.25)
+        except ServiceFailed as exc:
+            raise ServiceFailed(f"{exc}: " + "".join(lines)[-2000:]) from None
+        seconds = time.monotonic() - began
         # The timeline is printed once every replica is warm, which /readyz's first 200 may precede.
-        deadline = time.monotonic() + timeout_s
-        while not any("until every replica is warm" in line for line in lines):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                break
-            time.sleep(0.25)
+        poll(lambda: any("until every replica is warm" in line for line in lines) or proc.poll() is not None, bool,
+             timeout_s, interval_s=0.25)
     finally:
         stop(proc)
         reader.join(timeout=10)

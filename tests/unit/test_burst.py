@@ -1,14 +1,11 @@
-"""The slow-hour measurements' shared parts (measure/burst.py): a reply's status, a busy core that exists only
-inside its block, and a service stopped as Ctrl-C stops it (the burst itself: tests/integration/test_front_door.py)."""
+"""The slow-hour measurements' shared parts (measure/burst.py): a reply's status and a busy core that exists only
+inside its block (the burst itself: tests/integration/test_front_door.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import psutil
 
-from siglip_serve.measure.burst import busy_core, status_of, stop
+from siglip_serve.measure.burst import busy_core, status_of
 
 
 def _loops() -> set[int]:
@@ -32,14 +29,3 @@ def test_the_busy_core_runs_inside_its_block_only() -> None:
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     with busy_core(on=False):
         assert not _loops() - before
-
-
-def test_stop_interrupts_then_kills_what_ignores_it() -> None:
-    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    stop(polite, timeout_s=30)
-    assert polite.returncode != 0 and polite.returncode is not None
-    deaf = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGINT, "
-                             "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
-    assert deaf.stdout is not None and deaf.stdout.readline() == b"ready\n"
-    stop(deaf, timeout_s=0.5)
-    assert deaf.returncode == -9

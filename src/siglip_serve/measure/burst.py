@@ -54,15 +54,3 @@ def busy_core(on: bool = True) -> Iterator[None]:
     finally:
         loop.kill()
         loop.wait()
-
-
-def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout_s: float = 120) -> None:
-    """SIGINT, as Ctrl-C stops a service, then SIGKILL after `timeout_s`."""
-    import signal
-
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

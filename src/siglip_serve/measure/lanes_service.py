@@ -22,15 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from siglip_serve.core.cli import key_value, run_main
-from siglip_serve.core.errors import UserError
 from siglip_serve.measure.lanes_bench import add_load_arguments, run_windows, streams_of
+from siglip_serve.measure.service_process import stop as stop_service
+from siglip_serve.measure.service_process import wait_ready
 
 # The two tenants of the keys file.
 TENANTS = ("tenant-a", "tenant-b")
-
-
-class ServiceFailed(UserError, RuntimeError):
-    """The service this command started exited, or was not ready in time; the message says which."""
 
 
 def keys_file(path: Path) -> tuple[str, str]:
@@ -55,36 +52,6 @@ def run_command(args: argparse.Namespace, keys: Path, port: int, metrics_port: i
     return command
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> float:
-    """Seconds until GET /readyz answered 200; ServiceFailed if the service exits first or is not ready in time."""
-    import httpx
-
-    from siglip_serve.core.poll import poll
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise ServiceFailed(f"siglip-serve run exited with code {proc.returncode} before it was ready")
-        try:
-            return httpx.get(url, timeout=10).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    _, done, waited = poll(ready, bool, timeout_s, interval_s=0.5)
-    if not done:
-        raise ServiceFailed(f"siglip-serve run was not ready within {timeout_s:.0f} s ({url})")
-    return waited
-
-
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from siglip_serve.launcher.preflight import free_port
 
@@ -102,7 +69,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         record = run_windows(port, args.windows, streams, args.seconds, args.endpoint, min(5.0, args.seconds),
                              echo=lambda line: print(line, flush=True))
     finally:
-        stop(proc)
+        stop_service(proc, 60.0, signal.SIGTERM)
     record |= {"interactive_encoder": args.interactive_encoder, "bulk_clients": args.bulk_clients,
                "large_clients": args.large_clients, "client_processes": args.client_processes,
                "ready_seconds": round(ready_s, 1), "service": command[2:]}

@@ -3,6 +3,8 @@ the second wave adds the rest to the same deployments: same versions, so Serve k
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,18 @@ def test_the_first_wave_is_the_same_deployment_with_fewer_replicas() -> None:
     whole = _image_deployment(build(config, plan, pin=True, say=False))
     assert (first.num_replicas, whole.num_replicas) == (1, 2)
     assert first.version == whole.version and first.init_args == whole.init_args
+
+
+def test_a_second_wave_that_fails_leaves_the_first_serving(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from ray import serve
+
+    from siglip_serve.launcher.runner import second_wave
+
+    def refused(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("Deploying app 'siglip' failed")
+
+    monkeypatch.setattr(serve, "run", refused)
+    config, plan = _plan(replicas=2)
+    assert second_wave(config, plan, {}, threading.Event(), time.monotonic()) is False
+    assert "the other encoder replicas did not start (RuntimeError: Deploying app 'siglip' failed)" in caplog.text

@@ -138,7 +138,7 @@ def second_wave(config: ServiceConfig, plan: ServicePlan, quiet: dict[str, Any],
                 began: float) -> bool:
     """Once the first wave is warm and the service ready: the application run again with the plan's full counts
     (serve/plan/start_order.py), Serve adding the replicas the first wave left out, the others kept. True once every
-    replica is warm; False when `stop` was set first."""
+    replica is warm; False when `stop` was set first, or where they failed (the first wave serves on)."""
     from ray import serve
 
     from siglip_serve.serve.app import build
@@ -146,8 +146,13 @@ def second_wave(config: ServiceConfig, plan: ServicePlan, quiet: dict[str, Any],
     replicas = sum(model.image.replicas for model in plan.models)
     log.info("starting the other encoder replicas (%d in all)", replicas)
     whole = build(config, plan, pin=True, say=False)
-    if not wait_with_progress(lambda: serve.run(whole, name=APP_NAME, route_prefix="/", blocking=False,
-                                                logging_config=quiet), APP_NAME, replicas, stop, began):
+    try:
+        if not wait_with_progress(lambda: serve.run(whole, name=APP_NAME, route_prefix="/", blocking=False,
+                                                    logging_config=quiet), APP_NAME, replicas, stop, began):
+            return False
+    except Exception as exc:  # broad on purpose: whatever Serve raised, the replicas already warm keep serving
+        log.error("the other encoder replicas did not start (%s: %s); the replicas already warm serve on",
+                  type(exc).__name__, exc)
         return False
     log.info("every replica warm at %.1f s: %s", time.monotonic() - began, replica_progress(APP_NAME, replicas))
     return True

@@ -73,3 +73,19 @@ def test_the_cost_part_times_both_configurations_alternating(deterministic_encod
         (c, w) for c in ("configured", "deterministic") for w in ("single", "batch of 8")}
     assert all(len(r["img_per_s"]) == 2 and r["img_per_s_median"] > 0 and r["cpu_ms_per_image_median"] > 0
                for r in rows)
+
+
+def test_the_served_replicas_build_deterministic_towers_from_the_plan() -> None:
+    """What a Serve replica builds (serve/towers/tower_replica.py build_tower) from a config that says
+    deterministic: both towers pad to their largest bucket, on one torch thread."""
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.planner import plan_service
+    from siglip_serve.serve.towers.tower_replica import build_tower
+
+    model = plan_service(ServiceConfig.from_args({"model": "tiny-siglip", "deterministic": True})).model
+    assert model.text is not None
+    # The text tower first: an image replica's build leaves transformers out of a process that has not imported
+    # open_clip yet (models/image_only.py), which the text tower's tokenizer needs.
+    for name in ("text", "image"):
+        tower, _ = build_tower(model.run, model.towers[name], name)
+        assert tower.deterministic and tower.describe()["torch_threads"] == 1, name

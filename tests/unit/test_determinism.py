@@ -56,7 +56,8 @@ def test_every_comparison_is_bit_equal_when_deterministic(tmp_path: Path) -> Non
     compared = {entry["comparison"] for entry in deterministic}
     # Every route the contract promises the same vector on: each bucket, a second replica, the cache, bulk, forms.
     assert {"alone vs batch of 8", "replica A vs replica B", "fresh (alone) vs cache hit", "served (alone) vs bulk",
-            "raw vs multipart", "raw vs base64-json", "raw vs url", "int8: alone vs batch of 8"} <= compared
+            "raw vs multipart", "raw vs base64-json", "raw vs url", "int8: alone vs batch of 8",
+            "text: alone vs batch of 32"} <= compared
     assert all(entry["bit_equal"] and entry["max_abs_diff"] == 0.0 for entry in deterministic)
     assert result["configurations"] == {"deterministic": {"deterministic": True, "torch_threads": 1}}
     assert result["cost"] == []  # timed only when asked

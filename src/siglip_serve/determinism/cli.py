@@ -29,7 +29,7 @@ from siglip_serve.models.settings import ModelSettings
 log = logging.getLogger("siglip_serve.determinism")
 
 CONFIGURED, DETERMINISTIC = "configured", "deterministic"
-PARTS = ("compare", "cost")
+PARTS = ("compare", "text", "cost")
 
 
 def configurations(settings: ModelSettings) -> dict[str, ModelSettings]:
@@ -60,7 +60,7 @@ def run(settings: ModelSettings, skip: Sequence[str] = (), cost_rounds: int = 0,
     if "compare" not in skip:
         for name, config in configs.items():
             log.info("comparisons, %s", name)
-            result["comparisons"][name] = compare_all(config, encoders[name], first.info.name)
+            result["comparisons"][name] = compare_all(config, encoders[name], first.info.name, "text" not in skip)
     if cost_rounds and "cost" not in skip:
         images = pixels(first, list(sample_files().values()))
         alone(first, images[:1])

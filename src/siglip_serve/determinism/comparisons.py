@@ -9,6 +9,7 @@ bulk's decode and embed stages.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import tempfile
 from collections.abc import Mapping
@@ -30,9 +31,15 @@ from siglip_serve.serve.ingress.embedding_cache import EmbeddingCache, cache_key
 if TYPE_CHECKING:
     from siglip_serve.models.encoder import Encoder
 
+log = logging.getLogger("siglip_serve.determinism")
+
 # The service's default (serve/plan/model_entry.py fast_jpeg_decode): the ingress and bulk decode so.
 FAST_JPEG = True
 QUANTISED = ("int8", "uint8", "binary", "ubinary")
+# The text tower's inputs: short captions, and one past a small context length.
+TEXTS = ("a photo of an astronaut", "a cat on a chair", "a cup of coffee", "a rocket at night",
+         "galaxies in deep space", "a stained tissue under a microscope", "a man with a camera",
+         "the moon " * 40)
 
 
 @dataclass(frozen=True)
@@ -78,15 +85,16 @@ def pixels(encoder: Encoder, files: list[bytes]) -> np.ndarray:
                      for data in files])
 
 
-def alone(encoder: Encoder, images: np.ndarray) -> np.ndarray:
-    """Each image in a forward pass of its own: what a request of one gets from an idle replica."""
+def alone(encoder: Any, images: np.ndarray) -> np.ndarray:
+    """Each input (an image, or a text of an object array) in a forward pass of its own: what a request of one gets
+    from an idle replica."""
     use(encoder)
     return np.stack([encoder.encode(images[i:i + 1])[0] for i in range(len(images))])
 
 
-def in_batches(encoder: Encoder, images: np.ndarray, size: int) -> list[tuple[int, int, np.ndarray]]:
-    """(image, position, its vector) for every image at every position of a batch of `size` beside the others:
-    batch r holds images r, r+1, ... (cycling), so over len(images) batches each image visits each position."""
+def in_batches(encoder: Any, images: np.ndarray, size: int) -> list[tuple[int, int, np.ndarray]]:
+    """(input, position, its vector) for every input at every position of a batch of `size` beside the others:
+    batch r holds inputs r, r+1, ... (cycling), so over len(images) batches each input visits each position."""
     use(encoder)
     n = len(images)
     out = []
@@ -97,16 +105,33 @@ def in_batches(encoder: Encoder, images: np.ndarray, size: int) -> list[tuple[in
     return out
 
 
-def bucket_rows(encoder: Encoder, images: np.ndarray, reference: np.ndarray) -> list[Row]:
+def bucket_rows(encoder: Any, images: np.ndarray, reference: np.ndarray, names: tuple[str, ...] = PHOTOS,
+                what: str = "") -> list[Row]:
     rows = []
     for size in encoder.buckets:
         placed = in_batches(encoder, images, size)
         got = np.stack([vector for _, _, vector in placed])
         want = reference[[image for image, _, _ in placed]]
         image, position, worst = max(placed, key=lambda p: float(np.abs(p[2] - reference[p[0]]).max()))
-        where = "" if np.array_equal(worst, reference[image]) else f"; worst: {PHOTOS[image]} at {position}"
-        rows.append(row(f"alone vs batch of {size}", want, got, f"every photo at each of {size} position(s){where}"))
+        where = "" if np.array_equal(worst, reference[image]) else f"; worst: {names[image][:24]!r} at {position}"
+        rows.append(row(f"{what}alone vs batch of {size}", want, got,
+                        f"every {'text' if what else 'photo'} at each of {size} position(s){where}"))
     return rows
+
+
+def text_rows(settings: ModelSettings) -> list[Row]:
+    """The text tower's buckets, as the image tower's: each caption alone against every position of each bucket.
+    None where this model's text tower cannot be built here (no tokenizer at hand): a warning says so."""
+    from siglip_serve.core.errors import UserError
+    from siglip_serve.models.backends.implementation import create_text_encoder
+
+    try:
+        text = create_text_encoder(settings)
+    except (UserError, OSError, ImportError) as exc:
+        log.warning("text tower not compared: %s", exc)
+        return []
+    texts = np.array(TEXTS, dtype=object)
+    return bucket_rows(text, texts, alone(text, texts), TEXTS, "text: ")
 
 
 def _replica_vectors(settings: dict[str, Any], images: np.ndarray) -> np.ndarray:
@@ -198,12 +223,13 @@ def quantised_rows(encoder: Encoder, images: np.ndarray, reference: np.ndarray) 
     return rows
 
 
-def compare_all(settings: ModelSettings, encoder: Encoder, model: str) -> list[dict[str, Any]]:
+def compare_all(settings: ModelSettings, encoder: Encoder, model: str, texts: bool = True) -> list[dict[str, Any]]:
     """Every comparison for one configuration, as JSON-ready rows."""
     files = sample_files()
     images = pixels(encoder, list(files.values()))
     reference = alone(encoder, images)
     rows = [*bucket_rows(encoder, images, reference), replica_row(settings, images, reference),
             cache_row(encoder, list(files.values()), images, reference), bulk_row(encoder, files, reference, model),
-            *form_rows(encoder, files, reference), *quantised_rows(encoder, images, reference)]
+            *form_rows(encoder, files, reference), *quantised_rows(encoder, images, reference),
+            *(text_rows(settings) if texts else [])]
     return [asdict(r) for r in rows]

@@ -29,7 +29,7 @@ from siglip_serve.models.settings import ModelSettings
 log = logging.getLogger("siglip_serve.determinism")
 
 CONFIGURED, DETERMINISTIC = "configured", "deterministic"
-PARTS = ("compare", "text", "cost")
+PARTS = ("compare", "replica", "text", "cost")
 
 
 def configurations(settings: ModelSettings) -> dict[str, ModelSettings]:
@@ -60,7 +60,8 @@ def run(settings: ModelSettings, skip: Sequence[str] = (), cost_rounds: int = 0,
     if "compare" not in skip:
         for name, config in configs.items():
             log.info("comparisons, %s", name)
-            result["comparisons"][name] = compare_all(config, encoders[name], first.info.name, "text" not in skip)
+            result["comparisons"][name] = compare_all(config, encoders[name], first.info.name,
+                                                      "text" not in skip, "replica" not in skip)
     if cost_rounds and "cost" not in skip:
         images = pixels(first, list(sample_files().values()))
         alone(first, images[:1])

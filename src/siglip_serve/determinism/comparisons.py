@@ -223,12 +223,14 @@ def quantised_rows(encoder: Encoder, images: np.ndarray, reference: np.ndarray) 
     return rows
 
 
-def compare_all(settings: ModelSettings, encoder: Encoder, model: str, texts: bool = True) -> list[dict[str, Any]]:
-    """Every comparison for one configuration, as JSON-ready rows."""
+def compare_all(settings: ModelSettings, encoder: Encoder, model: str, texts: bool = True,
+                replica: bool = True) -> list[dict[str, Any]]:
+    """Every comparison for one configuration, as JSON-ready rows; `replica` False leaves out the second process
+    (a device one process holds alone, a NeuronCore, cannot be loaded by another beside it)."""
     files = sample_files()
     images = pixels(encoder, list(files.values()))
     reference = alone(encoder, images)
-    rows = [*bucket_rows(encoder, images, reference), replica_row(settings, images, reference),
+    rows = [*bucket_rows(encoder, images, reference), *([replica_row(settings, images, reference)] if replica else []),
             cache_row(encoder, list(files.values()), images, reference), bulk_row(encoder, files, reference, model),
             *form_rows(encoder, files, reference), *quantised_rows(encoder, images, reference),
             *(text_rows(settings) if texts else [])]

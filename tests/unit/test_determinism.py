@@ -31,6 +31,10 @@ def test_deterministic_runs_one_torch_thread_and_refuses_more() -> None:
     with pytest.raises(ValidationError, match="one torch thread"):
         ModelSettings(model="tiny-siglip", deterministic=True, torch_threads=2)
     assert ModelSettings(model="tiny-siglip").torch_threads is None  # off: the plan's split, as before
+    # Per model: a models: entry that says it sets its own thread too, over the service's.
+    from siglip_serve.serve.plan.model_entry import ModelEntry
+
+    assert ModelEntry(name="exact", deterministic=True).own() == {"deterministic": True, "torch_threads": 1}
 
 
 def test_a_deterministic_tower_runs_every_chunk_at_the_largest_bucket(deterministic_encoder) -> None:

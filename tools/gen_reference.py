@@ -43,6 +43,7 @@ PARSERS: dict[str, tuple[str, str]] = {
     "compile": ("siglip_serve.models.neuron.trace", "build_parser"),
     "compile --backend neuron-native": ("siglip_serve.models.neuron.cli", "build_native_parser"),
     "accuracy": ("siglip_serve.measure.accuracy", "build_parser"),
+    "determinism": ("siglip_serve.determinism.cli", "build_parser"),
     "kernels": ("siglip_serve.kernels.cli", "build_parser"),
     "trn2-check": ("siglip_serve.launcher.trn2_check", "build_parser"),
     "device-check": ("siglip_serve.measure.device_check", "build_parser"),

@@ -46,12 +46,15 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
                            "serve.shared"}),
     # bench's command line reuses `run`'s front-end option.
     "measure": frozenset({"core", "models", "models.backends", "serve", "serve.plan", "launcher"}),
+    # The determinism comparisons run the service's own pieces in one process: the ingress's decoding and cache,
+    # bulk's stages, the towers.
+    "determinism": frozenset({"core", "models", "models.backends", "measure", "bulk"}) | SERVE_ROOMS,
     "loadtest": frozenset({"core", "measure"}),
     # A bulk job's summary is a measure result (BulkResult); its stages are the service's own: URL fetches,
     # the embedding cache, a tower replica's start, the contract's error types.
     "bulk": frozenset({"core", "models", "models.backends", "serve", "measure"}) | SERVE_ROOMS,
     "": frozenset({"core", "models", "models.neuron", "models.backends", "kernels", "serve", "launcher", "measure",
-                   "loadtest", "bulk"}) | SERVE_ROOMS,
+                   "determinism", "loadtest", "bulk"}) | SERVE_ROOMS,
 }
 
 # Modules a package may not import although its row allows their package: a replica reads its own slice of the

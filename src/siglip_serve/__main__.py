@@ -23,6 +23,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compile": ("siglip_serve.models.neuron.cli",
                 "compile the image tower for Trainium2 (--backend neuron | neuron-native)"),
     "accuracy": ("siglip_serve.measure.accuracy", "compare two encoders' embeddings on a folder of images"),
+    "determinism": ("siglip_serve.determinism.cli", "is a vector the same alone, in each batch, on another "
+                                                            "replica, from the cache, bulk and every input form; "
+                                                            "deterministic's cost"),
     "kernels": ("siglip_serve.kernels.cli", "kernel-level benchmarks: matmul tiling, MLP, NKI kernels, profile JSON"),
     "trn2-check": ("siglip_serve.launcher.trn2_check", "first run on a fresh trn2: versions, neuron-ls, compile, "
                                                        "accuracy, serve, bench, report into one folder"),

@@ -26,8 +26,9 @@ from tests.bounds import TIME_SCALE, cluster_start, scaled
 pytestmark = pytest.mark.own_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "served", "host-ceiling", "served-nvjpeg",
-         "served-best-bucket", "lanes", "lanes-interactive-encoder", "served-ingress-1", "verdict", "ratio", "price"]
+STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "determinism", "served", "host-ceiling",
+         "served-nvjpeg", "served-best-bucket", "lanes", "lanes-interactive-encoder", "served-ingress-1", "verdict",
+         "ratio", "price"]
 LANES = {"lanes", "lanes-interactive-encoder"}
 # Steps that are another step's command with other settings: their command lines are tested by the unit tests.
 BY_COMMAND_LINE = ["host-ceiling", "served-nvjpeg", "served-best-bucket", "served-ingress-1"]
@@ -62,6 +63,9 @@ def test_cpu_rehearsal_records_every_step(tmp_path: Path) -> None:
     # On the CPU every cuda test is skipped, and the step says so rather than failing.
     assert steps["pytest-cuda"]["figures"]["skipped"] > 0 and steps["pytest-cuda"]["figures"]["failures"] == 0
     assert set(steps["encoder"]["figures"]["by_bucket"]) == {"1", "2", "4", "8"}  # the model's buckets on cpu
+    # The CPU guarantee (docs/reproducibility.md): every comparison bit-equal with deterministic: true.
+    equal, total = steps["determinism"]["figures"]["deterministic_bit_equal"].split("/")
+    assert steps["determinism"]["status"] == "passed" and equal == total and int(total) > 10
     for name in ("encoder", "served"):
         assert steps[name]["figures"]["images_per_second"] > 0 and steps[name]["figures"]["latency_p99_ms"] > 0
     figures = steps["served"]["figures"]

@@ -46,7 +46,7 @@ def test_without_the_sdk_every_neuron_step_is_skipped_with_its_reason(tmp_path: 
     for line in ("trace", "native"):
         status, reason = got[f"compile-{line}"]
         assert status == "skipped" and f"the {line} line" in reason and "not installed" in reason
-        for step in ("accuracy", "serve", "multicore"):
+        for step in ("accuracy", "determinism", "serve", "multicore"):
             assert got[f"{step}-{line}"] == ("skipped", f"needs compile-{line}, which was skipped")
         assert got[f"report-{line}"] == ("skipped", f"needs multicore-{line}, which was skipped")
     assert summary["ok"] and summary["lines"] == {}
@@ -99,7 +99,8 @@ def test_the_trace_line_end_to_end_through_the_double(tmp_path: Path, monkeypatc
                                 "--timeout-scale", str(TIME_SCALE)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     got = statuses(summary)
-    for step in ("versions", "compile-trace", "accuracy-trace", "serve-trace", "multicore-trace", "report-trace"):
+    for step in ("versions", "compile-trace", "accuracy-trace", "determinism-trace", "serve-trace", "multicore-trace",
+                 "report-trace"):
         assert got[step] == ("passed", None), (step, got[step])
     assert got["compile-native"][0] == "skipped" and summary["lines"] == {"trace": PY}
     accuracy = json.loads((tmp_path / "accuracy-trace.json").read_text())
@@ -211,7 +212,7 @@ def test_neuron_ls_json_is_read_as_a_list_or_an_object_and_never_guessed(tmp_pat
                                                                         cores: int | None, error: str | None) -> None:
     """Issue 35, B9: a trn2.48xlarge has 64 logical cores at LNC=2, not 8 // LNC; no count means --cores."""
     (tmp_path / "neuron-ls.json").write_text(json.dumps(listing))
-    run = Run(tmp_path, [PY], lnc=2)
+    run = Run(tmp_path, [PY], lnc=2, lines={"trace": PY})
     assert trn2_steps.count_cores(run, tmp_path / "stdout") == error and run.cores == cores
     (multicore,) = [s for s in trn2_steps.line_steps("trace", 1.0, 5) if s.name == "multicore-trace"]
     assert multicore.skip_if(run) == (None if cores else "no NeuronCore count (neuron-ls gave none); pass --cores N")
@@ -326,3 +327,23 @@ def test_trn2_check_on_a_real_trn2(tmp_path: Path) -> None:
     for line in summary["lines"]:
         for step in ("compile", "accuracy", "serve", "multicore", "report"):
             assert got[f"{step}-{line}"][0] == "passed", (step, line, got[f"{step}-{line}"])
+
+
+@pytest.mark.timeout(600)  # two subprocesses importing torch
+def test_the_determinism_step_through_the_trace_double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace line's compile and determinism steps, their real commands on the double: every comparison but the
+    replica's (a NeuronCore held by one process) recorded for the compiled buckets, as compiled and deterministic.
+    The double runs on this CPU's threads, so bit-equality here says nothing of a NeuronCore's: hardware tells."""
+    monkeypatch.setenv("PYTHONPATH", f"{DOUBLES}{os.pathsep}{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    run = Run(tmp_path, [PY], lnc=2, lines={"trace": PY})
+    steps = {s.name: s for s in trn2_check.line_steps("trace", TIME_SCALE, 1)}
+    for i, name in enumerate(("compile-trace", "determinism-trace"), start=1):
+        run.results[name] = run_step(steps[name], run, i, 2, echo=lambda _: None)
+        assert run.results[name].status == "passed", (name, run.results[name].reason)
+    result = json.loads((tmp_path / "determinism-trace.json").read_text())
+    assert result["backend"] == "neuron" and result["buckets"] == [1, 2]
+    for rows in result["comparisons"].values():
+        compared = [r["comparison"] for r in rows]
+        assert "alone vs batch of 2" in compared and "raw vs url" in compared and "served (alone) vs bulk" in compared
+        assert "replica A vs replica B" not in compared and not any(c.startswith("text:") for c in compared)

@@ -169,3 +169,15 @@ def test_the_text_replica_gets_its_ray_cpus_in_threads_not_every_core(machine) -
         assert isinstance(replica.tower, TextEncoder) and replica.tower.runner.threads == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_deterministic_model_runs_one_thread_per_replica_and_a_replica_per_core(machine) -> None:
+    machine(cores=8, available_bytes=64 * GiB)
+    large = {"model": "ViT-SO400M-14-SigLIP-384", "random_weights": True}
+    config = ServiceConfig.from_args({**large, "deterministic": True})
+    assert config.torch_threads == 1
+    replicas = plan_service(config).model.image.replicas
+    # Planned as one thread named: a replica per core (the text replica's share aside), not one with every core.
+    assert replicas == plan_service(ServiceConfig.from_args({**large, "torch_threads": 1})).model.image.replicas > 1
+    assert cpu_plan.image_torch_threads(config, replicas) == 1
+    assert cpu_plan.text_torch_threads(config) == 1

@@ -70,8 +70,8 @@ def plan(*argv: str) -> dict[str, Step]:
     return {step.name: step for step in device_check.plan(args)}
 
 
-STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "served", "host-ceiling", "served-nvjpeg",
-         "served-best-bucket", "lanes", "lanes-interactive-encoder", "served-ingress-1"]
+STEPS = ["install", "probe", "pytest-cuda", "encoder", "encoder-graphs", "determinism", "served", "host-ceiling",
+         "served-nvjpeg", "served-best-bucket", "lanes", "lanes-interactive-encoder", "served-ingress-1"]
 
 
 def test_the_plan_in_order_and_what_each_variant_changes(tmp_path: Path) -> None:
@@ -85,6 +85,10 @@ def test_the_plan_in_order_and_what_each_variant_changes(tmp_path: Path) -> None
     assert command["encoder"][command["encoder"].index("--model") + 1] == "ViT-B-16-SigLIP"
     assert "--random-weights" in command["encoder"] and "cuda_graphs=false" in command["encoder"]
     assert "cuda_graphs=true" in command["encoder-graphs"]
+    determinism = command["determinism"]
+    assert determinism[determinism.index("determinism") - 1:determinism.index("determinism") + 1] == [
+        "siglip_serve", "determinism"] and "--random-weights" in determinism
+    assert determinism[determinism.index("--json") + 1] == "determinism.json" and "--buckets" not in determinism
     # The bare encoder runs past the model's buckets (1-8) on a GPU; the served default serves the model's own.
     for name in ("encoder", "encoder-graphs"):
         assert command[name][command[name].index("--buckets") + 1] == "1,8,16,32"
@@ -355,3 +359,15 @@ def test_the_checks_own_code_runs_before_the_projects_dependencies_are_installed
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
     assert int(run.stdout) == len(STEPS)
+
+
+def test_the_determinism_step_rehearsed_on_cpu(tmp_path: Path) -> None:
+    """The step's own command on the cpu backend with tiny-siglip, as the rehearsal runs it: every comparison
+    bit-equal with deterministic: true, and the table's figures read from its JSON."""
+    step = plan("--backend", "cpu", "--model", "tiny-siglip")["determinism"]
+    assert "--random-weights" not in step.command(tmp_path)
+    result = run_step(step, tmp_path, time.monotonic() + 600, frozenset(), {}, echo=lambda line: None)
+    assert result.status == "passed", result.error
+    equal, total = result.figures["deterministic_bit_equal"].split("/")
+    assert equal == total and int(total) > 10 and result.figures["deterministic_max_abs_diff"] == 0.0
+    assert "configured_bit_equal" in result.figures and result.figures["detail"].startswith("configured: ")

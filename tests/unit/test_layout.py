@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import REPO, SRC
 
-PACKAGES = ("core", "models", "serve", "launcher", "loadtest", "measure", "kernels", "bulk")
+PACKAGES = ("core", "models", "serve", "launcher", "loadtest", "measure", "kernels", "bulk", "determinism")
 
 
 def _tool(name: str):

@@ -174,6 +174,16 @@ def line_steps(line: str, timeout_scale: float, iterations: int) -> list[Step]:
                           "--images", "images", "--json", f"accuracy-{line}.json"],
              900 * timeout_scale, needs=(f"compile-{line}",), env_for=accuracy_env(line),
              outputs=(f"accuracy-{line}.json",)),
+        # The compiled buckets are static shapes: whether a photo's vector still depends on its batch, the cache,
+        # bulk or the input form, as compiled and with deterministic: true (docs/reproducibility.md). On core 0 alone:
+        # a second process cannot load a NeuronCore this one holds, so no replica comparison here.
+        Step(f"determinism-{line}", f"determinism: each photo alone against each bucket, the cache, bulk and every "
+                                    f"input form ({line} line, core 0)",
+             lambda run: [py(run), "-m", "siglip_serve", "determinism", "--model", MODEL, "--backend", backend,
+                          "--artifact-dir", run.artifacts[line], "--buckets", "1,2", "--skip", "replica,text",
+                          "--json", f"determinism-{line}.json"],
+             900 * timeout_scale, needs=(f"compile-{line}",), env_for=accuracy_env(line),
+             outputs=(f"determinism-{line}.json",)),
         Step(f"serve-{line}", f"serve it and embed a photo ({line} line)",
              lambda run: [py(run), "-m", "siglip_serve.launcher.trn2_probes", "serve", f"serve-{line}.json",
                           "--backend", backend, "--artifact-dir", run.artifacts[line],

@@ -47,6 +47,7 @@ from typing import Any
 from siglip_serve.measure.device_figures import (
     best_encoder_row,
     derived,
+    determinism_figures,
     encoder_figures,
     lanes_figures,
     priced,
@@ -152,6 +153,11 @@ def plan(args: argparse.Namespace) -> list[Step]:
              lambda out: [*bench, *weights, *timed, "--skip", "preprocess,served", *graphs,
                           "--json", "encoder-graphs.json"], 90 * scale, after=encoder_figures("encoder-graphs.json"),
              skip_if=lambda out: None if record.graphs_setting else f"backend {args.backend} has no CUDA graphs"),
+        # Bit-equality needs no load: the model's own buckets and settings, CUDA graphs on as served
+        # (docs/reproducibility.md).
+        Step("determinism", "determinism: each photo alone against every batch, replica, the cache, bulk, input form",
+             lambda out: [py, "-m", "siglip_serve", "determinism", *model, *weights, "--json", "determinism.json"],
+             240 * scale, after=determinism_figures),
         Step("served", "served, the defaults (the model's buckets, ingress replicas auto, host decode)",
              lambda out: [*served, "--json", "served.json"], 120 * scale, after=served_figures("served.json")),
         Step("host-ceiling", f"host ceiling: the served path with no model ({NO_MODEL_BACKEND})", ceiling,

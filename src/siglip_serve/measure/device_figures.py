@@ -116,6 +116,24 @@ def lanes_figures(name: str) -> After:
     return after
 
 
+def determinism_figures(out: Path) -> dict[str, Any] | str:
+    """`siglip-serve determinism`'s JSON: per configuration, how many comparisons were bit-equal and the largest
+    difference; the comparisons that differ under `deterministic: true` named in the detail."""
+    comparisons = read(out, "determinism.json").get("comparisons") or {}
+    if not comparisons:
+        return "determinism.json holds no comparisons"
+    figures: dict[str, Any] = {}
+    words = []
+    for name, rows in comparisons.items():
+        equal = sum(1 for r in rows if r["bit_equal"])
+        figures[f"{name}_bit_equal"] = f"{equal}/{len(rows)}"
+        figures[f"{name}_max_abs_diff"] = max((r["max_abs_diff"] for r in rows), default=0.0)
+        differing = [r["comparison"] for r in rows if not r["bit_equal"]]
+        words.append(f"{name}: {equal}/{len(rows)} bit-equal, max {figures[f'{name}_max_abs_diff']:.3g}"
+                     + (f" ({', '.join(differing)})" if differing and name == "deterministic" else ""))
+    return {**figures, "detail": "; ".join(words)}
+
+
 def pytest_figures(must_pass: bool) -> After:
     def after(out: Path) -> dict[str, Any] | str:
         import xml.etree.ElementTree as ET

@@ -65,6 +65,25 @@ class ModelSettings(BaseModel):
     # with options of its own declares them in its module and needs no field here.
     backend_options: dict[str, Any] = Field(default_factory=dict, validate_default=True,  # its model's defaults
                                             description="the backend's own options, as its record's model has them")
+    # A row's arithmetic depends on the shape of the batch it rides in and, on cpu, on how many threads split
+    # that batch (docs/reproducibility.md): one shape and one thread make a vector independent of its neighbours.
+    deterministic: bool = Field(False, description="every forward pass at the largest bucket's shape (padded), and "
+                                                   "on cpu one torch thread per tower, so an input's vector never "
+                                                   "depends on what it is batched with (costs throughput)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_thread_when_deterministic(cls, data: Any) -> Any:
+        # Two threads split a batch's rows between them, and a row's last bits depend on which thread ran it.
+        if not isinstance(data, dict) or not data.get("deterministic"):
+            return data
+        threads = data.get("torch_threads")
+        if threads is None:
+            return {**data, "torch_threads": 1}
+        if int(threads) != 1:
+            raise ValueError(f"deterministic: true runs one torch thread per tower (with more, a vector depends on "
+                             f"which thread ran its row); torch_threads {threads} contradicts it: leave it unset or 1")
+        return data
 
     @field_validator("backend")
     @classmethod

@@ -7,6 +7,11 @@ towers; bucketing, padding, warm-up and the forward hook are here, once.
 A batch is split into the largest buckets first; a runner with static shapes (compiled buckets, CUDA
 graphs) gets the last chunk padded up to its bucket and the padding is sliced off again. An eager one
 runs the chunk at its real size: padding a batch of 5 to 8 would cost it 60% more compute for nothing.
+
+A deterministic tower (`deterministic: true`) runs every chunk at the largest bucket's shape, padded, on any
+runner: a row's floating-point result depends on the batch shape its kernels see (their blocking, and on cpu
+how threads split the rows), so one shape makes an input's vector independent of what it rides with
+(docs/reproducibility.md).
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ def pick_bucket(n: int, buckets: Sequence[int]) -> int:
         if bucket >= n:
             return bucket
     raise ValueError(f"batch of {n} inputs exceeds the largest bucket {max(buckets)}")
+
+
+def fixed_chunks(n: int, bucket: int) -> list[tuple[int, int, int]]:
+    """(start, stop, bucket) chunks covering n inputs, every one run at `bucket` (the last padded)."""
+    return [(start, min(start + bucket, n), bucket) for start in range(0, n, bucket)]
 
 
 def split_into_buckets(n: int, buckets: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -88,6 +98,8 @@ class Tower(ABC):
         self.embed_dim = embed_dim
         self.runner = runner(self.buckets, self.example)
         self.static_shapes = self.runner.static_shapes
+        # Every chunk at the largest bucket's shape (models/backends/implementation.py sets it from the settings).
+        self.deterministic = False
         # Forward calls per batch size run (a bucket, or a real size on eager backends).
         self.forward_counts: dict[int, int] = {b: 0 for b in self.buckets}
         self.last_forward_seconds: float = 0.0
@@ -120,9 +132,12 @@ class Tower(ABC):
         caller's metrics) sees each pass."""
         n = int(batch.shape[0])
         out = np.empty((n, self.embed_dim), dtype=np.float32)
-        for start, stop, bucket in split_into_buckets(n, self.buckets):
+        padded = self.static_shapes or self.deterministic
+        chunks = (fixed_chunks(n, self.max_batch_size) if self.deterministic
+                  else split_into_buckets(n, self.buckets))
+        for start, stop, bucket in chunks:
             chunk = batch[start:stop]
-            if not self.static_shapes:
+            if not padded:
                 bucket = stop - start
             elif stop - start < bucket:
                 chunk = torch.cat([chunk, chunk.new_zeros((bucket - (stop - start), *chunk.shape[1:]))])
@@ -155,4 +170,5 @@ class Tower(ABC):
         return seconds
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.backend, "static_shapes": self.static_shapes, **self.runner.describe()}
+        return {"backend": self.backend, "static_shapes": self.static_shapes, "deterministic": self.deterministic,
+                **self.runner.describe()}

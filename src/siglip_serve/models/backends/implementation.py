@@ -64,7 +64,9 @@ def require_tower(name: str, tower: str) -> BackendRecord:
 
 def create_tower(settings: ModelSettings, tower: str) -> Tower:
     require_tower(settings.backend, tower)
-    return implementation(settings.backend).build(settings, tower)
+    built = implementation(settings.backend).build(settings, tower)
+    built.deterministic = settings.deterministic
+    return built
 
 
 def create_encoder(settings: ModelSettings) -> Encoder:

@@ -127,7 +127,7 @@ class Ingress:
         towers = Towers({tower: tower_link(handle, own.front, planned[tower], sharing, retry_after_s)
                          for tower, handle in handles.items() if tower in planned}, look, kept)
         metrics = self.metrics.of(name)
-        images = ImagePrep(own.front, model.image_size, metrics.preprocessed, model.resample)
+        images = ImagePrep(own.front, model.image_size, metrics.preprocessed, model.resample, model.naflex)
         scopes = {tower: cache_scope(own, tower, model.image_size) for tower in ("image", "text")}
         rows = ItemRows(images, self.fetcher, self.cache, scopes)
         return Served(name, own, model, towers, images, Scheduler(own.front, model, metrics, self.door, towers, rows))

@@ -244,3 +244,87 @@ def test_cuda_graphs_are_captured_per_batch_and_budget(cache: HubCache) -> None:
     assert sorted(encoder.runner.graphs) == [(1, 64, values), (1, 256, values), (2, 64, values), (2, 256, values)]
     assert [tuple(e.shape) for e in CaptureRecorder.examples] == sorted(encoder.runner.graphs)
     assert encoder.static_shapes and encoder.describe()["cuda_graphs"] == [1, 2]
+
+
+def test_a_request_may_ask_for_a_served_budget_only_and_each_budget_is_cached_apart() -> None:
+    """`patch_budget` on /v1/embeddings and /v2/embed (the OpenAPI document's bodies are these models): one of the
+    model's served budgets, else 422 in the contract's one error shape; for a model that is not NaFlex, 422; an
+    image's embedding at another budget is another cache entry."""
+    from siglip_serve.models.model_info import ModelInfo
+    from siglip_serve.serve.http.errors import ApiError, ErrorType
+    from siglip_serve.serve.ingress.embedding_cache import budget_scope
+    from siglip_serve.serve.ingress.endpoints.cohere_embed import CohereEmbedRequest
+    from siglip_serve.serve.ingress.endpoints.embeddings import EmbeddingsRequest
+    from siglip_serve.serve.ingress.schedule import check_patch_budget
+
+    layout = NaflexLayout(patch_size=16, position_grid=16, default_budget=256, budgets=(256, 576))
+    naflex = ModelInfo("naflex", 768, (256, 256), "w", "bilinear", layout)
+    fixed = ModelInfo("fixed", 768, (224, 224), "w")
+    assert check_patch_budget(None, naflex) is None and check_patch_budget(576, naflex) == 576
+    for budget, model, said in [(1024, naflex, "patch_budget 1024 is not served by naflex; served: [256, 576]"),
+                                (256, fixed, "patch_budget is for SigLIP 2 NaFlex models; fixed takes one fixed")]:
+        with pytest.raises(ApiError) as refused:
+            check_patch_budget(budget, model)
+        assert (refused.value.status, refused.value.error_type) == (422, ErrorType.INVALID_REQUEST)
+        assert said in refused.value.message
+    assert EmbeddingsRequest.model_validate({"input": "a", "patch_budget": 576}).patch_budget == 576
+    assert CohereEmbedRequest.model_validate({"texts": ["a"], "patch_budget": 576}).patch_budget == 576
+    for request in (EmbeddingsRequest, CohereEmbedRequest):
+        assert "patch_budget" in request.model_json_schema()["properties"]
+    assert budget_scope(b"s", None) == b"s" and len({budget_scope(b"s", 256), budget_scope(b"s", 576), b"s"}) == 3
+
+
+def test_a_request_through_the_ingress_is_embedded_at_the_budget_it_asks(
+        cache: HubCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ingress (serve/ingress/ingress.py, its real parts) serving the NaFlex model, its image tower a stand-in
+    handle that runs the real encoder as a replica does (tests/helpers.py TowerHandle; Serve's routing and the
+    replica's batching are not proven here): a request's images reach the tower packed at the model's budget, or
+    at the one the request asks, and are embedded as the encoder embeds them alone; an unserved budget is 422."""
+    import asyncio
+    import dataclasses
+    import time
+
+    from siglip_serve.serve.http.embed_request import image_item
+    from siglip_serve.serve.http.errors import ApiError
+    from siglip_serve.serve.ingress.ingress import Ingress
+    from siglip_serve.serve.ingress.schedule import Work
+    from siglip_serve.serve.plan.config import ServiceConfig
+    from siglip_serve.serve.plan.planner import plan_service
+    from siglip_serve.serve.shared import registry
+    from siglip_serve.serve.towers.image_deployment import encode_by_shape
+    from tests.helpers import STAND_IN_RECORDS, TowerHandle
+
+    monkeypatch.setattr(registry, "is_draining", lambda app: False)
+    encoder = create_encoder(ModelSettings(model=NAFLEX, buckets=(1, 4), patch_budgets=(256,)))
+    shapes: list[tuple[int, ...]] = []
+
+    class Replica(TowerHandle):
+        async def _embed(self, chunks: list[Any]) -> list[np.ndarray]:
+            shapes.extend(tuple(chunk.shape) for chunk in chunks)
+            return encode_by_shape(encoder.encode, chunks)
+
+    config = ServiceConfig.from_args({"model": "tiny-siglip", "ingress_replicas": 1, "replicas": 1,
+                                      "text_replicas": 0, "embedding_cache_mib": 1})
+    info = dataclasses.replace(encoder.info, name="tiny-siglip")
+    served = Ingress({"tiny-siglip": {"image": Replica()}}, plan_service(config),  # type: ignore[dict-item]
+                     {"tiny-siglip": info}, replica=("test", "ingress-1"),
+                     live_replicas=lambda app: list(STAND_IN_RECORDS[:1]), refusal=lambda app, tower: None)
+    files = images()[:3]
+
+    async def embed(budget: int | None) -> np.ndarray:
+        work = Work("embeddings", [image_item(f, f"input[{i}]") for i, f in enumerate(files)], patch_budget=budget)
+        return (await served.serving(None).scheduler.embed(work, time.monotonic() + 120)).rows
+
+    async def scenario() -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        own, asked, again = await embed(None), await embed(256), await embed(256)
+        with pytest.raises(ApiError, match="patch_budget 128 is not served"):
+            await embed(128)
+        return own, asked, again, (await served.describe())[0]
+
+    own, asked, again, described = asyncio.run(scenario())
+    assert shapes == [(3, 65, 192), (3, 257, 192)]  # the repeat at 256 came from the cache
+    assert described["patch_budgets"] == [64, 256] and again.tobytes() == asked.tobytes()
+    for rows, budget in ((own, 64), (asked, 256)):
+        alone = encoder.encode(np.stack([naflex_image(f, layout=info.naflex, budget=budget) for f in files]))
+        assert cosines(rows, alone).min() >= 0.99999
+    assert cosines(own, asked).max() < 0.99999  # another budget, another embedding

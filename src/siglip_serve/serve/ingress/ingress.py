@@ -246,6 +246,7 @@ class Ingress:
             "default": served.name == self.plan.model.name,
             "embedding_dim": model.embed_dim,
             "image_size": list(model.image_size),
+            "patch_budgets": list(model.naflex.budgets) if model.naflex else None,
             "backend": own.backend,
             "weights": own.front.weights,
             "lnc": int(lnc) if lnc is not None else None,

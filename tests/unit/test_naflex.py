@@ -328,3 +328,69 @@ def test_a_request_through_the_ingress_is_embedded_at_the_budget_it_asks(
         alone = encoder.encode(np.stack([naflex_image(f, layout=info.naflex, budget=budget) for f in files]))
         assert cosines(rows, alone).min() >= 0.99999
     assert cosines(own, asked).max() < 0.99999  # another budget, another embedding
+
+
+def test_the_neuron_compile_plan_traces_one_graph_per_batch_and_budget(
+        cache: HubCache, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`siglip-serve compile` of a NaFlex model against the trace double (tests/doubles/torch_neuronx: it runs
+    torch.jit.trace on the CPU; no neuronx-cc, NEFF or NeuronCore): one trace per (batch, budget) bucket, of the
+    packed input's static shape, and none per image shape: images of every shape run through their budget's one
+    traced graph, equal to the eager encoder. The Neuron backends still serve open_clip artifacts only."""
+    from siglip_serve.models.neuron.manifest import read_manifest
+    from siglip_serve.models.neuron.trace import CompileOptions, compile_artifact, main
+    from tests.helpers import neuronx_double, torch_neuronx_from
+
+    with torch_neuronx_from(None):  # the dry run: the plan, without the SDK
+        assert main(["--model", NAFLEX, "--random-weights", "--buckets", "1,4", "--patch-budgets", "256",
+                     "--cache-root", str(tmp_path), "--dry-run", "--log-level", "ERROR"]) == 0
+    planned = json.loads(capsys.readouterr().out)["buckets"]
+    assert [(entry["batch"], entry["patch_budget"], entry["input_dtype"]) for entry in planned] == [
+        (1, 64, "float32"), (1, 256, "float32"), (4, 64, "float32"), (4, 256, "float32")]
+    settings = ModelSettings(model=NAFLEX, buckets=(1, 4), patch_budgets=(256,), torch_threads=1)
+    with neuronx_double() as double:
+        result = compile_artifact(settings, CompileOptions(lnc=2), tmp_path)
+        calls = list(double.CALLS)
+    width = 8 * 8 * 3 + 1 + 32
+    assert [(call["input_shape"], call["input_dtype"]) for call in calls] == [
+        ([1, 64, width], "torch.float32"), ([1, 256, width], "torch.float32"),
+        ([4, 64, width], "torch.float32"), ([4, 256, width], "torch.float32")]
+    manifest = read_manifest(result.artifact_dir)
+    assert manifest.files == {"1x64": "bucket-1-patches-64.pt", "1x256": "bucket-1-patches-256.pt",
+                              "4x64": "bucket-4-patches-64.pt", "4x256": "bucket-4-patches-256.pt"}
+    encoder = create_encoder(settings)
+    from siglip_serve.models.naflex_vision import NaflexEncoder
+
+    assert isinstance(encoder, NaflexEncoder)
+    layout = encoder.layout
+    files = images()[-4:]  # wide, tall, 1x1, 16x4096: four grids
+    for budget in layout.budgets:
+        graph = torch.jit.load(str(result.artifact_dir / f"bucket-4-patches-{budget}.pt"))
+        batch = np.stack([naflex_image(f, layout, budget) for f in files])
+        assert len({tuple(grid) for grid in grids(batch).tolist()}) == 4
+        with torch.inference_mode():
+            traced = graph(encoder.packed(batch)).numpy()
+        assert cosines(traced, encoder.encode(batch)).min() >= 0.99999
+
+
+def test_bulk_decodes_as_the_ingress_packs_and_names_its_preprocessing(cache: HubCache, tmp_path: Path) -> None:
+    """Bulk's decode stage (bulk/stages.py, run here without Ray Data) packs each image at the model's own budget
+    as the ingress does, and bulk's rows name that preprocessing, so a change of budget re-embeds."""
+    from siglip_serve.bulk import stages
+    from siglip_serve.bulk.job import preprocessing_id
+    from siglip_serve.models.preprocess import ImageLimits
+    from siglip_serve.serve.plan.config import ServiceConfig
+
+    encoder = create_encoder(ModelSettings(model=NAFLEX, buckets=(1,)))
+    layout = encoder.info.naflex
+    assert layout is not None
+    files = images()[-4:]
+    paths = []
+    for i, data in enumerate(files):
+        (tmp_path / f"{i}.png").write_bytes(data)
+        paths.append(str(tmp_path / f"{i}.png"))
+    block = {"shard": np.zeros(len(paths), int), "pos": np.arange(len(paths)), "item": np.array(paths, dtype=object)}
+    out = stages.decode_batch(block, size=encoder.image_size, limits=ImageLimits(), fast_jpeg=True, model=NAFLEX,
+                              resample="bilinear", naflex=layout)
+    assert list(out["error_type"]) == [""] * len(paths)
+    assert np.array_equal(out["pixels"], np.stack([naflex_image(f, layout, 64) for f in files]))
+    assert preprocessing_id(ServiceConfig(model=NAFLEX), "image") == "naflex-bilinear-uint8-v1-patches64"

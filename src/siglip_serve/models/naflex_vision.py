@@ -14,6 +14,7 @@ the position embeddings), so every backend's runner, which takes one tensor per 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, cast
@@ -102,6 +103,32 @@ class PositionCache:
         return resized
 
 
+def packed_input(array: np.ndarray, layout: NaflexLayout, positions: PositionCache) -> torch.Tensor:
+    """float32 [B, budget, values + 1 + D] of packed arrays uint8 [B, budget + 1, values]: the patches' values, 1
+    where a patch is the image's, and its grid's position embeddings; zero past each image's grid."""
+    budget = array.shape[1] - 1
+    width = positions.table.shape[-1]
+    out = torch.zeros((array.shape[0], budget, layout.patch_values + 1 + width), dtype=torch.float32)
+    out[..., : layout.patch_values] = torch.from_numpy(array[:, :budget])
+    for row, (rows, columns) in enumerate(grids(array).tolist()):
+        if rows < 1 or columns < 1 or rows * columns > budget:
+            raise EncoderInputError(f"image {row} of the batch has a grid of {rows}x{columns} patches, not one of 1 "
+                                    f"to {budget}")
+        count = rows * columns
+        out[row, :count, layout.patch_values] = 1.0
+        out[row, :count, layout.patch_values + 1:] = positions(rows, columns)
+    return out
+
+
+def blank_batch(layout: NaflexLayout, positions: PositionCache, bucket: int, budget: int) -> torch.Tensor:
+    """The graph's input for `bucket` blank images of `budget`, each on the largest square grid the budget holds:
+    a bucket's example (warm-up, graph capture, a compile's trace)."""
+    side = max(1, math.isqrt(budget))
+    image = np.zeros((layout.channels, side * layout.patch_size, side * layout.patch_size), dtype=np.uint8)
+    one = pack_patches(image, layout, budget)
+    return packed_input(np.repeat(one[None], bucket, axis=0), layout, positions)
+
+
 class NaflexEncoder(Encoder):
     """The image tower of a NaFlex model: packed uint8 arrays [B, budget + 1, values] of one served budget in
     (models/naflex.py), float32 [B, D], L2-normalised, out. Buckets are (batch, budget): a batch holds one
@@ -117,28 +144,11 @@ class NaflexEncoder(Encoder):
 
     def packed(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
         """The graph's one input for a batch of packed arrays: patch values, mask and position embeddings."""
-        array = np.asarray(images)
-        budget = array.shape[1] - 1
-        width = self.positions.table.shape[-1]
-        out = torch.zeros((array.shape[0], budget, self.layout.patch_values + 1 + width), dtype=torch.float32)
-        out[..., : self.layout.patch_values] = torch.from_numpy(array[:, :budget])
-        for row, (rows, columns) in enumerate(grids(array).tolist()):
-            if rows < 1 or columns < 1 or rows * columns > budget:
-                raise EncoderInputError(f"image {row} of the batch has a grid of {rows}x{columns} patches, not one "
-                                        f"of 1 to {budget}")
-            count = rows * columns
-            out[row, :count, self.layout.patch_values] = 1.0
-            out[row, :count, self.layout.patch_values + 1:] = self.positions(rows, columns)
-        return out
+        return packed_input(np.asarray(images), self.layout, self.positions)
 
     def example(self, bucket: int, budget: int | None = None) -> torch.Tensor:
-        """A batch of `bucket` blank images of `budget` (default: the model's), each on the largest square grid
-        the budget holds, as the graph's input."""
-        budget = budget or self.layout.default_budget
-        side = max(1, int(budget ** 0.5))
-        image = np.zeros((3, side * self.layout.patch_size, side * self.layout.patch_size), dtype=np.uint8)
-        one = pack_patches(image, self.layout, budget)
-        return self.packed(np.repeat(one[None], bucket, axis=0))
+        """A batch of `bucket` blank images of `budget` (default: the model's) as the graph's input."""
+        return blank_batch(self.layout, self.positions, bucket, budget or self.layout.default_budget)
 
     def examples(self, bucket: int) -> list[torch.Tensor]:
         """A blank batch of `bucket` per served budget: every shape the bucket takes (warm-up, graph capture)."""

@@ -261,6 +261,7 @@ def test_a_request_may_ask_for_a_served_budget_only_and_each_budget_is_cached_ap
     naflex = ModelInfo("naflex", 768, (256, 256), "w", "bilinear", layout)
     fixed = ModelInfo("fixed", 768, (224, 224), "w")
     assert check_patch_budget(None, naflex) is None and check_patch_budget(576, naflex) == 576
+    assert check_patch_budget(256, naflex) is None  # the model's own, cached as one whether asked for or not
     for budget, model, said in [(1024, naflex, "patch_budget 1024 is not served by naflex; served: [256, 576]"),
                                 (256, fixed, "patch_budget is for SigLIP 2 NaFlex models; fixed takes one fixed")]:
         with pytest.raises(ApiError) as refused:

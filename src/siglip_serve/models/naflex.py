@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from siglip_serve.core.errors import ModelLoadError
+
 # Bytes of the grid row: rows, then columns, each a little-endian uint16 (a grid side is at most a budget).
 _GRID_BYTES = 4
 MAX_BUDGET = 65535
@@ -99,12 +101,12 @@ def grids(batch: np.ndarray) -> np.ndarray:
 
 
 def served_layout(layout: NaflexLayout | None, budgets: tuple[int, ...], model: str) -> NaflexLayout | None:
-    """The layout a model is served with: its own budget and the configured `patch_budgets`; ValueError (one line)
-    where budgets are configured for a model that is not NaFlex."""
+    """The layout a model is served with: its own budget and the configured `patch_budgets`; ModelLoadError (one
+    line) where budgets are configured for a model that is not NaFlex (a repository's kind is known once read)."""
     if layout is None:
         if budgets:
-            raise ValueError(f"patch_budgets {list(budgets)} are for SigLIP 2 NaFlex models; {model} takes one fixed "
-                             "image size")
+            raise ModelLoadError(f"patch_budgets {list(budgets)} are for SigLIP 2 NaFlex models; {model} takes one "
+                                 "fixed image size")
         return None
     return layout.with_budgets(budgets)
 

@@ -107,8 +107,9 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], front: ModelFront, 
 
 
 def check_patch_budget(budget: int | None, model: ModelInfo) -> int | None:
-    """The patch budget a request's images are resized to (None: the model's own), or 422 where the model is not
-    NaFlex or does not serve it: a budget is a bucket, never made for one request."""
+    """The patch budget a request's images are resized to (None: the model's own, asked for or not, so that its
+    embeddings are cached as one), or 422 where the model is not NaFlex or does not serve it: a budget is a
+    bucket, never made for one request."""
     if budget is None:
         return None
     if model.naflex is None:
@@ -117,7 +118,7 @@ def check_patch_budget(budget: int | None, model: ModelInfo) -> int | None:
     if budget not in model.naflex.budgets:
         raise ApiError(422, ErrorType.INVALID_REQUEST, f"patch_budget {budget} is not served by {model.name}; "
                                                        f"served: {list(model.naflex.budgets)} (patch_budgets)")
-    return budget
+    return None if budget == model.naflex.default_budget else budget
 
 
 @dataclass

@@ -155,6 +155,8 @@ def test_a_naflex_repositorys_text_tower_is_transformers(cache: HubCache) -> Non
         inputs = tokenizer(TEXTS, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
         expected = torch.nn.functional.normalize(model.get_text_features(**inputs).pooler_output, dim=-1)
     assert cosines(text.encode(TEXTS), expected.numpy()).min() >= 0.9999
+    lowered, cased = text.encode(["a photo of a dog", "A Photo of a DOG"])  # lowercased, as SigLIP 2 was trained
+    assert lowered.tobytes() == cased.tobytes()
     assert text.info.logit_scale == pytest.approx(float(model.logit_scale.detach().exp()))
     assert text.info.logit_bias == pytest.approx(float(model.logit_bias.detach()))
 

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from siglip_serve.core.sample_photos import photo_array
+from siglip_serve.measure.naflex_figure import BASE_NAFLEX_CONFIG, BASE_NAFLEX_PROCESSOR, mixed_aspect_set
 from siglip_serve.models.backends.implementation import create_encoder, create_text_encoder
 from siglip_serve.models.naflex import NaflexLayout, grids, pack_patches, size_for_budget
 from siglip_serve.models.naflex_prep import naflex_image
@@ -32,20 +33,6 @@ BASE = "org/siglip2-base-patch16-naflex"  # google/siglip2-base-patch16-naflex's
 BUDGETS = (64, 256)
 TEXTS = ["a photo of a cat", "A Photo of a DOG", "rocket", ""]
 
-# google/siglip2-base-patch16-naflex's config.json and preprocessor_config.json, written out from transformers'
-# Siglip2 config defaults (which are that checkpoint's, its docstrings say) and the processor's; the text tower is
-# cut to one layer and a small vocabulary to keep the test's random model small (the image tower is the base one).
-BASE_CONFIG = {"model_type": "siglip2",
-               "text_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 1,
-                               "num_attention_heads": 12, "max_position_embeddings": 64, "vocab_size": 64,
-                               "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2},
-               "vision_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                                 "num_attention_heads": 12, "num_channels": 3, "patch_size": 16, "num_patches": 256}}
-BASE_PROCESSOR = {"image_processor_type": "Siglip2ImageProcessor", "do_resize": True, "do_rescale": True,
-                  "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "max_num_patches": 256,
-                  "patch_size": 16, "resample": 2, "rescale_factor": 1 / 255}
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hub")
@@ -53,8 +40,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cache.add(NAFLEX, naflex_repo(root / "naflex"))
     base = root / "base"
     base.mkdir()
-    (base / "config.json").write_text(json.dumps(BASE_CONFIG))
-    (base / "preprocessor_config.json").write_text(json.dumps(BASE_PROCESSOR))
+    # google/siglip2-base-patch16-naflex's configuration, written by hand (the figure's: measure/naflex_figure.py).
+    (base / "config.json").write_text(json.dumps(BASE_NAFLEX_CONFIG))
+    (base / "preprocessor_config.json").write_text(json.dumps(BASE_NAFLEX_PROCESSOR))
     cache.add(BASE, base)
     return {"cache": cache}
 
@@ -397,3 +385,11 @@ def test_bulk_decodes_as_the_ingress_packs_and_names_its_preprocessing(cache: Hu
     assert list(out["error_type"]) == [""] * len(paths)
     assert np.array_equal(out["pixels"], np.stack([naflex_image(f, layout, 64) for f in files]))
     assert preprocessing_id(ServiceConfig(model=NAFLEX), "image") == "naflex-bilinear-uint8-v1-patches64"
+
+
+def test_the_figures_set_is_of_mixed_aspect_ratios() -> None:
+    """measure/naflex_figure.py's set: each sample photo, and a 4:1 and a 1:4 crop of it."""
+    sizes = [Image.open(io.BytesIO(data)).size for data in mixed_aspect_set()]
+    assert len(sizes) % 3 == 0 and len(sizes) >= 3
+    for photo, wide, tall in zip(sizes[::3], sizes[1::3], sizes[2::3], strict=True):
+        assert wide == (photo[0], photo[0] // 4) and tall == (photo[1] // 4, photo[1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,42 @@ def open_clip_repo(directory: Path, repo: str, seed: int = 0) -> Path:
     model = open_clip_module().create_model(f"local-dir:{directory}", load_weights=False)
     weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     save_file(weights, str(directory / "open_clip_model.safetensors"))
+    return directory
+
+
+# Gemma's special tokens at their ids, then the word separator, lowercase letters and digits.
+NAFLEX_VOCAB = {name: i for i, name in enumerate(["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "\u2581",
+                                                  *string.ascii_lowercase, *string.digits])}
+
+
+def tiny_naflex_config() -> Any:
+    """A Siglip2Config (SigLIP 2 NaFlex, model_type 'siglip2') of the smallest towers: 8-pixel patches, an 8x8
+    learned position grid."""
+    from transformers import Siglip2Config
+
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                vocab_size=len(NAFLEX_VOCAB), max_position_embeddings=CONTEXT, pad_token_id=0, eos_token_id=1,
+                bos_token_id=2)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=8,
+                  num_patches=64)
+    return Siglip2Config(text_config=text, vision_config=vision)
+
+
+def naflex_repo(directory: Path, seed: int = 0, max_num_patches: int = 64) -> Path:
+    """A SigLIP 2 NaFlex repository's files as Google's are laid out: random weights (seeded), Siglip2ImageProcessor's
+    config (8-pixel patches, the budget `max_num_patches`, bilinear) and a Siglip2Tokenizer (Gemma's special tokens,
+    lowercasing) whose vocabulary is single characters: every text tokenizes to real ids."""
+    import torch
+    from transformers import Siglip2ImageProcessor, Siglip2Model, Siglip2Tokenizer
+
+    torch.manual_seed(seed)
+    model = Siglip2Model(tiny_naflex_config())
+    with torch.no_grad():
+        model.logit_scale.fill_(2.0)
+        model.logit_bias.fill_(-3.0)
+    model.save_pretrained(directory)
+    Siglip2Tokenizer(vocab=dict(NAFLEX_VOCAB), merges=[]).save_pretrained(directory)
+    Siglip2ImageProcessor(patch_size=8, max_num_patches=max_num_patches).save_pretrained(directory)
     return directory
 
 

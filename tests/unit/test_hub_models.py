@@ -189,6 +189,9 @@ def test_an_unknown_id_a_repository_not_a_siglip_and_a_missing_file_each_say_so_
     cache.add("org/no-weights", no_weights)
     message = one_line_refusal(ModelSettings(model="org/no-weights"))
     assert "model weights (model.safetensors or pytorch_model.bin) of org/no-weights" in message
+    # Patch budgets are a NaFlex model's: a fixed-resolution repository is known as one once its config is read.
+    message = one_line_refusal(ModelSettings(model=SIGLIP, patch_budgets=(256,)))
+    assert "patch_budgets [256] are for SigLIP 2 NaFlex models" in message
     # The start's check says the same before any replica starts.
     with pytest.raises(ModelLoadError, match="model.safetensors or pytorch_model.bin"):
         preflight_weights(ModelSettings(model="org/no-weights"))

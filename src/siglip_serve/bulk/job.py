@@ -30,6 +30,7 @@ from siglip_serve.core.backends import backend_record
 from siglip_serve.core.errors import UserError
 from siglip_serve.measure.load_results import BulkResult, SteadyState
 from siglip_serve.measure.results import Machine
+from siglip_serve.models.naflex import served_layout
 from siglip_serve.models.preprocess import FAST_PREPROCESS, PREPROCESS_VERSION
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.plan import placement
@@ -87,7 +88,10 @@ def preprocessing_id(config: ServiceConfig, modality: Modality) -> str:
     if config.source.on_hub:  # its processor's filter, which may be another
         from siglip_serve.models.hub_repo import hub_model
 
-        resample = hub_model(config.source).image.resample
+        image = hub_model(config.source).image
+        resample = image.resample
+        if image.naflex is not None:  # each image at its own aspect ratio, packed at the model's own budget
+            return f"naflex-{resample}-uint8-v1-patches{image.naflex.default_budget}"
     version = PREPROCESS_VERSION if resample == "bicubic" else PREPROCESS_VERSION.replace("bicubic", resample)
     return f"{version}{FAST_PREPROCESS if config.fast_jpeg_decode else ''}"
 
@@ -231,17 +235,19 @@ def _pipeline(config: ServiceConfig, spec: JobSpec, plan: Plan, pending: list[Sh
     if spec.modality == "image":
         geometry = image_geometry(config.source)
         size, embed_dim = geometry.size, geometry.embed_dim
+        naflex = served_layout(geometry.naflex, settings.patch_budgets, config.model)
+        row_bytes = int(np.prod(naflex.array_shape(naflex.default_budget))) if naflex else 3 * size[0] * size[1]
         record = start_record(spec.repeat_cache_mib)
         # A decode task reserves its peak: the largest image the limits let through, decoded, plus the
         # block's output. That also keeps it a stage of its own: Ray Data fuses a map into the next one
         # when their remote args are equal (ray/data/_internal/logical/rules/operator_fusion.py,
         # are_remote_args_compatible), which would decode inside the encoder actors, one image at a time.
-        peak = config.max_image_pixels * 8 + ROWS_PER_BLOCK * 3 * size[0] * size[1]
+        peak = config.max_image_pixels * 8 + ROWS_PER_BLOCK * row_bytes
         ds = ds.map_batches(decode_batch, batch_format="numpy", batch_size=ROWS_PER_BLOCK, num_cpus=1, memory=peak,
                             compute=ray.data.TaskPoolStrategy(size=plan.decode_workers),
                             fn_kwargs={"size": size, "limits": image_limits(config),
                                        "fast_jpeg": config.fast_jpeg_decode, "urls": config.url_fetch,
-                                       "resample": geometry.resample,
+                                       "resample": geometry.resample, "naflex": naflex,
                                        "record": record, "embed_dim": embed_dim, "model": model})
         actor: type[ImageEmbedActor | TextEmbedActor] = ImageEmbedActor
         buckets = settings.buckets

@@ -28,6 +28,7 @@ from siglip_serve.bulk.repeats import Record, digest
 from siglip_serve.core.errors import Rejected, UserError
 from siglip_serve.core.texts import TextRejected, check_text
 from siglip_serve.models.image_errors import ImageRejected
+from siglip_serve.models.naflex import NaflexLayout
 from siglip_serve.models.preprocess import ImageLimits, preprocess_image
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.serve.http.url_errors import UrlRejected
@@ -107,15 +108,27 @@ def _read_all(locations: list[str], limits: ImageLimits,
     return data, error_types, messages
 
 
+def _prepare(data: bytes, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool, resample: str,
+             naflex: NaflexLayout | None) -> np.ndarray:
+    """One image's pixels as the ingress prepares them (serve/ingress/image_prep.py)."""
+    if naflex is None:
+        return preprocess_image(data, size, limits, fast_jpeg, resample)
+    from siglip_serve.models.naflex_prep import naflex_image
+
+    return naflex_image(data, naflex, naflex.default_budget, limits, resample)
+
+
 def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fast_jpeg: bool, model: str,
                  urls: FetchSettings = NO_URLS, record: Record | None = None, embed_dim: int = 0,
-                 resample: str = "bicubic") -> Batch:
-    """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] or an error, the `digest`
-    of their bytes, and with `record` (the run's, of `embed_dim`-wide vectors) `cached` rows that carry
-    their `embedding` instead of pixels; counted under `model`."""
+                 resample: str = "bicubic", naflex: NaflexLayout | None = None) -> Batch:
+    """Rows of (shard, pos, item) -> the same rows with uint8 `pixels` [3, H, W] (a NaFlex model's: its packed
+    patches at its own budget, as the ingress packs them) or an error, the `digest` of their bytes, and with
+    `record` (the run's, of `embed_dim`-wide vectors) `cached` rows that carry their `embedding` instead of pixels;
+    counted under `model`."""
     metrics = bulk_metrics(model)
     n = len(batch["item"])
-    pixels = np.zeros((n, 3, *size), dtype=np.uint8)
+    shape = naflex.array_shape(naflex.default_budget) if naflex is not None else (3, *size)
+    pixels = np.zeros((n, *shape), dtype=np.uint8)
     data, error_types, messages = _read_all([str(item) for item in batch["item"]], limits, urls)
     digests = [digest(d) if d is not None else "" for d in data]
     cached = np.zeros(n, dtype=bool)
@@ -137,7 +150,7 @@ def decode_batch(batch: Batch, *, size: tuple[int, int], limits: ImageLimits, fa
         decoded[digests[i]] = i
         began = time.perf_counter()
         try:
-            pixels[i] = preprocess_image(data[i], size, limits, fast_jpeg, resample)  # type: ignore[arg-type]
+            pixels[i] = _prepare(data[i], size, limits, fast_jpeg, resample, naflex)  # type: ignore[arg-type]
             metrics.decoded(time.perf_counter() - began)
         except ImageRejected as exc:
             error_types[i], messages[i] = _error_type(exc), exc.message

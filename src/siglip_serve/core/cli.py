@@ -60,7 +60,8 @@ def _argument(info: FieldInfo) -> dict[str, Any]:
 def _help(info: FieldInfo) -> str:
     text = info.description or ""
     default = info.default
-    if not any(default is unset for unset in (None, False, PydanticUndefined)):  # `is`: 0 == False
+    # `is`: 0 == False; an empty tuple (none configured) says nothing either.
+    if not any(default is unset for unset in (None, False, PydanticUndefined)) and default != ():
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
         text = f"{text} (default {shown})" if text else f"default {shown}"
     return text

@@ -14,7 +14,7 @@ from siglip_serve.core.errors import describe_validation
 from siglip_serve.models.settings import ModelSettings
 
 # The model flags of every command that builds an encoder; BACKEND_OPTIONS where it picks the backend.
-MODEL_OPTIONS = ("model", "revision", "pretrained", "checkpoint", "random_weights", "seed", "buckets")
+MODEL_OPTIONS = ("model", "revision", "pretrained", "checkpoint", "random_weights", "seed", "buckets", "patch_budgets")
 BACKEND_OPTIONS = ("backend", "artifact_dir", "torch_threads", "cuda_dtype")
 # One source of weights: argparse refuses two at once (the settings' validator would too, later).
 WEIGHT_SOURCES = frozenset({"pretrained", "checkpoint", "random_weights"})

@@ -1,5 +1,5 @@
-"""A transformers SigLIP repository's two towers: transformers' `SiglipModel` as its `get_image_features` and
-`get_text_features` compute them, L2-normalised as open_clip's towers are here.
+"""A transformers SigLIP repository's two towers: transformers' `SiglipModel` (`Siglip2Model` for SigLIP 2 NaFlex)
+as its `get_image_features` and `get_text_features` compute them, L2-normalised as open_clip's towers are here.
 
 The image tower takes the ingress's uint8 images like every tower: the repository's processor settings (its
 rescale factor, mean and std) are folded into the graph (models/loading.py ImageEmbedder), and its size and
@@ -21,6 +21,7 @@ from siglip_serve.core.errors import ModelLoadError
 from siglip_serve.models.hub_repo import TOKENIZER, HubModel, hub_model
 from siglip_serve.models.loading import ImageEmbedder
 from siglip_serve.models.model_info import ModelInfo
+from siglip_serve.models.naflex import served_layout
 from siglip_serve.models.settings import ModelSettings
 from siglip_serve.models.source import ModelSource
 from siglip_serve.models.text import TextInfo, tokenizer_dir
@@ -76,13 +77,24 @@ class HFTokenizer:
         return ids if mask is None else ids.masked_fill(mask == 0, MASKED)
 
 
-def load_model(settings: ModelSettings) -> tuple[Any, HubModel]:
-    """SiglipModel in float32 eval mode on the CPU, from the repository's cached snapshot (or random weights of its
-    architecture, seeded), and what the repository says of it."""
+def model_classes(found: HubModel) -> tuple[Any, Any]:
+    """transformers' (config, model) classes of the repository: SigLIP 2 NaFlex's (model_type 'siglip2') or
+    SigLIP's, which fixed-resolution SigLIP 2 repositories use too."""
+    if found.image.naflex is not None:
+        from transformers import Siglip2Config, Siglip2Model
+
+        return Siglip2Config, Siglip2Model
     from transformers import SiglipConfig, SiglipModel
 
+    return SiglipConfig, SiglipModel
+
+
+def load_model(settings: ModelSettings) -> tuple[Any, HubModel]:
+    """SiglipModel (Siglip2Model for NaFlex) in float32 eval mode on the CPU, from the repository's cached snapshot
+    (or random weights of its architecture, seeded), and what the repository says of it."""
     random = settings.uses_random_weights
     found = hub_model(settings.source, weights=not random)
+    config_class, model_class = model_classes(found)
     directory = found.snapshot.directory
     model: Any  # transformers' SiglipModel: its towers and logit scale/bias are attributes mypy cannot follow
     loading_info: dict[str, Any]
@@ -91,30 +103,39 @@ def load_model(settings: ModelSettings) -> tuple[Any, HubModel]:
             log.warning("RANDOM WEIGHTS: model %s runs with random weights (seed %d); its embeddings mean nothing.",
                         settings.model, settings.seed)
             torch.manual_seed(settings.seed)
-            model = SiglipModel(SiglipConfig.from_pretrained(directory))
+            model = model_class(config_class.from_pretrained(directory))
         else:
-            loaded: Any = SiglipModel.from_pretrained(directory, dtype=torch.float32, output_loading_info=True)
+            loaded: Any = model_class.from_pretrained(directory, dtype=torch.float32, output_loading_info=True)
             model, loading_info = loaded
             missing = loading_info.get("missing_keys") or []
             if missing:
-                raise ModelLoadError(f"{found.files['model weights'].name} of {settings.model} lacks "
-                                     f"{len(missing)} of SiglipModel's weights (first: {sorted(missing)[:3]})")
+                raise ModelLoadError(f"{found.files['model weights'].name} of {settings.model} lacks {len(missing)} "
+                                     f"of {model_class.__name__}'s weights (first: {sorted(missing)[:3]})")
     except ModelLoadError:
         raise
     except Exception as exc:  # broad on purpose: transformers raises many kinds on a file it cannot use
         log.debug("transformers load failed", exc_info=True)
-        raise ModelLoadError(f"transformers cannot build SiglipModel from {settings.model}'s files in {directory} "
-                             f"({type(exc).__name__}: {exc})") from None
+        raise ModelLoadError(f"transformers cannot build {model_class.__name__} from {settings.model}'s files in "
+                             f"{directory} ({type(exc).__name__}: {exc})") from None
     log.info("loaded %s from the Hugging Face cache, revision %s", settings.model, found.snapshot.revision)
     return model.float().eval().requires_grad_(False), found
 
 
-def load_image(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
+def load_image(settings: ModelSettings) -> tuple[nn.Module, ModelInfo]:
+    """The image tower: uint8 images in (ImageEmbedder), or for NaFlex the packed patches, mask and position
+    embeddings (models/naflex_vision.py NaflexVision); L2-normalised embeddings out."""
     model, found = load_model(settings)
     prep = found.image
-    embedder = ImageEmbedder(PooledVision(model.vision_model), prep.mean, prep.std, prep.rescale).eval()
-    embedder.requires_grad_(False)
-    info = ModelInfo(settings.model, found.embed_dim, prep.size, settings.weights_source, prep.resample)
+    naflex = served_layout(prep.naflex, settings.patch_budgets, settings.model)
+    embedder: nn.Module
+    if naflex is not None:
+        from siglip_serve.models.naflex_vision import NaflexVision
+
+        embedder = NaflexVision(model.vision_model, naflex, prep.mean, prep.std, prep.rescale)
+    else:
+        embedder = ImageEmbedder(PooledVision(model.vision_model), prep.mean, prep.std, prep.rescale)
+    embedder.eval().requires_grad_(False)
+    info = ModelInfo(settings.model, found.embed_dim, prep.size, settings.weights_source, prep.resample, naflex)
     return embedder, info
 
 
@@ -155,10 +176,9 @@ def load_text(settings: ModelSettings) -> tuple[HFTextEmbedder, HFTokenizer, Tex
 
 
 def parameter_counts(source: ModelSource) -> tuple[int, int]:
-    """(image tower, whole model) parameter counts of SiglipModel built on the meta device from the config."""
-    from transformers import SiglipConfig, SiglipModel
-
+    """(image tower, whole model) parameter counts of the model built on the meta device from the config."""
     found = hub_model(source)
+    config_class, model_class = model_classes(found)
     with torch.device("meta"):
-        model = SiglipModel(SiglipConfig.from_pretrained(found.snapshot.directory))
+        model = model_class(config_class.from_pretrained(found.snapshot.directory))
     return (sum(p.numel() for p in model.vision_model.parameters()), sum(p.numel() for p in model.parameters()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from siglip_serve.core.errors import ModelLoadError
 from siglip_serve.models.hub import HubUnreachable, hub_address, offline_requested, reachable
+from siglip_serve.models.naflex import MAX_BUDGET, NaflexLayout
 from siglip_serve.models.source import OPEN_CLIP_HUB, TRANSFORMERS, ModelSource
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,9 @@ class ImagePrep:
     rescale: float
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # A NaFlex repository's patch geometry (model_type 'siglip2'): each image is resized to its own grid of whole
+    # patches within a patch budget (models/naflex.py), and `size` is the learned position grid's, in pixels.
+    naflex: NaflexLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -172,15 +177,46 @@ def _pair(size: Any) -> tuple[int, int]:
     return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
+def _normalisation(processor: dict[str, Any]) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+    """(rescale, mean, std) as a transformers SigLIP processor applies them; its defaults (0.5 both) where the file
+    leaves one out, as SiglipImageProcessor's and Siglip2ImageProcessor's are."""
+    normalize = processor.get("do_normalize", True)
+    return (float(processor.get("rescale_factor", 1 / 255)) if processor.get("do_rescale", True) else 1.0,
+            tuple(float(v) for v in processor.get("image_mean", (0.5,) * 3)) if normalize else (0.0,) * 3,
+            tuple(float(v) for v in processor.get("image_std", (0.5,) * 3)) if normalize else (1.0,) * 3)
+
+
+def _naflex_prep(source: ModelSource, vision: dict[str, Any], processor: dict[str, Any]) -> ImagePrep:
+    """A NaFlex repository's preprocessing: Siglip2ImageProcessor's (its defaults, transformers'
+    image_processing_siglip2.py, where the file leaves one out). `size` is the learned position grid's in pixels,
+    what /v1/models shows."""
+    kind_of = str(processor.get("image_processor_type", "Siglip2ImageProcessor"))
+    if not kind_of.startswith("Siglip2ImageProcessor"):
+        raise ModelLoadError(f"{source.repo}: a SigLIP 2 NaFlex model with image processor {kind_of}; served is "
+                             "Siglip2ImageProcessor's (an aspect-preserving resize to a patch budget)")
+    patch = int(processor.get("patch_size", 16))
+    if patch != int(vision.get("patch_size", 16)) or not processor.get("do_resize", True):
+        raise ModelLoadError(f"{source.repo}: its processor cuts {patch}-pixel patches (do_resize "
+                             f"{processor.get('do_resize', True)}), its vision tower takes "
+                             f"{vision.get('patch_size', 16)}-pixel ones, resized")
+    positions = int(vision.get("num_patches", 256))
+    grid = math.isqrt(positions)
+    budget = int(processor.get("max_num_patches", 256))
+    if grid * grid != positions or not 1 <= budget <= MAX_BUDGET:
+        raise ModelLoadError(f"{source.repo}: num_patches {positions} is not a square grid, or max_num_patches "
+                             f"{budget} is not between 1 and {MAX_BUDGET}")
+    rescale, mean, std = _normalisation(processor)
+    layout = NaflexLayout(patch, grid, budget, (budget,), int(vision.get("num_channels", 3)))
+    return ImagePrep((grid * patch, grid * patch), PIL_FILTERS.get(int(processor.get("resample", 2)), "bilinear"),
+                     rescale, mean, std, layout)
+
+
 def _transformers_model(source: ModelSource, files: dict[str, Path]) -> tuple[dict[str, Any], int, int, ImagePrep]:
     config = _json(files[TRANSFORMERS_CONFIG.what], source)
     kind = config.get("model_type")
-    if kind == "siglip2":  # Siglip2Model takes patches of a variable grid (NaFlex), not a fixed image
-        raise ModelLoadError(f"{source.repo} is a SigLIP 2 NaFlex model (model_type 'siglip2'), which is not served "
-                             "yet; serve a fixed-resolution SigLIP 2 repository (model_type 'siglip')")
-    if kind != "siglip":
+    if kind not in ("siglip", "siglip2"):
         raise ModelLoadError(f"{source.repo} is not a SigLIP: its config.json says model_type {kind!r} (transformers "
-                             "SigLIP and fixed-resolution SigLIP 2 repositories say 'siglip')")
+                             "SigLIP and SigLIP 2 repositories say 'siglip', SigLIP 2 NaFlex ones 'siglip2')")
     # Defaults are SiglipVisionConfig's and SiglipTextConfig's, for a config.json that leaves one out.
     vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
     embed_dim = int(vision.get("hidden_size", 768))
@@ -188,6 +224,8 @@ def _transformers_model(source: ModelSource, files: dict[str, Path]) -> tuple[di
     if text_dim != embed_dim:
         raise ModelLoadError(f"{source.repo}: its text tower's width {text_dim} is not its image tower's {embed_dim}")
     processor = _json(files[TRANSFORMERS_PROCESSOR.what], source)
+    if kind == "siglip2":
+        return config, embed_dim, int(text.get("max_position_embeddings", 64)), _naflex_prep(source, vision, processor)
     kind_of = str(processor.get("image_processor_type", "SiglipImageProcessor"))
     if not kind_of.startswith("SiglipImageProcessor"):
         raise ModelLoadError(f"{source.repo}: its image processor is {kind_of}; served are SiglipImageProcessor's "
@@ -201,13 +239,8 @@ def _transformers_model(source: ModelSource, files: dict[str, Path]) -> tuple[di
         raise ModelLoadError(f"{source.repo}: its processor resizes to {image_size}, its vision tower takes "
                              f"{vision.get('image_size', 224)}")
     # SiglipImageProcessor's own defaults (transformers' image_processing_siglip.py) where the file leaves one out.
-    normalize = processor.get("do_normalize", True)
-    prep = ImagePrep(
-        size=image_size, resample=PIL_FILTERS.get(int(processor.get("resample", 3)), "bicubic"),
-        rescale=float(processor.get("rescale_factor", 1 / 255)) if processor.get("do_rescale", True) else 1.0,
-        mean=tuple(float(v) for v in processor.get("image_mean", (0.5,) * 3)) if normalize else (0.0,) * 3,
-        std=tuple(float(v) for v in processor.get("image_std", (0.5,) * 3)) if normalize else (1.0,) * 3,
-    )
+    rescale, mean, std = _normalisation(processor)
+    prep = ImagePrep(image_size, PIL_FILTERS.get(int(processor.get("resample", 3)), "bicubic"), rescale, mean, std)
     return config, embed_dim, int(text.get("max_position_embeddings", 64)), prep
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from siglip_serve.models.image_only import model_config
+from siglip_serve.models.naflex import NaflexLayout
 from siglip_serve.models.source import ModelSource
 
 
@@ -22,6 +23,9 @@ class ModelInfo:
     # The Pillow filter the ingress resizes with: the model's processor's (a transformers repository may say
     # bilinear); open_clip's SigLIP configs say bicubic.
     resample: str = "bicubic"
+    # A NaFlex model's patch geometry and served budgets (models/naflex.py): its images keep their aspect ratio
+    # and travel as packed patches; `image_size` is then its learned position grid's, in pixels.
+    naflex: NaflexLayout | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -50,6 +54,7 @@ class ImageGeometry:
     mean: tuple[float, ...] = SIGLIP_MEAN
     std: tuple[float, ...] = SIGLIP_STD
     rescale: float = 1 / 255
+    naflex: NaflexLayout | None = None  # a NaFlex model's patch geometry, its default budget alone
 
 
 def known_geometry(source: ModelSource) -> ImageGeometry | None:
@@ -62,7 +67,7 @@ def known_geometry(source: ModelSource) -> ImageGeometry | None:
 
         found = hub_model(source)
         prep = found.image
-        return ImageGeometry(prep.size, found.embed_dim, prep.resample, prep.mean, prep.std, prep.rescale)
+        return ImageGeometry(prep.size, found.embed_dim, prep.resample, prep.mean, prep.std, prep.rescale, prep.naflex)
     cfg: dict[str, Any] | None = model_config(source.name)
     return None if cfg is None else config_geometry(cfg)
 

@@ -13,13 +13,13 @@ from siglip_serve.models.source import TRANSFORMERS, ModelSource
 if TYPE_CHECKING:  # torch: only where a tower is built
     from torch import nn
 
-    from siglip_serve.models.loading import ImageEmbedder
     from siglip_serve.models.model_info import ModelInfo
     from siglip_serve.models.text import TextInfo, Tokenizer
 
 
-def image_model(settings: ModelSettings) -> tuple[ImageEmbedder, ModelInfo]:
-    """The image tower's model (uint8 in, L2-normalised out), float32 eval mode on the CPU, and what it is."""
+def image_model(settings: ModelSettings) -> tuple[nn.Module, ModelInfo]:
+    """The image tower's model (uint8 images in, or a NaFlex model's packed patches: models/naflex_vision.py;
+    L2-normalised out), float32 eval mode on the CPU, and what it is."""
     if settings.source.kind == TRANSFORMERS:
         from siglip_serve.models.hf_towers import load_image
 

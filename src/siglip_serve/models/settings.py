@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from siglip_serve.core.backends import BACKENDS, backend_record, load
-from siglip_serve.models.source import ModelSource, model_source
+from siglip_serve.models.naflex import MAX_BUDGET
+from siglip_serve.models.source import TRANSFORMERS, ModelSource, model_source
 
 DEFAULT_MODEL = "ViT-SO400M-14-SigLIP-384"
 DEFAULT_PRETRAINED = "webli"
@@ -59,6 +60,9 @@ class ModelSettings(BaseModel):
     # Hugging Face cache or hub). See models/text.py.
     tokenizer: Path | None = Field(None, description="text tower: a local directory with the model's HF tokenizer "
                                                      "files (tokenizer.json, tokenizer_config.json)")
+    # A NaFlex model's buckets are (batch, budget): its processor's budget and these, each a static shape.
+    patch_budgets: tuple[int, ...] = Field((), description="SigLIP 2 NaFlex: patch budgets served beside the "
+                                                           "model's own (max_num_patches), e.g. 256,576,1024")
     text_buckets: tuple[int, ...] = Field((1, 2, 4, 8, 16, 32),
                                           description="text batch sizes (texts per forward pass), e.g. 1,2,4,8,16,32")
     # Validated against the pydantic model its record names (BackendRecord.backend_options), so a backend
@@ -104,7 +108,7 @@ class ModelSettings(BaseModel):
         options: type[BaseModel] = load(record.backend_options)
         return options.model_validate(value).model_dump()
 
-    @field_validator("buckets", "text_buckets", mode="before")
+    @field_validator("buckets", "text_buckets", "patch_budgets", mode="before")
     @classmethod
     def _parse_buckets(cls, value: object) -> object:
         if isinstance(value, str):
@@ -124,15 +128,21 @@ class ModelSettings(BaseModel):
             raise ValueError(f"batch buckets must be distinct, got {list(value)}")
         return tuple(sorted(value))
 
+    @field_validator("patch_budgets")
+    @classmethod
+    def _check_budgets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(b < 1 or b > MAX_BUDGET for b in value) or len(set(value)) != len(value):
+            raise ValueError(f"patch budgets must be distinct and between 1 and {MAX_BUDGET}, got {list(value)}")
+        return tuple(sorted(value))
+
     @model_validator(mode="after")
     def _check_weights(self) -> ModelSettings:
         if self.checkpoint is not None and self.random_weights:
             raise ValueError("choose one weights source: --checkpoint or --random-weights, not both")
         source = model_source(self.model, self.revision)  # ValueError: a malformed id
-        if "naflex" in self.model.lower():
-            raise ValueError(f"{self.model}: NaFlex models take a variable number of patches per image (native aspect "
-                             "ratio), which the fixed batch buckets compiled for a NeuronCore cannot hold; serve a "
-                             "fixed-resolution SigLIP 2 instead, e.g. ViT-SO400M-16-SigLIP2-384")
+        if self.patch_budgets and source.kind != TRANSFORMERS:  # a hub repository's kind is read where it loads
+            raise ValueError(f"patch_budgets {list(self.patch_budgets)} are for SigLIP 2 NaFlex models; {self.model} "
+                             "takes one fixed image size")
         if self.checkpoint is not None and source.on_hub:
             raise ValueError(f"{self.model} names its weights on the hub; --checkpoint is for open_clip config names")
         if self.checkpoint is not None and self.model in TINY_MODELS:

@@ -83,8 +83,16 @@ class Runner(ABC):
 
 
 # (the tower's buckets, a zero batch of one bucket) -> the backend's runner for that tower: a runner that
-# compiles or captures does it per bucket at construction.
+# compiles or captures does it per bucket at construction (per input shape of a bucket: `tower_examples`).
 RunnerFactory = Callable[[Sequence[int], Callable[[int], torch.Tensor]], Runner]
+
+
+def tower_examples(example: Callable[[int], torch.Tensor], bucket: int) -> list[torch.Tensor]:
+    """A zero batch of every input shape a bucket takes, from the `example` a runner factory is given: the tower's
+    own `Tower.examples` where it is a tower's method (a NaFlex image tower's bucket takes one shape per patch
+    budget, each a graph of its own), else the one example."""
+    tower = getattr(example, "__self__", None)
+    return tower.examples(bucket) if isinstance(tower, Tower) else [example(bucket)]
 
 
 class Tower(ABC):
@@ -127,6 +135,10 @@ class Tower(ABC):
     def example(self, bucket: int) -> torch.Tensor:
         """A batch of `bucket` zero inputs of the tower's input shape and dtype (warm-up, graph capture)."""
 
+    def examples(self, bucket: int) -> list[torch.Tensor]:
+        """A zero batch of every input shape the bucket takes: one, `example(bucket)`, unless a tower says more."""
+        return [self.example(bucket)]
+
     def run_batch(self, batch: torch.Tensor, on_forward: ForwardHook | None = None) -> np.ndarray:
         """[n, ...] model inputs -> float32 [n, D], one forward pass per bucket chunk; `on_forward` (the
         caller's metrics) sees each pass."""
@@ -155,11 +167,11 @@ class Tower(ABC):
         is called as each bucket is warm (a replica's start timeline, serve/towers/start_marks.py)."""
         seconds: dict[int, float] = {}
         for bucket in self.buckets:
-            example = self.example(bucket)
-            for _ in range(max(1, iterations)):
-                began = time.perf_counter()
-                out = self._forward(example)
-                seconds[bucket] = time.perf_counter() - began
+            for example in self.examples(bucket):
+                for _ in range(max(1, iterations)):
+                    began = time.perf_counter()
+                    out = self._forward(example)
+                    seconds[bucket] = time.perf_counter() - began
             if tuple(out.shape) != (bucket, self.embed_dim):
                 raise RuntimeError(f"the {self.tower} tower ({self.backend}) returned {list(out.shape)} for bucket "
                                    f"{bucket}; expected [{bucket}, {self.embed_dim}]")

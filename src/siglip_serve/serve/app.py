@@ -15,6 +15,7 @@ from ray.serve.exceptions import RayServeException
 
 from siglip_serve.core.errors import UserError
 from siglip_serve.models.model_info import ImageGeometry, ModelInfo, known_geometry
+from siglip_serve.models.naflex import served_layout
 from siglip_serve.models.source import ModelSource
 from siglip_serve.serve.ingress.endpoints import ROUTES
 from siglip_serve.serve.ingress.http_app import Probe, Route
@@ -91,9 +92,11 @@ def build(config: ServiceConfig, plan: ServicePlan, routes: Sequence[Route | Pro
     towers: dict[str, dict[str, Application]] = {}
     infos: dict[str, ModelInfo] = {}
     for model in plan.models:
-        geometry = known_geometry(model.run.settings.source) or loaded_geometry(model.run.settings.source)
+        settings = model.run.settings
+        geometry = known_geometry(settings.source) or loaded_geometry(settings.source)
+        naflex = served_layout(geometry.naflex, settings.patch_budgets, settings.model)
         infos[model.name] = ModelInfo(model.name, geometry.embed_dim, geometry.size, model.front.weights,
-                                      geometry.resample)
+                                      geometry.resample, naflex)
         count = (first_wave or {}).get(model.name)
         if not config.model_apps:
             towers[model.name] = {tower: pinned(bound, pin) for tower, bound in _towers(model, count).items()}

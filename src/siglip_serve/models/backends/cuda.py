@@ -26,7 +26,7 @@ from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.backends.eager import eager_tower
 from siglip_serve.models.backends.implementation import Implementation
 from siglip_serve.models.settings import ModelSettings
-from siglip_serve.models.tower import Runner, Tower
+from siglip_serve.models.tower import Runner, Tower, tower_examples
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,14 @@ class CudaRunner(Runner):
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = choose_autocast_dtype(settings.cuda_dtype, torch.cuda.is_bf16_supported())
         self.module = module.to(self.device)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # By input shape: a bucket's batch size, and for a NaFlex model its patch budget too.
+        self.graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         # A CUDA graph replays one captured shape; without graphs, a batch runs at its real size.
         self.static_shapes = settings.cuda_graphs
         if settings.cuda_graphs:
             for bucket in buckets:
-                self.graphs[bucket] = self._capture(example(bucket))
+                for each in tower_examples(example, bucket):
+                    self.graphs[tuple(each.shape)] = self._capture(each)
             log.info("captured CUDA graphs for buckets %s", list(self.graphs))
 
     def _run(self, batch: torch.Tensor) -> torch.Tensor:
@@ -97,7 +99,7 @@ class CudaRunner(Runner):
         return graph, static_in, static_out
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        captured = self.graphs.get(int(batch.shape[0]))
+        captured = self.graphs.get(tuple(batch.shape))
         with torch.no_grad():
             if captured is not None:
                 graph, static_in, static_out = captured
@@ -111,7 +113,7 @@ class CudaRunner(Runner):
         return {
             "device": torch.cuda.get_device_name(self.device),
             "autocast_dtype": str(self.dtype).replace("torch.", "") if self.dtype else "fp32",
-            "cuda_graphs": sorted(self.graphs),
+            "cuda_graphs": sorted({shape[0] for shape in self.graphs}),
         }
 
 

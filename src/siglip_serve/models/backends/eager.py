@@ -25,6 +25,12 @@ def eager_tower(settings: ModelSettings, tower: str, runner: EagerRunner) -> Tow
     """The tower's model (float32, eval mode, on the CPU) on the runner the backend makes of it."""
     if tower == IMAGE:
         embedder, info = image_model(settings)
+        if info.naflex is not None:
+            from siglip_serve.models.naflex_vision import NaflexEncoder, NaflexVision, PositionCache
+
+            assert isinstance(embedder, NaflexVision)
+            return NaflexEncoder(info, settings.buckets, partial(runner, embedder),
+                                 PositionCache(embedder.position_table()))
         return Encoder(info, settings.buckets, partial(runner, embedder))
     text, tokenizer, model_info = text_model(settings)
     return TextEncoder(tokenizer, model_info, settings.text_buckets, partial(runner, text))

@@ -1,9 +1,11 @@
 """`siglip-serve compile`: trace the SigLIP image tower for Trainium2, once per batch bucket.
 
 The recipe is seed 000's (`--lnc N --auto-cast matmult --optlevel 3 --model-type transformer`),
-applied to the `ImageEmbedder` (uint8 in, normalisation folded in), for each bucket. The result is
-an artifact directory (siglip_serve.models.neuron.manifest): one `torch.jit.save`d TorchScript per bucket and a
-manifest. Same inputs reuse the artifact with no recompile; any changed input makes a new one.
+applied to the `ImageEmbedder` (uint8 in, normalisation folded in), for each bucket. A SigLIP 2 NaFlex model's
+tower (models/naflex_vision.py: packed patches, mask and position embeddings in) is traced once per (batch,
+patch budget) bucket: its input's shape is the bucket's whatever the images' shapes, so no graph is per image.
+The result is an artifact directory (siglip_serve.models.neuron.manifest): one `torch.jit.save`d TorchScript per
+bucket and a manifest. Same inputs reuse the artifact with no recompile; any changed input makes a new one.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ import torch
 from siglip_serve.core.cli import add_log_level, run_main, setup_logging
 from siglip_serve.core.errors import BackendUnavailable
 from siglip_serve.models.cli_args import add_model_arguments, settings_from_args
-from siglip_serve.models.loading import ImageEmbedder, load_embedder, model_geometry
+from siglip_serve.models.loading import image_geometry
+from siglip_serve.models.model_info import ModelInfo
+from siglip_serve.models.model_towers import image_model
+from siglip_serve.models.naflex import NaflexLayout, served_layout
 from siglip_serve.models.neuron.base import NeuronOptions, add_recipe_arguments
 from siglip_serve.models.neuron.manifest import (
     ArtifactError,
@@ -80,9 +85,33 @@ class CompilePlan:
     key: str
     artifact_dir: Path
     buckets: tuple[int, ...] = field(default=())
+    # A NaFlex model's layout and its graph's input width (patch values + mask + position embedding width).
+    naflex: NaflexLayout | None = None
+    naflex_width: int = 0
 
-    def input_shape(self, bucket: int) -> list[int]:
+    def units(self) -> list[tuple[int, int | None]]:
+        """Every graph this plan traces: (batch, None) per bucket; a NaFlex model's (batch, budget) per bucket and
+        served budget."""
+        if self.naflex is None:
+            return [(bucket, None) for bucket in self.buckets]
+        return [(bucket, budget) for bucket in self.buckets for budget in self.naflex.budgets]
+
+    def input_shape(self, bucket: int, budget: int | None = None) -> list[int]:
+        if self.naflex is not None:
+            return [bucket, budget or self.naflex.default_budget, self.naflex_width]
         return [bucket, 3, *self.image_size]
+
+    @property
+    def input_dtype(self) -> str:
+        return "float32" if self.naflex is not None else "uint8"
+
+    def file(self, bucket: int, budget: int | None = None) -> str:
+        return bucket_file(bucket) if budget is None else f"bucket-{bucket}-patches-{budget}.pt"
+
+    @staticmethod
+    def unit_name(bucket: int, budget: int | None) -> str:
+        """The manifest's name of a graph: its batch, and a NaFlex graph's patch budget."""
+        return str(bucket) if budget is None else f"{bucket}x{budget}"
 
     def as_json(self) -> dict[str, Any]:
         args = self.options.compiler_args()
@@ -96,9 +125,10 @@ class CompilePlan:
             "artifact_dir": str(self.artifact_dir),
             "versions": self.versions,
             "buckets": [
-                {"batch": b, "input_shape": self.input_shape(b), "input_dtype": "uint8",
-                 "compiler_args": args, "artifact": str(self.artifact_dir / bucket_file(b))}
-                for b in self.buckets
+                {"batch": b, **({"patch_budget": budget} if budget is not None else {}),
+                 "input_shape": self.input_shape(b, budget), "input_dtype": self.input_dtype,
+                 "compiler_args": args, "artifact": str(self.artifact_dir / self.file(b, budget))}
+                for b, budget in self.units()
             ],
         }
 
@@ -111,12 +141,19 @@ class CompileResult:
 
 
 def make_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path,
-              versions: dict[str, str | None], embedder: ImageEmbedder | None = None,
+              versions: dict[str, str | None], embedder: torch.nn.Module | None = None,
               download: bool = True, text: dict[str, Any] | None = None) -> CompilePlan:
-    image_size, _ = model_geometry(settings.source)
+    geometry = image_geometry(settings.source)
+    image_size = geometry.size
+    naflex = served_layout(geometry.naflex, settings.patch_budgets, settings.model)
     weights = digest_weights(settings, embedder, download)
-    # Text graphs (--text) join the key only when asked for: image-only artifacts keep their keys.
-    extra = {"text": text} if text else {}
+    # Text graphs (--text) join the key only when asked for: image-only artifacts keep their keys; a NaFlex model's
+    # budgets and packed input only for it.
+    extra: dict[str, Any] = {"text": text} if text else {}
+    width = 0
+    if naflex is not None:
+        width = naflex.patch_values + 1 + geometry.embed_dim
+        extra["naflex"] = {"patch_size": naflex.patch_size, "budgets": list(naflex.budgets), "input_width": width}
     key = cache_key({
         **extra,
         "model": settings.model,
@@ -125,17 +162,19 @@ def make_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path
         "buckets": list(settings.buckets),
         "compiler_args": options.compiler_args(),
         "versions": versions,
-        "input": {"dtype": "uint8", "layout": "NCHW"},
+        "input": {"dtype": "uint8", "layout": "NCHW"} if naflex is None else
+                 {"dtype": "float32", "layout": "patches, mask, position embeddings"},
     })
     directory = Path(cache_root) / artifact_name(settings.model, options.lnc, key)
-    return CompilePlan(settings, options, image_size, weights, versions, key, directory, settings.buckets)
+    return CompilePlan(settings, options, image_size, weights, versions, key, directory, settings.buckets, naflex,
+                       width)
 
 
 def dry_run_plan(settings: ModelSettings, options: CompileOptions, cache_root: Path) -> CompilePlan:
     """The plan without the SDK. Random weights are built (and hashed) on the CPU; the versions are
     this environment's, so the artifact path is the one a compile here would write. Pretrained
     weights are hashed only if already cached: a dry run downloads nothing."""
-    embedder = load_embedder(settings)[0] if settings.uses_random_weights else None
+    embedder = image_model(settings)[0] if settings.uses_random_weights else None
     try:
         neuronx: ModuleType | None = require_torch_neuronx()
     except BackendUnavailable:
@@ -160,20 +199,33 @@ def runtime_lnc_as(lnc: int) -> Iterator[None]:
             os.environ[LNC_ENV] = before
 
 
-def _trace_buckets(neuronx: ModuleType, embedder: ImageEmbedder, plan: CompilePlan, work: Path) -> dict[str, float]:
+def _example(embedder: torch.nn.Module, plan: CompilePlan, bucket: int, budget: int | None) -> torch.Tensor:
+    """The bucket's example: zero uint8 images, or a NaFlex model's blank images of the budget as its graph's input
+    (their position embeddings resized on the host, as served)."""
+    if plan.naflex is None or budget is None:
+        return torch.zeros(plan.input_shape(bucket), dtype=torch.uint8)
+    from siglip_serve.models.naflex_vision import NaflexVision, PositionCache, blank_batch
+
+    assert isinstance(embedder, NaflexVision)
+    return blank_batch(plan.naflex, PositionCache(embedder.position_table()), bucket, budget)
+
+
+def _trace_buckets(neuronx: ModuleType, embedder: torch.nn.Module, plan: CompilePlan,
+                   work: Path) -> dict[str, float]:
     args = plan.options.compiler_args()
     seconds: dict[str, float] = {}
-    total = len(plan.buckets)
-    for i, bucket in enumerate(plan.buckets, start=1):
-        example = torch.zeros(plan.input_shape(bucket), dtype=torch.uint8)
-        log.info("[%d/%d] bucket %d: compiling %s with %s (this takes minutes)",
-                 i, total, bucket, plan.input_shape(bucket), " ".join(args))
+    units = plan.units()
+    for i, (bucket, budget) in enumerate(units, start=1):
+        name = plan.unit_name(bucket, budget)
+        example = _example(embedder, plan, bucket, budget)
+        log.info("[%d/%d] bucket %s: compiling %s with %s (this takes minutes)",
+                 i, len(units), name, plan.input_shape(bucket, budget), " ".join(args))
         began = time.monotonic()
         traced = neuronx.trace(embedder, example, compiler_args=list(args),
-                               compiler_workdir=str(work / "workdir" / f"bucket-{bucket}"))
-        seconds[str(bucket)] = round(time.monotonic() - began, 3)
-        torch.jit.save(traced, str(work / bucket_file(bucket)))
-        log.info("[%d/%d] bucket %d compiled in %.1f s", i, total, bucket, seconds[str(bucket)])
+                               compiler_workdir=str(work / "workdir" / f"bucket-{name}"))
+        seconds[name] = round(time.monotonic() - began, 3)
+        torch.jit.save(traced, str(work / plan.file(bucket, budget)))
+        log.info("[%d/%d] bucket %s compiled in %.1f s", i, len(units), name, seconds[name])
     return seconds
 
 
@@ -202,14 +254,15 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
     versions = sdk_versions(neuronx)
     # Random weights are hashed from the built model; file weights are hashed first, so a reused
     # artifact never pays for building the model.
-    loaded = load_embedder(settings) if settings.uses_random_weights else None
+    loaded = image_model(settings) if settings.uses_random_weights else None
     text_key = text_cache_inputs(settings, text_context_length(settings.model)) if text else None
     plan = make_plan(settings, options, cache_root, versions, loaded[0] if loaded else None, text=text_key)
     if not force and is_complete(plan.artifact_dir):
         log.info("reusing %s: same model, weights, buckets, compiler args and versions (key %s)",
                  plan.artifact_dir, plan.key[:12])
         return CompileResult(plan.artifact_dir, read_manifest(plan.artifact_dir), reused=True)
-    embedder, info = loaded or load_embedder(settings)
+    info: ModelInfo
+    embedder, info = loaded or image_model(settings)
 
     Path(cache_root).mkdir(parents=True, exist_ok=True)
     # A hidden name that no lookup ever takes for an artifact: only the final rename publishes it.
@@ -234,7 +287,8 @@ def compile_artifact(settings: ModelSettings, options: CompileOptions,
             embed_dim=info.embed_dim, buckets=list(plan.buckets), lnc=options.lnc, auto_cast=options.auto_cast,
             auto_cast_type=options.auto_cast_type if options.auto_cast != "none" else None,
             target=options.target, compiler_args=options.compiler_args(), versions=versions,
-            cache_key=plan.key, files={str(b): bucket_file(b) for b in plan.buckets}, compile_seconds=seconds,
+            cache_key=plan.key, files={plan.unit_name(b, p): plan.file(b, p) for b, p in plan.units()},
+            compile_seconds=seconds,
             text=text_entry, sizes=file_sizes(work),
         )
         manifest.write(work)

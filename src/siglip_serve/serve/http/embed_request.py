@@ -63,6 +63,10 @@ Priority = Annotated[int | None, Field(ge=0, le=MAX_PRIORITY, description=(
     "lower is handled earlier, as vLLM's and Cohere's: 0 the interactive lane, 1 the default lane, 2 and above "
     "the bulk lane; the request's lane is the later of this and its API key's (a request can only move itself "
     "down); also the X-Priority header"))]
+# A SigLIP 2 NaFlex model's images are resized to a patch budget: its own, or one of its `patch_budgets`.
+PatchBudget = Annotated[int | None, Field(ge=1, description=(
+    "SigLIP 2 NaFlex models: the patch budget each image is resized to, one the model serves (/v1/models "
+    "patch_budgets; default its own); for other models, or a budget not served, 422"))]
 CACHE_TEXT = "false: neither read nor fill the embedding cache (embedding_cache_mib) for this request"
 # For the document only: an empty list is refused by the reading functions, with a message naming the field.
 NON_EMPTY: dict[str, Any] = {"minItems": 1}

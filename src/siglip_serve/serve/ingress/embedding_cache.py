@@ -73,6 +73,12 @@ def cache_scope(model: ModelPlan, tower: str, image_size: tuple[int, int]) -> by
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
 
 
+def budget_scope(scope: bytes, budget: int | None) -> bytes:
+    """The image scope of a NaFlex model's images at a patch budget a request asked for: another embedding of the
+    same file (None: the model's own budget, the scope as it is)."""
+    return scope if budget is None else hashlib.sha256(scope + f"patch_budget={budget}".encode()).digest()
+
+
 def cache_key(scope: bytes, tower: str, payload: bytes | str) -> CacheKey:
     """The key of one item: `payload` is the image file's bytes or the text."""
     data = payload.encode("utf-8") if isinstance(payload, str) else payload

@@ -18,6 +18,7 @@ import numpy as np
 
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.models.image_errors import ImageRejected
+from siglip_serve.models.naflex import NaflexLayout
 from siglip_serve.models.preprocess import ImageHeader, preprocess_image, probe_image
 from siglip_serve.serve.http.errors import ApiError, ErrorType, rejection_error
 from siglip_serve.serve.http.http_body import decode_base64_image
@@ -36,10 +37,14 @@ DEVICE_JPEG_MODES = ("RGB", "L")
 
 class ImagePrep:
     def __init__(self, front: ModelFront, image_size: tuple[int, int],
-                 observe_seconds: Callable[[float], None], resample: str = "bicubic") -> None:
+                 observe_seconds: Callable[[float], None], resample: str = "bicubic",
+                 naflex: NaflexLayout | None = None) -> None:
         self.front = front
         self.image_size = image_size
         self.resample = resample  # the model's processor's filter (models/model_info.py)
+        # A NaFlex model's images keep their aspect ratio: each becomes its packed patches of a budget
+        # (models/naflex_prep.py), after the same header checks and within the same decode budget.
+        self.naflex = naflex
         self.limits = front.image_limits
         self.decoder = FairDecodeQueue(front.decode_threads, front.decode_memory_budget_bytes)
         self._observe_seconds = observe_seconds  # siglip_preprocess_seconds
@@ -75,25 +80,32 @@ class ImagePrep:
                            "send fewer per request")
         return out
 
-    def _prepare(self, raw: bytes) -> np.ndarray:
+    def _prepare(self, raw: bytes, budget: int | None = None) -> np.ndarray:
         began = time.perf_counter()
-        array = preprocess_image(raw, self.image_size, self.limits, self.front.fast_jpeg_decode, self.resample)
+        if self.naflex is not None:
+            from siglip_serve.models.naflex_prep import naflex_image
+
+            array = naflex_image(raw, self.naflex, budget or self.naflex.default_budget, self.limits, self.resample)
+        else:
+            array = preprocess_image(raw, self.image_size, self.limits, self.front.fast_jpeg_decode, self.resample)
         self._observe_seconds(time.perf_counter() - began)
         return array
 
-    async def prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str]) -> np.ndarray | JpegFiles:
-        """uint8 [N, 3, H, W] of the request's images in order, or the first rejected image's ApiError.
-        With `device_jpeg_decode`, a request of only 8-bit RGB or grey JPEGs goes on undecoded (JpegFiles)."""
+    async def prepare_all(self, items: Sequence[bytes | str], labels: Sequence[str],
+                          budget: int | None = None) -> np.ndarray | JpegFiles:
+        """uint8 [N, 3, H, W] of the request's images in order (a NaFlex model's: [N, budget + 1, patch values] of
+        `budget`, default its own), or the first rejected image's ApiError. With `device_jpeg_decode`, a request of
+        only 8-bit RGB or grey JPEGs goes on undecoded (JpegFiles)."""
         if sum(len(item) for item in items) <= INLINE_PROBE_BYTES:
             probed = self.probe(items, labels)
         else:
             probed = await asyncio.to_thread(self.probe, items, labels)
         # The device decoder resizes bicubic only: a model whose processor says another filter decodes here.
-        device = self.front.device_jpeg_decode and self.resample == "bicubic"
+        device = self.front.device_jpeg_decode and self.resample == "bicubic" and self.naflex is None
         if device and all(header.format == "JPEG" and header.mode in DEVICE_JPEG_MODES for _, header in probed):
             return JpegFiles(tuple(raw for raw, _ in probed))
         turn = object()  # this request's queue in the fair decode queue
-        tasks = [asyncio.ensure_future(self.decoder.run(turn, partial(self._prepare, raw), header.decode_bytes))
+        tasks = [asyncio.ensure_future(self.decoder.run(turn, partial(self._prepare, raw, budget), header.decode_bytes))
                  for raw, header in probed]
         arrays = []
         try:

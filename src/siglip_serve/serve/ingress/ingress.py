@@ -127,7 +127,7 @@ class Ingress:
         towers = Towers({tower: tower_link(handle, own.front, planned[tower], sharing, retry_after_s)
                          for tower, handle in handles.items() if tower in planned}, look, kept)
         metrics = self.metrics.of(name)
-        images = ImagePrep(own.front, model.image_size, metrics.preprocessed, model.resample)
+        images = ImagePrep(own.front, model.image_size, metrics.preprocessed, model.resample, model.naflex)
         scopes = {tower: cache_scope(own, tower, model.image_size) for tower in ("image", "text")}
         rows = ItemRows(images, self.fetcher, self.cache, scopes)
         return Served(name, own, model, towers, images, Scheduler(own.front, model, metrics, self.door, towers, rows))
@@ -246,6 +246,7 @@ class Ingress:
             "default": served.name == self.plan.model.name,
             "embedding_dim": model.embed_dim,
             "image_size": list(model.image_size),
+            "patch_budgets": list(model.naflex.budgets) if model.naflex else None,
             "backend": own.backend,
             "weights": own.front.weights,
             "lnc": int(lnc) if lnc is not None else None,

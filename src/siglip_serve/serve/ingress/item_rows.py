@@ -23,7 +23,7 @@ import numpy as np
 
 from siglip_serve.models.device_decode import JpegFiles
 from siglip_serve.serve.http.embed_request import Item
-from siglip_serve.serve.ingress.embedding_cache import CacheKey, EmbeddingCache, cache_key
+from siglip_serve.serve.ingress.embedding_cache import CacheKey, EmbeddingCache, budget_scope, cache_key
 from siglip_serve.serve.ingress.image_prep import INLINE_PROBE_BYTES, ImagePrep
 from siglip_serve.serve.ingress.url_fetch import UrlFetcher, fetch_url_items
 from siglip_serve.serve.shared import tracing
@@ -43,8 +43,9 @@ class ItemRows:
     scopes: dict[str, bytes]
 
     async def image_rows(self, items: Sequence[Item], deadline: float, encode: Encode,
-                         use_cache: bool = True) -> np.ndarray:
-        """The images' rows in order: URLs fetched, then each distinct image not cached decoded and encoded."""
+                         use_cache: bool = True, budget: int | None = None) -> np.ndarray:
+        """The images' rows in order: URLs fetched, then each distinct image not cached decoded and encoded (a NaFlex
+        model's at `budget`, default its own: serve/ingress/image_prep.py)."""
         if any(item.url for item in items):
             with tracing.span("fetch", urls=sum(item.url for item in items)):
                 items = await fetch_url_items(items, self.fetcher, deadline)
@@ -52,7 +53,7 @@ class ItemRows:
 
         async def compute(values: Sequence[bytes | str], names: Sequence[str]) -> np.ndarray:
             with tracing.span("decode", images=len(values)):
-                pixels = await self.images.prepare_all(values, names)
+                pixels = await self.images.prepare_all(values, names, budget)
             return await encode("image", pixels)
 
         values = [item.value for item in items]
@@ -62,7 +63,7 @@ class ItemRows:
             files = self.images.file_bytes(values, labels)
         else:  # megabytes of base64 to undo and hash: off the event loop
             files = await asyncio.to_thread(self.images.file_bytes, values, labels)
-        keys = [cache_key(self.scopes["image"], "image", data) for data in files]
+        keys = [cache_key(budget_scope(self.scopes["image"], budget), "image", data) for data in files]
 
         async def misses(indices: list[int]) -> np.ndarray:
             return await compute([files[i] for i in indices], [labels[i] for i in indices])

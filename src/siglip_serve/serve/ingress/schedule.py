@@ -64,6 +64,7 @@ class Work:
     texts_called: str = "texts"  # what the too-many-texts message calls the texts (classify: "labels")
     dimensions: int | None = None  # cut every row to this many (serve/http/embedding_output.py), checked first
     cache: bool = True  # false: the embedding cache is neither read nor filled (the request's "cache": false)
+    patch_budget: int | None = None  # a NaFlex model's images resized to this served budget (default: its own)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,21 @@ def check_texts(texts: Sequence[str], labels: Sequence[str], front: ModelFront, 
             check_text(text, front.max_text_chars)
         except TextRejected as exc:
             raise rejection_error(exc, label) from None
+
+
+def check_patch_budget(budget: int | None, model: ModelInfo) -> int | None:
+    """The patch budget a request's images are resized to (None: the model's own, asked for or not, so that its
+    embeddings are cached as one), or 422 where the model is not NaFlex or does not serve it: a budget is a
+    bucket, never made for one request."""
+    if budget is None:
+        return None
+    if model.naflex is None:
+        raise ApiError(422, ErrorType.INVALID_REQUEST, f"patch_budget is for SigLIP 2 NaFlex models; {model.name} "
+                                                       "takes one fixed image size")
+    if budget not in model.naflex.budgets:
+        raise ApiError(422, ErrorType.INVALID_REQUEST, f"patch_budget {budget} is not served by {model.name}; "
+                                                       f"served: {list(model.naflex.budgets)} (patch_budgets)")
+    return None if budget == model.naflex.default_budget else budget
 
 
 @dataclass
@@ -157,6 +173,7 @@ class Scheduler:
     async def embed(self, work: Work, deadline: float) -> Scheduled:
         """Checked, admitted and encoded: every item's row in input order (steps 1-4 of the module's list)."""
         cut = check_dimensions(work.dimensions, self.model.embed_dim, self.front.allow_dimension_truncation)
+        budget = check_patch_budget(work.patch_budget, self.model)
         images = [i for i, item in enumerate(work.items) if item.kind == "image"]
         texts = [i for i, item in enumerate(work.items) if item.kind == "text"]
         if len(images) > self.front.max_images_per_request:
@@ -170,7 +187,7 @@ class Scheduler:
         for tower in needs:
             await self.admit(tower)
         logit = self._logit() if work.score else None
-        tasks = [asyncio.ensure_future(self._images([work.items[i] for i in images], deadline, work.cache)),
+        tasks = [asyncio.ensure_future(self._images([work.items[i] for i in images], deadline, work.cache, budget)),
                  asyncio.ensure_future(self._texts(text_values, deadline, work.cache))]
         try:
             parts = await asyncio.gather(*tasks)
@@ -202,10 +219,12 @@ class Scheduler:
         info = self.towers.info("text") or {}
         return float(info["logit_scale"]), float(info["logit_bias"])
 
-    async def _images(self, items: Sequence[Item], deadline: float, use_cache: bool) -> np.ndarray | None:
+    async def _images(self, items: Sequence[Item], deadline: float, use_cache: bool,
+                      budget: int | None = None) -> np.ndarray | None:
         if not items:
             return None
-        return await self.rows.image_rows(items, deadline, partial(self.encode, deadline=deadline), use_cache)
+        return await self.rows.image_rows(items, deadline, partial(self.encode, deadline=deadline), use_cache,
+                                          budget)
 
     async def _texts(self, texts: list[str], deadline: float, use_cache: bool) -> np.ndarray | None:
         if not texts:

@@ -2,14 +2,16 @@
 
 Requests arrive as uint8 chunks of at most the largest bucket's images (or JPEG files, decoded on
 the device); serve/towers/tower_replica.py gathers chunks from many requests into one forward pass of the
-model's buckets, as for the text tower.
+model's buckets, as for the text tower; chunks of different shapes (a NaFlex model's patch budgets) run as
+batches of their own.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -57,8 +59,7 @@ class ImageReplica(TowerReplica):
         """One forward pass over the chunks (JPEG files decoded on the model's device first): each
         chunk's embeddings, or the decode error that chunk alone failed with."""
         if not any(isinstance(chunk, JpegFiles) for chunk in chunks):
-            embeddings = self.tower.encode(np.concatenate(chunks), self.metrics.forward)
-            return split_rows(embeddings, [len(chunk) for chunk in chunks])
+            return encode_by_shape(partial(self.tower.encode, on_forward=self.metrics.forward), chunks)
         import torch
 
         from siglip_serve.models.device_decode import DeviceDecodeError, decode_resize
@@ -76,6 +77,21 @@ class ImageReplica(TowerReplica):
         embeddings = self.tower.encode(torch.cat(good), self.metrics.forward) if good else None
         parts = iter(split_rows(embeddings, [len(p) for p in good]) if good else [])
         return [p if isinstance(p, Exception) else next(parts) for p in pixels]
+
+
+def encode_by_shape(encode: Callable[[np.ndarray], np.ndarray], chunks: list[np.ndarray]) -> list[np.ndarray]:
+    """Each chunk's embeddings, the chunks of one input shape run as one batch: a NaFlex model's chunks of
+    different patch budgets (models/naflex.py) are different buckets and never share a forward pass; every
+    other model's chunks are one shape, one batch."""
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for index, chunk in enumerate(chunks):
+        by_shape.setdefault(tuple(chunk.shape[1:]), []).append(index)
+    out: list[np.ndarray] = [np.empty(0)] * len(chunks)
+    for indices in by_shape.values():
+        embeddings = encode(np.concatenate([chunks[i] for i in indices]))
+        for index, rows in zip(indices, split_rows(embeddings, [len(chunks[i]) for i in indices]), strict=True):
+            out[index] = rows
+    return out
 
 
 class ServedImageReplica(ImageReplica):

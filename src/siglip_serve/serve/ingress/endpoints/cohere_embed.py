@@ -23,6 +23,7 @@ from siglip_serve.serve.http.embed_request import (
     ImageUrl,
     Item,
     ModelName,
+    PatchBudget,
     Priority,
     Text,
     at_most,
@@ -83,6 +84,7 @@ class CohereEmbedRequest(BaseModel):
     # NONE (an error instead) and START are refused: the tokens are counted only in the replica.
     truncate: Literal["END"] | None = Field(None, description="texts are cut at the end, as open_clip")
     cache: bool = Field(True, description=CACHE_TEXT)
+    patch_budget: PatchBudget = None
 
     __get_pydantic_json_schema__ = views(lambda: CohereTexts, lambda: CohereImages, lambda: CohereInputs)
 
@@ -176,7 +178,8 @@ async def embed_v2(ingress: Ingress, request: Request, deadline: float) -> Respo
     served = ingress.serving(parsed.model)
     items = read_cohere_items(parsed)
     texts = [str(item.value) for item in items if item.kind == "text"]
-    work = Work("v2_embed", items, dimensions=parsed.output_dimension, cache=parsed.cache)
+    work = Work("v2_embed", items, dimensions=parsed.output_dimension, cache=parsed.cache,
+                patch_budget=parsed.patch_budget)
     return await served.scheduler.answer(work, deadline, lambda done: render_cohere(
         done.rows, served.name, parsed.embedding_types, texts, done.images))
 

@@ -36,6 +36,7 @@ from siglip_serve.serve.http.embed_request import (
     Item,
     Modality,
     ModelName,
+    PatchBudget,
     Priority,
     Text,
     TextItem,
@@ -92,6 +93,7 @@ class EmbeddingsRequest(BaseModel):
     dimensions: Dimensions = None
     # Named in the request rather than inferred, so a client can skip serve/ingress/embedding_cache.py for one call.
     cache: bool = Field(True, description=CACHE_TEXT)
+    patch_budget: PatchBudget = None
     priority: Priority = None
 
     # anyOf: a body of images without `modality` is of the first shape and of the last.
@@ -207,7 +209,8 @@ async def embeddings(ingress: Ingress, request: Request, deadline: float) -> Res
     def render(done: Scheduled) -> Response:
         return render_embeddings(done.rows, served.name, encoding, done.images, done.texts, read_as=read_as)
 
-    work = Work("embeddings", items, dimensions=parsed.dimensions, cache=parsed.cache)
+    work = Work("embeddings", items, dimensions=parsed.dimensions, cache=parsed.cache,
+                patch_budget=parsed.patch_budget)
     return await served.scheduler.answer(work, deadline, render)
 
 

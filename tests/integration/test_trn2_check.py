@@ -134,11 +134,12 @@ def test_a_refused_lnc_fails_the_steps_that_load_and_the_rest_go_on(tmp_path: Pa
     got = statuses(summary)
     assert got["versions"][0] == "failed" and "not a valid LNC" in got["versions"][1]
     assert got["compile-trace"] == ("passed", None)
-    for step in ("accuracy-trace", "serve-trace"):
+    loading = ("accuracy-trace", "determinism-trace", "serve-trace")
+    for step in loading:
         assert got[step][0] == "failed" and "exit code" in got[step][1], got[step]
     assert "not a valid LNC" in (tmp_path / "logs" / "accuracy-trace.log").read_text()
     assert got["report-trace"] == ("skipped", "needs multicore-trace, which was skipped")
-    assert not summary["ok"] and summary["counts"]["failed"] == 3
+    assert not summary["ok"] and summary["counts"]["failed"] == 1 + len(loading)  # the versions step and each load
     assert "| serve it and embed a photo (trace line) | FAILED |" in (tmp_path / "summary.md").read_text()
 
 

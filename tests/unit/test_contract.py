@@ -151,3 +151,17 @@ def test_models_of_different_sizes_each_state_their_own_dimensions() -> None:
         assert embeddings.is_valid({"input": "a", **valid}), valid
     for invalid in ({"dimensions": 16}, {"model": "small", "dimensions": 64}, {"model": "other"}):
         assert not embeddings.is_valid({"input": "a", **invalid}), invalid
+
+
+def test_a_patch_budget_is_offered_only_where_a_naflex_model_serves_it() -> None:
+    """The ingress answers 422 to a budget its models do not serve (serve/ingress/schedule.py check_patch_budget):
+    the served document says so, so that what the schema allows is what the service takes."""
+    fixed = body(document(SMALL), "/v1/embeddings")
+    assert fixed.is_valid({"input": IMAGE, "patch_budget": None})
+    assert not fixed.is_valid({"input": IMAGE, "patch_budget": 256})
+    naflex = ServiceLimits((ModelLimits("naflex", 64, truncation=False, patch_budgets=(256, 64)),),
+                           max_text_chars=10, max_texts_per_request=3, max_images_per_request=2)
+    served = body(document(naflex), "/v1/embeddings")
+    for budget in (64, 256, None):
+        assert served.is_valid({"input": IMAGE, "patch_budget": budget}), budget
+    assert not served.is_valid({"input": IMAGE, "patch_budget": 128})

@@ -78,6 +78,7 @@ class ModelLimits:
     name: str
     dimensions: int  # the model's embedding size
     truncation: bool  # allow_dimension_truncation: fewer dimensions too, down to 1
+    patch_budgets: tuple[int, ...] = ()  # a SigLIP 2 NaFlex model's served budgets; () for a fixed-size model
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,27 @@ def _served_schema(schema: dict[str, Any], limits: ServiceLimits) -> dict[str, A
                                          "properties": {"model": {"enum": [m.name for m in models]}}}]}
         branches.append(branch)
     return {"anyOf": branches}
+
+
+# The request field a NaFlex model's budget is asked by (serve/http/embed_request.py PatchBudget).
+PATCH_BUDGET = "patch_budget"
+
+
+def _budget_choice(node: Any, budgets: list[int]) -> Any:
+    """`node` with every `patch_budget` property narrowed to what the service serves: one of `budgets` or null, or
+    null alone where no model served is NaFlex (the ingress answers 422 to any other). Several models' budgets
+    are offered together, whichever model a request names."""
+    if isinstance(node, list):
+        return [_budget_choice(value, budgets) for value in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _budget_choice(value, budgets) for key, value in node.items()}
+    field = out.get("properties", {}).get(PATCH_BUDGET)
+    if isinstance(field, dict):
+        kept = {key: value for key, value in field.items() if key in ("description", "title", "default")}
+        choice = [{"type": "integer", "enum": budgets}, {"type": "null"}] if budgets else [{"type": "null"}]
+        out["properties"] = {**out["properties"], PATCH_BUDGET: {**kept, "anyOf": choice}}
+    return out
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -253,7 +275,9 @@ def openapi_document(app: FastAPI, operations: Operations, limits: ServiceLimits
     components = schema.get("components", {})
     schemas = {**components.get("schemas", {}), **_schemas(operations)}
     if limits is not None:
-        schemas = {name: _served_schema(component, limits) for name, component in schemas.items()}
+        budgets = sorted({budget for model in limits.models for budget in model.patch_budgets})
+        schemas = {name: _budget_choice(_served_schema(component, limits), budgets)
+                   for name, component in schemas.items()}
         for path in schema.get("paths", {}).values():  # the hand-written bodies (multipart) name limits too
             for operation in path.values():
                 if "requestBody" in operation:

@@ -56,7 +56,8 @@ def service_limits(ingress: Ingress) -> ServiceLimits:
     """What this service checks that its document states: its models' names and sizes, the per-request limits."""
     front = ingress.serving(None).plan.front  # the request limits are the service's: every model's the same
     return ServiceLimits(
-        tuple(ModelLimits(name, served.model.embed_dim, served.plan.front.allow_dimension_truncation)
+        tuple(ModelLimits(name, served.model.embed_dim, served.plan.front.allow_dimension_truncation,
+                          served.model.naflex.budgets if served.model.naflex is not None else ())
               for name, served in ingress.served.items()),
         front.max_text_chars, front.max_texts_per_request, front.max_images_per_request)
 

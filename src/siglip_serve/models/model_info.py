@@ -1,7 +1,9 @@
-"""What the ingress knows of the model: its name, embedding width, image size and weights.
+"""What the ingress knows of the model: its name, embedding width, image size and weights; and the model's geometry
+as its config files say it, which the application's builder reads for the ingress.
 
 Torch-free on purpose: the ingress (serve/ingress/ingress_deployment.py) holds one, and importing torch or
-open_clip there would add seconds to every ingress replica's start for a dataclass.
+open_clip there would add seconds to every ingress replica's start for a dataclass; the service process plans a
+start without them too (docs/guides/running.md).
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ class ModelInfo:
             "image_size": list(self.image_size),
             "weights": self.weights,
         }
-
 
 
 # SigLIP's preprocessing constants. open_clip only reports them when a pretrained tag is given

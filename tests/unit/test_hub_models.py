@@ -130,7 +130,7 @@ def test_an_open_clip_hub_model_serves_what_open_clip_computes(cache: HubCache) 
 
 
 def test_a_pinned_revision_is_the_one_served_and_recorded(cache: HubCache) -> None:
-    from siglip_serve.bulk.job import weights_id
+    from siglip_serve.bulk.identity import weights_id
     from siglip_serve.models.neuron.manifest import digest_weights
     from siglip_serve.serve.plan.config import ServiceConfig
 

@@ -367,7 +367,7 @@ def test_bulk_decodes_as_the_ingress_packs_and_names_its_preprocessing(cache: Hu
     """Bulk's decode stage (bulk/stages.py, run here without Ray Data) packs each image at the model's own budget
     as the ingress does, and bulk's rows name that preprocessing, so a change of budget re-embeds."""
     from siglip_serve.bulk import stages
-    from siglip_serve.bulk.job import preprocessing_id
+    from siglip_serve.bulk.identity import preprocessing_id
     from siglip_serve.models.preprocess import ImageLimits
     from siglip_serve.serve.plan.config import ServiceConfig
 

@@ -11,7 +11,6 @@ limits from ServiceConfig), so a row here equals what `/v1/embeddings` answers f
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -19,11 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from siglip_serve.bulk.identity import Modality, preprocessing_id, weights_id
 from siglip_serve.bulk.inputs import ERRORS_FOLDER, OutputFolder, Shard, list_items, plan_shards
 from siglip_serve.bulk.repeats import DEFAULT_MIB, start_record
 from siglip_serve.core.backends import backend_record
@@ -31,7 +31,6 @@ from siglip_serve.core.errors import UserError
 from siglip_serve.measure.load_results import BulkResult, SteadyState
 from siglip_serve.measure.results import Machine
 from siglip_serve.models.naflex import served_layout
-from siglip_serve.models.preprocess import FAST_PREPROCESS, PREPROCESS_VERSION
 from siglip_serve.serve.http.embedding_output import encode_rows
 from siglip_serve.serve.plan import placement
 from siglip_serve.serve.plan.config import ServiceConfig
@@ -39,7 +38,6 @@ from siglip_serve.serve.plan.planner import image_limits
 
 log = logging.getLogger("siglip_serve.bulk")
 
-Modality = Literal["image", "text"]
 # Rows per Ray Data block of the input list: small enough that the first decodes start at once and
 # every decode task stays busy, large enough that a block's overhead is nothing beside its decodes.
 ROWS_PER_BLOCK = 64
@@ -63,37 +61,6 @@ class JobSpec:
     encoding: str = "float"  # float32, or the API's int8 / uint8 / binary / ubinary (serve/http/embedding_output.py)
     repeat_cache_mib: float = DEFAULT_MIB  # images: the run's record of embedded files (bulk/repeats.py); 0: off
     served_as: str | None = None  # the service's name of the model (metrics' `model` label); None: its model
-
-
-def weights_id(config: ServiceConfig) -> str:
-    """What the weights are, for shard names and output rows: a checkpoint by its content's digest, a hub model
-    with the revision of its cached snapshot (fetched here once)."""
-    if config.source.on_hub and not config.uses_random_weights:
-        from siglip_serve.models.hub_repo import hub_model
-
-        return hub_model(config.source, weights=True).label
-    if config.checkpoint is None:
-        return config.weights_source
-    digest = hashlib.sha256()
-    with open(config.checkpoint, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return f"checkpoint-sha256:{digest.hexdigest()}"
-
-
-def preprocessing_id(config: ServiceConfig, modality: Modality) -> str:
-    if modality == "text":
-        return f"text:{config.model}-tokenizer"
-    resample = "bicubic"
-    if config.source.on_hub:  # its processor's filter, which may be another
-        from siglip_serve.models.hub_repo import hub_model
-
-        image = hub_model(config.source).image
-        resample = image.resample
-        if image.naflex is not None:  # each image at its own aspect ratio, packed at the model's own budget
-            return f"naflex-{resample}-uint8-v1-patches{image.naflex.default_budget}"
-    version = PREPROCESS_VERSION if resample == "bicubic" else PREPROCESS_VERSION.replace("bicubic", resample)
-    return f"{version}{FAST_PREPROCESS if config.fast_jpeg_decode else ''}"
 
 
 class PlanError(UserError, ValueError):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from siglip_serve.core.front_door import FrontDoorLimits, write_limits
+from siglip_serve.core.poll import poll
 from siglip_serve.launcher.haproxy_front import PORT_ENVS, error_pages, front_end_env, rewrite_config
 from siglip_serve.launcher.preflight import free_port
 from siglip_serve.serve.http.errors import ErrorType
@@ -188,12 +189,19 @@ def test_the_rewritten_configuration_is_valid_for_haproxy(tmp_path: Path) -> Non
 
 
 class _SlowIngress(BaseHTTPRequestHandler):
-    """Works on each request for a second: with maxconn 1, the next ones wait in HAProxy's queue."""
+    """Works on each request for a second (5 s on /starved); on /held, until the test sets `release`: with maxconn 1,
+    the next ones wait in HAProxy's queue."""
 
     protocol_version = "HTTP/1.1"
+    held = threading.Event()  # a request on /held is at work
+    release = threading.Event()  # and may finish
 
     def do_GET(self) -> None:
-        time.sleep(5.0 if self.path.startswith("/starved") else 1.0)
+        if self.path.startswith("/held"):
+            type(self).held.set()
+            type(self).release.wait(scaled(60))  # bounded: a test that never releases fails, it does not hang
+        else:
+            time.sleep(5.0 if self.path.startswith("/starved") else 1.0)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -245,10 +253,21 @@ HAPROXY_CLOCK_SLACK_S = 0.005
 
 
 def test_a_request_that_waits_out_its_deadline_in_the_queue_is_overloaded_not_not_ready(live_front_end: int) -> None:
+    _SlowIngress.held.clear()
+    _SlowIngress.release.clear()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda _: _ask(live_front_end, "/v1/embeddings/image"), range(4)))
-    statuses = sorted(_error(reply)[0] if not reply.startswith(b"HTTP/1.1 200") else 200 for reply, _ in answers)
-    assert statuses == [200, 503, 503, 503], statuses  # one at work; three wait out their 0.3 s in the queue
+        # One request at work until the three behind it were answered, however slowly this hour sends them.
+        at_work = pool.submit(_ask, live_front_end, "/held/v1/embeddings/image")
+        _, held, _ = poll(_SlowIngress.held.is_set, bool, scaled(30), interval_s=0.01)
+        assert held, "the first request never reached the ingress"
+        answers = list(pool.map(lambda _: _ask(live_front_end, "/v1/embeddings/image"), range(3)))
+        _SlowIngress.release.set()
+        worked, _ = at_work.result()
+    # The one at work is answered by the ingress, or by HAProxy's own 504 where an hour slow enough to send the
+    # other three took it past its deadline + 1 s (the starved-ingress test below): either way not 503.
+    assert worked.startswith((b"HTTP/1.1 200", b"HTTP/1.1 504")), worked[:200]
+    statuses = [_error(reply)[0] if not reply.startswith(b"HTTP/1.1 200") else 200 for reply, _ in answers]
+    assert statuses == [503, 503, 503], statuses  # the three behind it wait out their 0.3 s in the queue
     for reply, seconds in answers:
         if reply.startswith(b"HTTP/1.1 503"):
             # Before: 503 not_ready ("no ingress replica could take the request in time") while the service was up.

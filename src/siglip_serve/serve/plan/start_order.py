@@ -6,8 +6,8 @@ host has cores, they share the cores and the first answer waits for all of them.
 needs is each model's `min_ready` image replicas (what /readyz counts), its text replicas and the ingress;
 no more replicas than cores start first, never fewer than those, and the rest once they are warm
 (launcher/runner.py runs the application twice, the second time with the plan's full counts: Serve adds the
-replicas, and the ones running keep running, since a deployment's version does not hold its count, serve/app.py
-`pinned`).
+replicas, and the ones running keep running: a deployment's version does not hold its count (serve/app.py
+`pinned`), and Serve changes `num_replicas` in place, a LightWeight option in ray/serve/_private/config.py).
 
 Only where the count is fixed: an autoscaled deployment starts at its own floor, and a replica kept for the
 interactive lane is one the first answer may need.

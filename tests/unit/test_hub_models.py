@@ -176,18 +176,17 @@ def test_an_unknown_id_a_repository_not_a_siglip_and_a_missing_file_each_say_so_
     message = one_line_refusal(ModelSettings(model="org/a-bert"))
     assert "org/a-bert is not a SigLIP" in message and "'bert'" in message
 
-    no_processor = root / "no-processor"
-    transformers_repo(no_processor)
-    (no_processor / "preprocessor_config.json").unlink()
-    cache.add("org/no-processor", no_processor)
-    message = one_line_refusal(ModelSettings(model="org/no-processor"))
-    assert "preprocessor_config.json" in message and "org/no-processor" in message
+    def without(name: str, missing: str) -> str:
+        """The one-line refusal of a transformers repository `org/NAME` cached without its file `missing`."""
+        repo = root / name
+        transformers_repo(repo)
+        (repo / missing).unlink()
+        cache.add(f"org/{name}", repo)
+        return one_line_refusal(ModelSettings(model=f"org/{name}"))
 
-    no_weights = root / "no-weights"
-    transformers_repo(no_weights)
-    (no_weights / "model.safetensors").unlink()
-    cache.add("org/no-weights", no_weights)
-    message = one_line_refusal(ModelSettings(model="org/no-weights"))
+    message = without("no-processor", "preprocessor_config.json")
+    assert "preprocessor_config.json" in message and "org/no-processor" in message
+    message = without("no-weights", "model.safetensors")
     assert "model weights (model.safetensors or pytorch_model.bin) of org/no-weights" in message
     # Patch budgets are a NaFlex model's: a fixed-resolution repository is known as one once its config is read.
     message = one_line_refusal(ModelSettings(model=SIGLIP, patch_budgets=(256,)))
